@@ -1,0 +1,192 @@
+"""The room as plain data: devices, network, workload and decoding settings.
+
+These frozen dataclasses are what a scenario file becomes once it is validated
+(``splitroom/scenario.py`` does the YAML, units and checks). Every quantity is in SI
+base units with the unit in the name: bytes, seconds, bytes per second, FLOP/s.
+Nothing here reads a file or a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.model import ModelSpec
+
+DeviceKind = Literal["computer", "phone"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One machine (or browser tab) of the room.
+
+    Attributes:
+        id: unique id, ``[a-z0-9_-]+``; ties are broken by it.
+        kind: ``computer`` or ``phone``.
+        lends_bytes: memory lent to the room, bytes.
+        webgpu: False means it can only be a guest.
+        name: human name.
+        memory_bandwidth_Bps: memory bandwidth, bytes/s (roofline compute model).
+        compute_flops: dense f16 compute, FLOP/s.
+        copy_speed_Bps: measured GPU memory copy speed, bytes/s (host pick override).
+        s_per_layer: measured seconds per layer per decoded token, if measured.
+        price_usd_per_h: rent, USD per hour.
+        emulate_slowdown: a real run pads this device's compute to this factor.
+    """
+
+    id: str
+    kind: DeviceKind = "computer"
+    lends_bytes: int = 0
+    webgpu: bool = True
+    name: str = ""
+    memory_bandwidth_Bps: float | None = None
+    compute_flops: float | None = None
+    copy_speed_Bps: float | None = None
+    s_per_layer: float | None = None
+    price_usd_per_h: float | None = None
+    emulate_slowdown: float | None = None
+
+
+@dataclass(frozen=True)
+class PinnedStage:
+    """A stage fixed by hand in a scenario: ``device`` holds layers ``[start, end)``."""
+
+    device: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class DealOptions:
+    """How the room is dealt.
+
+    Attributes:
+        context_tokens: the room's context length; KV is sized for it.
+        kv_cache: ``f16`` or ``q8`` (int8 KV halves the KV part of a layer).
+        split: ``speed`` (default) or ``memory``.
+        phone_layers: deal phones layers even when computers can hold the model.
+        host: force this device id as the model host.
+        stages: pin the deal by hand (device and range each); the host may then hold
+            zero layers (a coordinator), which the automatic rules never do.
+    """
+
+    context_tokens: int = 8192
+    kv_cache: Literal["f16", "q8"] = "f16"
+    split: Literal["speed", "memory"] = "speed"
+    phone_layers: bool = False
+    host: str | None = None
+    stages: tuple[PinnedStage, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Jitter:
+    """Per-message one-way delay jitter.
+
+    ``distribution`` is one of none, normal, lognormal, gamma, pareto, paretonormal,
+    empirical. ``scale_s`` is the spread (netem's jitter, seconds); ``samples_s`` the
+    measured one-way extra delays for ``empirical``; ``shape`` the tail parameter of
+    gamma/pareto (defaults chosen by the simulator when None).
+    """
+
+    distribution: str = "none"
+    scale_s: float = 0.0
+    shape: float | None = None
+    samples_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """Correlated stall episodes: every ``every_s`` seconds, for ``lasting_s`` seconds,
+    the link's round trip grows by ``extra_rtt_s``."""
+
+    every_s: float
+    lasting_s: float
+    extra_rtt_s: float
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """Properties of the link between two devices (or the room default when
+    ``between`` is empty). ``directed`` means only ``between[0] -> between[1]``."""
+
+    between: tuple[str, ...] = ()
+    directed: bool = False
+    rtt_s: float | None = None
+    jitter: Jitter | None = None
+    bandwidth_Bps: float | None = None
+    hop_overhead_s: float | None = None
+    episodes: Episodes | None = None
+
+
+@dataclass(frozen=True)
+class Network:
+    """Room-wide link defaults plus per-pair overrides."""
+
+    rtt_s: float = 0.001
+    jitter: Jitter = field(default_factory=Jitter)
+    bandwidth_Bps: float = 125e6
+    hop_overhead_s: float = 0.0
+    episodes: Episodes | None = None
+    links: tuple[LinkSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the room is asked: ``questions`` questions of ``prompt_tokens`` tokens,
+    each answered with ``answer_tokens`` tokens; ``prompts`` are real prompts for
+    runs with a real model. ``asked_by`` names the device asking each question
+    (round robin over this list; the host when empty)."""
+
+    questions: int = 1
+    prompt_tokens: int = 128
+    answer_tokens: int = 128
+    prompts: tuple[str, ...] = ()
+    asked_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding: the host drafts ``draft_tokens`` tokens per lap with
+    ``drafter``; ``acceptance`` is the per-token acceptance probability the simulator
+    draws from (or ``accepted_lengths`` an empirical distribution of accepted lengths,
+    or ``accepted_sequence`` a recorded sequence replayed in order).
+    ``draft_s_per_token`` overrides the drafting cost per token, seconds."""
+
+    drafter: str = "draft_layer"
+    draft_tokens: int = 4
+    acceptance: float | None = 0.75
+    accepted_lengths: tuple[int, ...] = ()
+    accepted_sequence: tuple[int, ...] = ()
+    draft_s_per_token: float | None = None
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Prefill and decode settings of the model host."""
+
+    prefill_chunk: int = 16
+    speculative: Speculative | None = None
+    async_laps: int = 1
+    return_path: Literal["direct", "via_stages"] = "direct"
+    wake: bool = True
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole scenario: room, model, deal options, network, workload, decoding."""
+
+    name: str
+    seed: int
+    model: ModelSpec
+    devices: tuple[Device, ...]
+    options: DealOptions = field(default_factory=DealOptions)
+    network: Network = field(default_factory=Network)
+    workload: Workload = field(default_factory=Workload)
+    decoding: Decoding = field(default_factory=Decoding)
+
+    def device(self, device_id: str) -> Device:
+        """The device with this id. Raises KeyError when there is none."""
+        for d in self.devices:
+            if d.id == device_id:
+                return d
+        raise KeyError(device_id)

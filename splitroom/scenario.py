@@ -1,0 +1,427 @@
+"""Scenario files: YAML in, a validated :class:`planner.room.Scenario` out.
+
+The format and its keys are the contract in SCENARIO.md (documented in
+docs/scenario.md). Validation is done by pydantic with unknown keys forbidden;
+quantities are strings with units parsed by :mod:`splitroom.units`. Every error is
+raised as :class:`ScenarioError` whose message is one line:
+``FILE: KEY.PATH: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from planner import model as catalog_mod
+from planner.model import Architecture, ModelSpec, spec_from_architecture
+from planner.room import (DealOptions, Decoding, Device, Episodes, Jitter, LinkSpec, Network,
+                          PinnedStage, Scenario, Speculative, Workload)
+from splitroom import units
+
+
+class ScenarioError(ValueError):
+    """A scenario (file, key or value) is invalid; the message is one line."""
+
+
+def _q(kind: str):
+    def check(v: Any) -> float:
+        return units.parse(v, kind)
+    return BeforeValidator(check)
+
+
+Size = Annotated[float, _q("size")]
+Time = Annotated[float, _q("time")]
+Rate = Annotated[float, _q("rate")]
+Compute = Annotated[float, _q("compute")]
+Price = Annotated[float, _q("price")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class EmulateIn(_Strict):
+    slowdown: float = Field(ge=1.0)
+
+
+class DeviceIn(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9_-]+$")
+    name: str = ""
+    kind: Literal["computer", "phone"] = "computer"
+    webgpu: bool = True
+    lends: Size
+    memory_bandwidth: Rate | None = None
+    compute: Compute | None = None
+    copy_speed: Rate | None = None
+    ms_per_layer: Time | None = None
+    price: Price | None = None
+    emulate: EmulateIn | None = None
+
+
+class JitterIn(_Strict):
+    distribution: Literal["none", "normal", "lognormal", "gamma", "pareto", "paretonormal", "empirical"] = "none"
+    scale: Time = 0.0
+    shape: float | None = Field(default=None, gt=0)
+    samples: list[Time] = []
+
+    @model_validator(mode="after")
+    def _empirical_has_samples(self):
+        if self.distribution == "empirical" and not self.samples:
+            raise ValueError("an empirical jitter needs samples: [...] of measured delays")
+        return self
+
+
+class EpisodesIn(_Strict):
+    every: Time
+    lasting: Time
+    extra_rtt: Time
+
+    @model_validator(mode="after")
+    def _lasting_shorter(self):
+        if self.lasting > self.every:
+            raise ValueError("episodes: lasting must not be longer than every")
+        if self.every <= 0:
+            raise ValueError("episodes: every must be positive")
+        return self
+
+
+class LinkIn(_Strict):
+    between: list[str] | None = None
+    from_: str | None = Field(default=None, alias="from")
+    to: str | None = None
+    rtt: Time | None = None
+    jitter: JitterIn | None = None
+    bandwidth: Rate | None = None
+    hop_overhead: Time | None = None
+    episodes: EpisodesIn | None = None
+
+    @model_validator(mode="after")
+    def _ends(self):
+        if self.between is not None:
+            if len(self.between) != 2 or self.from_ or self.to:
+                raise ValueError("a link names two devices: between: [a, b] (or from: a, to: b)")
+        elif not (self.from_ and self.to):
+            raise ValueError("a link names two devices: between: [a, b] (or from: a, to: b)")
+        return self
+
+
+class NetworkIn(_Strict):
+    rtt: Time = 0.001
+    jitter: JitterIn = JitterIn()
+    bandwidth: Rate = 125e6
+    hop_overhead: Time = 0.0
+    episodes: EpisodesIn | None = None
+    links: list[LinkIn] = []
+
+
+class WorkloadIn(_Strict):
+    questions: int = Field(default=1, ge=1)
+    prompt_tokens: int = Field(default=128, ge=1)
+    answer_tokens: int = Field(default=128, ge=1)
+    prompts: list[str] = []
+    asked_by: list[str] = []
+
+
+class SpeculativeIn(_Strict):
+    drafter: str = "draft_layer"
+    draft_tokens: int = Field(default=4, ge=1, le=64)
+    acceptance: float | None = Field(default=0.75, ge=0.0, le=1.0)
+    accepted_lengths: list[int] = []
+    accepted_sequence: list[int] = []
+    draft_cost: Time | None = None
+
+
+class DecodingIn(_Strict):
+    prefill_chunk: int = Field(default=16, ge=1)
+    speculative: SpeculativeIn | None = None
+    async_laps: int = Field(default=1, ge=1, le=64)
+    return_: Literal["direct", "via_stages"] = Field(default="direct", alias="return")
+    wake: bool = True
+
+
+class InlineModelIn(_Strict):
+    name: str = "inline"
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    layer_bytes: Size | None = None
+    layer_active_bytes: Size | None = None
+    kv_bytes_per_token: Size = 0
+    embedding_bytes: Size = 0
+    head_bytes: Size = 0
+    draft_bytes: Size = 0
+    residual_bytes_per_token: Size | None = None
+    # architecture numbers, to derive sizes instead
+    heads: int | None = Field(default=None, ge=1)
+    kv_heads: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
+    ffn: int | None = Field(default=None, ge=1)
+    vocab: int | None = Field(default=None, ge=1)
+    dtype: Literal["f32", "f16", "bf16", "q8", "q4"] | None = None
+
+    @model_validator(mode="after")
+    def _sizes_or_architecture(self):
+        if self.layer_bytes is None and None in (self.heads, self.ffn, self.vocab):
+            raise ValueError("an inline model needs layer_bytes, or heads, ffn and vocab to derive it")
+        return self
+
+
+class StageIn(_Strict):
+    device: str
+    layers: str = Field(description="1-based inclusive range as people write it: '1-13'")
+
+
+class ScenarioIn(_Strict):
+    name: str = ""
+    seed: int = 1
+    model: Any = "smollm2-135m"  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
+    context: int = Field(default=8192, ge=1)
+    kv_cache: Literal["f16", "q8"] = "f16"
+    split: Literal["speed", "memory"] = "speed"
+    phone_layers: bool = False
+    host: str | None = None
+    stages: list[StageIn] | None = None
+    devices: list[DeviceIn] = Field(min_length=1)
+    network: NetworkIn = NetworkIn()
+    workload: WorkloadIn = WorkloadIn()
+    decoding: DecodingIn = DecodingIn()
+
+
+_DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16, "q8": 8.5, "q4": 4.5}
+
+
+def _model_spec(m: Any) -> ModelSpec:
+    if isinstance(m, str):
+        try:
+            return catalog_mod.lookup(m)
+        except KeyError as e:
+            raise _KeyProblem("model", str(e.args[0])) from None
+    if isinstance(m, dict):
+        if set(m) in ({"gguf"}, {"safetensors"}):
+            raise _KeyProblem("model", f"{next(iter(m))}: reading model files is not supported yet; "
+                                       "use a catalog id or an inline mapping")
+        try:
+            m = InlineModelIn.model_validate(m)
+        except ValidationError as e:
+            path, msg = _first_error(e)
+            raise _KeyProblem(f"model.{path}", msg) from None
+    else:
+        raise _KeyProblem("model", f"expected a catalog id, an inline mapping, {{gguf: PATH}} or "
+                                   f"{{safetensors: DIR}}, got {m!r}")
+    if m.layer_bytes is not None:
+        return ModelSpec(
+            id=m.name, name=m.name, layers=m.layers, hidden=m.hidden,
+            layer_bytes=int(m.layer_bytes),
+            layer_active_bytes=int(m.layer_active_bytes if m.layer_active_bytes is not None else m.layer_bytes),
+            layer_flops_per_token=2.0 * (m.layer_active_bytes or m.layer_bytes) / (_DTYPE_BITS[m.dtype or "f16"] / 8),
+            kv_bytes_per_token=int(m.kv_bytes_per_token), embedding_bytes=int(m.embedding_bytes),
+            head_bytes=int(m.head_bytes), draft_bytes=int(m.draft_bytes),
+            residual_bytes_per_token=int(m.residual_bytes_per_token if m.residual_bytes_per_token is not None
+                                         else 2 * m.hidden))
+    heads = m.heads or 1
+    arch = Architecture(layers=m.layers, hidden=m.hidden, heads=heads, kv_heads=m.kv_heads or heads,
+                        head_dim=m.head_dim or m.hidden // heads, ffn=m.ffn or 0, vocab=m.vocab or 0,
+                        bits_per_weight=_DTYPE_BITS[m.dtype or "f16"])
+    return spec_from_architecture(m.name, m.name, arch)
+
+
+class _KeyProblem(Exception):
+    def __init__(self, path: str, msg: str):
+        super().__init__(msg)
+        self.path = path
+        self.msg = msg
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+
+
+def _to_scenario(s: ScenarioIn) -> Scenario:
+    ids = [d.id for d in s.devices]
+    for i, d in enumerate(ids):
+        if d in ids[:i]:
+            raise _KeyProblem(f"devices[{i}].id", f"duplicate device id {d!r}")
+    if s.host is not None and s.host not in ids:
+        raise _KeyProblem("host", f"{s.host!r} is not a device (devices: {', '.join(ids)})")
+    model = _model_spec(s.model)
+    devices = tuple(
+        Device(id=d.id, name=d.name or d.id, kind=d.kind, webgpu=d.webgpu, lends_bytes=int(d.lends),
+               memory_bandwidth_Bps=d.memory_bandwidth, compute_flops=d.compute, copy_speed_Bps=d.copy_speed,
+               s_per_layer=d.ms_per_layer, price_usd_per_h=d.price,
+               emulate_slowdown=d.emulate.slowdown if d.emulate else None)
+        for d in s.devices)
+    pins = None
+    if s.stages is not None:
+        pins = []
+        for i, st in enumerate(s.stages):
+            if st.device not in ids:
+                raise _KeyProblem(f"stages[{i}].device", f"{st.device!r} is not a device")
+            m = _RANGE.match(st.layers)
+            if not m:
+                raise _KeyProblem(f"stages[{i}].layers", f"expected a range like '1-13', got {st.layers!r}")
+            a = int(m.group(1))
+            b = int(m.group(2) or a)
+            if a < 1 or b < a or b > model.layers:
+                raise _KeyProblem(f"stages[{i}].layers",
+                                  f"range {st.layers!r} is outside 1-{model.layers} or reversed")
+            pins.append(PinnedStage(st.device, a - 1, b))
+        pins = tuple(pins)
+    options = DealOptions(context_tokens=s.context, kv_cache=s.kv_cache, split=s.split,
+                          phone_layers=s.phone_layers, host=s.host, stages=pins)
+
+    def jit(j: JitterIn | None) -> Jitter | None:
+        if j is None:
+            return None
+        return Jitter(distribution=j.distribution, scale_s=j.scale, shape=j.shape, samples_s=tuple(j.samples))
+
+    def ep(e: EpisodesIn | None) -> Episodes | None:
+        return None if e is None else Episodes(every_s=e.every, lasting_s=e.lasting, extra_rtt_s=e.extra_rtt)
+
+    links = []
+    for i, link in enumerate(s.network.links):
+        ends = tuple(link.between) if link.between is not None else (link.from_, link.to)
+        for e in ends:
+            if e not in ids:
+                raise _KeyProblem(f"network.links[{i}]", f"{e!r} is not a device")
+        if ends[0] == ends[1]:
+            raise _KeyProblem(f"network.links[{i}]", "a link joins two different devices")
+        links.append(LinkSpec(between=ends, directed=link.between is None, rtt_s=link.rtt, jitter=jit(link.jitter),
+                              bandwidth_Bps=link.bandwidth, hop_overhead_s=link.hop_overhead,
+                              episodes=ep(link.episodes)))
+    n = s.network
+    network = Network(rtt_s=n.rtt, jitter=jit(n.jitter), bandwidth_Bps=n.bandwidth, hop_overhead_s=n.hop_overhead,
+                      episodes=ep(n.episodes), links=tuple(links))
+    for i, who in enumerate(s.workload.asked_by):
+        if who not in ids:
+            raise _KeyProblem(f"workload.asked_by[{i}]", f"{who!r} is not a device")
+    w = s.workload
+    workload = Workload(questions=w.questions, prompt_tokens=w.prompt_tokens, answer_tokens=w.answer_tokens,
+                        prompts=tuple(w.prompts), asked_by=tuple(w.asked_by))
+    sp = s.decoding.speculative
+    spec = None
+    if sp is not None:
+        spec = Speculative(drafter=sp.drafter, draft_tokens=sp.draft_tokens, acceptance=sp.acceptance,
+                           accepted_lengths=tuple(sp.accepted_lengths), accepted_sequence=tuple(sp.accepted_sequence),
+                           draft_s_per_token=sp.draft_cost)
+        for i, a in enumerate(sp.accepted_lengths + sp.accepted_sequence):
+            if a < 0 or a > sp.draft_tokens:
+                raise _KeyProblem("decoding.speculative", f"accepted length {a} outside 0..draft_tokens")
+    decoding = Decoding(prefill_chunk=s.decoding.prefill_chunk, speculative=spec, async_laps=s.decoding.async_laps,
+                        return_path=s.decoding.return_, wake=s.decoding.wake)
+    return Scenario(name=s.name, seed=s.seed, model=model, devices=devices, options=options, network=network,
+                    workload=workload, decoding=decoding)
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            part = {"from_": "from", "return_": "return"}.get(str(part), str(part))
+            # pydantic adds union branch names (str, InlineModelIn, ...) and validator names: drop them
+            if part[:1].isupper() or part in ("str", "dict", "int", "float", "function-after", "list"):
+                continue
+            out += ("." if out else "") + part
+    return out or "(top)"
+
+
+def _first_error(e: ValidationError) -> tuple[str, str]:
+    errs = e.errors(include_url=False)
+    # prefer errors on the inline-model branch only when the value was a mapping
+    err = errs[0]
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key (a typo?)"
+    if err["type"] == "missing":
+        msg = "required key is missing"
+    return _loc(err["loc"]), msg
+
+
+def set_key(data: dict, dotted: str, value: Any) -> None:
+    """Set ``dotted`` (``decoding.speculative.drafter``, ``devices[1].lends`` or
+    ``devices.1.lends``) in the raw scenario mapping ``data`` to ``value``.
+
+    Raises ScenarioError when a list index is out of range or a step is not a mapping.
+    """
+    parts: list[str | int] = []
+    for p in re.split(r"\.|\[(\d+)\]", dotted):
+        if p is None or p == "":
+            continue
+        parts.append(int(p) if p.isdigit() else p)
+    if not parts:
+        raise ScenarioError(f"--set {dotted}: empty key")
+    cur: Any = data
+    for i, p in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(p, int):
+            if not isinstance(cur, list) or p >= len(cur):
+                raise ScenarioError(f"--set {dotted}: no item {p} there")
+            cur = cur[p]
+        else:
+            if not isinstance(cur, dict):
+                raise ScenarioError(f"--set {dotted}: {p!r} is not inside a mapping")
+            if cur.get(p) is None:
+                cur[p] = [] if isinstance(nxt, int) else {}
+            cur = cur[p]
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(cur, list) or last >= len(cur):
+            raise ScenarioError(f"--set {dotted}: no item {last} there")
+        cur[last] = value
+    else:
+        if not isinstance(cur, dict):
+            raise ScenarioError(f"--set {dotted}: {last!r} is not inside a mapping")
+        cur[last] = value
+
+
+def parse_set(assignment: str) -> tuple[str, Any]:
+    """Split ``KEY=VALUE`` and read VALUE as YAML. Raises ScenarioError when malformed."""
+    if "=" not in assignment:
+        raise ScenarioError(f"--set {assignment}: expected KEY=VALUE")
+    key, _, raw = assignment.partition("=")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"--set {assignment}: VALUE is not YAML ({str(e).splitlines()[0]})") from None
+    return key.strip(), value
+
+
+def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = ()) -> Scenario:
+    """Validate a raw scenario mapping (as loaded from YAML) and apply ``--set`` overrides.
+
+    Raises ScenarioError with a one-line ``source: key.path: problem`` message.
+    """
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expected a mapping of scenario keys at the top")
+    for o in overrides:
+        key, value = parse_set(o)
+        set_key(data, key, value)
+    try:
+        parsed = ScenarioIn.model_validate(data)
+        return _to_scenario(parsed)
+    except ValidationError as e:
+        path, msg = _first_error(e)
+        raise ScenarioError(f"{source}: {path}: {msg}") from None
+    except _KeyProblem as e:
+        raise ScenarioError(f"{source}: {e.path}: {e.msg}") from None
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
+    """Load and validate a scenario file. Raises ScenarioError (one line) on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(f"{p.name}: cannot read ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ScenarioError(f"{p.name}: {where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    return from_mapping(data, p.name, overrides)

@@ -1,0 +1,95 @@
+"""Quantities with units, as people write them in scenario files.
+
+Parsing is done by pint with a registry of its own that knows only what a room needs,
+so that a size and a time can never be mixed up and a bare number is rejected:
+sizes (``96 GiB``, ``4 GB``, ``512 MiB``, ``10 KB``), times (``20 ms``, ``1.5 s``,
+``250 us``), rates (``273 GB/s``, ``1 Gbit/s``), compute (``100 TFLOPS``) and prices
+(``1.20 USD/h``). Decimal prefixes are powers of 1000, binary ones (Ki, Mi, Gi, Ti)
+powers of 1024, as in IEC 80000-13.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pint
+
+_DEFINITIONS = """
+second = [time] = s = sec
+minute = 60 * second = min
+hour = 60 * minute = h = hr
+byte = [information] = B
+bit = byte / 8 = b
+flop = [compute] = FLOP
+FLOPS = flop / second
+USD = [currency]
+""".strip().splitlines()
+
+_PREFIXES = {
+    "n": 1e-9, "u": 1e-6, "µ": 1e-6, "m": 1e-3,
+    "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}
+
+
+class QuantityError(ValueError):
+    """A value is not a quantity of the expected kind (message says what was expected)."""
+
+
+@functools.lru_cache(maxsize=1)
+def registry() -> pint.UnitRegistry:
+    """The unit registry (built once; about 0.1 s)."""
+    ureg = pint.UnitRegistry(None, autoconvert_offset_to_baseunit=False)
+    for line in _DEFINITIONS:
+        ureg.define(line)
+    # Prefixed units spelled out explicitly so that e.g. "KB" and "kB" both mean 1000 B
+    # and "ms" is never read as mega-seconds.
+    for base in ("byte", "bit", "second", "FLOPS"):
+        sym = {"byte": "B", "bit": "bit", "second": "s", "FLOPS": "FLOPS"}[base]
+        for p, f in _PREFIXES.items():
+            if base == "second" and p not in ("n", "u", "µ", "m"):
+                continue
+            if base != "second" and p in ("n", "u", "µ", "m"):
+                continue
+            name = f"{p}{sym}"
+            try:
+                ureg.define(f"{name} = {f!r} * {base}")
+            except pint.errors.RedefinitionError:  # pragma: no cover
+                pass
+    return ureg
+
+
+_KINDS = {
+    "size": ("B", "a size like '24 GiB'"),
+    "time": ("s", "a time like '20 ms'"),
+    "rate": ("B / s", "a rate like '1 Gbit/s' or '273 GB/s'"),
+    "compute": ("FLOPS", "compute like '100 TFLOPS'"),
+    "price": ("USD / hour", "a price like '1.20 USD/h'"),
+}
+
+
+def parse(value: object, kind: str) -> float:
+    """Parse ``value`` as a quantity of ``kind`` and return it in base units.
+
+    Base units: size -> bytes, time -> seconds, rate -> bytes/s, compute -> FLOP/s,
+    price -> USD per hour. Raises QuantityError when ``value`` is a bare number, not a
+    string, unparsable, of another dimension, not finite, or negative.
+    """
+    unit, example = _KINDS[kind]
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise QuantityError(f"expected {example}, got {value!r}")
+    ureg = registry()
+    try:
+        q = ureg.Quantity(value.strip())
+    except Exception:
+        raise QuantityError(f"expected {example}, got {value!r}") from None
+    if not isinstance(q, pint.Quantity) or q.dimensionless:
+        raise QuantityError(f"expected {example}, got {value!r}")
+    try:
+        x = float(q.to(unit).magnitude)
+    except pint.errors.DimensionalityError:
+        raise QuantityError(f"expected {example}, got {value!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise QuantityError(f"expected {example} that is not negative, got {value!r}")
+    return x
