@@ -1,0 +1,178 @@
+"""The stage interface shared by every backend.
+
+A *stage* runs transformer layers ``[start, end)`` (half-open, 0-based; shown to people as
+1-based inclusive "layers start+1..end") with a KV cache for those layers only. The
+*model host*'s stage also holds the embedding, the final norm and the (tied) output head.
+
+Positions: a stage's KV cache holds ``position`` tokens (positions ``0..position-1``).
+``forward(hidden, first_pos)`` requires ``first_pos == position`` and appends ``n`` positions;
+to re-run positions (speculative verify, retry), call ``rollback(pos)`` first.
+
+All activations are float32 ``numpy`` arrays; every method asserts its dtype.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ModelConfig
+
+
+class PositionError(ValueError):
+    """``first_pos`` does not match the cache, or the context is full."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What a device runs: layers ``[start, end)``, and whether it is the model host.
+
+    ``host=True`` adds the embedding, final norm and output head.
+    """
+
+    start: int
+    end: int
+    host: bool = False
+
+    def label(self) -> str:
+        """People's notation, 1-based inclusive, e.g. ``layers 1-15`` for ``[0, 15)``."""
+        if self.end == self.start:
+            return "no layers"
+        return f"layers {self.start + 1}-{self.end}"
+
+
+def check_hidden(x: np.ndarray, hidden: int) -> np.ndarray:
+    """Validate a residual: 2-D ``[n, hidden]`` float32 with ``n >= 1``; returns it C-contiguous.
+
+    Raises:
+        TypeError: wrong dtype. ValueError: wrong shape.
+    """
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise TypeError(f"residual must be a float32 ndarray, got {getattr(x, 'dtype', type(x))}")
+    if x.ndim != 2 or x.shape[1] != hidden or x.shape[0] < 1:
+        raise ValueError(f"residual must be [n>=1, {hidden}], got {x.shape}")
+    return np.ascontiguousarray(x)
+
+
+def check_ids(ids, vocab: int) -> np.ndarray:
+    """Validate token ids: 1-D, non-empty, each in ``[0, vocab)``; returns int64 array."""
+    a = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if a.size == 0:
+        raise ValueError("no token ids")
+    if a.min() < 0 or a.max() >= vocab:
+        raise ValueError(f"token id out of range [0, {vocab})")
+    return a
+
+
+class Stage(ABC):
+    """One device's share of the model on one backend.
+
+    Subclasses implement :meth:`forward`, :meth:`embed`, :meth:`head`, :meth:`rollback`.
+    The fused helpers (:meth:`embed_forward`, :meth:`head_embed_forward`) have plain
+    compositions here; the wgpu backend overrides them with a single GPU submit each.
+    """
+
+    cfg: ModelConfig
+    spec: StageSpec
+    max_ctx: int
+
+    @property
+    def start(self) -> int:
+        return self.spec.start
+
+    @property
+    def end(self) -> int:
+        return self.spec.end
+
+    @property
+    def is_host(self) -> bool:
+        return self.spec.host
+
+    @property
+    @abstractmethod
+    def position(self) -> int:
+        """Number of positions in this stage's KV cache (the next ``first_pos``)."""
+
+    @abstractmethod
+    def forward(self, hidden: np.ndarray, first_pos: int) -> np.ndarray:
+        """Run layers ``[start, end)`` on ``hidden`` ``[n, hidden]`` float32 at positions
+        ``first_pos .. first_pos+n-1``, appending them to the KV cache.
+
+        Returns ``[n, hidden]`` float32 (a new array). With no layers it returns a copy.
+
+        Raises:
+            PositionError: ``first_pos != position`` or the cache would exceed ``max_ctx``.
+            TypeError / ValueError: bad dtype / shape.
+        """
+
+    @abstractmethod
+    def rollback(self, pos: int) -> None:
+        """Truncate the KV cache to ``pos`` positions (``0 <= pos <= position``).
+
+        Raises:
+            PositionError: ``pos`` outside that range.
+        """
+
+    @abstractmethod
+    def embed(self, ids) -> np.ndarray:
+        """Embedding rows for ``ids`` (ints in ``[0, vocab)``) -> ``[n, hidden]`` float32. Host only."""
+
+    @abstractmethod
+    def head(self, hidden: np.ndarray) -> np.ndarray:
+        """Final RMSNorm + tied output head: ``[n, hidden]`` float32 -> ``[n, vocab]`` float32 logits. Host only."""
+
+    # --- fused helpers ----------------------------------------------------------------
+    def embed_forward(self, ids, first_pos: int) -> np.ndarray:
+        """``forward(embed(ids), first_pos)``: host's first half of a lap. ``[n]`` ids -> ``[n, hidden]``."""
+        return self.forward(self.embed(ids), first_pos)
+
+    def head_embed_forward(self, hidden: np.ndarray, first_pos: int) -> tuple[int, np.ndarray]:
+        """Greedy host step: head on the *last* row of ``hidden``, argmax (lowest id on ties,
+        like ``numpy.argmax``), embed that token, run this stage's layers at ``first_pos``.
+
+        Returns ``(token_id, next_hidden [1, hidden] float32)``.
+        """
+        logits = self.head(hidden[-1:])
+        tok = int(np.argmax(logits[0]))
+        return tok, self.embed_forward([tok], first_pos)
+
+    def _check_pos(self, first_pos: int, n: int) -> None:
+        if first_pos != self.position:
+            raise PositionError(f"first_pos {first_pos} != cached positions {self.position}; rollback first")
+        if first_pos + n > self.max_ctx:
+            raise PositionError(f"{first_pos + n} positions exceed max_ctx {self.max_ctx}")
+
+    def _require_host(self) -> None:
+        if not self.spec.host:
+            raise RuntimeError(f"stage {self.spec.label()} is not the model host: no embedding/head")
+
+
+def make_stage(
+    backend: str,
+    model_dir: Path | str,
+    spec: StageSpec,
+    max_ctx: int = 2048,
+    **kwargs,
+) -> Stage:
+    """Build a stage of ``backend`` (``"numpy"`` or ``"wgpu"``) reading only ``spec``'s tensors.
+
+    Raises:
+        ValueError: unknown backend or layer range.
+    """
+    from ..config import ModelConfig
+    from ..weights import load_range
+
+    cfg = ModelConfig.load(model_dir)
+    weights = load_range(model_dir, spec.start, spec.end, with_embedding=spec.host, with_head=spec.host)
+    if backend == "numpy":
+        from .numpy_backend import NumpyStage
+
+        return NumpyStage(cfg, spec, weights, max_ctx=max_ctx, **kwargs)
+    if backend == "wgpu":
+        from .wgpu_backend import WgpuStage
+
+        return WgpuStage(cfg, spec, weights, max_ctx=max_ctx, **kwargs)
+    raise ValueError(f"unknown backend {backend!r}; choose numpy or wgpu")

@@ -1,0 +1,184 @@
+"""Reference float32 Llama forward in numpy, for one layer range.
+
+Algorithm (the Hugging Face ``transformers`` ``LlamaForCausalLM`` forward, re-derived):
+
+* RMSNorm: ``y = x / sqrt(mean(x**2) + eps) * w`` (Zhang & Sennrich 2019).
+* RoPE, rotate-half form (Su et al. 2021; HF ``apply_rotary_pos_emb``): for head dim ``D``,
+  ``inv_freq[i] = theta ** (-2i/D)``, angle ``pos * inv_freq``, ``cos``/``sin`` repeated twice,
+  ``q' = q*cos + rotate_half(q)*sin`` with ``rotate_half([a, b]) = [-b, a]``.
+* Grouped-query attention (Ainslie et al. 2023): query head ``h`` reads KV head
+  ``h // (n_heads / n_kv_heads)``; causal mask; scale ``1/sqrt(D)``; softmax in float32.
+* SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``.
+* Residual adds around attention and MLP; final RMSNorm; tied output head ``logits = y @ E^T``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..weights import EMBED, FINAL_NORM, LM_HEAD
+from .base import PositionError, Stage, StageSpec, check_hidden, check_ids
+
+F32 = np.float32
+
+
+def rope_tables(cfg: ModelConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """``cos``, ``sin`` tables ``[n_pos, head_dim // 2]`` float32 for positions ``0..n_pos-1``.
+
+    Angles are computed in float64 (``pos * theta**(-2i/D)``) and rounded once to float32.
+    """
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    ang = np.arange(n_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis. ``x`` ``[..., d]`` float32, ``w`` ``[d]`` float32 -> float32."""
+    ms = np.mean(np.square(x), axis=-1, keepdims=True, dtype=F32)
+    y = (x * (F32(1.0) / np.sqrt(ms + F32(eps)))) * w
+    assert y.dtype == F32
+    return y
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE. ``x`` ``[n, heads, D]``; ``cos``/``sin`` ``[n, D/2]`` -> ``[n, heads, D]`` float32."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """``x * sigmoid(x)`` in float32."""
+    return x / (F32(1.0) + np.exp(-x))
+
+
+class _Layer:
+    __slots__ = ("ln1", "wqkv", "wo", "ln2", "wgu", "wd", "k", "v")
+
+    def __init__(self, w: dict[str, np.ndarray], i: int) -> None:
+        p = f"model.layers.{i}."
+        self.ln1 = w.pop(p + "input_layernorm.weight")
+        self.ln2 = w.pop(p + "post_attention_layernorm.weight")
+        self.wqkv = np.concatenate(
+            [w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight"), w.pop(p + "self_attn.v_proj.weight")]
+        )
+        self.wo = w.pop(p + "self_attn.o_proj.weight")
+        self.wgu = np.concatenate([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
+        self.wd = w.pop(p + "mlp.down_proj.weight")
+        self.k: np.ndarray | None = None  # [n_kv, capacity, D]
+        self.v: np.ndarray | None = None
+
+
+class NumpyStage(Stage):
+    """Layers ``[spec.start, spec.end)`` in float32 numpy, with a KV cache for those layers only.
+
+    Args:
+        cfg: model shape.
+        spec: layer range and host flag.
+        weights: ``{hf_name: float32 array}`` from :func:`runtime.weights.load_range`;
+            consumed (entries are popped) so the stage does not hold a second copy.
+        max_ctx: positions the KV cache may hold (it grows by doubling up to this).
+    Memory: the range's weights (4 B/param) + KV cache ``2 * n_kv * D * 4 B`` per layer per position.
+    """
+
+    def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048) -> None:
+        if not (0 <= spec.start <= spec.end <= cfg.n_layers):
+            raise ValueError(f"layer range [{spec.start}, {spec.end}) outside [0, {cfg.n_layers})")
+        self.cfg, self.spec, self.max_ctx = cfg, spec, int(max_ctx)
+        w = dict(weights)
+        for a in w.values():
+            assert a.dtype == F32, "weights must be float32"
+        self.layers = [_Layer(w, i) for i in range(spec.start, spec.end)]
+        self.embedding = self.norm = self.lm_head = None
+        if spec.host:
+            self.embedding = w.pop(EMBED)
+            self.norm = w.pop(FINAL_NORM)
+            self.lm_head = w.pop(LM_HEAD, None) if not cfg.tie_embeddings else self.embedding
+        weights.clear()
+        self.cos, self.sin = rope_tables(cfg, self.max_ctx)
+        self._pos = 0
+
+    # ---------------------------------------------------------------- Stage API
+    @property
+    def position(self) -> int:
+        return self._pos
+
+    def rollback(self, pos: int) -> None:
+        if not (0 <= pos <= self._pos):
+            raise PositionError(f"cannot roll back to {pos}: cache holds {self._pos}")
+        self._pos = int(pos)  # entries past pos are overwritten by the next forward
+
+    def embed(self, ids) -> np.ndarray:
+        self._require_host()
+        a = check_ids(ids, self.cfg.vocab)
+        return self.embedding[a].astype(F32, copy=True)
+
+    def head(self, hidden: np.ndarray) -> np.ndarray:
+        self._require_host()
+        x = check_hidden(hidden, self.cfg.hidden)
+        logits = rms_norm(x, self.norm, self.cfg.rms_eps) @ self.lm_head.T
+        assert logits.dtype == F32
+        return logits
+
+    def forward(self, hidden: np.ndarray, first_pos: int) -> np.ndarray:
+        x = check_hidden(hidden, self.cfg.hidden).copy()
+        n = x.shape[0]
+        self._check_pos(first_pos, n)
+        for layer in self.layers:
+            x = self._layer(layer, x, first_pos)
+        self._pos = first_pos + n
+        assert x.dtype == F32
+        return x
+
+    # ---------------------------------------------------------------- internals
+    def _ensure_cache(self, layer: _Layer, need: int) -> None:
+        c = self.cfg
+        cap = 0 if layer.k is None else layer.k.shape[1]
+        if need <= cap:
+            return
+        new_cap = min(self.max_ctx, max(need, 2 * cap, 64))
+        k = np.zeros((c.n_kv_heads, new_cap, c.head_dim), F32)
+        v = np.zeros_like(k)
+        if cap:
+            k[:, :cap] = layer.k
+            v[:, :cap] = layer.v
+        layer.k, layer.v = k, v
+
+    def _layer(self, L: _Layer, x: np.ndarray, p0: int) -> np.ndarray:
+        c = self.cfg
+        n, D, H, KV = x.shape[0], c.head_dim, c.n_heads, c.n_kv_heads
+        G = H // KV
+        T = p0 + n
+        cos, sin = self.cos[p0:T], self.sin[p0:T]
+
+        h = rms_norm(x, L.ln1, c.rms_eps)
+        qkv = h @ L.wqkv.T  # [n, (H + 2KV) * D]
+        q = apply_rope(qkv[:, : H * D].reshape(n, H, D), cos, sin)
+        k = apply_rope(qkv[:, H * D : (H + KV) * D].reshape(n, KV, D), cos, sin)
+        v = qkv[:, (H + KV) * D :].reshape(n, KV, D)
+        self._ensure_cache(L, T)
+        L.k[:, p0:T] = k.transpose(1, 0, 2)
+        L.v[:, p0:T] = v.transpose(1, 0, 2)
+        K, V = L.k[:, :T], L.v[:, :T]  # [KV, T, D]
+
+        qg = q.reshape(n, KV, G, D).transpose(1, 2, 0, 3).reshape(KV, G * n, D)
+        scores = (qg @ K.transpose(0, 2, 1)) * F32(1.0 / np.sqrt(D))  # [KV, G*n, T]
+        scores = scores.reshape(KV, G, n, T)
+        # causal: query i (position p0+i) sees keys j <= p0+i
+        mask = np.arange(T)[None, :] > (p0 + np.arange(n))[:, None]
+        scores = np.where(mask, F32(-np.inf), scores)
+        scores = scores - scores.max(axis=-1, keepdims=True)
+        p = np.exp(scores)
+        p /= p.sum(axis=-1, keepdims=True)
+        o = (p.reshape(KV, G * n, T) @ V).reshape(KV, G, n, D).transpose(2, 0, 1, 3).reshape(n, H * D)
+        x = x + o @ L.wo.T
+
+        h = rms_norm(x, L.ln2, c.rms_eps)
+        gu = h @ L.wgu.T
+        f = c.ffn
+        x = x + (silu(gu[:, :f]) * gu[:, f:]) @ L.wd.T
+        assert x.dtype == F32
+        return x
