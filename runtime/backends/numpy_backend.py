@@ -88,7 +88,7 @@ class NumpyStage(Stage):
         if not (0 <= spec.start <= spec.end <= cfg.n_layers):
             raise ValueError(f"layer range [{spec.start}, {spec.end}) outside [0, {cfg.n_layers})")
         self.cfg, self.spec, self.max_ctx = cfg, spec, int(max_ctx)
-        w = dict(weights)
+        w = weights  # consumed: each tensor is popped so its memory can go once fused
         for a in w.values():
             assert a.dtype == F32, "weights must be float32"
         self.layers = [_Layer(w, i) for i in range(spec.start, spec.end)]
@@ -97,7 +97,7 @@ class NumpyStage(Stage):
             self.embedding = w.pop(EMBED)
             self.norm = w.pop(FINAL_NORM)
             self.lm_head = w.pop(LM_HEAD, None) if not cfg.tie_embeddings else self.embedding
-        weights.clear()
+        w.clear()
         self.cos, self.sin = rope_tables(cfg, self.max_ctx)
         self._pos = 0
 
