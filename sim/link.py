@@ -1,0 +1,326 @@
+"""Links between devices: which properties a pair has, and how a frame crosses it.
+
+:func:`resolve_link` turns a :class:`planner.room.Network` (room defaults plus
+per-pair overrides) into the :class:`ResolvedLink` of one ordered pair of devices.
+:class:`Link` moves frames over it inside a SimPy environment; :class:`Links` builds
+and caches every ordered pair's :class:`Link` with its own seeded random stream.
+
+The model of one frame of ``frame_bytes`` bytes sent from ``src`` to ``dst`` at
+time ``now``:
+
+1. Serialization through the sender's uplink. Every device has one uplink, shared by
+   all links it sends on; frames go through it one at a time, first come first
+   served, each holding it for ``frame_bytes / bandwidth_Bps`` seconds. The link's
+   bandwidth is the pair's bandwidth (the scenario's ``bandwidth``).
+2. Flight. When its last byte has left (time ``t``), the frame arrives after
+   ``rtt_s/2 + jitter + extra_rtt(t)/2 + hop_overhead_s``, where ``jitter`` is drawn per
+   frame (:mod:`sim.jitter`; ``rtt/2 + jitter`` is clamped at 0, as netem does),
+   ``extra_rtt(t)`` is the stall of a correlated episode (:mod:`sim.episodes`) and
+   ``hop_overhead_s`` the fixed per-hand-off cost (serialize, GPU read-back, stack).
+3. Order. WebRTC data channels are ordered by default (SCTP ordered delivery,
+   RFC 8831 section 6.6), so a frame is never delivered before an earlier frame of the
+   same ``(src, dst)`` link: delivery = max(own arrival, previous delivery) —
+   head-of-line blocking, as a reliable ordered channel behaves.
+
+The uplink as a queue. A capacity-1, FIFO ``simpy.Resource`` held for the
+serialization time is the textbook model; since service is FIFO and non-preemptive,
+each frame's start is exactly ``max(now, when the uplink frees)``, so
+:class:`Uplinks` keeps one "free at" time per device instead of a Resource. That gives
+the same times (the unit tests check it against a ``simpy.Resource`` model) for one
+SimPy event per frame instead of four (request, grant, timeout, release), which the
+simulator's speed goal (20,000 tokens per second of wall time) needs.
+
+Units: seconds, bytes, bytes per second.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import Generator
+
+import numpy as np
+import simpy
+
+from planner.room import Episodes, Jitter, LinkSpec, Network
+from sim.episodes import EpisodeClock
+from sim.jitter import make_jitter
+
+__all__ = ["LOOPBACK", "Link", "Links", "ResolvedLink", "Uplinks", "resolve_link"]
+
+
+@dataclass(frozen=True)
+class ResolvedLink:
+    """The properties of one ordered pair's link, all defaults and overrides applied.
+
+    Attributes:
+        rtt_s: round-trip time without jitter, seconds; a one-way frame pays half.
+        jitter: per-message jitter spec (:mod:`sim.jitter`).
+        bandwidth_Bps: the sender's uplink rate on this link, bytes/s (``inf``: none).
+        hop_overhead_s: fixed cost per hand-off, seconds.
+        episodes: correlated stall episodes, or ``None``.
+    """
+
+    rtt_s: float
+    jitter: Jitter
+    bandwidth_Bps: float
+    hop_overhead_s: float
+    episodes: Episodes | None
+
+    def serialize_s(self, frame_bytes: float) -> float:
+        """Seconds ``frame_bytes`` bytes hold the sender's uplink."""
+        return frame_bytes / self.bandwidth_Bps
+
+    def nominal_s(self, frame_bytes: float) -> float:
+        """One frame's time from send to delivery on an idle uplink, with no jitter
+        and no stall: ``frame_bytes/bandwidth + rtt/2 + hop_overhead``, seconds."""
+        return self.serialize_s(frame_bytes) + self.rtt_s / 2 + self.hop_overhead_s
+
+
+#: What a device sending to itself gets: no delay, no overhead, no bandwidth limit.
+LOOPBACK = ResolvedLink(rtt_s=0.0, jitter=Jitter(), bandwidth_Bps=math.inf, hop_overhead_s=0.0, episodes=None)
+
+
+def _matches(spec: LinkSpec, a: str, b: str) -> bool:
+    ids = spec.between
+    if not ids:
+        return True
+    if spec.directed:
+        if len(ids) != 2:
+            raise ValueError(f"a directed link needs exactly two devices (from, to), got {list(ids)}")
+        return ids[0] == a and ids[1] == b
+    return a in ids and b in ids
+
+
+def resolve_link(network: Network, a: str, b: str) -> ResolvedLink:
+    """The link from device ``a`` to device ``b``.
+
+    Starts from the room defaults of ``network`` and applies every override in
+    ``network.links`` that names the pair, field by field (a ``None`` field keeps
+    what was there): first those with an empty ``between`` (room-wide), then the
+    undirected ones (``between`` lists ``a`` and ``b``, in either order; a list of
+    more than two devices covers every pair among them), then the directed ones
+    (``between == (a, b)`` exactly) — the more specific wins; within a group, later
+    entries win. ``a == b`` gives :data:`LOOPBACK`.
+
+    Raises:
+        ValueError: a resulting value out of range (``rtt_s``, ``hop_overhead_s`` < 0
+            or not finite, ``bandwidth_Bps`` <= 0), or a directed override that does
+            not name exactly two devices.
+    """
+    if a == b:
+        return LOOPBACK
+    fields = {
+        "rtt_s": network.rtt_s,
+        "jitter": network.jitter,
+        "bandwidth_Bps": network.bandwidth_Bps,
+        "hop_overhead_s": network.hop_overhead_s,
+        "episodes": network.episodes,
+    }
+    groups: tuple[list[LinkSpec], list[LinkSpec], list[LinkSpec]] = ([], [], [])
+    for spec in network.links:
+        if not _matches(spec, a, b):
+            continue
+        groups[0 if not spec.between else 2 if spec.directed else 1].append(spec)
+    for group in groups:
+        for spec in group:
+            for name in fields:
+                value = getattr(spec, name)
+                if value is not None:
+                    fields[name] = value
+    link = ResolvedLink(**fields)
+    if not (math.isfinite(link.rtt_s) and link.rtt_s >= 0):
+        raise ValueError(f"link {a}->{b}: rtt must be >= 0, got {link.rtt_s}")
+    if not (math.isfinite(link.hop_overhead_s) and link.hop_overhead_s >= 0):
+        raise ValueError(f"link {a}->{b}: hop_overhead must be >= 0, got {link.hop_overhead_s}")
+    if not link.bandwidth_Bps > 0:
+        raise ValueError(f"link {a}->{b}: bandwidth must be > 0, got {link.bandwidth_Bps}")
+    return link
+
+
+class Uplinks:
+    """Every device's uplink: frames serialize through it one at a time, FIFO.
+
+    Equivalent to one capacity-1 FIFO ``simpy.Resource`` per sending device held for
+    each frame's serialization time (see the module docstring); kept as a "free at"
+    time per device so a frame costs no SimPy events here.
+
+    Args:
+        env: the SimPy environment whose ``now`` is the current time.
+    """
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._free_at: dict[str, float] = {}
+
+    def reserve(self, device_id: str, hold_s: float) -> tuple[float, float]:
+        """Queue a frame that holds ``device_id``'s uplink for ``hold_s`` seconds,
+        behind every frame reserved before it. Returns ``(start_s, end_s)``, the
+        absolute times its serialization starts and ends.
+        Raises ValueError for a negative or NaN ``hold_s``."""
+        if not hold_s >= 0:
+            raise ValueError(f"hold time must be >= 0, got {hold_s}")
+        now = self.env.now
+        free = self._free_at.get(device_id, now)
+        start = free if free > now else now
+        end = start + hold_s
+        self._free_at[device_id] = end
+        return start, end
+
+    def free_at_s(self, device_id: str) -> float:
+        """When ``device_id``'s uplink has sent everything queued so far (absolute
+        seconds; ``env.now`` or earlier when idle)."""
+        return self._free_at.get(device_id, self.env.now)
+
+    def busy(self, device_id: str) -> bool:
+        """True while ``device_id``'s uplink is still sending."""
+        return self._free_at.get(device_id, -math.inf) > self.env.now
+
+
+class Link:
+    """One direction of one pair's link inside a SimPy environment.
+
+    Args:
+        env: the SimPy environment.
+        uplinks: the room's uplinks (shared by every link, so a device's frames to
+            different receivers queue behind each other).
+        src, dst: sender and receiver device ids.
+        spec: the resolved link properties.
+        rng: seeded generator for this link's jitter draws.
+        episodes: the stall clock to use; ``None`` builds one from
+            ``spec.episodes`` with ``rng`` (pass a shared clock to make both
+            directions of a pair stall together, as :class:`Links` does).
+
+    Raises:
+        ValueError: from :func:`sim.jitter.make_jitter` for a bad jitter spec.
+    """
+
+    __slots__ = ("env", "uplinks", "src", "dst", "spec", "episodes", "_jitter", "_half_rtt", "_overhead",
+                 "_inv_bw", "_clock", "_last", "frames", "bytes")
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        uplinks: Uplinks,
+        src: str,
+        dst: str,
+        spec: ResolvedLink,
+        rng: np.random.Generator,
+        *,
+        episodes: EpisodeClock | None = None,
+    ) -> None:
+        self.env = env
+        self.uplinks = uplinks
+        self.src = src
+        self.dst = dst
+        self.spec = spec
+        self._half_rtt = spec.rtt_s / 2
+        self._overhead = spec.hop_overhead_s
+        self._inv_bw = 0.0 if math.isinf(spec.bandwidth_Bps) else 1.0 / spec.bandwidth_Bps
+        self._jitter = make_jitter(spec.jitter, rng, base_s=self._half_rtt)
+        if episodes is None and spec.episodes is not None:
+            episodes = EpisodeClock(spec.episodes, rng)
+        self.episodes = episodes
+        self._clock = episodes if (episodes is not None and episodes.stall_fraction > 0) else None
+        self._last = -math.inf
+        self.frames = 0  #: frames sent so far
+        self.bytes = 0  #: bytes sent so far
+
+    @property
+    def last_delivery_s(self) -> float:
+        """Delivery time of the latest frame sent (``-inf`` before the first)."""
+        return self._last
+
+    def schedule(self, frame_bytes: int) -> float:
+        """Send a frame now and return its delivery time (absolute seconds) at once.
+
+        Reserves the sender's uplink, draws the jitter and reads the stall clock at
+        the moment the last byte leaves. Use it from a driver that schedules its own
+        wake-up (e.g. ``env.timeout(t - env.now)``); :meth:`send` wraps it as a
+        process. Raises ValueError for a negative ``frame_bytes``.
+        """
+        if frame_bytes < 0:
+            raise ValueError(f"frame_bytes must be >= 0, got {frame_bytes}")
+        _, left = self.uplinks.reserve(self.src, frame_bytes * self._inv_bw)
+        delay = self._half_rtt + self._jitter.sample()  # >= 0: clamped in sim.jitter
+        clock = self._clock
+        if clock is not None:
+            delay += 0.5 * clock.extra_rtt_s(left)
+        arrive = left + delay + self._overhead
+        if arrive < self._last:  # ordered channel: never overtake an earlier frame
+            arrive = self._last
+        self._last = arrive
+        self.frames += 1
+        self.bytes += frame_bytes
+        return arrive
+
+    def send(self, frame_bytes: int) -> Generator[simpy.Event, object, float]:
+        """SimPy process: send ``frame_bytes`` bytes; finishes at delivery.
+
+        Use as ``t = yield env.process(link.send(n))``: the process holds the
+        sender's uplink for ``n / bandwidth`` seconds (queued FIFO behind earlier
+        frames from the same device), then delivers after
+        ``rtt/2 + jitter + extra_rtt/2 + hop_overhead``, never before an earlier frame
+        of this link. Returns the delivery time (absolute seconds).
+        Raises ValueError (at once, not when run) for a negative ``frame_bytes``.
+        """
+        arrive = self.schedule(frame_bytes)
+        return self._wait_until(arrive)
+
+    def _wait_until(self, t: float) -> Generator[simpy.Event, object, float]:
+        env = self.env
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        return t
+
+
+class Links:
+    """Every ordered pair's :class:`Link` in one environment, built on first use.
+
+    Each ordered pair gets its own generator, derived from one draw of ``rng`` and a
+    CRC-32 of the two ids, so a pair's random stream does not depend on the order in
+    which links are first used or on which other links exist. Both directions of a
+    pair share one :class:`~sim.episodes.EpisodeClock` when their episode specs are
+    equal (a stalled home link stalls both ways), else each has its own.
+
+    Args:
+        env: the SimPy environment.
+        network: the room's network (defaults and overrides).
+        rng: seeded generator; one number is drawn from it at construction.
+        episode_start_jitter: passed to every :class:`~sim.episodes.EpisodeClock`.
+    """
+
+    def __init__(self, env: simpy.Environment, network: Network, rng: np.random.Generator, *,
+                 episode_start_jitter: float = 0.0) -> None:
+        self.env = env
+        self.network = network
+        self.uplinks = Uplinks(env)
+        self._base = int(rng.integers(0, 2**63 - 1))
+        self._start_jitter = episode_start_jitter
+        self._links: dict[tuple[str, str], Link] = {}
+        self._clocks: dict[tuple[str, str, Episodes], EpisodeClock] = {}
+
+    def _rng(self, a: str, b: str, stream: int) -> np.random.Generator:
+        return np.random.default_rng([self._base, zlib.crc32(a.encode()), zlib.crc32(b.encode()), stream])
+
+    def get(self, src: str, dst: str) -> Link:
+        """The link ``src -> dst`` (created on first use).
+        Raises ValueError from :func:`resolve_link` for invalid properties."""
+        key = (src, dst)
+        link = self._links.get(key)
+        if link is None:
+            spec = resolve_link(self.network, src, dst)
+            clock = None
+            if spec.episodes is not None:
+                lo, hi = sorted(key)
+                ckey = (lo, hi, spec.episodes)
+                clock = self._clocks.get(ckey)
+                if clock is None:
+                    clock = EpisodeClock(spec.episodes, self._rng(lo, hi, 1), start_jitter=self._start_jitter)
+                    self._clocks[ckey] = clock
+            link = Link(self.env, self.uplinks, src, dst, spec, self._rng(src, dst, 0), episodes=clock)
+            self._links[key] = link
+        return link
+
+    __call__ = get
