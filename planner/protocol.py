@@ -1,0 +1,211 @@
+"""Events (what happened, past tense) and commands (what to do, imperative).
+
+The sans-IO core speaks only these frozen dataclasses: a driver (the SimPy simulator
+or the real runtime) feeds events into :class:`planner.scheduler.HostScheduler` and
+:class:`planner.scheduler.WorkerMachine` and carries out the commands they return.
+Both drivers append every event and command, with its time, to the same JSONL trace
+(:mod:`planner.trace`), from which :mod:`planner.metrics` computes every number.
+
+Token ids are plain ints; positions are 0-based indices into a question's sequence
+(prompt then answer). The scheduler never computes logits: the host's output head
+reports its greedy predictions in :class:`HeadFinished`, and the scheduler accepts the
+longest prefix of drafts that agree with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.frames import FrameHeader
+
+# --- events -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuestionAsked:
+    """``device`` asked a question: ``prompt`` token ids, answer at most ``max_new_tokens``."""
+
+    question_id: int
+    device: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class StageFinished:
+    """``device`` finished running its layers for lap ``lap_id`` (see RunStage)."""
+
+    device: str
+    lap_id: int
+
+
+@dataclass(frozen=True)
+class FrameArrived:
+    """A frame from ``src`` arrived at ``device``."""
+
+    device: str
+    src: str
+    header: FrameHeader
+
+
+@dataclass(frozen=True)
+class HeadFinished:
+    """The host's output head ran on lap ``lap_id``: ``predictions[i]`` is the greedy
+    next token after the lap's i-th input position (as many as RunHead.rows)."""
+
+    lap_id: int
+    predictions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DraftReady:
+    """The host's drafter proposed ``tokens`` for draft request ``draft_id``."""
+
+    draft_id: int
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DeviceLost:
+    """``device`` left the room (connection closed, timed out)."""
+
+    device: str
+    reason: str = ""
+
+
+# --- commands ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BeginAnswer:
+    """Start answering ``question_id`` (it leaves the queue)."""
+
+    question_id: int
+    device: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class RunStage:
+    """Run ``device``'s layers on ``tokens`` positions from ``first_pos`` for lap ``lap_id``.
+
+    First truncate that device's KV cache for the question to ``first_pos`` positions.
+    On the model host, ``inputs`` are the token ids to embed first (the host's own
+    range may be empty: then only the embedding runs). Report StageFinished.
+    """
+
+    device: str
+    lap_id: int
+    question_id: int
+    first_pos: int
+    tokens: int
+    inputs: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SendFrame:
+    """Send the frame ``header`` (with the residual of lap ``header.lap_id``) from
+    ``src`` to ``dst``."""
+
+    src: str
+    dst: str
+    header: FrameHeader
+
+
+@dataclass(frozen=True)
+class RunHead:
+    """On the host: final norm and output head on the last ``rows`` rows of lap
+    ``lap_id``'s returned residual, greedy predictions out (report HeadFinished)."""
+
+    lap_id: int
+    question_id: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class Draft:
+    """On the host: propose ``k`` tokens continuing question ``question_id``'s sequence
+    of ``base_len`` committed tokens followed by ``assumed`` (earlier drafts taken as
+    accepted). Report DraftReady."""
+
+    draft_id: int
+    question_id: int
+    base_len: int
+    assumed: tuple[int, ...]
+    k: int
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Tell phone ``device`` a frame is coming for lap ``lap_id``: keep its GPU busy
+    until it arrives, at most ``max_s`` seconds (product page 001: 50 ms)."""
+
+    device: str
+    lap_id: int
+    max_s: float
+
+
+@dataclass(frozen=True)
+class RollbackKV:
+    """Truncate ``device``'s KV cache for ``question_id`` to ``to_pos`` positions."""
+
+    device: str
+    question_id: int
+    to_pos: int
+
+
+@dataclass(frozen=True)
+class DropFrame:
+    """``device`` dropped a frame (stale lap or wrong question); nothing to do but log."""
+
+    device: str
+    header: FrameHeader
+    reason: str
+
+
+@dataclass(frozen=True)
+class EmitToken:
+    """Token ``token`` is answer token number ``index`` of ``question_id``: stream it
+    to the asking device."""
+
+    question_id: int
+    device: str
+    index: int
+    token: int
+
+
+@dataclass(frozen=True)
+class LapEnded:
+    """Lap ``lap_id`` came back and was judged: ``kept`` tokens committed, ``stale``
+    when an earlier rejection made it useless. Bookkeeping for traces and metrics."""
+
+    lap_id: int
+    question_id: int
+    kind: str  # "prefill" | "decode" | "verify"
+    drafted: int
+    kept: int
+    stale: bool
+
+
+@dataclass(frozen=True)
+class AnswerDone:
+    """``question_id`` is answered (``tokens`` answer tokens, ``reason`` eos|length)."""
+
+    question_id: int
+    device: str
+    tokens: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """``question_id`` is refused or aborted, with a reason a person can read."""
+
+    question_id: int
+    device: str
+    reason: str
+
+
+EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost)
+COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
+            LapEnded, AnswerDone, Refuse)

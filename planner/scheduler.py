@@ -1,0 +1,505 @@
+"""The sans-IO scheduler: a host state machine and a worker state machine.
+
+Events in, commands out, time passed in (DESIGN.md, "The shared core is sans-IO"; in
+the style of h11). The same objects drive the SimPy simulator and the real runtime.
+
+What the model host does per question (product pages 001 and 002):
+
+* **Prefill** in pipelined chunks of ``prefill_chunk`` tokens: as soon as the host's own
+  stage has finished chunk i, chunk i's frame goes to the next stage and chunk i+1
+  enters the host's stage. Only the last chunk's residual comes back; the output head
+  runs on its last row and gives the first answer token.
+* **Plain decode**: one token per lap (embed, every stage, back, head, sample).
+* **Speculative decode** (``draft_tokens`` k > 0): the host drafts k tokens; one lap
+  verifies k+1 positions; the longest prefix of drafts equal to the head's greedy
+  predictions is kept, plus the head's own next token (the correction, or a bonus
+  token when all k were accepted), so the text equals plain greedy decoding
+  (Leviathan et al., "Fast Inference from Transformers via Speculative Decoding", 2023).
+* **Async laps** (``async_laps`` N > 1): up to N verify laps in flight. The next lap is
+  launched assuming the previous one is accepted in full: its k+1 inputs are drafted
+  continuing the earlier drafts (the first guessing the bonus token). A rejection makes
+  every later lap in flight stale; they are discarded when they come back.
+* **KV rollback**: every frame carries the position of its first token; a stage first
+  truncates its KV cache to that position (so rejected positions are rolled back by the
+  next frame), and drops a frame whose first position lies beyond its cache (a stale
+  lap launched before a rejection).
+* **Return path**: ``direct`` (the last stage sends to the host) or ``via_stages``.
+* **Queue**: one question answered at a time; up to 10 wait, at most 2 per device
+  (product page 001); the 11th or a device's 3rd is refused with a reason.
+* **Phone GPU wake**: at the start of each lap the host tells every phone that holds
+  layers that a frame is coming (at most 50 ms of busy-keeping; product page 001).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from planner.deal import Deal
+from planner.frames import DType, FrameHeader, FrameKind
+from planner.protocol import (AnswerDone, BeginAnswer, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
+                              FrameArrived, HeadFinished, LapEnded, QuestionAsked, Refuse, RollbackKV, RunHead,
+                              RunStage, SendFrame, StageFinished, Wake)
+
+#: Product page 001: "Up to 10 questions wait in the host's queue, at most two per device."
+MAX_WAITING = 10
+MAX_WAITING_PER_DEVICE = 2
+#: Product page 001: a woken phone keeps its GPU busy "for at most 50 ms".
+WAKE_MAX_S = 0.050
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the host schedules work.
+
+    Attributes:
+        hidden: residual width (columns of every frame).
+        prefill_chunk: prompt tokens per pipelined prefill frame.
+        draft_tokens: k drafted tokens per verify lap; 0 for plain decoding.
+        async_laps: verify laps in flight at once (>= 1; used only when k > 0).
+        return_path: ``direct`` or ``via_stages``.
+        wake: send phones a wake message at the start of each lap.
+        phones: device ids that are phones (woken when they hold layers).
+        eos_token: stop when the head predicts this token (None: never).
+        dtype: residual dtype on the wire.
+    """
+
+    hidden: int
+    prefill_chunk: int = 16
+    draft_tokens: int = 0
+    async_laps: int = 1
+    return_path: str = "direct"
+    wake: bool = True
+    phones: frozenset[str] = frozenset()
+    eos_token: int | None = None
+    dtype: DType = DType.FLOAT32
+
+    def __post_init__(self):
+        if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:
+            raise ValueError("prefill_chunk, async_laps and hidden must be >= 1 and draft_tokens >= 0")
+        if self.return_path not in ("direct", "via_stages"):
+            raise ValueError(f"return_path must be direct or via_stages, got {self.return_path!r}")
+
+
+@dataclass
+class _Lap:
+    lap_id: int
+    question_id: int
+    kind: str  # prefill | decode | verify
+    first_pos: int
+    inputs: tuple[int, ...]
+    returns: bool
+    stale: bool = False
+    predictions: tuple[int, ...] | None = None
+    back: bool = False  # its frame came back to the host
+
+
+@dataclass
+class _Question:
+    question_id: int
+    device: str
+    seq: list[int]
+    prompt_len: int
+    max_new: int
+    generated: int = 0
+    next_chunk: int = 0
+    assumed: list[int] = field(default_factory=list)
+    drafting: int | None = None  # draft id outstanding
+    done: bool = False
+    reason: str = "length"
+
+
+class HostScheduler:
+    """The model host's state machine.
+
+    ``handle(event, now_s) -> list[command]``; ``now_s`` is seconds on the driver's
+    clock (only passed through: the scheduler keeps no timers). Raises ValueError for
+    a deal whose host range is not first in the chain (the chain starts at the host).
+    Never raises for a well-typed event in any order: unexpected events are ignored.
+    """
+
+    def __init__(self, deal: Deal, config: SchedulerConfig):
+        self.deal = deal
+        self.config = config
+        self.host = deal.host
+        stages = list(deal.stages)
+        if any(s.device == self.host for s in stages[1:]):
+            raise ValueError("the model host's range must be the first stage of the chain")
+        self.host_holds_layers = bool(stages) and stages[0].device == self.host
+        self.workers = [s.device for s in stages if s.device != self.host]
+        self.wake_targets = [d for d in self.workers if d in config.phones] if config.wake else []
+        self.queue: deque[QuestionAsked] = deque()
+        self.active: _Question | None = None
+        self.laps: dict[int, _Lap] = {}
+        self.inflight: deque[int] = deque()  # decode/verify laps not yet judged, in launch order
+        self._next_lap = 0
+        self._next_draft = 0
+        self.stopped: str | None = None
+        self.seen_questions: set[int] = set()
+        # counters (also derivable from the trace)
+        self.emitted = 0
+        self.accepted = 0
+
+    # -- public ---------------------------------------------------------------------
+
+    def next_deadline_s(self) -> float | None:
+        """The next time the scheduler wants to be called without an event: never."""
+        return None
+
+    def handle(self, event, now_s: float) -> list:
+        """Feed one event; returns the commands to carry out, in order."""
+        if isinstance(event, QuestionAsked):
+            return self._asked(event)
+        if isinstance(event, StageFinished):
+            return self._stage_finished(event) if event.device == self.host else []
+        if isinstance(event, FrameArrived):
+            return self._frame_back(event) if event.device == self.host else []
+        if isinstance(event, HeadFinished):
+            return self._head_finished(event)
+        if isinstance(event, DraftReady):
+            return self._draft_ready(event)
+        if isinstance(event, DeviceLost):
+            return self._lost(event)
+        return []
+
+    @property
+    def busy(self) -> bool:
+        """True while a question is being answered."""
+        return self.active is not None
+
+    # -- queue ----------------------------------------------------------------------
+
+    def _asked(self, ev: QuestionAsked) -> list:
+        refuse = None
+        if ev.question_id in self.seen_questions:
+            refuse = f"question id {ev.question_id} was already asked"
+        elif self.stopped:
+            refuse = self.stopped
+        elif not ev.prompt:
+            refuse = "empty prompt"
+        elif ev.max_new_tokens < 1:
+            refuse = "asks for no answer tokens"
+        elif self.active is not None:
+            if len(self.queue) >= MAX_WAITING:
+                refuse = f"queue full: {MAX_WAITING} questions are waiting"
+            elif sum(1 for q in self.queue if q.device == ev.device) >= MAX_WAITING_PER_DEVICE:
+                refuse = f"{ev.device} already has {MAX_WAITING_PER_DEVICE} questions waiting"
+        self.seen_questions.add(ev.question_id)
+        if refuse:
+            return [Refuse(ev.question_id, ev.device, refuse)]
+        if self.active is not None:
+            self.queue.append(ev)
+            return []
+        return self._begin(ev)
+
+    def _begin(self, ev: QuestionAsked) -> list:
+        q = _Question(ev.question_id, ev.device, list(ev.prompt), len(ev.prompt), ev.max_new_tokens)
+        self.active = q
+        self.inflight.clear()
+        cmds: list = [BeginAnswer(q.question_id, q.device, q.prompt_len)]
+        cmds += self._launch_prefill_chunk(q)
+        return cmds
+
+    def _next_question(self) -> list:
+        self.active = None
+        self.inflight.clear()
+        if self.queue:
+            return self._begin(self.queue.popleft())
+        return []
+
+    # -- laps -----------------------------------------------------------------------
+
+    def _new_lap(self, q: _Question, kind: str, first_pos: int, inputs: Sequence[int], returns: bool) -> _Lap:
+        lap = _Lap(self._next_lap, q.question_id, kind, first_pos, tuple(inputs), returns)
+        self._next_lap += 1
+        self.laps[lap.lap_id] = lap
+        return lap
+
+    def _run_host_stage(self, lap: _Lap) -> list:
+        cmds: list = [Wake(d, lap.lap_id, WAKE_MAX_S) for d in self.wake_targets]
+        cmds.append(RunStage(self.host, lap.lap_id, lap.question_id, lap.first_pos, len(lap.inputs), lap.inputs))
+        return cmds
+
+    def _launch_prefill_chunk(self, q: _Question) -> list:
+        start = q.next_chunk
+        end = min(start + self.config.prefill_chunk, q.prompt_len)
+        q.next_chunk = end
+        lap = self._new_lap(q, "prefill", start, q.seq[start:end], returns=end == q.prompt_len)
+        return self._run_host_stage(lap)
+
+    def _header(self, lap: _Lap, kind: FrameKind) -> FrameHeader:
+        return FrameHeader(kind, lap.question_id, lap.lap_id, lap.first_pos, len(lap.inputs), self.config.hidden,
+                           self.config.dtype, lap.returns)
+
+    def _stage_finished(self, ev: StageFinished) -> list:
+        lap = self.laps.get(ev.lap_id)
+        if lap is None:
+            return []
+        cmds: list = []
+        if self.workers:
+            kind = FrameKind.PREFILL if lap.kind == "prefill" else FrameKind.DECODE
+            cmds.append(SendFrame(self.host, self.workers[0], self._header(lap, kind)))
+        elif lap.returns:  # the host holds every layer: the residual is already here
+            cmds += self._returned(lap)
+        q = self.active
+        if lap.kind == "prefill" and q is not None and q.question_id == lap.question_id \
+                and q.next_chunk < q.prompt_len:
+            cmds += self._launch_prefill_chunk(q)
+        return cmds
+
+    def _frame_back(self, ev: FrameArrived) -> list:
+        lap = self.laps.get(ev.header.lap_id)
+        if lap is None or lap.back or ev.header.kind not in (FrameKind.RESULT, FrameKind.RETURN):
+            return []
+        return self._returned(lap)
+
+    def _returned(self, lap: _Lap) -> list:
+        lap.back = True
+        q = self.active
+        if lap.stale or q is None or q.question_id != lap.question_id:
+            return self._end_lap(lap, stale=True)
+        rows = 1 if lap.kind == "prefill" else len(lap.inputs)
+        return [RunHead(lap.lap_id, lap.question_id, rows)]
+
+    def _end_lap(self, lap: _Lap, stale: bool, kept: int = 0) -> list:
+        self.laps.pop(lap.lap_id, None)
+        if lap.lap_id in self.inflight:
+            self.inflight.remove(lap.lap_id)
+        drafted = len(lap.inputs) - 1 if lap.kind == "verify" else 0
+        return [LapEnded(lap.lap_id, lap.question_id, lap.kind, drafted, kept, stale)]
+
+    # -- head results ---------------------------------------------------------------
+
+    def _head_finished(self, ev: HeadFinished) -> list:
+        lap = self.laps.get(ev.lap_id)
+        q = self.active
+        if lap is None or lap.predictions is not None:
+            return []
+        if q is None or q.question_id != lap.question_id or lap.stale:
+            return self._end_lap(lap, stale=True)
+        if not ev.predictions:
+            return self._abort(f"the output head returned no prediction for lap {lap.lap_id}")
+        lap.predictions = tuple(ev.predictions)
+        if lap.kind == "prefill":
+            cmds = self._end_lap(lap, stale=False, kept=1)
+            cmds += self._commit(q, [lap.predictions[-1]])
+            return cmds + self._after_commit(q)
+        cmds = []
+        # judge laps in launch order; a later lap's result waits for its predecessors
+        while self.inflight:
+            head = self.laps.get(self.inflight[0])
+            if head is None:
+                self.inflight.popleft()
+                continue
+            if head.predictions is None:
+                break
+            cmds += self._judge(q, head)
+            if q.done:
+                break
+        if q.done:
+            return cmds + self._finish(q)
+        return cmds + self._after_commit(q)
+
+    def _judge(self, q: _Question, lap: _Lap) -> list:
+        x, y = lap.inputs, lap.predictions
+        valid = lap.first_pos == len(q.seq) - 1 and x[0] == q.seq[-1] and not lap.stale
+        if not valid:
+            return self._end_lap(lap, stale=True)
+        a = 0
+        while a < len(x) - 1 and a < len(y) and y[a] == x[a + 1]:
+            a += 1
+        new = list(x[1:a + 1]) + ([y[a]] if a < len(y) else [])
+        cmds = self._end_lap(lap, stale=False, kept=len(new))
+        self.accepted += a
+        # the assumed continuation survives only if it starts with what was committed
+        if q.assumed[:len(new)] == new:
+            del q.assumed[:len(new)]
+        else:
+            cmds += self._discard_assumed(q)
+            if a < len(x) - 1:
+                cmds.append(RollbackKV(self.host, q.question_id, lap.first_pos + a + 1))
+        cmds += self._commit(q, new)
+        return cmds
+
+    def _discard_assumed(self, q: _Question) -> list:
+        """Forget the assumed continuation; every lap still in flight is stale."""
+        q.assumed.clear()
+        q.drafting = None
+        return self._drop_inflight()
+
+    def _drop_inflight(self) -> list:
+        cmds: list = []
+        for lap_id in list(self.inflight):
+            lap = self.laps[lap_id]
+            lap.stale = True
+            cmds += self._end_lap(lap, stale=True)
+        return cmds
+
+    def _commit(self, q: _Question, tokens: Sequence[int]) -> list:
+        cmds = []
+        for t in tokens:
+            if q.generated >= q.max_new:
+                q.done = True
+                break
+            if self.config.eos_token is not None and t == self.config.eos_token:
+                q.done = True
+                q.reason = "eos"
+                break
+            q.seq.append(t)
+            q.generated += 1
+            self.emitted += 1
+            cmds.append(EmitToken(q.question_id, q.device, q.generated - 1, t))
+        if q.generated >= q.max_new:
+            q.done = True
+        return cmds
+
+    def _finish(self, q: _Question) -> list:
+        return self._drop_inflight() + [AnswerDone(q.question_id, q.device, q.generated, q.reason)] + self._next_question()
+
+    def _after_commit(self, q: _Question) -> list:
+        if q.done:
+            return self._finish(q)
+        return self._fill_pipeline(q)
+
+    # -- decode launching -----------------------------------------------------------
+
+    def _fill_pipeline(self, q: _Question) -> list:
+        k = self.config.draft_tokens
+        if k == 0:
+            if self.inflight:
+                return []
+            lap = self._new_lap(q, "decode", len(q.seq) - 1, (q.seq[-1],), returns=True)
+            self.inflight.append(lap.lap_id)
+            return self._run_host_stage(lap)
+        live = sum(1 for i in self.inflight if not self.laps[i].stale)
+        if q.drafting is not None or live >= self.config.async_laps:
+            return []
+        cmds: list = []
+        if live == 0 and q.assumed:
+            cmds += self._discard_assumed(q)
+        n = k if not q.assumed else k + 1
+        d = Draft(self._next_draft, q.question_id, len(q.seq), tuple(q.assumed), n)
+        self._next_draft += 1
+        q.drafting = d.draft_id
+        return cmds + [d]
+
+    def _draft_ready(self, ev: DraftReady) -> list:
+        q = self.active
+        if q is None or q.drafting != ev.draft_id:
+            return []
+        q.drafting = None
+        if not ev.tokens:
+            return self._abort("the drafter returned no tokens")
+        sync = not q.assumed
+        if sync:
+            first_pos = len(q.seq) - 1
+            inputs = (q.seq[-1],) + tuple(ev.tokens)
+        else:
+            first_pos = len(q.seq) + len(q.assumed)
+            inputs = tuple(ev.tokens)
+        q.assumed.extend(ev.tokens)
+        lap = self._new_lap(q, "verify", first_pos, inputs, returns=True)
+        self.inflight.append(lap.lap_id)
+        return self._run_host_stage(lap) + self._fill_pipeline(q)
+
+    # -- failures -------------------------------------------------------------------
+
+    def _abort(self, reason: str) -> list:
+        q = self.active
+        cmds: list = []
+        if q is not None:
+            cmds.append(Refuse(q.question_id, q.device, reason))
+            cmds += self._drop_inflight()
+        return cmds + self._next_question()
+
+    def _lost(self, ev: DeviceLost) -> list:
+        in_chain = ev.device == self.host or ev.device in self.workers
+        cmds: list = []
+        if in_chain:
+            self.stopped = f"{ev.device} left the room; the model must be re-dealt"
+            if self.active is not None:
+                cmds.append(Refuse(self.active.question_id, self.active.device, self.stopped))
+                self.active = None
+            while self.queue:
+                w = self.queue.popleft()
+                cmds.append(Refuse(w.question_id, w.device, self.stopped))
+            cmds += self._drop_inflight()
+            for lap in self.laps.values():
+                lap.stale = True
+            return cmds
+        keep: deque[QuestionAsked] = deque()
+        for w in self.queue:
+            if w.device == ev.device:
+                cmds.append(Refuse(w.question_id, w.device, f"{ev.device} left the room"))
+            else:
+                keep.append(w)
+        self.queue = keep
+        if self.active is not None and self.active.device == ev.device:
+            cmds += self._abort(f"{ev.device} left the room")
+        return cmds
+
+
+class WorkerMachine:
+    """A worker's state machine: frame in -> run my layers -> frame out.
+
+    ``handle(event, now_s) -> list[command]``. Keeps the KV length of the question it
+    serves; a frame of a new question starts from an empty cache, a frame whose first
+    position is before the cache's end rolls the cache back to it (RollbackKV), and one
+    whose first position lies beyond the cache's end is stale and dropped (DropFrame).
+    Raises ValueError if ``device`` holds no stage of ``deal``.
+    """
+
+    def __init__(self, device: str, deal: Deal, return_path: str = "direct"):
+        stages = [s.device for s in deal.stages]
+        if device not in stages or device == deal.host:
+            raise ValueError(f"{device} is not a worker of this deal")
+        self.device = device
+        self.host = deal.host
+        i = stages.index(device)
+        self.next = stages[i + 1] if i + 1 < len(stages) else None
+        self.prev = stages[i - 1] if i > 0 else deal.host
+        self.return_path = return_path
+        self.question_id: int | None = None
+        self.kv_len = 0
+        self.pending: dict[int, FrameHeader] = {}
+
+    def handle(self, event, now_s: float) -> list:
+        """Feed one event; returns the commands to carry out."""
+        if isinstance(event, FrameArrived) and event.device == self.device:
+            return self._frame(event.header)
+        if isinstance(event, StageFinished) and event.device == self.device:
+            return self._finished(event.lap_id)
+        return []
+
+    def _frame(self, h: FrameHeader) -> list:
+        if h.kind == FrameKind.RETURN:
+            return [SendFrame(self.device, self.prev, h)]
+        if h.kind not in (FrameKind.PREFILL, FrameKind.DECODE):
+            return []
+        cmds: list = []
+        if h.question_id != self.question_id:
+            if h.first_pos != 0:  # a question always starts with a prefill frame at position 0
+                return [DropFrame(self.device, h, "frame of a question this stage is not serving")]
+            self.question_id = h.question_id
+            self.kv_len = 0
+        if h.first_pos > self.kv_len:
+            return [DropFrame(self.device, h, f"stale: starts at {h.first_pos}, cache holds {self.kv_len}")]
+        if h.first_pos < self.kv_len:
+            cmds.append(RollbackKV(self.device, h.question_id, h.first_pos))
+        self.kv_len = h.first_pos + h.tokens
+        self.pending[h.lap_id] = h
+        cmds.append(RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens))
+        return cmds
+
+    def _finished(self, lap_id: int) -> list:
+        h = self.pending.pop(lap_id, None)
+        if h is None:
+            return []
+        if self.next is not None:
+            return [SendFrame(self.device, self.next, h)]
+        if not h.returns:
+            return []
+        if self.return_path == "direct" or self.prev == self.host:
+            return [SendFrame(self.device, self.host, h.with_kind(FrameKind.RESULT))]
+        return [SendFrame(self.device, self.prev, h.with_kind(FrameKind.RETURN))]

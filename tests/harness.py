@@ -1,0 +1,123 @@
+"""A zero-time driver for the sans-IO scheduler, for tests.
+
+Every command that takes time becomes a pending event on a FIFO channel (one per
+device's compute, one per directed link); a test chooses which channel delivers next,
+so any interleaving that a real room could produce can be replayed. Tokens come from
+an independent "target model": the greedy answer at position p is ``truth(p)``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from planner.protocol import (AnswerDone, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, LapEnded,
+                              QuestionAsked, Refuse, RunHead, RunStage, SendFrame, StageFinished)
+from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+
+
+def truth(pos: int) -> int:
+    """The reference greedy token at position ``pos`` (never 2, the eos id used in tests)."""
+    return 100 + (pos * 31) % 997
+
+
+class Harness:
+    """Drives a HostScheduler and its WorkerMachines with instant, reorderable work.
+
+    ``accept(k) -> int`` says how many leading drafts of a k-token draft are right.
+    """
+
+    def __init__(self, deal, config: SchedulerConfig, accept: Callable[[int], int] = lambda k: 0):
+        self.host = HostScheduler(deal, config)
+        self.workers = {s.device: WorkerMachine(s.device, deal, config.return_path)
+                        for s in deal.stages if s.device != deal.host}
+        self.channels: dict[tuple, deque] = {}
+        self.accept = accept
+        self.log: list = []
+        self.lap_span: dict[int, tuple[int, int]] = {}
+        self.max_waiting_seen = 0
+        self.max_waiting_per_device_seen = 0
+
+    def ask(self, qid: int, device: str, prompt_len: int, max_new: int) -> None:
+        """Queue a question on the outside channel."""
+        prompt = tuple(truth(p) for p in range(prompt_len))
+        self.channels.setdefault(("ask",), deque()).append(QuestionAsked(qid, device, prompt, max_new))
+
+    def pending(self) -> list[tuple]:
+        """Channels with something to deliver, in a stable order."""
+        return sorted((k for k, q in self.channels.items() if q), key=repr)
+
+    def step(self, choice: int = 0) -> bool:
+        """Deliver the head of the ``choice``-th pending channel. False when idle."""
+        keys = self.pending()
+        if not keys:
+            return False
+        ev = self.channels[keys[choice % len(keys)]].popleft()
+        self.dispatch(ev)
+        return True
+
+    def run(self, choose: Callable[[int], int] = lambda n: 0, limit: int = 200_000) -> None:
+        """Deliver until idle; ``choose(n_pending)`` picks the channel each time."""
+        for _ in range(limit):
+            keys = self.pending()
+            if not keys:
+                return
+            self.step(choose(len(keys)))
+        raise AssertionError("the room did not go idle")
+
+    def dispatch(self, ev) -> None:
+        self.log.append(ev)
+        m = self.workers.get(ev.device) if isinstance(ev, (FrameArrived, StageFinished)) else None
+        cmds = m.handle(ev, 0.0) if m is not None else self.host.handle(ev, 0.0)
+        q = self.host.queue
+        self.max_waiting_seen = max(self.max_waiting_seen, len(q))
+        for d in {w.device for w in q}:
+            self.max_waiting_per_device_seen = max(self.max_waiting_per_device_seen,
+                                                   sum(1 for w in q if w.device == d))
+        for c in cmds:
+            self.log.append(c)
+            self.execute(c)
+
+    def _put(self, key: tuple, ev) -> None:
+        self.channels.setdefault(key, deque()).append(ev)
+
+    def execute(self, c) -> None:
+        host = self.host.host
+        if isinstance(c, RunStage):
+            if c.inputs:
+                self.lap_span[c.lap_id] = (c.first_pos, c.tokens)
+            self._put(("dev", c.device), StageFinished(c.device, c.lap_id))
+        elif isinstance(c, SendFrame):
+            self._put(("link", c.src, c.dst), FrameArrived(c.dst, c.src, c.header))
+        elif isinstance(c, RunHead):
+            first_pos, n = self.lap_span[c.lap_id]
+            first = first_pos + n - c.rows
+            self._put(("dev", host), HeadFinished(c.lap_id, tuple(truth(first + i + 1) for i in range(c.rows))))
+        elif isinstance(c, Draft):
+            j = c.base_len + len(c.assumed)
+            a = min(max(self.accept(c.k), 0), c.k)
+            toks = tuple(truth(j + i) if i < a else truth(j + i) + 1 for i in range(c.k))
+            self._put(("dev", host), DraftReady(c.draft_id, toks))
+
+    # -- what happened -------------------------------------------------------------
+
+    def answers(self) -> dict[int, list[int]]:
+        """Emitted tokens per question, in order."""
+        out: dict[int, list[int]] = {}
+        for x in self.log:
+            if isinstance(x, EmitToken):
+                out.setdefault(x.question_id, []).append(x.token)
+        return out
+
+    def ended(self) -> dict[int, str]:
+        """``answered`` or ``refused: reason`` per question."""
+        out = {}
+        for x in self.log:
+            if isinstance(x, AnswerDone):
+                out[x.question_id] = "answered"
+            elif isinstance(x, Refuse):
+                out[x.question_id] = "refused: " + x.reason
+        return out
+
+    def laps(self) -> list[LapEnded]:
+        return [x for x in self.log if isinstance(x, LapEnded)]
