@@ -183,10 +183,10 @@ class Link:
 
     Args:
         env: the SimPy environment.
-        uplinks: the room's uplinks (shared by every link, so a device's frames to
-            different receivers queue behind each other).
         src, dst: sender and receiver device ids.
         spec: the resolved link properties.
+        uplinks: the room's uplinks (shared by every link, so a device's frames to
+            different receivers queue behind each other).
         rng: seeded generator for this link's jitter draws.
         episodes: the stall clock to use; ``None`` builds one from
             ``spec.episodes`` with ``rng`` (pass a shared clock to make both
@@ -202,10 +202,10 @@ class Link:
     def __init__(
         self,
         env: simpy.Environment,
-        uplinks: Uplinks,
         src: str,
         dst: str,
         spec: ResolvedLink,
+        uplinks: Uplinks,
         rng: np.random.Generator,
         *,
         episodes: EpisodeClock | None = None,
@@ -319,7 +319,7 @@ class Links:
                 if clock is None:
                     clock = EpisodeClock(spec.episodes, self._rng(lo, hi, 1), start_jitter=self._start_jitter)
                     self._clocks[ckey] = clock
-            link = Link(self.env, self.uplinks, src, dst, spec, self._rng(src, dst, 0), episodes=clock)
+            link = Link(self.env, src, dst, spec, self.uplinks, self._rng(src, dst, 0), episodes=clock)
             self._links[key] = link
         return link
 

@@ -78,7 +78,7 @@ def test_resolve_rejects_bad_values(net):
 
 def test_one_frame_hand_calculation():
     env = simpy.Environment()
-    link = Link(env, Uplinks(env), "a", "b", plain_link(), np.random.default_rng(0))
+    link = Link(env, "a", "b", plain_link(), Uplinks(env), np.random.default_rng(0))
     [t] = run_sends(env, link, [10_000])
     # 10 kB at 125 MB/s = 80 us; + RTT/2 = 10 ms; + 0.5 ms overhead
     assert t == pytest.approx(80e-6 + 0.010 + 0.0005, abs=1e-12)
@@ -87,7 +87,7 @@ def test_one_frame_hand_calculation():
 
 def test_back_to_back_frames_serialize_through_the_uplink():
     env = simpy.Environment()
-    link = Link(env, Uplinks(env), "a", "b", plain_link(), np.random.default_rng(0))
+    link = Link(env, "a", "b", plain_link(), Uplinks(env), np.random.default_rng(0))
     t1, t2 = run_sends(env, link, [10_000, 10_000], at=1.0)
     assert t1 == pytest.approx(1.0 + 80e-6 + 0.0105, abs=1e-12)
     assert t2 == pytest.approx(1.0 + 160e-6 + 0.0105, abs=1e-12)
@@ -96,9 +96,9 @@ def test_back_to_back_frames_serialize_through_the_uplink():
 def test_sender_uplink_is_shared_between_receivers():
     env = simpy.Environment()
     up = Uplinks(env)
-    ab = Link(env, up, "a", "b", plain_link(overhead=0), np.random.default_rng(0))
-    ac = Link(env, up, "a", "c", plain_link(overhead=0), np.random.default_rng(1))
-    cb = Link(env, up, "c", "b", plain_link(overhead=0), np.random.default_rng(2))
+    ab = Link(env, "a", "b", plain_link(overhead=0), up, np.random.default_rng(0))
+    ac = Link(env, "a", "c", plain_link(overhead=0), up, np.random.default_rng(1))
+    cb = Link(env, "c", "b", plain_link(overhead=0), up, np.random.default_rng(2))
     assert ab.schedule(125_000) == pytest.approx(0.001 + 0.010)  # 1 ms on the wire
     assert ac.schedule(125_000) == pytest.approx(0.002 + 0.010)  # waits for a's uplink
     assert cb.schedule(125_000) == pytest.approx(0.001 + 0.010)  # c's own uplink is free
@@ -130,7 +130,7 @@ def test_uplink_matches_a_simpy_resource_reference():
 
     env2 = simpy.Environment()
     up = Uplinks(env2)
-    links = {d: Link(env2, up, d, "z", plain_link(rtt=0.0, bw=bw, overhead=0.0), np.random.default_rng(0))
+    links = {d: Link(env2, d, "z", plain_link(rtt=0.0, bw=bw, overhead=0.0), up, np.random.default_rng(0))
              for d in "abc"}
     got: list[float] = [0.0] * len(plan)
 
@@ -149,7 +149,7 @@ def test_uplink_matches_a_simpy_resource_reference():
 def test_fifo_holds_under_heavy_jitter():
     env = simpy.Environment()
     spec = plain_link(rtt=0.020, jitter=Jitter("pareto", 0.050))
-    link = Link(env, Uplinks(env), "a", "b", spec, np.random.default_rng(3))
+    link = Link(env, "a", "b", spec, Uplinks(env), np.random.default_rng(3))
     rng = np.random.default_rng(4)
     times = np.cumsum(rng.exponential(0.002, 2000))
     out = []
@@ -171,7 +171,7 @@ def test_fifo_holds_under_heavy_jitter():
 def test_jitter_delay_never_negative():
     env = simpy.Environment()
     spec = plain_link(rtt=0.001, overhead=0.0, bw=math.inf, jitter=Jitter("normal", 0.010))
-    link = Link(env, Uplinks(env), "a", "b", spec, np.random.default_rng(5))
+    link = Link(env, "a", "b", spec, Uplinks(env), np.random.default_rng(5))
     for _ in range(1000):
         link._last = -math.inf  # look at raw arrivals, without the ordering
         assert link.schedule(0) >= 0.0
@@ -224,6 +224,6 @@ def test_links_are_deterministic_and_order_independent():
 
 def test_negative_frame_raises_at_once():
     env = simpy.Environment()
-    link = Link(env, Uplinks(env), "a", "b", plain_link(), np.random.default_rng(0))
+    link = Link(env, "a", "b", plain_link(), Uplinks(env), np.random.default_rng(0))
     with pytest.raises(ValueError):
         link.send(-1)
