@@ -1,0 +1,346 @@
+"""How long a device takes to compute: its layers, and on the model host the
+embedding, output head, sampling and drafting; plus phone GPU clock-down.
+
+Compute model (all times in seconds)
+------------------------------------
+Roofline. One stage of ``L`` layers on ``n`` token positions takes
+
+    max(L * bytes_read(n) / bandwidth,  n * L * layer_flops_per_token / compute)
+
+(+ the KV cache read, ``L * n_ctx * kv_bytes_per_token / bandwidth``, when a context
+length is passed). Decoding one token reads each layer's weights once, which is why
+decode is memory bound (issue 3: "decode reads each layer's weights once; a chunk of n
+tokens costs max(bytes/bandwidth, flops/compute)").
+
+``bytes_read(n)`` for a dense layer is ``layer_active_bytes`` whatever ``n`` is (every
+position of a chunk shares one read of the weights). For a mixture-of-experts layer
+each position routes to ``k`` of ``E`` experts, so a chunk touches more experts than a
+single token does. Taking routing as uniform and independent across positions, the
+expected number of distinct experts ``n`` positions touch is ``E * (1 - (1 - k/E)**n)``
+(the occupancy formula), and
+
+    bytes_read(n) = layer_active_bytes + (E * (1 - (1 - k/E)**n) - k) * expert_bytes
+
+capped at ``layer_bytes`` (all experts). ``E``, ``k`` and ``expert_bytes`` come from the
+``moe=`` argument, else from the catalog architecture when ``model.id`` is a catalog
+MoE model whose sizes match (planner/model.py ``ARCHITECTURES``). An MoE model with
+neither (an inline spec) uses the upper bound ``min(layer_bytes, n * layer_active_bytes)``
+(each position reads its own experts, no overlap). Real routing is not uniform (popular
+experts overlap more), so the occupancy formula slightly overestimates the bytes.
+
+Measured devices. When the device gives ``ms_per_layer`` (``Device.s_per_layer``, a
+measured time per layer per *decoded token*), a stage takes
+``s_per_layer * L * ratio(n)`` where ``ratio(n) = roofline(n) / roofline(1)`` for one
+layer on this device: the measurement fixes the one-token time, the roofline says how a
+chunk of ``n`` scales from it (1.0 while memory bound for dense layers; MoE chunks read
+more experts; compute-bound chunks grow linearly). The measurement is taken to be at a
+short context: a ``context_tokens`` KV read is added through the same ratio. The measured/roofline ratio of one
+token (``host_scale``) also scales the host costs below (head, embedding, draft layer):
+the same device runs them with the same kernels, so its efficiency carries over.
+
+Host costs
+----------
+* ``head_s(n)``: final norm + output head on ``n`` positions: reads the head matrix
+  once (``head_bytes``, or ``embedding_bytes`` when the head is tied to the embedding)
+  and costs ``n * head_flops_per_token`` FLOPs; roofline of the two.
+* ``embed_s(n)``: gathers ``n`` embedding rows of ``embedding_bytes / vocab`` bytes
+  (vocab = ``head_flops_per_token / (2 * hidden)``; ``2 * hidden`` bytes per row when
+  unknown). Microseconds: a table lookup.
+* ``sample_s(n)``: greedy argmax over the logits of ``n`` positions, a constant
+  :data:`DEFAULT_SAMPLE_S_PER_TOKEN` per position (0.1 ms: one pass over ~150-250 k
+  float32 logits, about 1 MB, at the ~10 GB/s a single CPU core streams). An assumption.
+* ``draft_s(k)``: ``k`` drafted tokens. ``Speculative.draft_s_per_token`` when given
+  (taken literally), else by drafter: ``ngram`` costs :data:`NGRAM_S_PER_TOKEN`
+  (10 us per token, a lookup in the tokens so far; an assumption); ``draft_layer`` (an
+  MTP head) reads, per drafted token, the draft layer's active weights
+  (``draft_bytes * layer_active_bytes / layer_bytes``) plus the output head it
+  shares with the model; roofline against its FLOPs, times ``host_scale``.
+
+Phone GPU clock-down
+--------------------
+Mobile GPUs lower their clock when idle and need time to ramp back up (dynamic voltage
+and frequency scaling). We model it with two numbers: a phone whose GPU has been idle
+for longer than ``idle_clock_down_s`` starts its next work with a ramp, during which it
+gets nothing done: that work takes ``ramp_penalty_s`` longer (less if the ramp began
+earlier, see ``wake``). Defaults: :data:`DEFAULT_IDLE_CLOCK_DOWN_S` = 0.1 s and
+:data:`DEFAULT_RAMP_PENALTY_S` = 20 ms are assumptions, not measurements: the product
+keeps a woken phone busy for 50 ms (product page 001), which suggests clock-down after
+idle gaps of that order, and Qualcomm KGSL device trees commonly set the GPU
+``qcom,idle-timeout`` to 80 ms (seen in vendor kernel trees; not an authoritative
+source). Calibrate both from a real phone when one is measured.
+
+``wake(now_s, until_s)`` is the host's wake message (product page 001: "The phone
+keeps its GPU busy until it arrives, for at most 50 ms, so the GPU hasn't clocked
+down"): the GPU is busy from ``now_s`` to ``min(until_s, now_s + 50 ms)``. If it had
+already clocked down, its ramp starts at ``now_s`` (so a frame arriving later than
+``now_s + ramp_penalty_s`` pays nothing). Computers do not clock down (``clock_down``
+defaults to ``device.kind == "phone"``).
+
+The model never reads a clock: stateful calls take ``now_s`` (simulation seconds).
+
+Defaults when a device gives neither ``memory_bandwidth`` nor ``ms_per_layer``
+-----------------------------------------------------------------------------
+* computer: 100 GB/s memory bandwidth (Apple M2's published unified-memory bandwidth,
+  a mid-range laptop), 3.6 TFLOPS (M2 10-core GPU, Apple's published figure).
+* phone: 50 GB/s (LPDDR5-6400 on a 64-bit bus = 51.2 GB/s, as in Apple's A17 Pro),
+  2 TFLOPS (a current flagship phone GPU, order of magnitude).
+A device that gives bandwidth but no ``compute`` gets its kind's default compute.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.model import ARCHITECTURES, ModelSpec, spec_from_architecture
+from planner.room import Device, Speculative
+
+__all__ = [
+    "DEFAULT_BANDWIDTH_BPS",
+    "DEFAULT_COMPUTE_FLOPS",
+    "DEFAULT_IDLE_CLOCK_DOWN_S",
+    "DEFAULT_RAMP_PENALTY_S",
+    "DEFAULT_SAMPLE_S_PER_TOKEN",
+    "NGRAM_S_PER_TOKEN",
+    "WAKE_MAX_S",
+    "DeviceModel",
+    "moe_layout",
+]
+
+DEFAULT_BANDWIDTH_BPS = {"computer": 100e9, "phone": 50e9}
+DEFAULT_COMPUTE_FLOPS = {"computer": 3.6e12, "phone": 2.0e12}
+DEFAULT_IDLE_CLOCK_DOWN_S = 0.1
+DEFAULT_RAMP_PENALTY_S = 0.020
+WAKE_MAX_S = 0.050  # product page 001: "for at most 50 ms"
+DEFAULT_SAMPLE_S_PER_TOKEN = 1e-4
+NGRAM_S_PER_TOKEN = 1e-5
+
+
+def moe_layout(model: ModelSpec) -> tuple[int, int, float] | None:
+    """``(experts, active_experts, expert_bytes)`` of a catalog MoE model, or None.
+
+    Found through ``planner.model.ARCHITECTURES[model.id]`` and used only when the
+    architecture's derived ``layer_bytes`` and ``layer_active_bytes`` equal the spec's
+    (so an edited spec is not misread). ``expert_bytes`` = ``3 * hidden * expert_ffn``
+    weights (gate, up, down) at the architecture's bits per weight.
+    """
+    entry = ARCHITECTURES.get(model.id)
+    if entry is None:
+        return None
+    name, arch = entry
+    if not arch.experts:
+        return None
+    ref = spec_from_architecture(model.id, name, arch)
+    if (ref.layer_bytes, ref.layer_active_bytes) != (model.layer_bytes, model.layer_active_bytes):
+        return None
+    return arch.experts, arch.active_experts, 3 * arch.hidden * arch.expert_ffn * arch.bits_per_weight / 8
+
+
+class DeviceModel:
+    """Compute times of one device for one model (seconds).
+
+    Args:
+        device: the device (kind, bandwidth, compute, measured ``s_per_layer``).
+        model: the model it runs.
+        idle_clock_down_s: a phone idle longer than this clocks down, seconds.
+        ramp_penalty_s: the extra time its next work then takes, seconds.
+        clock_down: whether this device clocks down (default: it is a phone).
+        wake_max_s: the longest a wake message keeps the GPU busy, seconds.
+        sample_s_per_token: greedy sampling cost per position, seconds.
+        slowdown: multiply every compute time by this (e.g. ``device.emulate_slowdown``
+            to predict a real run that pads compute); 1.0 by default.
+        moe: ``(experts, active_experts, expert_bytes)`` for an MoE model; default
+            :func:`moe_layout` (catalog models).
+
+    Raises:
+        ValueError: a non-positive bandwidth, compute, measured time or slowdown,
+            or a negative threshold/penalty.
+    """
+
+    def __init__(
+        self,
+        device: Device,
+        model: ModelSpec,
+        *,
+        idle_clock_down_s: float = DEFAULT_IDLE_CLOCK_DOWN_S,
+        ramp_penalty_s: float = DEFAULT_RAMP_PENALTY_S,
+        clock_down: bool | None = None,
+        wake_max_s: float = WAKE_MAX_S,
+        sample_s_per_token: float = DEFAULT_SAMPLE_S_PER_TOKEN,
+        slowdown: float = 1.0,
+        moe: tuple[int, int, float] | None = None,
+    ) -> None:
+        self.device = device
+        self.model = model
+        kind = device.kind if device.kind in DEFAULT_BANDWIDTH_BPS else "computer"
+        bw, fl = device.memory_bandwidth_Bps, device.compute_flops
+        self.bandwidth_Bps = float(DEFAULT_BANDWIDTH_BPS[kind] if bw is None else bw)
+        self.compute_flops = float(DEFAULT_COMPUTE_FLOPS[kind] if fl is None else fl)
+        if not (self.bandwidth_Bps > 0 and self.compute_flops > 0):
+            raise ValueError(f"device {device.id}: bandwidth and compute must be > 0")
+        if device.s_per_layer is not None and not device.s_per_layer > 0:
+            raise ValueError(f"device {device.id}: ms_per_layer must be > 0, got {device.s_per_layer}")
+        if not slowdown > 0:
+            raise ValueError(f"device {device.id}: slowdown must be > 0, got {slowdown}")
+        if idle_clock_down_s < 0 or ramp_penalty_s < 0 or wake_max_s < 0 or sample_s_per_token < 0:
+            raise ValueError("idle_clock_down_s, ramp_penalty_s, wake_max_s, sample_s_per_token must be >= 0")
+        self.idle_clock_down_s = float(idle_clock_down_s)
+        self.ramp_penalty_s = float(ramp_penalty_s)
+        self.clock_down = (device.kind == "phone") if clock_down is None else bool(clock_down)
+        self.wake_max_s = float(wake_max_s)
+        self.sample_s_per_token = float(sample_s_per_token)
+        self.slowdown = float(slowdown)
+        self.moe = moe if moe is not None else moe_layout(model)
+        self.measured = device.s_per_layer is not None
+        one = self._roofline_layer_s(1)
+        #: measured seconds per layer-token over the roofline's (1.0 when not measured)
+        self.host_scale = (device.s_per_layer / one) if (self.measured and one > 0) else 1.0
+        self._cache: dict[tuple[int, int, int], float] = {}
+        # clock-down state
+        self._busy_end_s = -math.inf
+        self._ramp_done_s = -math.inf
+
+    # -- pure compute times ------------------------------------------------------------
+
+    def layer_bytes_read(self, tokens: int) -> float:
+        """Weight bytes one layer reads for a chunk of ``tokens`` positions (see the
+        module docstring: dense = active bytes; MoE = occupancy of the experts)."""
+        m = self.model
+        if tokens <= 1 or m.layer_bytes <= m.layer_active_bytes:
+            return float(m.layer_active_bytes)
+        if self.moe is None:
+            return float(min(m.layer_bytes, tokens * m.layer_active_bytes))
+        e, k, eb = self.moe
+        touched = e * (1.0 - (1.0 - k / e) ** tokens)
+        return float(min(m.layer_bytes, m.layer_active_bytes + (touched - k) * eb))
+
+    def _roofline_layer_s(self, tokens: int, context_tokens: int = 0) -> float:
+        m = self.model
+        mem = (self.layer_bytes_read(tokens) + context_tokens * m.kv_bytes_per_token) / self.bandwidth_Bps
+        flops = tokens * m.layer_flops_per_token / self.compute_flops
+        return mem if mem > flops else flops
+
+    def roofline_stage_s(self, layers: int, tokens: int, context_tokens: int = 0) -> float:
+        """Roofline time of ``layers`` layers on ``tokens`` positions, seconds, with the
+        KV cache of ``context_tokens`` positions read too (f16). No measurement, no
+        slowdown. Raises ValueError for negative arguments."""
+        if layers < 0 or tokens < 0 or context_tokens < 0:
+            raise ValueError(f"layers, tokens, context must be >= 0, got {layers}, {tokens}, {context_tokens}")
+        if layers == 0 or tokens == 0:
+            return 0.0
+        return layers * self._roofline_layer_s(tokens, context_tokens)
+
+    def stage_s(self, layers: int, tokens: int, *, now_s: float | None = None, context_tokens: int = 0) -> float:
+        """Time to run ``layers`` layers on a chunk of ``tokens`` positions, seconds.
+
+        Measured: ``s_per_layer * layers * roofline(tokens)/roofline(1)``; else the
+        roofline. Times ``slowdown``. ``context_tokens`` adds the KV read (roofline).
+        With ``now_s`` (the stage's start, simulation seconds) the call is stateful:
+        a clocked-down phone's ramp penalty is added and the GPU is marked busy until
+        the stage ends; without it the call is pure.
+        Raises ValueError for negative arguments.
+        """
+        key = (layers, tokens, context_tokens)
+        s = self._cache.get(key)
+        if s is None:
+            s = self.roofline_stage_s(layers, tokens, context_tokens)
+            if self.measured and s > 0:
+                one = self._roofline_layer_s(1)
+                s = self.device.s_per_layer * layers * (s / layers) / one
+            s *= self.slowdown
+            if len(self._cache) < 4096:
+                self._cache[key] = s
+        if now_s is None:
+            return s
+        return self.busy_s(now_s, s)
+
+    def head_s(self, tokens: int = 1) -> float:
+        """Final norm + output head on ``tokens`` positions, seconds: roofline of
+        ``head_bytes`` (or ``embedding_bytes`` when tied) against
+        ``tokens * head_flops_per_token``, times ``host_scale`` and ``slowdown``."""
+        if tokens <= 0:
+            return 0.0
+        m = self.model
+        nbytes = m.head_bytes or m.embedding_bytes
+        mem = nbytes / self.bandwidth_Bps
+        flops = tokens * m.head_flops_per_token / self.compute_flops
+        return max(mem, flops) * self.host_scale * self.slowdown
+
+    def embed_s(self, tokens: int = 1) -> float:
+        """Embedding lookup of ``tokens`` tokens, seconds (``tokens`` rows of the
+        embedding over the bandwidth; microseconds)."""
+        if tokens <= 0:
+            return 0.0
+        m = self.model
+        vocab = m.head_flops_per_token / (2 * m.hidden) if m.hidden else 0
+        row = m.embedding_bytes / vocab if vocab >= 1 and m.embedding_bytes else 2 * m.hidden
+        return tokens * row / self.bandwidth_Bps * self.host_scale * self.slowdown
+
+    def sample_s(self, tokens: int = 1) -> float:
+        """Greedy sampling of ``tokens`` positions, seconds:
+        ``tokens * sample_s_per_token * slowdown`` (default 0.1 ms a position)."""
+        return max(tokens, 0) * self.sample_s_per_token * self.slowdown
+
+    def draft_s(self, k: int, speculative: Speculative | None = None) -> float:
+        """Drafting ``k`` tokens on this (host) device, seconds.
+
+        ``speculative.draft_s_per_token`` when given (literal, ``k`` times it); an
+        ``ngram`` drafter costs 10 us a token; otherwise (``draft_layer``, or no spec)
+        each token reads the draft layer's active weights and the output head:
+        ``k * max(bytes/bandwidth, flops/compute) * host_scale * slowdown``.
+        Raises ValueError for ``k < 0`` or an unknown drafter without a given cost.
+        """
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        if speculative is not None and speculative.draft_s_per_token is not None:
+            return k * speculative.draft_s_per_token
+        drafter = speculative.drafter if speculative is not None else "draft_layer"
+        if drafter == "ngram":
+            return k * NGRAM_S_PER_TOKEN * self.slowdown
+        if drafter != "draft_layer":
+            raise ValueError(f"no cost model for drafter {drafter!r}: give draft_s_per_token")
+        m = self.model
+        share = m.layer_active_bytes / m.layer_bytes if m.layer_bytes else 1.0
+        nbytes = m.draft_bytes * share + (m.head_bytes or m.embedding_bytes)
+        draft_layers = m.draft_bytes / m.layer_bytes if m.layer_bytes else 0.0
+        flops = draft_layers * m.layer_flops_per_token + m.head_flops_per_token
+        per_token = max(nbytes / self.bandwidth_Bps, flops / self.compute_flops)
+        return k * per_token * self.host_scale * self.slowdown
+
+    # -- clock-down state --------------------------------------------------------------
+
+    def _activity_starts(self, now_s: float) -> None:
+        if self.clock_down and now_s - self._busy_end_s > self.idle_clock_down_s and now_s >= self._ramp_done_s:
+            self._ramp_done_s = now_s + self.ramp_penalty_s
+
+    def penalty_s(self, now_s: float) -> float:
+        """The ramp penalty work starting at ``now_s`` would pay, seconds (pure)."""
+        if not self.clock_down:
+            return 0.0
+        ramp_done = self._ramp_done_s
+        if now_s - self._busy_end_s > self.idle_clock_down_s and now_s >= ramp_done:
+            ramp_done = now_s + self.ramp_penalty_s
+        return max(0.0, ramp_done - now_s)
+
+    def busy_s(self, now_s: float, compute_s: float) -> float:
+        """Run ``compute_s`` seconds of GPU work starting at ``now_s``: returns its
+        duration including any ramp penalty, and marks the GPU busy until it ends."""
+        self._activity_starts(now_s)
+        dur = compute_s + max(0.0, self._ramp_done_s - now_s)
+        end = now_s + dur
+        if end > self._busy_end_s:
+            self._busy_end_s = end
+        return dur
+
+    def wake(self, now_s: float, until_s: float) -> None:
+        """The host's wake message at ``now_s``: keep the GPU busy until ``until_s``
+        (the frame's expected arrival), at most ``wake_max_s`` (50 ms) past ``now_s``.
+        A clocked-down GPU starts ramping at ``now_s``. Seconds."""
+        self._activity_starts(now_s)
+        end = min(until_s, now_s + self.wake_max_s)
+        if end > self._busy_end_s:
+            self._busy_end_s = end
+
+    @property
+    def busy_until_s(self) -> float:
+        """When the GPU's last known work (or wake spin) ends, seconds."""
+        return self._busy_end_s
