@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -31,7 +32,9 @@ def _root() -> None:
 
 def fail(message: str) -> None:
     """Print one line to stderr and exit with status 2."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escape: a message may hold brackets ("[a-z0-9_-]", "devices[1]") that rich would
+    # otherwise read as markup and drop
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -84,6 +87,73 @@ def plan(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         out.print(f"  · {n}", highlight=False)
     if not d.fits:
         out.print("[yellow]The room cannot hold the model in what it lends.[/]")
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms"
+
+
+def metrics_table(m: dict, title: str = "prediction") -> Table:
+    """Headline metrics as a two-column table."""
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    it = m["inter_token_s"]
+    rows = [
+        ("tokens per second", f"{m['tokens_per_s']:.2f}"),
+        ("time to first token", _ms(m["ttft_s"])),
+        ("inter-token p50 / p95", f"{_ms(it['p50'])} / {_ms(it['p95'])}"),
+        ("inter-token p99 / max", f"{_ms(it['p99'])} / {_ms(it['max'])}"),
+        ("tokens per lap", f"{m['tokens_per_lap']:.2f}"),
+        ("lap mean / p99", f"{_ms(m['lap_s']['mean'])} / {_ms(m['lap_s']['p99'])}"),
+        ("questions answered", f"{m['answered']} of {m['questions']}" + (f" ({m['refused']} refused)"
+                                                                          if m["refused"] else "")),
+        ("laps (stale)", f"{m['laps']} ({m['stale_laps']})"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def breakdown_table(m: dict) -> Table:
+    """Where one lap's time goes: each stage's compute, each hop, head, draft."""
+    t = Table(title="where one lap's time goes (mean per lap)", title_justify="left")
+    t.add_column("part")
+    t.add_column("where")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    total = sum(r["mean_s"] for r in m["breakdown"]) or 1.0
+    for r in m["breakdown"]:
+        t.add_row(r["kind"], r["part"], _ms(r["mean_s"]), f"{100 * r['mean_s'] / total:.0f}%")
+    return t
+
+
+@app.command()
+def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+             set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+             plot: Optional[str] = typer.Option(None, "--plot", help="Write a timeline and latency picture (PNG)."),
+             trace: Optional[str] = typer.Option(None, "--trace", help="Write the JSONL trace to this file."),
+             progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar.")):
+    """Predict how fast the room answers: tokens/s, time to first token, latency, where time goes."""
+    scn = load_scenario(scenario, set_)
+    d = deal_scenario(scn, scenario)
+    from splitroom.report import run_simulation
+    result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)
+    if trace:
+        from splitroom.report import write_trace
+        write_trace(trace, result.trace)
+    if plot:
+        from splitroom.plots import plot_run
+        plot_run(result, plot, title=f"{scn.name or scenario}: {scn.model.name}")
+    if as_json:
+        m = {k: v for k, v in result.metrics.items()}
+        print(json.dumps({"plan": d.to_json(), "metrics": m}, indent=2))
+        return
+    out.print(deal_table(d, scn))
+    out.print(metrics_table(result.metrics))
+    out.print(breakdown_table(result.metrics))
+    if plot:
+        out.print(f"picture written to {plot}")
 
 
 def main() -> None:

@@ -1,0 +1,213 @@
+"""The SimPy driver: runs the shared scheduler against a model of the room.
+
+The driver owns a SimPy environment, one compute resource per device (stages run one
+at a time, in arrival order), one link per ordered pair of devices (sim/link.py), a
+device model per device (sim/devices.py) and an acceptance model (sim/acceptance.py).
+It feeds events to :class:`planner.scheduler.HostScheduler` and each
+:class:`planner.scheduler.WorkerMachine`, carries out their commands as timed SimPy
+processes, and records every event and command in the trace.
+
+Tokens are synthetic but consistent: the target model's greedy answer is a fixed
+sequence ``truth(pos)``; the host's head predicts it exactly, and the drafter proposes
+it with the acceptance model deciding how many leading drafts are right. The
+scheduler therefore judges drafts exactly as it does with a real model.
+
+Questions are asked one after another (the next when the previous one ends), by the
+devices in ``workload.asked_by`` in turn (the host when empty).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import simpy
+
+from planner.deal import Deal, deal as make_deal
+from planner.frames import DType, frame_bytes
+from planner.metrics import compute as compute_metrics
+from planner.protocol import (AnswerDone, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, QuestionAsked,
+                              Refuse, RunHead, RunStage, SendFrame, StageFinished, Wake)
+from planner.room import Scenario
+from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+from sim.acceptance import make_acceptance
+from sim.devices import DeviceModel
+from sim.link import Links
+
+
+def truth(pos: int) -> int:
+    """The simulated target model's greedy token at sequence position ``pos``."""
+    return 1000 + (pos * 7919) % 40000
+
+
+def _wrong(pos: int) -> int:
+    return truth(pos) + 1
+
+
+@dataclass
+class SimResult:
+    """What a simulation gives: the deal, the trace ``[(t_s, obj)]`` and its metrics."""
+
+    deal: Deal
+    trace: list
+    metrics: dict
+
+
+def residual_dtype(scn: Scenario) -> DType:
+    """The wire dtype a scenario's residuals use: float32 when the model's residual is 4
+    bytes per value (the real runtime's SmolLM2), else float16."""
+    return DType.FLOAT32 if scn.model.residual_bytes_per_token >= 4 * scn.model.hidden else DType.FLOAT16
+
+
+def scheduler_config(scn: Scenario) -> SchedulerConfig:
+    """The scheduler settings a scenario asks for."""
+    spec = scn.decoding.speculative
+    return SchedulerConfig(
+        hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
+        draft_tokens=spec.draft_tokens if spec else 0,
+        async_laps=scn.decoding.async_laps if spec else 1,
+        return_path=scn.decoding.return_path, wake=scn.decoding.wake,
+        phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
+        eos_token=None, dtype=residual_dtype(scn))
+
+
+class Simulation:
+    """One simulated run of a scenario. Deterministic for the scenario's ``seed``.
+
+    ``progress(tokens_done, tokens_total)`` is called as answer tokens are emitted.
+    Raises planner.deal.DealError when the room cannot be dealt.
+    """
+
+    def __init__(self, scn: Scenario, deal: Deal | None = None,
+                 progress: Callable[[int, int], None] | None = None):
+        self.scn = scn
+        self.deal = deal or make_deal(scn.devices, scn.model, scn.options)
+        self.env = simpy.Environment()
+        seeds = np.random.SeedSequence(scn.seed)
+        (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
+        self.config = scheduler_config(scn)
+        self.host = HostScheduler(self.deal, self.config)
+        self.workers = {s.device: WorkerMachine(s.device, self.deal, self.config.return_path)
+                        for s in self.deal.stages if s.device != self.deal.host}
+        self.stage_layers = {s.device: s.layers for s in self.deal.stages}
+        self.devices = {d.id: DeviceModel(d, scn.model) for d in scn.devices}
+        self.compute = {d.id: simpy.Resource(self.env, capacity=1) for d in scn.devices}
+        self.links = Links(self.env, scn.network, np.random.default_rng(link_seed))
+        spec = scn.decoding.speculative
+        self.acceptance = make_acceptance(spec, np.random.default_rng(acc_seed)) if spec else None
+        self.draft_s_per_token = spec.draft_s_per_token if spec else None
+        self.trace: list[tuple[float, Any]] = []
+        self.progress = progress
+        self.tokens_total = scn.workload.questions * scn.workload.answer_tokens
+        self.tokens_done = 0
+        self._asked = 0
+        self._lap_span: dict[int, tuple[int, int]] = {}  # lap -> (first position, tokens), from RunStage
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def dispatch(self, event) -> None:
+        """Record ``event`` and feed it to the machine it concerns; run the commands."""
+        now = self.env.now
+        self.trace.append((now, event))
+        machine = self.workers.get(event.device) if isinstance(event, (FrameArrived, StageFinished)) else None
+        if machine is not None:
+            cmds = machine.handle(event, now)
+        else:
+            cmds = self.host.handle(event, now)
+        for c in cmds:
+            self.trace.append((now, c))
+            self.execute(c)
+
+    def execute(self, c) -> None:
+        """Carry out one command (as a SimPy process when it takes time)."""
+        env = self.env
+        if isinstance(c, RunStage):
+            if c.inputs:
+                self._lap_span[c.lap_id] = (c.first_pos, c.tokens)
+            env.process(self._run_stage(c))
+        elif isinstance(c, SendFrame):
+            nbytes = frame_bytes(c.header.tokens, c.header.hidden, c.header.dtype)
+            arrive = self.links.get(c.src, c.dst).schedule(nbytes)
+            ev = env.timeout(max(arrive - env.now, 0.0))
+            ev.callbacks.append(lambda _e, c=c: self.dispatch(FrameArrived(c.dst, c.src, c.header)))
+        elif isinstance(c, RunHead):
+            env.process(self._run_head(c))
+        elif isinstance(c, Draft):
+            env.process(self._draft(c))
+        elif isinstance(c, Wake):
+            self.devices[c.device].wake(env.now, env.now + c.max_s)
+        elif isinstance(c, EmitToken):
+            self.tokens_done += 1
+            if self.progress is not None and self.tokens_done % 64 == 0:
+                self.progress(self.tokens_done, self.tokens_total)
+        elif isinstance(c, (AnswerDone, Refuse)):
+            env.process(self._ask_next())
+        # BeginAnswer, RollbackKV, DropFrame, LapEnded: bookkeeping only
+
+    # -- timed work -----------------------------------------------------------------
+
+    def _run_stage(self, c: RunStage):
+        dm = self.devices[c.device]
+        with self.compute[c.device].request() as req:
+            yield req
+            now = self.env.now
+            s = dm.stage_s(self.stage_layers.get(c.device, 0), c.tokens, now_s=now)
+            if c.inputs:  # the model host embeds its inputs first
+                s += dm.embed_s(c.tokens)
+            yield self.env.timeout(s)
+        self.dispatch(StageFinished(c.device, c.lap_id))
+
+    def _run_head(self, c: RunHead):
+        host = self.deal.host
+        dm = self.devices[host]
+        with self.compute[host].request() as req:
+            yield req
+            yield self.env.timeout(dm.head_s(c.rows) + dm.sample_s(c.rows))
+        first_pos, n = self._lap_span.pop(c.lap_id)
+        first = first_pos + n - c.rows
+        preds = tuple(truth(first + i + 1) for i in range(c.rows))
+        self.dispatch(HeadFinished(c.lap_id, preds))
+
+    def _draft(self, c: Draft):
+        host = self.deal.host
+        dm = self.devices[host]
+        with self.compute[host].request() as req:
+            yield req
+            if self.draft_s_per_token is not None:
+                s = self.draft_s_per_token * c.k
+            else:
+                s = dm.draft_s(c.k)
+            yield self.env.timeout(s)
+        j = c.base_len + len(c.assumed)
+        consistent = all(t == truth(c.base_len + i) for i, t in enumerate(c.assumed))
+        a = self.acceptance.accepted(c.k) if (consistent and self.acceptance is not None) else 0
+        tokens = tuple(truth(j + i) if i < a else _wrong(j + i) for i in range(c.k))
+        self.dispatch(DraftReady(c.draft_id, tokens))
+
+    def _ask_next(self):
+        yield self.env.timeout(0)
+        w = self.scn.workload
+        if self._asked >= w.questions:
+            return
+        qid = self._asked
+        self._asked += 1
+        who = w.asked_by[qid % len(w.asked_by)] if w.asked_by else self.deal.host
+        prompt = tuple(truth(p) for p in range(w.prompt_tokens))
+        self.dispatch(QuestionAsked(qid, who, prompt, w.answer_tokens))
+
+    # -- run ------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        """Ask the workload's questions one after another and simulate until all end."""
+        self.env.process(self._ask_next())
+        self.env.run()
+        if self.progress is not None:
+            self.progress(self.tokens_done, self.tokens_total)
+        return SimResult(self.deal, self.trace, compute_metrics(self.trace))
+
+
+def simulate(scn: Scenario, deal: Deal | None = None,
+             progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Simulate ``scn`` and return its deal, trace and metrics (see Simulation)."""
+    return Simulation(scn, deal, progress).run()

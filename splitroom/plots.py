@@ -1,0 +1,107 @@
+"""Pictures of a run (matplotlib): a timeline of a few laps and the latency distribution."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from planner.protocol import (Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, LapEnded, RunHead,  # noqa: E402
+                              RunStage, SendFrame, StageFinished)
+
+
+def _intervals(trace, t0: float, t1: float):
+    """Compute intervals (device, start, end, what) and hops (src, dst, start, end) in [t0, t1]."""
+    open_: dict = {}
+    boxes, hops = [], []
+    host = None
+    for t, o in trace:
+        if isinstance(o, RunStage):
+            open_[("stage", o.device, o.lap_id)] = t
+            if o.inputs:
+                host = o.device
+        elif isinstance(o, StageFinished):
+            s = open_.pop(("stage", o.device, o.lap_id), None)
+            if s is not None and s < t1 and t > t0:
+                boxes.append((o.device, s, t, "layers"))
+        elif isinstance(o, RunHead):
+            open_[("head", o.lap_id)] = t
+        elif isinstance(o, HeadFinished):
+            s = open_.pop(("head", o.lap_id), None)
+            if s is not None and s < t1 and t > t0:
+                boxes.append((host, s, t, "head"))
+        elif isinstance(o, Draft):
+            open_[("draft", o.draft_id)] = t
+        elif isinstance(o, DraftReady):
+            s = open_.pop(("draft", o.draft_id), None)
+            if s is not None and s < t1 and t > t0:
+                boxes.append((host, s, t, "draft"))
+        elif isinstance(o, SendFrame):
+            open_[("hop", o.src, o.dst, o.header.lap_id)] = t
+        elif isinstance(o, FrameArrived):
+            s = open_.pop(("hop", o.src, o.device, o.header.lap_id), None)
+            if s is not None and s < t1 and t > t0:
+                hops.append((o.src, o.device, s, t))
+    return boxes, hops
+
+
+def plot_run(result, path: str, title: str = "", laps: int = 6) -> None:
+    """Write a PNG: top, a timeline of ``laps`` decode laps (devices as rows: layer
+    compute, head, draft as bars, hops as lines); bottom, the inter-token latency
+    histogram with p50/p99 marked."""
+    trace = result.trace
+    deal = result.deal
+    rows = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
+    ends = [t for t, o in trace if isinstance(o, LapEnded) and o.kind != "prefill" and not o.stale]
+    starts = [t for t, o in trace if isinstance(o, RunStage) and o.inputs]
+    if len(ends) > laps + 2:
+        mid = len(ends) // 3
+        t0, t1 = ends[mid], ends[mid + laps]
+    elif starts:
+        t0, t1 = starts[0], trace[-1][0]
+    else:
+        t0, t1 = 0.0, 1.0
+    boxes, hops = _intervals(trace, t0, t1)
+    colors = {"layers": "#4C72B0", "head": "#DD8452", "draft": "#55A868"}
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 7.5), gridspec_kw={"height_ratios": [3, 2]})
+    ypos = {d: i for i, d in enumerate(rows)}
+    for dev, s, e, what in boxes:
+        if dev in ypos:
+            ax.broken_barh([(1000 * (s - t0), 1000 * (e - s))], (ypos[dev] - 0.3, 0.6), color=colors[what])
+    for src, dst, s, e in hops:
+        if src in ypos and dst in ypos:
+            ax.plot([1000 * (s - t0), 1000 * (e - t0)], [ypos[src], ypos[dst]], color="0.5", lw=0.8)
+    for t, o in trace:
+        if isinstance(o, EmitToken) and t0 <= t <= t1:
+            ax.axvline(1000 * (t - t0), color="#C44E52", lw=0.6, alpha=0.5)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{d}\n(host)" if d == deal.host else d for d in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1000 * (t1 - t0))
+    ax.set_xlabel("time (ms)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    handles += [plt.Line2D([0], [0], color="0.5"), plt.Line2D([0], [0], color="#C44E52")]
+    ax.legend(handles, ["layers", "output head", "draft", "hop", "token out"], loc="upper right", fontsize=8,
+              ncol=5)
+    ax.set_title(f"{title}\n{laps} laps" if title else f"{laps} laps")
+    emits: dict[int, list[float]] = {}
+    for t, o in trace:
+        if isinstance(o, EmitToken):
+            emits.setdefault(o.question_id, []).append(t)
+    gaps = np.array([b - a for ts in emits.values() for a, b in zip(ts, ts[1:])]) * 1000
+    if gaps.size:
+        bx.hist(gaps, bins=60, color="#4C72B0")
+        for q, ls in ((50, "--"), (99, ":")):
+            v = np.percentile(gaps, q)
+            bx.axvline(v, color="k", ls=ls, lw=1)
+            bx.text(v, bx.get_ylim()[1] * 0.9, f" p{q} {v:.1f} ms", fontsize=8)
+    bx.set_xlabel("inter-token latency (ms)")
+    bx.set_ylabel("tokens")
+    m = result.metrics
+    bx.set_title(f"{m['tokens_per_s']:.1f} tok/s · TTFT {1000 * m['ttft_s']:.0f} ms · "
+                 f"{m['tokens_per_lap']:.2f} tokens/lap", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,40 @@
+"""Running a simulation with a progress bar, and writing traces (composition root)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from planner.trace import to_record
+
+
+def run_simulation(scn, deal, show_progress: bool = True, console: Console | None = None):
+    """Simulate ``scn`` with ``deal``; a progress bar of answer tokens on ``console``."""
+    from sim.driver import Simulation
+    if not show_progress:
+        return Simulation(scn, deal).run()
+    with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                  TimeElapsedColumn(), console=console or Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("sim", total=scn.workload.questions * scn.workload.answer_tokens)
+        return Simulation(scn, deal, progress=lambda done, total: bar.update(task, completed=done)).run()
+
+
+def write_trace(path: str | Path, trace) -> None:
+    """Write ``[(t_s, obj)]`` as JSONL, one record per line (planner.trace format)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for t, o in trace:
+            f.write(json.dumps(to_record(t, o)) + "\n")
+
+
+def read_trace(path: str | Path) -> list:
+    """Read a JSONL trace back into ``[(t_s, obj)]``. Raises planner.trace.TraceError."""
+    from planner.trace import from_record
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(from_record(json.loads(line)))
+    return out
