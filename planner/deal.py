@@ -266,8 +266,10 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
 
     Returns a :class:`Deal`; it does not depend on the order ``devices`` are listed in.
     Raises DealError when the room has no devices, device ids repeat, the forced host
-    is unknown or cannot hold a layer, a pinned deal is not a contiguous cover, or no
-    device can hold even one layer (the message names each device's shortfall).
+    is unknown, the host has no WebGPU or lends nothing, a pinned deal is not a
+    contiguous cover, or no device can hold even one layer (the message then names
+    every device's shortfall). A host that lends too little for its extras and a layer
+    still keeps one layer; the deal then says ``fits=False``.
     """
     options = options or DealOptions()
     devices = sorted(devices, key=lambda d: d.id)
@@ -283,12 +285,14 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
     if options.stages is not None:
         return _pinned(devices, model, options, host_id, holds, notes)
 
+    # Checked first, so that a room where nobody can hold a layer (every device lends 0,
+    # or none has WebGPU) names every device's shortfall, not only the host's.
+    if sum(holds.values()) == 0:
+        raise DealError(_shortfall_message(devices, model, options, host_id))
     if not host.webgpu:
         raise DealError(f"host {host_id!r} has no WebGPU and cannot hold layers")
     if host.lends_bytes <= 0:
         raise DealError(f"host {host_id!r} lends no memory; the model host keeps at least one layer")
-    if sum(holds.values()) == 0:
-        raise DealError(_shortfall_message(devices, model, options, host_id))
 
     speed = _speed_estimates(devices)
     order = sorted((d for d in devices if d.webgpu and d.lends_bytes > 0),
@@ -365,6 +369,13 @@ def _deal_memory(order: list[Device], host_id: str, holds: dict[str, int], L: in
         takers = computers
         for p in phones:
             notes.append(f"{p.id} asks only: phone left out, computers hold the model")
+    # A device that cannot hold one layer in what it lends takes none while the others
+    # can hold the model ("at least one each" would put it over what it lends).
+    if sum(holds[d.id] for d in takers) >= L:
+        for d in takers:
+            if holds[d.id] == 0:
+                notes.append(f"{d.id} asks only: cannot hold one layer in what it lends")
+        takers = [d for d in takers if holds[d.id] > 0]
     # host first, so ties in the largest remainder go to the start of the chain
     takers.sort(key=lambda d: d.id != host_id)
     shares = apportion(L, [d.lends_bytes for d in takers], caps=[holds[d.id] for d in takers], minimum=1)
@@ -419,10 +430,11 @@ def _shortfall_message(devices: list[Device], model: ModelSpec, options: DealOpt
 def _finish(devices: list[Device], model: ModelSpec, options: DealOptions, host_id: str, split: str,
             stages: tuple[Stage, ...], holds: dict[str, int], notes: list[str]) -> Deal:
     in_chain = {s.device: s for s in stages}
+    by_id = {x.id: x for x in devices}  # a dict, not a scan per device: 1,000 devices in < 10 ms
     shares = []
     fits = True
     for s in stages:
-        d = next(x for x in devices if x.id == s.device)
+        d = by_id[s.device]
         used = _used_bytes(s.layers, d.id == host_id, model, options)
         fits &= used <= d.lends_bytes
         role = "model host" if d.id == host_id else "worker"
@@ -431,7 +443,7 @@ def _finish(devices: list[Device], model: ModelSpec, options: DealOptions, host_
         shares.append(DeviceShare(d.id, role, s.layers, holds[d.id], used, d.lends_bytes, why))
     guests = sorted(d.id for d in devices if d.id not in in_chain)
     for g in guests:
-        d = next(x for x in devices if x.id == g)
+        d = by_id[g]
         if g == host_id:
             used = _used_bytes(0, True, model, options)
             fits &= used <= d.lends_bytes

@@ -30,7 +30,8 @@ class ScenarioError(ValueError):
 def _q(kind: str):
     def check(v: Any) -> float:
         return units.parse(v, kind)
-    return BeforeValidator(check)
+    # the JSON Schema shows what a file holds: a string with a unit, not the parsed float
+    return BeforeValidator(check, json_schema_input_type=str)
 
 
 Size = Annotated[float, _q("size")]
@@ -314,6 +315,19 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                     workload=workload, decoding=decoding)
 
 
+def _branch_tags() -> frozenset[str]:
+    names = {"str", "dict", "int", "float", "list", "bool", "none", "function-after"}
+    todo = [_Strict]
+    while todo:
+        c = todo.pop()
+        names.add(c.__name__)
+        todo.extend(c.__subclasses__())
+    return frozenset(names)
+
+
+_BRANCH_TAGS = _branch_tags()
+
+
 def _loc(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -321,8 +335,9 @@ def _loc(loc: tuple) -> str:
             out += f"[{part}]"
         else:
             part = {"from_": "from", "return_": "return"}.get(str(part), str(part))
-            # pydantic adds union branch names (str, InlineModelIn, ...) and validator names: drop them
-            if part[:1].isupper() or part in ("str", "dict", "int", "float", "function-after", "list"):
+            # pydantic adds union branch names (str, InlineModelIn, ...) and validator names
+            # (function-after[...]): drop them, but keep a user's own key ("Devices" typo).
+            if part in _BRANCH_TAGS or "[" in part or part.startswith("function-"):
                 continue
             out += ("." if out else "") + part
     return out or "(top)"
@@ -339,6 +354,8 @@ def _first_error(e: ValidationError) -> tuple[str, str]:
         msg = "unknown key (a typo?)"
     if err["type"] == "missing":
         msg = "required key is missing"
+    if err["type"] == "model_type":  # "... instance of SpeculativeIn" names a class of ours
+        msg = f"expected a mapping of keys, got {err.get('input')!r}"
     return _loc(err["loc"]), msg
 
 
@@ -399,8 +416,11 @@ def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = (
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: expected a mapping of scenario keys at the top")
     for o in overrides:
-        key, value = parse_set(o)
-        set_key(data, key, value)
+        try:
+            key, value = parse_set(o)
+            set_key(data, key, value)
+        except ScenarioError as e:  # name the file the override was applied to
+            raise ScenarioError(f"{source}: {e}") from None
     try:
         parsed = ScenarioIn.model_validate(data)
         return _to_scenario(parsed)

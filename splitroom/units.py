@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import pint
 
@@ -31,6 +32,10 @@ _PREFIXES = {
     "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
 }
+
+
+#: A quantity is a number first, then its unit: "24 GiB", "1.5 s", ".5 ms", "1e3 B".
+_NUMBER_THEN_UNIT = re.compile(r"^\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*[^\s\d]")
 
 
 class QuantityError(ValueError):
@@ -74,10 +79,13 @@ def parse(value: object, kind: str) -> float:
 
     Base units: size -> bytes, time -> seconds, rate -> bytes/s, compute -> FLOP/s,
     price -> USD per hour. Raises QuantityError when ``value`` is a bare number, not a
-    string, unparsable, of another dimension, not finite, or negative.
+    string, a unit without a number, unparsable, of another dimension, not finite, or
+    negative.
     """
     unit, example = _KINDS[kind]
     if isinstance(value, bool) or not isinstance(value, str):
+        raise QuantityError(f"expected {example}, got {value!r}")
+    if not _NUMBER_THEN_UNIT.match(value):  # "GiB" alone is not 1 GiB; "nan GiB" is no size
         raise QuantityError(f"expected {example}, got {value!r}")
     ureg = registry()
     try:
@@ -90,6 +98,8 @@ def parse(value: object, kind: str) -> float:
         x = float(q.to(unit).magnitude)
     except pint.errors.DimensionalityError:
         raise QuantityError(f"expected {example}, got {value!r}") from None
-    if not math.isfinite(x) or x < 0:
+    if not math.isfinite(x):
+        raise QuantityError(f"expected {example} that is finite, got {value!r}")
+    if x < 0:
         raise QuantityError(f"expected {example} that is not negative, got {value!r}")
     return x
