@@ -156,6 +156,24 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         out.print(f"picture written to {plot}")
 
 
+@app.command()
+def generate(prompt: str = typer.Argument(..., help="The question to answer."),
+             backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+             layers: Optional[str] = typer.Option(None, "--layers",
+                 help="Host layer range(s), half-open 0-based START-END, comma-separated (e.g. 0-15); "
+                      "the remaining layers run as one more in-process worker stage."),
+             max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many tokens."),
+             system: Optional[str] = typer.Option(None, "--system", help="System message."),
+             raw: bool = typer.Option(False, "--raw", help="Send PROMPT as is, without the chat template.")):
+    """Answer PROMPT with the real model (SmolLM2-135M-Instruct), streaming, then print tokens/s."""
+    from splitroom.generate_cmd import run_generate
+    try:
+        code = run_generate(prompt, backend=backend, layers=layers, max_new_tokens=max_tokens, system=system, raw=raw)
+    except ValueError as e:
+        fail(str(e))
+    raise typer.Exit(code)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -39,7 +39,7 @@ def test_adapter_is_vulkan(gpu):
 
 
 def test_logits_within_float32_tolerance_of_numpy(gpu, ref):
-    ids = [1, 4093, 198, 19556, 17, 2, 198, 1, 520, 9531, 198]  # "<|im_start|>user\nHi!<|im_end|>..."
+    ids = [1, 4093, 198, 19556, 17, 2, 198, 1, 520, 9531, 198]  # "<|im_start|>user\nHello!<|im_end|>..."
     for s in (gpu, ref):
         s.rollback(0)
     a = gpu.head(gpu.embed_forward(ids, 0))
