@@ -80,11 +80,11 @@ def plot_run(result, path: str, title: str = "", laps: int = 6) -> None:
     ax.set_yticklabels([f"{d}\n(host)" if d == deal.host else d for d in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, 1000 * (t1 - t0))
-    ax.set_xlabel("time (ms)")
+    ax.set_xlabel("time (ms)", labelpad=2)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     handles += [plt.Line2D([0], [0], color="0.5"), plt.Line2D([0], [0], color="#C44E52")]
-    ax.legend(handles, ["layers", "output head", "draft", "hop", "token out"], loc="upper right", fontsize=8,
-              ncol=5)
+    ax.legend(handles, ["layers", "output head", "draft", "hop", "token out"], loc="upper center", fontsize=8,
+              ncol=5, bbox_to_anchor=(0.5, -0.12), frameon=False)
     ax.set_title(f"{title}\n{laps} laps" if title else f"{laps} laps")
     emits: dict[int, list[float]] = {}
     for t, o in trace:

@@ -1,0 +1,15 @@
+"""Simulator speed: a six-device WAN room, speculation on, async_laps 4, 10,000 answer
+tokens. Goal: at least 20,000 simulated tokens per second of wall time on one core
+(docs/benchmarks.md records what it does)."""
+
+from sim.driver import simulate
+from splitroom.scenario import load
+
+
+def test_bench_wan_room_10k_tokens(benchmark):
+    scn = load("scenarios/wan_glm.yaml", [
+        "decoding.speculative={drafter: model, draft_tokens: 4, acceptance: 0.8, draft_cost: 13 ms}",
+        "decoding.async_laps=4", "decoding.return=direct", "workload.answer_tokens=10000"])
+    result = benchmark.pedantic(simulate, args=(scn,), rounds=3, iterations=1)
+    assert result.metrics["tokens"] == 10000
+    benchmark.extra_info["simulated_tokens_per_wall_s"] = 10000 / benchmark.stats.stats.mean
