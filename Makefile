@@ -7,6 +7,7 @@ setup:
 
 demo: setup
 	$(VENV)/bin/splitroom plan scenarios/gb10_m5.yaml
+	$(VENV)/bin/splitroom simulate scenarios/gb10_m5.yaml --plot gb10_m5.png
 
 test: setup
 	$(VENV)/bin/lint-imports
