@@ -6,7 +6,6 @@ setup:
 	@scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/splitroom plan scenarios/gb10_m5.yaml
 	$(VENV)/bin/splitroom simulate scenarios/gb10_m5.yaml --plot gb10_m5.png
 
 test: setup
