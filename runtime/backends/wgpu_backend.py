@@ -128,7 +128,10 @@ class WgpuStage(Stage):
         self.staging = dev.create_buffer(size=self.staging_size, usage=U.MAP_READ | U.COPY_DST)
 
         # pipelines: TB=1 for single-token steps, TB=8 for batches
-        self._variants = {1: (1, 4), 8: (8, 2)}  # TB -> (TB, R)
+        # TB -> (TB, R): output rows R per workgroup; SPLITROOM_WGPU_ROWS overrides R of the
+        # one-token kernels (4 by default; tuning knob for GPUs with many compute units)
+        r1 = int(os.environ.get("SPLITROOM_WGPU_ROWS", "4"))
+        self._variants = {1: (1, r1), 8: (8, 2)}
         mk = self._pipeline
         self.p_qkv = {tb: mk(wgsl.matmul_src(H, self.qkv_w, r, tb, True, False, False, c.rms_eps)) for tb, r in self._variants.values()}
         self.p_o = {tb: mk(wgsl.matmul_src(H, H, r, tb, False, True, False)) for tb, r in self._variants.values()}
