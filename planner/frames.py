@@ -59,8 +59,8 @@ _ITEMSIZE = {DType.FLOAT32: 4, DType.FLOAT16: 2}
 
 
 def itemsize(dtype: DType) -> int:
-    """Bytes per residual value for ``dtype``."""
-    return _ITEMSIZE[DType(dtype)]
+    """Bytes per residual value for ``dtype``. Raises KeyError for an unknown code."""
+    return _ITEMSIZE[dtype]
 
 
 class FrameError(ValueError):

@@ -66,45 +66,46 @@ def compute(trace: Iterable[tuple[float, Any]]) -> dict:
     for t, o in trace:
         t_first = t if t_first is None else t_first
         t_last = t
-        if isinstance(o, QuestionAsked):
+        cls = type(o)
+        if cls is QuestionAsked:
             asked[o.question_id] = t
-        elif isinstance(o, BeginAnswer):
+        elif cls is BeginAnswer:
             begin[o.question_id] = t
-        elif isinstance(o, EmitToken):
+        elif cls is EmitToken:
             emits[o.question_id].append(t)
-        elif isinstance(o, AnswerDone):
+        elif cls is AnswerDone:
             answered += 1
-        elif isinstance(o, Refuse):
+        elif cls is Refuse:
             refused += 1
-        elif isinstance(o, RunStage):
+        elif cls is RunStage:
             stage_start[(o.device, o.lap_id)] = t
             if o.inputs:
                 host = o.device
                 host_start[o.lap_id] = t
-        elif isinstance(o, StageFinished):
+        elif cls is StageFinished:
             s0 = stage_start.pop((o.device, o.lap_id), None)
             if s0 is not None:
                 stage_s[(o.device, o.lap_id)] = t - s0
-        elif isinstance(o, SendFrame):
+        elif cls is SendFrame:
             send_t[(o.src, o.dst, o.header.lap_id)] = t
-        elif isinstance(o, FrameArrived):
+        elif cls is FrameArrived:
             s0 = send_t.pop((o.src, o.device, o.header.lap_id), None)
             if s0 is not None:
                 hop_s[(o.src, o.device, o.header.lap_id)] = t - s0
-        elif isinstance(o, RunHead):
+        elif cls is RunHead:
             head_start[o.lap_id] = t
-        elif isinstance(o, HeadFinished):
+        elif cls is HeadFinished:
             s0 = head_start.pop(o.lap_id, None)
             if s0 is not None:
                 head_s[o.lap_id] = t - s0
-        elif isinstance(o, Draft):
+        elif cls is Draft:
             draft_start[o.draft_id] = t
-        elif isinstance(o, DraftReady):
+        elif cls is DraftReady:
             s0 = draft_start.pop(o.draft_id, None)
             if s0 is not None:
                 draft_total += t - s0
                 drafts += 1
-        elif isinstance(o, LapEnded):
+        elif cls is LapEnded:
             if o.kind == "prefill":
                 continue
             if o.stale:

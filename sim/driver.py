@@ -110,7 +110,8 @@ class Simulation:
         """Record ``event`` and feed it to the machine it concerns; run the commands."""
         now = self.env.now
         self.trace.append((now, event))
-        machine = self.workers.get(event.device) if isinstance(event, (FrameArrived, StageFinished)) else None
+        cls = type(event)
+        machine = self.workers.get(event.device) if (cls is FrameArrived or cls is StageFinished) else None
         if machine is not None:
             cmds = machine.handle(event, now)
         else:
@@ -122,35 +123,36 @@ class Simulation:
     def execute(self, c) -> None:
         """Carry out one command (as a SimPy process when it takes time)."""
         env = self.env
-        if isinstance(c, RunStage):
+        cls = type(c)
+        if cls is RunStage:
             if c.inputs:
                 self._lap_span[c.lap_id] = (c.first_pos, c.tokens)
             self._occupy(c.device, lambda start, c=c: self._stage_s(c, start),
                          StageFinished(c.device, c.lap_id))
-        elif isinstance(c, SendFrame):
+        elif cls is SendFrame:
             h = c.header
-            nbytes = frame_bytes(h.tokens, h.hidden, h.dtype)
+            nbytes = frame_bytes(h.tokens, h.hidden, h.dtype)  # the real frame's size
             arrive = self.links.get(c.src, c.dst).schedule(nbytes)
             self._at(arrive, FrameArrived(c.dst, c.src, h))
-        elif isinstance(c, RunHead):
+        elif cls is RunHead:
             dm = self.devices[self.deal.host]
             first_pos, n = self._lap_span.pop(c.lap_id)
             first = first_pos + n - c.rows
             preds = tuple(truth(first + i + 1) for i in range(c.rows))
             self._occupy(self.deal.host, lambda start, r=c.rows: dm.head_s(r) + dm.sample_s(r),
                          HeadFinished(c.lap_id, preds))
-        elif isinstance(c, Draft):
+        elif cls is Draft:
             dm = self.devices[self.deal.host]
             cost = (self.draft_s_per_token * c.k if self.draft_s_per_token is not None
                     else dm.draft_s(c.k))
             self._occupy(self.deal.host, lambda start: cost, DraftReady(c.draft_id, self._draft_tokens(c)))
-        elif isinstance(c, Wake):
+        elif cls is Wake:
             self.devices[c.device].wake(env.now, env.now + c.max_s)
-        elif isinstance(c, EmitToken):
+        elif cls is EmitToken:
             self.tokens_done += 1
             if self.progress is not None and self.tokens_done % 64 == 0:
                 self.progress(self.tokens_done, self.tokens_total)
-        elif isinstance(c, (AnswerDone, Refuse)):
+        elif cls is AnswerDone or cls is Refuse:
             env.process(self._ask_next())
         # BeginAnswer, RollbackKV, DropFrame, LapEnded: bookkeeping only
 
