@@ -15,7 +15,7 @@ from runtime.weights import ensure_safetensors
 
 pytestmark = pytest.mark.slow
 
-PROMPT_LEN = 32
+PROMPT_LEN = 8
 
 
 @pytest.fixture(scope="module", params=["numpy", "wgpu"])

@@ -92,7 +92,7 @@ def test_step0_logits_within_1e4_relative(hf, ours, model_dir):
 def test_greedy_ids_identical_to_transformers(hf, ours, model_dir, prompt):
     _, model = hf
     ids = ours.encode_chat(prompt)
-    n_new = 24
+    n_new = 16
     with torch.no_grad():
         out = model.generate(
             torch.tensor([ids]), max_new_tokens=n_new, do_sample=False, eos_token_id=2, pad_token_id=2

@@ -28,7 +28,7 @@ def prompt_ids(model_dir):
 
 @pytest.fixture(scope="module")
 def whole_ids(model_dir, prompt_ids):
-    return generate_greedy([make_stage("numpy", model_dir, StageSpec(0, 30, True))], prompt_ids, 20).ids
+    return generate_greedy([make_stage("numpy", model_dir, StageSpec(0, 30, True))], prompt_ids, 12).ids
 
 
 @pytest.mark.parametrize("cuts", [(12,), (7, 19), (1, 29)])
@@ -37,12 +37,12 @@ def test_cut_model_gives_identical_ids(model_dir, prompt_ids, whole_ids, cuts):
     stages = [
         make_stage("numpy", model_dir, StageSpec(a, b, host=(i == 0))) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))
     ]
-    assert generate_greedy(stages, prompt_ids, 20).ids == whole_ids
+    assert generate_greedy(stages, prompt_ids, 12).ids == whole_ids
 
 
 def test_host_with_no_layers(model_dir, prompt_ids, whole_ids):
     stages = [make_stage("numpy", model_dir, StageSpec(0, 0, True)), make_stage("numpy", model_dir, StageSpec(0, 30))]
-    assert generate_greedy(stages, prompt_ids, 20).ids == whole_ids
+    assert generate_greedy(stages, prompt_ids, 12).ids == whole_ids
 
 
 def test_verify_batch_equals_single_steps(model_dir, prompt_ids):

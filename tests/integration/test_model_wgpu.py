@@ -56,13 +56,14 @@ def test_logits_within_float32_tolerance_of_numpy(gpu, ref):
 
 def test_greedy_ids_same_as_numpy_and_paris(gpu, ref, model_dir):
     tok = ChatTokenizer.from_dir(model_dir)
-    ids = tok.encode_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}])
+    # no system turn: 16 prompt tokens keep lavapipe's prefill short
+    ids = tok.encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     for s in (gpu, ref):
         s.rollback(0)
-    a = generate_greedy([gpu], ids, 10)
-    b = generate_greedy([ref], ids, 10)
+    a = generate_greedy([gpu], ids, 9)
+    b = generate_greedy([ref], ids, 9)
     assert a.ids == b.ids
-    assert "Paris" in tok.decode(a.ids)
+    assert tok.decode(a.ids) == "The capital of France is Paris." and a.stopped
 
 
 def test_mixed_backends_in_one_room(gpu, ref, model_dir):
