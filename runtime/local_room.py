@@ -1,0 +1,169 @@
+"""The shared scheduler driving a real model, every stage in this one process.
+
+The same :class:`planner.scheduler.HostScheduler` and :class:`WorkerMachine` that the
+simulator drives, here fed by real compute: each ``RunStage`` runs a real layer range
+(numpy or wgpu), each ``SendFrame`` encodes the residual into the real binary frame
+(:mod:`planner.frames`) and decodes it on the receiving side, each ``RunHead`` takes the
+argmax of real logits, and each ``Draft`` asks a real drafter. Work is done one command
+at a time in the order the machines ask for it (no network, no clock in the results).
+
+This is the room without its transport: the networked room replaces the in-process
+queue with data channels and keeps everything else.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from planner.deal import Deal, Stage as DealStage
+from planner.frames import DType, FrameHeader, decode_header, encode_header
+from planner.protocol import (AnswerDone, Draft, DraftReady, DropFrame, EmitToken, FrameArrived, HeadFinished,
+                              QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
+from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+
+from .backends.base import Stage
+
+
+def ngram_draft(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Prompt-lookup drafting: find the latest earlier occurrence of the longest suffix
+    of ``context`` (up to ``max_ngram`` tokens) and propose the ``k`` tokens after it,
+    padded with the last proposed (or last context) token. No weights.
+    Source: "prompt lookup decoding" (A. Saxena, 2023), as used for n-gram drafting.
+    """
+    n_ctx = len(context)
+    for n in range(min(max_ngram, n_ctx - 1), 0, -1):
+        suffix = list(context[n_ctx - n:])
+        for start in range(n_ctx - n - 1, -1, -1):
+            if list(context[start:start + n]) == suffix:
+                out = list(context[start + n:start + n + k])
+                if out:
+                    return (out + [out[-1]] * k)[:k]
+    return [context[-1]] * k
+
+
+def encode_frame(header: FrameHeader, residual: np.ndarray) -> bytes:
+    """A whole frame: header bytes then the residual ``[tokens, hidden]`` float32 payload."""
+    assert residual.dtype == np.float32 and residual.shape == (header.tokens, header.hidden)
+    return encode_header(header) + residual.tobytes()
+
+
+def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray]:
+    """Inverse of :func:`encode_frame`. Raises planner.frames.FrameError when malformed."""
+    h = decode_header(data)
+    payload = np.frombuffer(data, dtype=np.float32, offset=32).reshape(h.tokens, h.hidden)
+    return h, payload
+
+
+class LocalRoom:
+    """Run questions through a chain of real stages with the shared scheduler.
+
+    Args:
+        stages: ``device id -> Stage``; the host's stage must have ``is_host``; the
+            chain order is ``deal.stages``.
+        deal: who hosts and which range each device holds (ranges must match the stages).
+        config: scheduler settings (``eos_token`` 2 for SmolLM2).
+        drafter: ``(context ids, k) -> k ids``; :func:`ngram_draft` by default.
+    Raises ValueError when a stage's range differs from the deal's.
+    """
+
+    def __init__(self, stages: Mapping[str, Stage], deal: Deal, config: SchedulerConfig,
+                 drafter: Callable[[Sequence[int], int], list[int]] = ngram_draft):
+        for s in deal.stages:
+            st = stages[s.device]
+            if (st.start, st.end) != (s.start, s.end):
+                raise ValueError(f"{s.device}: stage holds [{st.start}, {st.end}), the deal says [{s.start}, {s.end})")
+        self.stages = dict(stages)
+        self.deal = deal
+        self.config = config
+        self.drafter = drafter
+        self.host = HostScheduler(deal, config)
+        self.workers = {s.device: WorkerMachine(s.device, deal, config.return_path)
+                        for s in deal.stages if s.device != deal.host}
+        self.queue: deque = deque()
+        self.trace: list = []
+        self.residual: dict[tuple[str, int], np.ndarray] = {}  # (device, lap) -> residual there
+        self.context: dict[int, list[int]] = {}  # question -> prompt + committed answer
+        self.answers: dict[int, list[int]] = {}
+        self.step = 0
+
+    def ask(self, question_id: int, prompt: Sequence[int], max_new_tokens: int, device: str | None = None) -> None:
+        """Queue a question (prompt token ids)."""
+        self.context[question_id] = list(prompt)
+        self.answers[question_id] = []
+        self.queue.append(QuestionAsked(question_id, device or self.deal.host, tuple(prompt), max_new_tokens))
+
+    def run(self) -> dict[int, list[int]]:
+        """Work until every question has ended; returns the answer ids per question."""
+        while self.queue:
+            self._dispatch(self.queue.popleft())
+        return self.answers
+
+    def _dispatch(self, ev) -> None:
+        self.step += 1
+        self.trace.append((float(self.step), ev))
+        cls = type(ev)
+        m = self.workers.get(ev.device) if (cls is FrameArrived or cls is StageFinished) else None
+        for c in (m or self.host).handle(ev, float(self.step)):
+            self.trace.append((float(self.step), c))
+            self._execute(c)
+
+    def _execute(self, c) -> None:
+        cls = type(c)
+        host_id = self.deal.host
+        if cls is RunStage:
+            st = self.stages.get(c.device)
+            if c.device == host_id:
+                hs = self.stages[host_id]
+                if hs.position > c.first_pos:
+                    hs.rollback(c.first_pos)
+                x = hs.embed(list(c.inputs))
+                out = hs.forward(x, c.first_pos) if hs.end > hs.start else x
+            else:
+                x = self.residual.pop((c.device, c.lap_id))
+                if st.position > c.first_pos:
+                    st.rollback(c.first_pos)
+                out = st.forward(x, c.first_pos)
+            self.residual[(c.device, c.lap_id)] = out
+            self.queue.append(StageFinished(c.device, c.lap_id))
+        elif cls is SendFrame:
+            x = self.residual.pop((c.src, c.header.lap_id))
+            h, payload = decode_frame(encode_frame(c.header, np.ascontiguousarray(x, dtype=np.float32)))
+            self.residual[(c.dst, h.lap_id)] = payload.copy()
+            self.queue.append(FrameArrived(c.dst, c.src, h))
+        elif cls is RunHead:
+            x = self.residual.pop((host_id, c.lap_id))
+            logits = self.stages[host_id].head(np.ascontiguousarray(x[-c.rows:]))
+            preds = tuple(int(i) for i in np.argmax(logits, axis=1))
+            self.queue.append(HeadFinished(c.lap_id, preds))
+        elif cls is Draft:
+            ctx = self.context[c.question_id][:c.base_len] + list(c.assumed)
+            self.queue.append(DraftReady(c.draft_id, tuple(int(t) for t in self.drafter(ctx, c.k))))
+        elif cls is RollbackKV:
+            st = self.stages.get(c.device)
+            if st is not None and st.position > c.to_pos:
+                st.rollback(c.to_pos)
+        elif cls is DropFrame:
+            self.residual.pop((c.device, c.header.lap_id), None)
+        elif cls is EmitToken:
+            self.answers[c.question_id].append(c.token)
+            self.context[c.question_id].append(c.token)
+        elif cls is AnswerDone or cls is Refuse:
+            for key in [k for k in self.residual if k[0] == host_id]:
+                self.residual.pop(key)
+
+
+def chain_deal(host: str, ranges: Sequence[tuple[str, int, int]]) -> Deal:
+    """A pinned deal from ``[(device, start, end), ...]`` (host's range first)."""
+    stages = tuple(DealStage(d, a, b) for d, a, b in ranges)
+    return Deal(host=host, split="pinned", stages=stages, guests=(), fits=True, notes=())
+
+
+def scheduler_config(hidden: int, draft_tokens: int = 0, async_laps: int = 1, prefill_chunk: int = 16,
+                     return_path: str = "direct", eos_token: int | None = 2) -> SchedulerConfig:
+    """Scheduler settings for the real SmolLM2 room (float32 residuals, eos 2)."""
+    return SchedulerConfig(hidden=hidden, prefill_chunk=prefill_chunk, draft_tokens=draft_tokens,
+                           async_laps=async_laps, return_path=return_path, eos_token=eos_token,
+                           dtype=DType.FLOAT32)
