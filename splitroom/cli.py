@@ -156,6 +156,69 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         out.print(f"picture written to {plot}")
 
 
+def compare_table(res) -> Table:
+    """Measured beside predicted, with the signed error of the prediction."""
+    t = Table(title=f"measured vs predicted ({res.network})", title_justify="left")
+    for col, j in (("metric", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right")):
+        t.add_column(col, justify=j)
+    m, p, e = res.measured, res.predicted, res.error_pct
+    rows = [("tokens per second", f"{m['tokens_per_s']:.2f}", f"{p['tokens_per_s']:.2f}", e["tokens_per_s"]),
+            ("time to first token", _ms(m["ttft_s"]), _ms(p["ttft_s"]), e["ttft_s"]),
+            ("inter-token p50", _ms(m["inter_token_s"]["p50"]), _ms(p["inter_token_s"]["p50"]), e["inter_token_p50"]),
+            ("inter-token p99", _ms(m["inter_token_s"]["p99"]), _ms(p["inter_token_s"]["p99"]), e["inter_token_p99"]),
+            ("tokens per lap", f"{m['tokens_per_lap']:.2f}", f"{p['tokens_per_lap']:.2f}", e["tokens_per_lap"])]
+    for name, a, b, err in rows:
+        t.add_row(name, a, b, f"{err:+.1f}%")
+    return t
+
+
+@app.command()
+def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+        real: bool = typer.Option(False, "--real", help="Run the room for real on this machine (required)."),
+        set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+        backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+        netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces."),
+        timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
+        calibration: Optional[str] = typer.Option(None, "--calibration",
+                                                  help="Write measured ms per layer here (YAML).")):
+    """Run a real room (one process per device, WebRTC between them) and print measured beside predicted."""
+    if not real:
+        fail("splitroom run needs --real (to predict without running, use splitroom simulate)")
+    scn = load_scenario(scenario, set_)
+    d = deal_scenario(scn, scenario)
+    from splitroom.real import RealRunError, run_real
+    try:
+        res = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout,
+                       log=(lambda s: err.print(s, highlight=False)))
+    except RealRunError as e:
+        fail(f"{scenario}: {e}")
+    if calibration:
+        import yaml
+        with open(calibration, "w", encoding="utf-8") as f:
+            yaml.safe_dump({"measured": {"ms_per_layer": {k: f"{v * 1000:.4f} ms" for k, v in
+                                                          res.calibration["s_per_layer"].items()}}}, f)
+    if as_json:
+        print(json.dumps({"plan": d.to_json(), "measured": res.measured, "predicted": res.predicted,
+                          "error_pct": res.error_pct, "answers": res.answers, "calibration": res.calibration,
+                          "network": res.network, "emulated": res.emulated}, indent=2))
+        return
+    out.print(deal_table(d, scn))
+    for i, a in enumerate(res.answers):
+        out.print(f"[bold]answer {i + 1}:[/] {a['text']}", highlight=False)
+    out.print(compare_table(res))
+    cal = res.calibration
+    t = Table(title="measured per device and hop", title_justify="left")
+    t.add_column("part")
+    t.add_column("value", justify="right")
+    for dev, s in cal["s_per_layer"].items():
+        t.add_row(f"{dev}: ms per layer", f"{s * 1000:.3f}")
+    t.add_row("hop (decode frame), mean / p50", f"{_ms(cal['hop_s'])} / {_ms(cal['hop_p50_s'])}")
+    out.print(t)
+    out.print(f"network: {res.network}")
+    for e_ in res.emulated:
+        out.print(f"emulated: {e_}")
+
+
 @app.command()
 def generate(prompt: str = typer.Argument(..., help="The question to answer."),
              backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),

@@ -1,0 +1,286 @@
+"""One device of a real room: the shared scheduler over real compute and a transport.
+
+A :class:`Node` is one process's part of the room. The model host runs
+:class:`planner.scheduler.HostScheduler` with its stage (embedding, its layers, head),
+the tokenizer and a drafter; a worker runs :class:`planner.scheduler.WorkerMachine`
+with its layer range. Frames travel as bytes over a transport (WebRTC data channels
+in ``runtime.transport``, or an in-process hub in tests); residuals go on the
+``residual`` channel, answer tokens to a guest on ``reply``.
+
+Each node computes one thing at a time (a queue drained by one task), like a GPU:
+frames that arrive meanwhile wait. ``slowdown`` pads every compute step to that factor
+(``emulate: {slowdown: 3}`` in a scenario: one machine behaving like a slower one).
+
+Every event and command is appended to the node's trace with the wall-clock time
+(``time.time()``, shared by every process of one machine), so the traces of all nodes
+merge into one and :mod:`planner.metrics` computes the measured numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from planner.deal import Deal, Stage as DealStage
+from planner.frames import FrameError, FrameHeader, FrameKind, decode_header, encode_header
+from planner.protocol import (AnswerDone, BeginAnswer, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
+                              HeadFinished, QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
+                              StageFinished, Wake)
+from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+from planner.trace import from_record, to_record
+
+from .backends.base import Stage
+from .local_room import ngram_draft
+
+log = logging.getLogger("splitroom.room")
+
+RESIDUAL = "residual"
+REPLY = "reply"
+
+
+@dataclass
+class NodeConfig:
+    """Everything one device process needs (JSON-serialisable; see :meth:`to_json`).
+
+    Attributes:
+        device: this device's id.
+        host: the model host's id.
+        stages: the chain, ``[(device, start, end), ...]`` 0-based half-open.
+        scheduler: SchedulerConfig fields.
+        model_dir: safetensors directory of the model.
+        backend: ``numpy`` or ``wgpu``.
+        slowdown: pad compute to this factor (>= 1).
+        prompts: the host's questions (text), asked one after another.
+        max_new_tokens: answer length cap.
+        trace_path: where to write this node's JSONL trace.
+        peers: every other device of the room.
+    """
+
+    device: str
+    host: str
+    stages: list
+    scheduler: dict
+    model_dir: str
+    backend: str = "numpy"
+    slowdown: float = 1.0
+    prompts: list = field(default_factory=list)
+    max_new_tokens: int = 64
+    trace_path: str = ""
+    peers: list = field(default_factory=list)
+
+    def deal(self) -> Deal:
+        """The chain as a :class:`planner.deal.Deal`."""
+        st = tuple(DealStage(d, a, b) for d, a, b in self.stages)
+        return Deal(host=self.host, split="pinned", stages=st, guests=(), fits=True, notes=())
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler settings, with sets restored."""
+        kw = dict(self.scheduler)
+        kw["phones"] = frozenset(kw.get("phones", ()))
+        return SchedulerConfig(**kw)
+
+    def to_json(self) -> str:
+        """As JSON text."""
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> "NodeConfig":
+        """From :meth:`to_json` text. Raises TypeError/ValueError when malformed."""
+        return cls(**json.loads(text))
+
+
+def encode_frame(h: FrameHeader, residual: np.ndarray | None) -> bytes:
+    """Header + ``[tokens, hidden]`` float32 payload (none for control frames)."""
+    if residual is None:
+        return encode_header(h)
+    return encode_header(h) + np.ascontiguousarray(residual, dtype=np.float32).tobytes()
+
+
+def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray]:
+    """Inverse of :func:`encode_frame`. Raises FrameError when malformed."""
+    h = decode_header(data)
+    if h.dtype != 0:
+        raise FrameError("only float32 residuals are spoken here")
+    x = np.frombuffer(data, dtype=np.float32, offset=32).reshape(h.tokens, h.hidden).copy()
+    return h, x
+
+
+class Node:
+    """One device of the room (see module doc).
+
+    Args:
+        config: what this device does.
+        stage: its layer range (the host's has the embedding and head); None for a guest.
+        transport: has ``send(dst, channel, bytes)`` (async) and ``set_handler(fn)``.
+        tokenizer: the host's ChatTokenizer (None elsewhere).
+        drafter: the host's drafter ``(context ids, k) -> k ids``.
+        clock: seconds, for the trace (``time.time`` by default).
+    """
+
+    def __init__(self, config: NodeConfig, stage: Stage | None, transport, tokenizer=None,
+                 drafter: Callable[[Sequence[int], int], list[int]] = ngram_draft,
+                 clock: Callable[[], float] = time.time):
+        self.cfg = config
+        self.stage = stage
+        self.transport = transport
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.clock = clock
+        self.deal = config.deal()
+        self.sched_cfg = config.scheduler_config()
+        self.is_host = config.device == config.host
+        self.machine = (HostScheduler(self.deal, self.sched_cfg) if self.is_host else
+                        WorkerMachine(config.device, self.deal, self.sched_cfg.return_path))
+        self.trace: list[tuple[float, Any]] = []
+        self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
+        self.work: asyncio.Queue = asyncio.Queue()
+        self.context: dict[int, list[int]] = {}
+        self.answers: dict[int, list[int]] = {}
+        self.ended: dict[int, str] = {}
+        self.done = asyncio.Event()
+        self.rejected_frames = 0
+        self._next_q = 0
+        transport.set_handler(self._on_message)
+
+    # -- events in ------------------------------------------------------------------
+
+    def _on_message(self, src: str, channel: str, data: bytes) -> None:
+        if channel != RESIDUAL:
+            return
+        try:
+            h, x = decode_frame(data)
+        except FrameError as e:
+            self.rejected_frames += 1
+            log.warning("%s: frame from %s rejected: %s", self.cfg.device, src, e)
+            return
+        if h.kind in (FrameKind.WAKE, FrameKind.ROLLBACK):
+            return
+        if h.hidden != self.sched_cfg.hidden:
+            self.rejected_frames += 1
+            log.warning("%s: frame from %s rejected: hidden %d, expected %d", self.cfg.device, src, h.hidden,
+                        self.sched_cfg.hidden)
+            return
+        self.residual[h.lap_id] = x
+        self.handle(FrameArrived(self.cfg.device, src, h))
+
+    def handle(self, event) -> None:
+        """Feed one event to this node's machine and carry out its commands."""
+        now = self.clock()
+        self.trace.append((now, event))
+        for c in self.machine.handle(event, now):
+            self.trace.append((now, c))
+            self._execute(c)
+
+    # -- commands out ---------------------------------------------------------------
+
+    def _execute(self, c) -> None:
+        cls = type(c)
+        if cls is RunStage or cls is RunHead or cls is Draft:
+            self.work.put_nowait(c)
+        elif cls is SendFrame:
+            x = self.residual.pop(c.header.lap_id, None)
+            if x is None:
+                log.warning("%s: no residual for lap %d", self.cfg.device, c.header.lap_id)
+                return
+            asyncio.ensure_future(self.transport.send(c.dst, RESIDUAL, encode_frame(c.header, x)))
+        elif cls is Wake:
+            h = FrameHeader(FrameKind.WAKE, 0, c.lap_id, 0, 0, self.sched_cfg.hidden)
+            asyncio.ensure_future(self.transport.send(c.device, RESIDUAL, encode_frame(h, None)))
+        elif cls is RollbackKV:
+            if self.stage is not None and self.stage.position > c.to_pos:
+                self.stage.rollback(c.to_pos)
+        elif cls is DropFrame:
+            self.residual.pop(c.header.lap_id, None)
+        elif cls is EmitToken:
+            self.answers.setdefault(c.question_id, []).append(c.token)
+            self.context.setdefault(c.question_id, []).append(c.token)
+        elif cls is AnswerDone or cls is Refuse:
+            self.ended[c.question_id] = "answered" if cls is AnswerDone else f"refused: {c.reason}"
+            self.residual.clear()
+            self._ask_next()
+
+    async def _pad(self, t0: float) -> None:
+        if self.cfg.slowdown > 1.0:
+            await asyncio.sleep((time.perf_counter() - t0) * (self.cfg.slowdown - 1.0))
+
+    async def compute_loop(self) -> None:
+        """Do queued compute one item at a time until cancelled."""
+        while True:
+            c = await self.work.get()
+            t0 = time.perf_counter()
+            event = self._compute(c)
+            await self._pad(t0)
+            if event is not None:
+                self.handle(event)
+
+    def _compute(self, c):
+        st = self.stage
+        if type(c) is RunStage:
+            if st.position > c.first_pos:
+                st.rollback(c.first_pos)
+            if self.is_host:
+                x = st.embed(list(c.inputs))
+                out = st.forward(x, c.first_pos) if st.end > st.start else x
+            else:
+                x = self.residual.pop(c.lap_id, None)
+                if x is None:
+                    return None
+                out = st.forward(x, c.first_pos)
+            self.residual[c.lap_id] = out
+            return StageFinished(c.device, c.lap_id)
+        if type(c) is RunHead:
+            x = self.residual.pop(c.lap_id, None)
+            if x is None:
+                return None
+            logits = st.head(np.ascontiguousarray(x[-c.rows:]))
+            return HeadFinished(c.lap_id, tuple(int(i) for i in np.argmax(logits, axis=1)))
+        ctx = self.context[c.question_id][:c.base_len] + list(c.assumed)
+        return DraftReady(c.draft_id, tuple(int(t) for t in self.drafter(ctx, c.k)))
+
+    # -- the host's questions ---------------------------------------------------------
+
+    def _ask_next(self) -> None:
+        if not self.is_host:
+            return
+        if self._next_q >= len(self.cfg.prompts):
+            self.done.set()
+            return
+        qid = self._next_q
+        self._next_q += 1
+        ids = self.tokenizer.encode_chat(self.cfg.prompts[qid])
+        self.context[qid] = list(ids)
+        asyncio.get_event_loop().call_soon(
+            self.handle, QuestionAsked(qid, self.cfg.device, tuple(ids), self.cfg.max_new_tokens))
+
+    def start(self) -> None:
+        """Begin asking (host) and computing."""
+        self._task = asyncio.ensure_future(self.compute_loop())
+        if self.is_host:
+            self._ask_next()
+
+    async def stop(self) -> None:
+        """Stop the compute task."""
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    def trace_records(self) -> list[dict]:
+        """This node's trace as JSON records."""
+        return [to_record(t, o) for t, o in self.trace]
+
+
+def merge_traces(record_lists: Sequence[Sequence[dict]]) -> list[tuple[float, Any]]:
+    """Merge several nodes' JSON records into one time-ordered ``[(t, obj)]`` trace
+    (stable: records with equal times keep each node's order)."""
+    all_ = [r for recs in record_lists for r in recs]
+    all_.sort(key=lambda r: r["t"])
+    return [from_record(r) for r in all_]

@@ -1,0 +1,111 @@
+"""Room nodes (runtime/room.py) over an in-process transport: frames as bytes, one
+compute queue per device, answers equal to plain greedy decoding."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runtime.backends import StageSpec, make_stage
+from runtime.generate import generate_greedy
+from runtime.room import Node, NodeConfig, merge_traces
+from runtime.tokenizer import ChatTokenizer
+from runtime.weights import ensure_safetensors
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["What is the capital of France?", "List the numbers from 1 to 10."]
+MAX_NEW = 12
+
+
+class Hub:
+    """In-process transport: send() delivers on the next loop turn, in order."""
+
+    def __init__(self):
+        self.handlers = {}
+        self.sent = []
+
+    def transport(self, device):
+        hub = self
+
+        class T:
+            def set_handler(self, fn):
+                hub.handlers[device] = fn
+
+            async def send(self, dst, channel, data):
+                hub.sent.append((device, dst, channel, len(data)))
+                asyncio.get_running_loop().call_soon(hub.handlers[dst], device, channel, bytes(data))
+
+            async def close(self):
+                pass
+        return T()
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return ensure_safetensors()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return ChatTokenizer.from_dir(model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, tokenizer):
+    whole = make_stage("numpy", model_dir, StageSpec(0, 30, True))
+    out = []
+    for p in PROMPTS:
+        whole.rollback(0)
+        out.append([t for t in generate_greedy([whole], tokenizer.encode_chat(p), MAX_NEW).ids if t != 2])
+    return out
+
+
+def run_room(model_dir, tokenizer, cuts, **sched):
+    bounds = (0, *cuts, 30)
+    names = ["host"] + [f"w{i}" for i in range(1, len(bounds) - 1)]
+    chain = [[n, a, b] for n, a, b in zip(names, bounds, bounds[1:])]
+    sc = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
+    sc.update(sched)
+    hub = Hub()
+    nodes = []
+    for n, a, b in chain:
+        cfg = NodeConfig(device=n, host="host", stages=chain, scheduler=sc, model_dir=str(model_dir),
+                         prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW,
+                         peers=[m for m, _, _ in chain if m != n])
+        stage = make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host")))
+        nodes.append(Node(cfg, stage, hub.transport(n), tokenizer if n == "host" else None))
+
+    async def go():
+        for node in nodes:
+            node.start()
+        await asyncio.wait_for(nodes[0].done.wait(), 300)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    return nodes, hub
+
+
+@pytest.mark.parametrize("cuts,sched", [((13,), {}), ((9, 21), {"draft_tokens": 3, "async_laps": 2})])
+def test_room_answers_equal_single_process_greedy(model_dir, tokenizer, reference, cuts, sched):
+    nodes, hub = run_room(model_dir, tokenizer, cuts, **sched)
+    host = nodes[0]
+    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    assert all(v == "answered" for v in host.ended.values())
+    # every residual hand-off went on the residual channel, as encoded frames
+    assert hub.sent and all(ch == "residual" for _, _, ch, _ in hub.sent)
+    trace = merge_traces([n.trace_records() for n in nodes])
+    from planner.metrics import compute
+    m = compute(trace)
+    assert m["answered"] == len(PROMPTS) and m["tokens_per_s"] > 0
+
+
+def test_a_malformed_frame_is_rejected_and_the_room_goes_on(model_dir, tokenizer):
+    chain = [["host", 0, 15], ["w1", 15, 30]]
+    cfg = NodeConfig(device="w1", host="host", stages=chain, scheduler=dict(hidden=576), model_dir=str(model_dir))
+    hub = Hub()
+    node = Node(cfg, None, hub.transport("w1"))
+    node._on_message("host", "residual", b"garbage")
+    node._on_message("host", "residual", b"SRFM" + bytes(28))
+    assert node.rejected_frames == 2 and not node.trace
