@@ -8,7 +8,7 @@ Nothing here reads a file or a clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.model import ModelSpec
@@ -183,6 +183,15 @@ class Scenario:
     network: Network = field(default_factory=Network)
     workload: Workload = field(default_factory=Workload)
     decoding: Decoding = field(default_factory=Decoding)
+    #: seconds per layer measured by a real run, by device (a `measured:` section or
+    #: an included calibration file); used by simulate and by plan --redeal
+    measured_s_per_layer: dict = field(default_factory=dict)
+
+    def with_measured(self) -> "Scenario":
+        """This scenario with each measured device's ``s_per_layer`` set from the measurement."""
+        devs = tuple(replace(d, s_per_layer=self.measured_s_per_layer.get(d.id, d.s_per_layer))
+                     for d in self.devices)
+        return replace(self, devices=devs)
 
     def device(self, device_id: str) -> Device:
         """The device with this id. Raises KeyError when there is none."""

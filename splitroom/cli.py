@@ -75,10 +75,21 @@ def deal_table(deal_, scn) -> Table:
 
 @app.command()
 def plan(scenario: str = typer.Argument(..., help="Scenario YAML file."),
-         set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt):
+         set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+         redeal: bool = typer.Option(False, "--redeal", help="Use the measured ms per layer (a `measured:` "
+                                     "section or `calibration:` file) to put layers on the fastest devices.")):
     """Deal the model over the room: who hosts, who holds which layers, and why."""
     scn = load_scenario(scenario, set_)
+    if redeal:
+        if not scn.measured_s_per_layer:
+            fail(f"{scenario}: --redeal needs measured ms per layer (a `measured:` section or `calibration:` file; "
+                 "splitroom run --real --calibration FILE writes one)")
+        scn = scn.with_measured()
     d = deal_scenario(scn, scenario)
+    if redeal:
+        import dataclasses
+        d = dataclasses.replace(d, notes=d.notes + ("re-deal to put the layers on the fastest devices, "
+                                                    "measured on the answers so far",))
     if as_json:
         print(json.dumps(d.to_json(), indent=2))
         return
@@ -135,7 +146,7 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
              trace: Optional[str] = typer.Option(None, "--trace", help="Write the JSONL trace to this file."),
              progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar.")):
     """Predict how fast the room answers: tokens/s, time to first token, latency, where time goes."""
-    scn = load_scenario(scenario, set_)
+    scn = load_scenario(scenario, set_).with_measured()
     d = deal_scenario(scn, scenario)
     from splitroom.report import run_simulation
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)

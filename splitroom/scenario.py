@@ -175,6 +175,12 @@ class StageIn(_Strict):
     layers: str = Field(description="1-based inclusive range as people write it: '1-13'")
 
 
+class MeasuredIn(_Strict):
+    """What a real run measured (``splitroom run --real --calibration FILE`` writes it)."""
+
+    ms_per_layer: dict[str, Time] = {}
+
+
 class ScenarioIn(_Strict):
     name: str = ""
     seed: int = 1
@@ -189,6 +195,8 @@ class ScenarioIn(_Strict):
     network: NetworkIn = NetworkIn()
     workload: WorkloadIn = WorkloadIn()
     decoding: DecodingIn = DecodingIn()
+    measured: MeasuredIn | None = None
+    calibration: str | None = None  # a YAML file holding a `measured:` mapping (path relative to the scenario)
 
 
 _DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16, "q8": 8.5, "q4": 4.5}
@@ -311,8 +319,14 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                 raise _KeyProblem("decoding.speculative", f"accepted length {a} outside 0..draft_tokens")
     decoding = Decoding(prefill_chunk=s.decoding.prefill_chunk, speculative=spec, async_laps=s.decoding.async_laps,
                         return_path=s.decoding.return_, wake=s.decoding.wake)
+    measured = {}
+    if s.measured is not None:
+        for dev, v in s.measured.ms_per_layer.items():
+            if dev not in ids:
+                raise _KeyProblem(f"measured.ms_per_layer.{dev}", f"{dev!r} is not a device")
+            measured[dev] = v
     return Scenario(name=s.name, seed=s.seed, model=model, devices=devices, options=options, network=network,
-                    workload=workload, decoding=decoding)
+                    workload=workload, decoding=decoding, measured_s_per_layer=measured)
 
 
 def _branch_tags() -> frozenset[str]:
@@ -444,4 +458,16 @@ def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
         raise ScenarioError(f"{p.name}: {where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if isinstance(data, dict) and isinstance(data.get("calibration"), str):
+        cal_path = (p.parent / data["calibration"])
+        try:
+            cal = yaml.safe_load(cal_path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            raise ScenarioError(f"{p.name}: calibration: cannot read {cal_path.name} ({e})") from None
+        if not isinstance(cal, dict) or not isinstance(cal.get("measured"), dict):
+            raise ScenarioError(f"{p.name}: calibration: {cal_path.name} has no `measured:` mapping")
+        data = dict(data)
+        merged = dict(cal["measured"])
+        merged.update(data.get("measured") or {})
+        data["measured"] = merged
     return from_mapping(data, p.name, overrides)

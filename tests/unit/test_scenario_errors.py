@@ -205,3 +205,32 @@ def test_units_parse(text, kind, value):
 def test_units_reject(value, kind):
     with pytest.raises(QuantityError):
         parse(value, kind)
+
+
+def test_calibration_file_feeds_measured_and_redeal(tmp_path):
+    """A calibration file's measured ms per layer reaches the scenario; plan --redeal
+    deals with it: the laptop measured 4x faster than the desktop fills first."""
+    import shutil
+    from typer.testing import CliRunner
+
+    from splitroom.cli import app
+    from splitroom.scenario import load
+    src = Path(__file__).resolve().parents[2] / "scenarios" / "home.yaml"
+    scn_path = tmp_path / "home.yaml"
+    shutil.copy(src, scn_path)
+    (tmp_path / "cal.yaml").write_text("measured:\n  ms_per_layer: {desktop: 2 ms, laptop: 0.5 ms, phone: 6 ms}\n")
+    with open(scn_path, "a") as f:
+        f.write("\ncalibration: cal.yaml\n")
+    scn = load(scn_path)
+    assert scn.measured_s_per_layer == {"desktop": 0.002, "laptop": 0.0005, "phone": 0.006}
+    big = ["--set", "devices[0].lends=2 GB", "--set", "devices[1].lends=1 GB"]
+    before = CliRunner().invoke(app, ["plan", str(scn_path), "--json", *big])
+    after = CliRunner().invoke(app, ["plan", str(scn_path), "--redeal", "--json", *big])
+    assert before.exit_code == 0 and after.exit_code == 0, after.output
+    import json as _json
+    # unmeasured: fewest hops, the desktop (host, holds all 30) alone
+    assert _json.loads(before.stdout)["stages"] == [{"device": "desktop", "start": 0, "end": 30}]
+    # measured: the laptop (4x faster per layer) fills first, the host keeps one layer
+    plan = _json.loads(after.stdout)
+    assert plan["stages"] == [{"device": "desktop", "start": 0, "end": 1}, {"device": "laptop", "start": 1, "end": 30}]
+    assert any("re-deal" in n for n in plan["notes"])
