@@ -48,7 +48,11 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         log.error("%s: could not join room %s: %s", cfg.device, room, e)
         return 3
-    node = Node(cfg, stage, transport, tokenizer)
+    kwargs = {}
+    if is_host and cfg.scheduler.get("draft_tokens"):
+        from .drafters import make_drafter
+        kwargs["drafter"] = make_drafter(cfg.drafter, cfg.model_dir, cfg.early_exit_layers)
+    node = Node(cfg, stage, transport, tokenizer, **kwargs)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -61,6 +61,8 @@ class NodeConfig:
         max_new_tokens: answer length cap.
         trace_path: where to write this node's JSONL trace.
         peers: every other device of the room.
+        drafter: the host's drafter (``ngram``, ``early_exit``, ``model``).
+        early_exit_layers: layers the early_exit drafter runs.
     """
 
     device: str
@@ -74,6 +76,8 @@ class NodeConfig:
     max_new_tokens: int = 64
     trace_path: str = ""
     peers: list = field(default_factory=list)
+    drafter: str = "ngram"
+    early_exit_layers: int = 8
 
     def deal(self) -> Deal:
         """The chain as a :class:`planner.deal.Deal`."""

@@ -57,8 +57,8 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     """One runtime.room.NodeConfig per device that holds layers or hosts."""
     from runtime.room import NodeConfig
     spec = scn.decoding.speculative
-    if spec is not None and spec.drafter not in ("ngram",):
-        raise RealRunError(f"drafter {spec.drafter!r} is not available in real runs yet; use ngram")
+    if spec is not None and spec.drafter not in ("ngram", "early_exit", "model"):
+        raise RealRunError(f"drafter {spec.drafter!r} is not available in real runs; use ngram, early_exit or model")
     sched = dict(hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
                  draft_tokens=spec.draft_tokens if spec else 0,
                  async_laps=scn.decoding.async_laps if spec else 1, return_path=scn.decoding.return_path,
@@ -75,18 +75,34 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               prompts=prompts if dev == deal.host else [],
                               max_new_tokens=scn.workload.answer_tokens,
                               trace_path=str(workdir / f"{dev}.trace.jsonl"),
-                              peers=[m for m in members if m != dev]))
+                              peers=[m for m in members if m != dev],
+                              drafter=spec.drafter if spec else "ngram"))
     return out
 
 
 def calibrate(trace: list, deal: Deal) -> dict:
-    """Seconds per layer per device and mean hop seconds, from decode laps of a trace."""
+    """From a measured trace: seconds per layer per device (decode laps), mean hop
+    seconds (decode frames), drafting seconds per token, and the accepted drafts of
+    every judged verify lap in order (for the simulator's recorded acceptance)."""
     starts: dict = {}
     stage_s: dict[str, list[float]] = {}
     sends: dict = {}
     hops: list[float] = []
+    drafts: dict = {}
+    draft_s = 0.0
+    drafted = 0
+    accepted: list[int] = []
     for t, o in trace:
         cls = type(o)
+        name = cls.__name__
+        if name == "Draft":
+            drafts[o.draft_id] = (t, o.k)
+        elif name == "DraftReady" and o.draft_id in drafts:
+            t0, k = drafts.pop(o.draft_id)
+            draft_s += t - t0
+            drafted += k
+        elif name == "LapEnded" and o.kind == "verify" and not o.stale:
+            accepted.append(max(o.kept - 1, 0))
         if cls is RunStage and o.tokens <= 8:
             starts[(o.device, o.lap_id)] = (t, o.tokens)
         elif cls is StageFinished:
@@ -105,6 +121,7 @@ def calibrate(trace: list, deal: Deal) -> dict:
         if xs and st.layers:
             per_layer[st.device] = float(np.median(xs)) / st.layers
     return {"s_per_layer": per_layer, "hop_s": float(np.mean(hops)) if hops else 0.0,
+            "draft_s_per_token": draft_s / drafted if drafted else None, "accepted": accepted,
             "hop_p50_s": float(np.median(hops)) if hops else 0.0, "hops": len(hops)}
 
 
@@ -119,7 +136,12 @@ def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: i
                               links=())
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(prompt_tokens, 1), answer_tokens=max(answer_tokens, 1),
                              questions=questions, asked_by=())
-    return dataclasses.replace(scn, devices=devices, network=net, workload=wl)
+    dec = scn.decoding
+    if dec.speculative is not None:
+        spec = dataclasses.replace(dec.speculative, accepted_sequence=tuple(cal.get("accepted") or ()),
+                                   draft_s_per_token=cal.get("draft_s_per_token") or dec.speculative.draft_s_per_token)
+        dec = dataclasses.replace(dec, speculative=spec)
+    return dataclasses.replace(scn, devices=devices, network=net, workload=wl, decoding=dec)
 
 
 def _error_pct(measured: dict, predicted: dict) -> dict:
