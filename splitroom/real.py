@@ -193,14 +193,12 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
         if net is not None:
             net.__enter__()
             host_addr = net.address(deal.host)
-            relay_argv = [sys.executable, "-m", "runtime.relay", "--host", host_addr, "--port", "8765"]
-            relay = net.run_in(deal.host, relay_argv, env=env)
-            url = f"http://{host_addr}:8765"
+            relay = net.run_in(deal.host, _relay_argv(host_addr, 8765), env=env)
+            url = f"ws://{host_addr}:8765"
         else:
             port = _free_port()
-            relay = subprocess.Popen([sys.executable, "-m", "runtime.relay", "--host", "127.0.0.1", "--port",
-                                      str(port)], env=env)
-            url = f"http://127.0.0.1:{port}"
+            relay = subprocess.Popen(_relay_argv("127.0.0.1", port), env=env)
+            url = f"ws://127.0.0.1:{port}"
         time.sleep(1.0)
         if relay.poll() is not None:
             raise RealRunError("the signalling relay did not start")
@@ -255,6 +253,10 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     cal["wall_s"] = wall
     emulated = [f"{c.device}: compute padded {c.slowdown:g}x" for c in cfgs if c.slowdown > 1]
     return RealResult(measured, predicted, _error_pct(measured, predicted), answers, cal, network, emulated)
+
+
+def _relay_argv(host: str, port: int) -> list[str]:
+    return [sys.executable, "-c", f"from runtime.relay import main; main({host!r}, {port})"]
 
 
 def _free_port() -> int:
