@@ -248,6 +248,14 @@ def generate(prompt: str = typer.Argument(..., help="The question to answer."),
     raise typer.Exit(code)
 
 
+@app.command()
+def relay(host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for a LAN)."),
+          port: int = typer.Option(8765, "--port", help="TCP port.")):
+    """Run the signalling relay (SDP offers/answers only) at ws://HOST:PORT/room/ROOM."""
+    from runtime.relay import main as relay_main
+    relay_main(host, port)
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
