@@ -8,17 +8,22 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 
-# Debian packages: lavapipe (Mesa's CPU Vulkan driver) for the wgpu backend.
+# Debian packages: lavapipe (Mesa's CPU Vulkan driver) for the wgpu backend;
+# iproute2, iptables (iptables-legacy) and libnetfilter-queue-dev (to build the
+# NetfilterQueue dependency) for the emulated network of runtime/netem.py.
 need_debs=()
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need_debs+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || need_debs+=(libvulkan1)
+dpkg -s iproute2 >/dev/null 2>&1 || need_debs+=(iproute2)
+dpkg -s iptables >/dev/null 2>&1 || need_debs+=(iptables)
+dpkg -s libnetfilter-queue-dev >/dev/null 2>&1 || need_debs+=(libnetfilter-queue-dev)
 if [ ${#need_debs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing Debian packages: ${need_debs[*]}"
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}" >/dev/null
   else
-    echo "setup: not root; please install ${need_debs[*]} for the wgpu backend" >&2
+    echo "setup: not root; please install ${need_debs[*]} (wgpu backend, network emulation)" >&2
   fi
 fi
 

@@ -1,0 +1,200 @@
+"""runtime.netem: namespaces joined by a bridge, per-pair RTT applied to the packets.
+
+A tiny UDP echo (bounded: it serves a fixed number of packets, then exits, and has a
+socket timeout) runs in one namespace, a pinger in the other; every packet goes only
+between this run's namespaces (addresses in 198.18.0.0/24 that exist only there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.netem import EmulatedNetwork, NetemError, available, cleanup_stale
+
+OK, WHY = available()
+pytestmark = pytest.mark.skipif(not OK, reason=f"network emulation unavailable: {WHY}")
+
+PREFIX = "srtest"
+ROOT = str(Path(__file__).resolve().parents[2])
+
+# An owner that builds a network, prints its helpers' pids and waits to be killed (at most 30 s).
+OWNER = r"""
+import json, sys, time
+from runtime.netem import EmulatedNetwork
+net = EmulatedNetwork(["a", "b"], rtt_s=0.002, name_prefix=sys.argv[1]).__enter__()
+print(json.dumps([p.pid for p in net._helpers.values()]), flush=True)
+time.sleep(30)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+# Echo: serves exactly N datagrams (or stops after TIMEOUT s of silence), then exits.
+ECHO = r"""
+import socket, sys
+addr, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((addr, port))
+s.settimeout(10.0)
+print("listening", flush=True)
+for _ in range(n):
+    try:
+        data, peer = s.recvfrom(2048)
+    except socket.timeout:
+        break
+    s.sendto(data, peer)
+"""
+
+# Pinger: mode "pingpong" sends one, waits for its echo, N times, and prints the RTTs;
+# mode "burst" sends N back to back and prints the order the echoes came back in.
+PING = r"""
+import json, socket, sys, time
+addr, port, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5.0)
+out = []
+if mode == "pingpong":
+    for i in range(n):
+        t0 = time.perf_counter()
+        s.sendto(i.to_bytes(4, "big") + b"x" * 60, (addr, port))
+        data, _ = s.recvfrom(2048)
+        out.append(time.perf_counter() - t0)
+        time.sleep(0.002)
+else:
+    for i in range(n):
+        s.sendto(i.to_bytes(4, "big") + b"y" * 200, (addr, port))
+    for _ in range(n):
+        try:
+            data, _ = s.recvfrom(2048)
+        except socket.timeout:
+            break
+        out.append(int.from_bytes(data[:4], "big"))
+print(json.dumps(out), flush=True)
+"""
+
+
+def _ours() -> list[str]:
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return [ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith(PREFIX + "-")]
+
+
+def _exchange(net: EmulatedNetwork, n: int, mode: str, port: int = 47000) -> list:
+    server = net.address("a")
+    echo = net.run_in("a", [sys.executable, "-c", ECHO, server, str(port), str(n)],
+                      stdout=subprocess.PIPE, text=True)
+    assert echo.stdout.readline().strip() == "listening"
+    ping = net.run_in("b", [sys.executable, "-c", PING, server, str(port), str(n), mode],
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = ping.communicate(timeout=30)
+    assert ping.returncode == 0, err
+    echo.wait(timeout=15)
+    return json.loads(out)
+
+
+def _stats_ms(rtts: list[float]) -> tuple[float, float, float]:
+    ms = sorted(r * 1e3 for r in rtts)
+    return statistics.fmean(ms), ms[len(ms) // 2], ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    cleanup_stale(PREFIX)
+    yield
+    assert _ours() == [], "namespaces left behind"
+
+
+@pytest.mark.parametrize("rtt_ms,tol_ms", [(20.0, 2.0), (80.0, 3.0)])
+def test_rtt_applied(rtt_ms, tol_ms):
+    with EmulatedNetwork(["a", "b"], rtt_s=rtt_ms / 1e3, name_prefix=PREFIX) as net:
+        assert set(_ours()) == {net.namespace("a"), net.namespace("b"), net.bridge_ns}
+        n = 50 if rtt_ms < 50 else 25
+        rtts = _exchange(net, n, "pingpong")
+        cpu = net.helper_cpu_s()
+    assert len(rtts) == n
+    mean, p50, p99 = _stats_ms(rtts)
+    print(f"rtt {rtt_ms} ms via {net.method}: mean {mean:.2f} p50 {p50:.2f} p99 {p99:.2f} ms; helper cpu {cpu}")
+    assert abs(mean - rtt_ms) <= tol_ms, (mean, p50, p99)
+    assert abs(p50 - rtt_ms) <= tol_ms, (mean, p50, p99)
+
+
+def test_order_kept_with_jitter():
+    with EmulatedNetwork(["a", "b"], rtt_s=0.010, jitter_s=0.003, name_prefix=PREFIX) as net:
+        order = _exchange(net, 200, "burst", port=47001)
+    assert order == list(range(200))
+
+
+def test_per_pair_rtt_and_three_devices():
+    rtt = {frozenset(("a", "b")): 0.030, frozenset(("a", "c")): 0.006, frozenset(("b", "c")): 0.012}
+    with EmulatedNetwork(["a", "b", "c"], rtt_s=rtt, name_prefix=PREFIX) as net:
+        assert len({net.address(d) for d in "abc"}) == 3
+        ab = _stats_ms(_exchange(net, 20, "pingpong", port=47002))[1]
+        # c pings a: reuse the helpers with c as the client
+        server = net.address("a")
+        echo = net.run_in("a", [sys.executable, "-c", ECHO, server, "47003", "20"], stdout=subprocess.PIPE, text=True)
+        assert echo.stdout.readline().strip() == "listening"
+        out = subprocess.run(["ip", "netns", "exec", net.namespace("c"), sys.executable, "-c", PING, server,
+                              "47003", "20", "pingpong"], capture_output=True, text=True, timeout=30, check=True)
+        ac = _stats_ms(json.loads(out.stdout))[1]
+        echo.wait(timeout=15)
+    assert abs(ab - 30.0) <= 2.0, ab
+    assert abs(ac - 6.0) <= 2.0, ac
+
+
+def test_cleanup_on_exception_and_stale():
+    with pytest.raises(RuntimeError, match="boom"):
+        with EmulatedNetwork(["a", "b"], rtt_s=0.002, name_prefix=PREFIX) as net:
+            sleeper = net.run_in("a", ["sleep", "30"])
+            raise RuntimeError("boom")
+    assert sleeper.poll() is not None
+    assert _ours() == []
+    with pytest.raises(KeyboardInterrupt):
+        with EmulatedNetwork(["a", "b"], rtt_s=0.002, name_prefix=PREFIX):
+            raise KeyboardInterrupt
+    assert _ours() == []
+    # An owner killed with SIGKILL: its helpers end by themselves, cleanup_stale removes the rest.
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, PREFIX], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        helpers = json.loads(owner.stdout.readline())
+        assert len(helpers) == 2 and len(_ours()) == 3
+    finally:
+        owner.kill()
+        owner.wait(timeout=10)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(_alive(p) for p in helpers):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in helpers)
+    assert len(cleanup_stale(PREFIX)) == 3
+    assert _ours() == []
+    # A leftover with no live owner is removed by cleanup_stale, a live run's is not.
+    subprocess.run(["ip", "netns", "add", f"{PREFIX}-abcdef-x"], check=True)
+    with EmulatedNetwork(["a", "b"], rtt_s=0.002, name_prefix=PREFIX) as net:
+        removed = cleanup_stale(PREFIX)
+        assert removed == [f"{PREFIX}-abcdef-x"]
+        assert set(_ours()) == {net.namespace("a"), net.namespace("b"), net.bridge_ns}
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        EmulatedNetwork(["a", "a"], rtt_s=0.01)
+    with pytest.raises(ValueError):
+        EmulatedNetwork(["a", "b", "c"], rtt_s={frozenset(("a", "b")): 0.01})
+    with pytest.raises(ValueError):
+        EmulatedNetwork(["a", "b"], rtt_s=-1.0)
+    with pytest.raises(ValueError):
+        EmulatedNetwork(["a b", "c"], rtt_s=0.01)
+    net = EmulatedNetwork(["a", "b"], rtt_s=0.01, name_prefix=PREFIX)
+    with pytest.raises(NetemError):
+        net.run_in("a", ["true"])
