@@ -77,6 +77,14 @@ AIORTC_MAX_MESSAGE_SIZE = 262144
 DEFAULT_REMOTE_MAX_MESSAGE_SIZE = 65536
 #: Piece size for the paced (reply, weights) channels, bytes on the wire.
 BULK_PIECE_BYTES = 16 * 1024
+#: The paced sender hands over the next piece only while at most this many bytes
+#: are in flight (sent, not acknowledged). Without it SCTP's window grows to the
+#: peer's 1 MiB receive window during a bulk transfer and a residual queues behind
+#: up to a megabyte in the network (measured: p50 26 ms, max 226 ms on loopback).
+#: 32 KiB: a residual sent during an 8 MiB weights copy waits p50 +2.8 ms at 20 ms RTT
+#: (weights at 1.6 MB/s); 64 KiB: same residual wait, weights 2.7 MB/s but twice the
+#: wait on loopback (docs/transport.md). Per connection: connect_room(bulk_inflight_bytes=).
+BULK_INFLIGHT_BYTES = 32 * 1024
 #: Poll interval of the paced sender while aiortc still has data queued, seconds.
 _BULK_POLL_S = 0.001
 
@@ -408,8 +416,8 @@ def _install_candidate_patch() -> None:
 AIORTC_BURST_CHUNKS = 4
 AIORTC_INITIAL_CWND_CHUNKS = 3
 #: Defaults applied by connect_room (measured in docs/transport.md).
-DEFAULT_MAX_BURST_CHUNKS = 16
-DEFAULT_INITIAL_CWND_CHUNKS = 10
+DEFAULT_MAX_BURST_CHUNKS = 32  # a 16-token prefill chunk (36.9 KB, 32 chunks) in one burst
+DEFAULT_INITIAL_CWND_CHUNKS = 10  # ~11.6 KB, like TCP's IW10 (RFC 6928)
 _sctp_tuning: dict[str, int] = {"max_burst": AIORTC_BURST_CHUNKS, "initial_cwnd": AIORTC_INITIAL_CWND_CHUNKS}
 
 
@@ -478,15 +486,21 @@ def emulate_delay(transport: "Transport", one_way_s: float) -> None:
         raise TypeError("emulate_delay needs a transport from connect_room")
     loop = asyncio.get_running_loop()
     for link in transport._links.values():
-        ice = link.pc.sctp.transport.transport  # RTCSctpTransport -> RTCDtlsTransport -> RTCIceTransport
+        ice = link.pc.sctp.transport.transport  # pc.sctp (SCTP) -> .transport (DTLS) -> .transport (ICE)
         send = getattr(ice, "_splitroom_send", None) or ice._send
         ice._splitroom_send = send
         if one_way_s <= 0:
             ice._send = send
             continue
 
-        async def delayed(data: bytes, _send=send) -> None:
-            loop.call_later(one_way_s, lambda: asyncio.ensure_future(_send(data)))
+        async def _late(data: bytes, _send=send) -> None:
+            try:
+                await _send(data)
+            except ConnectionError:  # closed while the packet was "in the air": lost
+                pass
+
+        async def delayed(data: bytes, _late=_late) -> None:
+            loop.call_later(one_way_s, lambda: asyncio.ensure_future(_late(data)))
 
         ice._send = delayed
 
@@ -518,12 +532,15 @@ class _Link:
         self.bulk_wake = asyncio.Event()
         self.bulk_task: Optional[asyncio.Task] = None
         self.failed: Optional[str] = None
+        self.bulk_inflight_bytes = BULK_INFLIGHT_BYTES
 
     def sctp_busy(self) -> bool:
-        """Whether aiortc still holds data of this connection not yet transmitted."""
+        """Whether aiortc still holds data of this connection not yet transmitted, or
+        more than BULK_INFLIGHT_BYTES sent and not yet acknowledged."""
         try:
-            sctp = self.pc.sctp.transport
-            return bool(sctp._data_channel_queue) or bool(sctp._outbound_queue)
+            sctp = self.pc.sctp  # RTCSctpTransport
+            return (bool(sctp._data_channel_queue) or bool(sctp._outbound_queue)
+                    or sctp._flight_size > self.bulk_inflight_bytes)
         except AttributeError:  # private names moved: fall back to the public counter
             return any(ch.bufferedAmount for ch in self.channels.values())
 
@@ -698,7 +715,8 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
                        open_timeout_s: float = 20.0,
                        max_message_bytes_in: int = DEFAULT_MAX_MESSAGE_BYTES_IN,
                        host_addresses: Optional[Sequence[str]] = None,
-                       sctp_tuning: bool = True) -> Transport:
+                       sctp_tuning: bool = True,
+                       bulk_inflight_bytes: int = BULK_INFLIGHT_BYTES) -> Transport:
     """Join ``room`` on the relay at ``relay_url`` (``ws://host:port``) as ``device``,
     open data channels to every device in ``peers`` and return the Transport.
 
@@ -711,6 +729,8 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
     127.0.0.1. ``max_message_bytes_in``: cap on one reassembled incoming message,
     bytes. ``sctp_tuning``: apply :func:`tune_sctp` with its defaults (process-wide)
     before connecting; False leaves aiortc's SCTP as it is set now.
+    ``bulk_inflight_bytes``: reply/weights pieces are handed to SCTP only while at
+    most this many bytes are unacknowledged (residual latency vs bulk throughput).
 
     The relay websocket is closed once every channel is open: the relay sees the SDP
     exchange and nothing after it.
@@ -729,6 +749,8 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
         tune_sctp()
     token = _host_addresses.set(tuple(host_addresses) if host_addresses is not None else None)
     transport = RtcTransport(device, peers, max_message_bytes_in)
+    for lk in transport._links.values():
+        lk.bulk_inflight_bytes = bulk_inflight_bytes
     sig = _Signalling(device, peers)
     try:
         await sig.open(relay_url, room)
@@ -900,26 +922,28 @@ async def _bench_two_process(n: int, size: int, warmup: int) -> dict:
 
 
 def _bench_main(argv: Sequence[str]) -> None:  # pragma: no cover - manual measurement
+    """``python -m runtime.transport bench``: the numbers of docs/transport.md."""
     import sys
 
     if argv and argv[0] == "echo":
         asyncio.run(_bench_echo(argv[1], int(argv[2])))
         return
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.ERROR)
     decode = 32 + 576 * 4  # one decode frame of SmolLM2-135M (hidden 576, float32)
-    r = asyncio.run(_bench_two_process(200, decode, 20))
-    ow = r["one_way_ms"]
-    print(f"two processes, decode frame {decode} B, N=200: one-way ms p50 {_pct(ow, 50):.3f} "
-          f"p90 {_pct(ow, 90):.3f} p99 {_pct(ow, 99):.3f} mean {sum(ow) / len(ow):.3f}; "
-          f"Python CPU ms/frame host {r['host_cpu_ms_per_frame']:.3f} "
-          f"(send+receive) echo {r.get('echo_cpu_ms_per_frame', float('nan')):.3f}")
+    for size in (decode, 10_000):
+        r = asyncio.run(_bench_two_process(200, size, 20))
+        ow = r["one_way_ms"]
+        print(f"two processes, {size} B frames, N=200: one-way ms p50 {_pct(ow, 50):.3f} p90 {_pct(ow, 90):.3f} "
+              f"p99 {_pct(ow, 99):.3f} max {max(ow):.3f} mean {sum(ow) / len(ow):.3f}; Python CPU ms per "
+              f"ping-pong (one frame sent + one received) host {r['host_cpu_ms_per_frame']:.3f} "
+              f"echo {r.get('echo_cpu_ms_per_frame', float('nan')):.3f}", flush=True)
     sizes = [1000, decode, 10_000, 100_000]
     for one_way in (0.0, 0.010):
         for tuned in (False, True):
             res = asyncio.run(_bench_pair(30, sizes, one_way, tuned))
             cells = ", ".join(f"{s} B p50 {_pct(v, 50):.2f}" for s, v in res.items())
             print(f"one process, one-way delay {one_way * 1e3:g} ms, "
-                  f"{'tuned' if tuned else 'aiortc'}: one-way ms {cells}")
+                  f"{'tuned' if tuned else 'aiortc'}: one-way ms {cells}", flush=True)
     sys.stdout.flush()
 
 

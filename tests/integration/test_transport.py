@@ -325,3 +325,40 @@ def test_channel_open_timeout_names_the_peer():
             await runner.cleanup()
 
     run(main())
+
+
+def test_sctp_tuning_sends_a_10kb_frame_in_one_burst():
+    """With 20 ms one-way delay emulated in process, aiortc's 4-chunk bursts make a
+    10 KB message take extra round trips; tune_sctp() sends it in one."""
+    from runtime.transport import emulate_delay, tune_sctp
+
+    one_way = 0.020
+
+    async def one_way_ms(tuned: bool) -> float:
+        tune_sctp() if tuned else tune_sctp(None, None)
+        runner, _, ts = await room(["a", "b"], sctp_tuning=False)
+        try:
+            a, b = ts["a"], ts["b"]
+            for t in ts.values():
+                emulate_delay(t, one_way)
+            q: asyncio.Queue = asyncio.Queue()
+            b.set_handler(lambda s, c, d: q.put_nowait(time.perf_counter()))
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                await a.send("b", "residual", bytes(10_000))
+                best = min(best, (await q.get()) - t0)
+                await asyncio.sleep(2 * one_way + 0.01)  # SACKs back: the next send starts idle
+            return best * 1e3
+        finally:
+            await close_room(runner, ts)
+
+    try:
+        slow = run(one_way_ms(False))
+        fast = run(one_way_ms(True))
+    finally:
+        tune_sctp()
+    assert fast < one_way * 1e3 * 1.5 + 5, fast  # one burst: about the one-way delay
+    assert slow > one_way * 1e3 * 2, slow  # aiortc as shipped: at least one more round trip
+    with pytest.raises(ValueError):
+        tune_sctp(max_burst=0)
