@@ -41,7 +41,7 @@ logged line; the partial message is discarded and the connection stays up.
 Loopback candidates. aioice (``aioice.ice.get_host_addresses``) leaves 127.0.0.1 out
 of its host candidates, so two peers that only have loopback (a fresh network
 namespace, a sandbox) gather no candidates and ICE hangs silently. This module
-replaces that function (:func:`_patched_host_addresses`, installed on import) with one
+replaces that function (``_install_candidate_patch``, run by connect_room) with one
 that appends 127.0.0.1 to the list, and honours a per-connection override
 (``connect_room(..., host_addresses=[...])``, carried by a context variable) so tests
 and namespace runs can pin the exact addresses they use.
@@ -776,7 +776,8 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
                 def _state() -> None:
                     if pc.connectionState in ("failed", "closed") and not transport._closed:
                         lk.failed = f"connection {pc.connectionState}"
-                        log.warning("%s: connection to %s %s", device, peer, pc.connectionState)
+                        log.log(logging.WARNING if pc.connectionState == "failed" else logging.INFO,
+                                "%s: connection to %s %s", device, peer, pc.connectionState)
 
                 if device < peer:
                     stage[0] = "waiting for the peer to join the relay"
