@@ -26,8 +26,8 @@ class TraceError(ValueError):
 
 def _plain(v: Any) -> Any:
     if isinstance(v, FrameHeader):
-        return {"kind": v.kind.name, "question_id": v.question_id, "lap_id": v.lap_id, "first_pos": v.first_pos,
-                "tokens": v.tokens, "hidden": v.hidden, "dtype": v.dtype.name, "returns": v.returns}
+        return {"kind": FrameKind(v.kind).name, "question_id": v.question_id, "lap_id": v.lap_id, "first_pos": v.first_pos,
+                "tokens": v.tokens, "hidden": v.hidden, "dtype": DType(v.dtype).name, "returns": v.returns}
     if isinstance(v, (tuple, list)):
         return [_plain(x) for x in v]
     if isinstance(v, frozenset):

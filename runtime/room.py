@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
-from planner.frames import FrameError, FrameHeader, FrameKind, decode_header, encode_header
+from planner.frames import DType, FrameError, FrameHeader, FrameKind, decode_header, encode_header
 from planner.protocol import (AnswerDone, BeginAnswer, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               StageFinished, Wake)
@@ -88,6 +88,7 @@ class NodeConfig:
         """The scheduler settings, with sets restored."""
         kw = dict(self.scheduler)
         kw["phones"] = frozenset(kw.get("phones", ()))
+        kw["dtype"] = DType(kw.get("dtype", 0))
         return SchedulerConfig(**kw)
 
     def to_json(self) -> str:
