@@ -32,6 +32,8 @@ class Device:
         s_per_layer: measured seconds per layer per decoded token, if measured.
         price_usd_per_h: rent, USD per hour.
         emulate_slowdown: a real run pads this device's compute to this factor.
+        clocks_down: whether its GPU clocks down when idle (None: phones do, computers
+            do not); a real run on one machine has no clock-down to predict.
     """
 
     id: str
@@ -45,6 +47,7 @@ class Device:
     s_per_layer: float | None = None
     price_usd_per_h: float | None = None
     emulate_slowdown: float | None = None
+    clocks_down: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,8 @@ class Scenario:
     #: seconds per layer measured by a real run, by device (a `measured:` section or
     #: an included calibration file); used by simulate and by plan --redeal
     measured_s_per_layer: dict = field(default_factory=dict)
+    #: the host's measured output head + sampling, seconds per row of a lap
+    measured_head_s_per_row: float | None = None
 
     def with_measured(self) -> "Scenario":
         """This scenario with each measured device's ``s_per_layer`` set from the measurement."""

@@ -91,7 +91,7 @@ class Simulation:
         self.workers = {s.device: WorkerMachine(s.device, self.deal, self.config.return_path)
                         for s in self.deal.stages if s.device != self.deal.host}
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
-        self.devices = {d.id: DeviceModel(d, scn.model) for d in scn.devices}
+        self.devices = {d.id: DeviceModel(d, scn.model, clock_down=d.clocks_down) for d in scn.devices}
         self._free_at: dict[str, float] = {}
         self.links = Links(self.env, scn.network, np.random.default_rng(link_seed))
         spec = scn.decoding.speculative
@@ -139,7 +139,8 @@ class Simulation:
             first_pos, n = self._lap_span.pop(c.lap_id)
             first = first_pos + n - c.rows
             preds = tuple(truth(first + i + 1) for i in range(c.rows))
-            self._occupy(self.deal.host, lambda start, r=c.rows: dm.head_s(r) + dm.sample_s(r),
+            head = self._head_s
+            self._occupy(self.deal.host, lambda start, r=c.rows: head(dm, r),
                          HeadFinished(c.lap_id, preds))
         elif cls is Draft:
             dm = self.devices[self.deal.host]
@@ -170,6 +171,12 @@ class Simulation:
         end = start + duration(start)
         self._free_at[device] = end
         self._at(end, done_event)
+
+    def _head_s(self, dm: DeviceModel, rows: int) -> float:
+        """Head + sampling on ``rows`` rows: measured per row when the scenario has it."""
+        if self.scn.measured_head_s_per_row is not None:
+            return rows * self.scn.measured_head_s_per_row
+        return dm.head_s(rows) + dm.sample_s(rows)
 
     def _stage_s(self, c: RunStage, start: float) -> float:
         dm = self.devices[c.device]

@@ -7,8 +7,10 @@ own network namespace and the scenario's round trip is applied to its packets
 (runtime/netem.py); otherwise the room runs on loopback and says so.
 
 Calibration (what the prediction takes from the measurement, nothing else):
-* each device's seconds per layer: its mean decode stage time / its layers;
+* each device's seconds per layer: its median decode (or verify) stage time / its layers;
 * the per-hop overhead: the mean decode hop time minus the emulated one-way delay;
+* the host's output head per row, the drafter's cost per token, and the accepted
+  length of every verify lap (replayed in order by the simulator's acceptance model);
 * the workload: the measured prompt and answer lengths.
 """
 
@@ -81,21 +83,40 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
 
 
 def calibrate(trace: list, deal: Deal) -> dict:
-    """From a measured trace: seconds per layer per device (decode laps), mean hop
-    seconds (decode frames), drafting seconds per token, and the accepted drafts of
-    every judged verify lap in order (for the simulator's recorded acceptance)."""
+    """From a measured trace, over the decode/verify laps (prefill laps left out):
+    seconds per layer per device (median stage time / layers, at the run's own lap
+    size), mean and median hop seconds, the host's head seconds per row, drafting
+    seconds per token, and the accepted drafts of every judged verify lap in order
+    (for the simulator's recorded acceptance)."""
+    prefill = {o.lap_id for _, o in trace if type(o).__name__ == "LapEnded" and o.kind == "prefill"}
+    prefill |= {o.header.lap_id for _, o in trace if type(o).__name__ == "SendFrame" and o.header.kind.name == "PREFILL"}
     starts: dict = {}
     stage_s: dict[str, list[float]] = {}
     sends: dict = {}
     hops: list[float] = []
+    heads: dict = {}
+    head_per_row: list[float] = []
     drafts: dict = {}
     draft_s = 0.0
     drafted = 0
     accepted: list[int] = []
     for t, o in trace:
-        cls = type(o)
-        name = cls.__name__
-        if name == "Draft":
+        name = type(o).__name__
+        lap = getattr(o, "lap_id", None)
+        if name == "RunStage" and lap not in prefill:
+            starts[(o.device, lap)] = t
+        elif name == "StageFinished" and (o.device, lap) in starts:
+            stage_s.setdefault(o.device, []).append(t - starts.pop((o.device, lap)))
+        elif name == "SendFrame" and o.header.lap_id not in prefill:
+            sends[(o.src, o.dst, o.header.lap_id)] = t
+        elif name == "FrameArrived" and (o.src, o.device, o.header.lap_id) in sends:
+            hops.append(t - sends.pop((o.src, o.device, o.header.lap_id)))
+        elif name == "RunHead" and lap not in prefill:
+            heads[lap] = (t, o.rows)
+        elif name == "HeadFinished" and lap in heads:
+            t0, rows = heads.pop(lap)
+            head_per_row.append((t - t0) / rows)
+        elif name == "Draft":
             drafts[o.draft_id] = (t, o.k)
         elif name == "DraftReady" and o.draft_id in drafts:
             t0, k = drafts.pop(o.draft_id)
@@ -103,32 +124,22 @@ def calibrate(trace: list, deal: Deal) -> dict:
             drafted += k
         elif name == "LapEnded" and o.kind == "verify" and not o.stale:
             accepted.append(max(o.kept - 1, 0))
-        if cls is RunStage and o.tokens <= 8:
-            starts[(o.device, o.lap_id)] = (t, o.tokens)
-        elif cls is StageFinished:
-            s = starts.pop((o.device, o.lap_id), None)
-            if s is not None and s[1] == 1:
-                stage_s.setdefault(o.device, []).append(t - s[0])
-        elif cls is SendFrame and o.header.tokens == 1:
-            sends[(o.src, o.dst, o.header.lap_id)] = t
-        elif cls is FrameArrived and o.header.tokens == 1:
-            s = sends.pop((o.src, o.device, o.header.lap_id), None)
-            if s is not None:
-                hops.append(t - s)
     per_layer = {}
     for st in deal.stages:
         xs = stage_s.get(st.device)
         if xs and st.layers:
             per_layer[st.device] = float(np.median(xs)) / st.layers
     return {"s_per_layer": per_layer, "hop_s": float(np.mean(hops)) if hops else 0.0,
-            "draft_s_per_token": draft_s / drafted if drafted else None, "accepted": accepted,
-            "hop_p50_s": float(np.median(hops)) if hops else 0.0, "hops": len(hops)}
+            "hop_p50_s": float(np.median(hops)) if hops else 0.0, "hops": len(hops),
+            "head_s_per_row": float(np.median(head_per_row)) if head_per_row else None,
+            "draft_s_per_token": draft_s / drafted if drafted else None, "accepted": accepted}
 
 
 def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: int, answer_tokens: int,
                         questions: int) -> Scenario:
     """``scn`` with measured seconds per layer, the measured hop overhead and workload."""
-    devices = tuple(dataclasses.replace(d, s_per_layer=cal["s_per_layer"].get(d.id, d.s_per_layer))
+    # processes on one machine do not clock down like a phone's GPU: predict none
+    devices = tuple(dataclasses.replace(d, s_per_layer=cal["s_per_layer"].get(d.id, d.s_per_layer), clocks_down=False)
                     for d in scn.devices)
     from planner.room import Jitter
     overhead = max(cal["hop_s"] - rtt_s / 2, 0.0)
@@ -141,7 +152,8 @@ def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: i
         spec = dataclasses.replace(dec.speculative, accepted_sequence=tuple(cal.get("accepted") or ()),
                                    draft_s_per_token=cal.get("draft_s_per_token") or dec.speculative.draft_s_per_token)
         dec = dataclasses.replace(dec, speculative=spec)
-    return dataclasses.replace(scn, devices=devices, network=net, workload=wl, decoding=dec)
+    return dataclasses.replace(scn, devices=devices, network=net, workload=wl, decoding=dec,
+                               measured_head_s_per_row=cal.get("head_s_per_row"))
 
 
 def _error_pct(measured: dict, predicted: dict) -> dict:
@@ -193,11 +205,11 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
         if net is not None:
             net.__enter__()
             host_addr = net.address(deal.host)
-            relay = net.run_in(deal.host, _relay_argv(host_addr, 8765), env=env)
+            relay = net.run_in(deal.host, _relay_argv(host_addr, 8765), env=env, **_logs(workdir, "relay"))
             url = f"ws://{host_addr}:8765"
         else:
             port = _free_port()
-            relay = subprocess.Popen(_relay_argv("127.0.0.1", port), env=env)
+            relay = subprocess.Popen(_relay_argv("127.0.0.1", port), env=env, **_logs(workdir, "relay"))
             url = f"ws://127.0.0.1:{port}"
         time.sleep(1.0)
         if relay.poll() is not None:
@@ -206,7 +218,9 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
             p = workdir / f"{c.device}.json"
             p.write_text(c.to_json())
             argv = [sys.executable, "-m", "runtime.node", str(p), url, room, str(timeout_s)]
-            procs[c.device] = net.run_in(c.device, argv, env=env) if net is not None else subprocess.Popen(argv, env=env)
+            io = _logs(workdir, c.device)
+            procs[c.device] = (net.run_in(c.device, argv, env=env, **io) if net is not None
+                               else subprocess.Popen(argv, env=env, **io))
         log(f"room {room}: {len(procs)} device processes on {network}")
         host = procs[deal.host]
         try:
@@ -214,7 +228,7 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
         except subprocess.TimeoutExpired:
             raise RealRunError(f"the room did not finish within {timeout_s:.0f} s") from None
         if rc != 0:
-            raise RealRunError(f"the model host exited with status {rc}")
+            raise RealRunError(f"the model host exited with status {rc} (logs in {workdir})")
     finally:
         for dev, p in procs.items():
             if p.poll() is None:
@@ -253,6 +267,12 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     cal["wall_s"] = wall
     emulated = [f"{c.device}: compute padded {c.slowdown:g}x" for c in cfgs if c.slowdown > 1]
     return RealResult(measured, predicted, _error_pct(measured, predicted), answers, cal, network, emulated)
+
+
+def _logs(workdir: Path, name: str) -> dict:
+    """Popen keyword arguments sending a child's output to WORKDIR/NAME.log."""
+    f = open(workdir / f"{name}.log", "wb")
+    return {"stdout": f, "stderr": subprocess.STDOUT}
 
 
 def _relay_argv(host: str, port: int) -> list[str]:

@@ -61,6 +61,7 @@ class DeviceIn(_Strict):
     ms_per_layer: Time | None = None
     price: Price | None = None
     emulate: EmulateIn | None = None
+    clocks_down: bool | None = None
 
 
 class JitterIn(_Strict):
@@ -179,6 +180,7 @@ class MeasuredIn(_Strict):
     """What a real run measured (``splitroom run --real --calibration FILE`` writes it)."""
 
     ms_per_layer: dict[str, Time] = {}
+    head_per_row: Time | None = None  # the host's output head + sampling per row of a lap
 
 
 class ScenarioIn(_Strict):
@@ -259,7 +261,7 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
         Device(id=d.id, name=d.name or d.id, kind=d.kind, webgpu=d.webgpu, lends_bytes=int(d.lends),
                memory_bandwidth_Bps=d.memory_bandwidth, compute_flops=d.compute, copy_speed_Bps=d.copy_speed,
                s_per_layer=d.ms_per_layer, price_usd_per_h=d.price,
-               emulate_slowdown=d.emulate.slowdown if d.emulate else None)
+               emulate_slowdown=d.emulate.slowdown if d.emulate else None, clocks_down=d.clocks_down)
         for d in s.devices)
     pins = None
     if s.stages is not None:
@@ -326,7 +328,8 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                 raise _KeyProblem(f"measured.ms_per_layer.{dev}", f"{dev!r} is not a device")
             measured[dev] = v
     return Scenario(name=s.name, seed=s.seed, model=model, devices=devices, options=options, network=network,
-                    workload=workload, decoding=decoding, measured_s_per_layer=measured)
+                    workload=workload, decoding=decoding, measured_s_per_layer=measured,
+                    measured_head_s_per_row=s.measured.head_per_row if s.measured is not None else None)
 
 
 def _branch_tags() -> frozenset[str]:
