@@ -256,6 +256,34 @@ def relay(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
     relay_main(host, port)
 
 
+@app.command()
+def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (start the relay with splitroom relay)."),
+         device: str = typer.Option(..., "--device", help="This device's id ([a-z0-9_-]+), unique in the room."),
+         layers: str = typer.Option("auto", "--layers", help="Layers this device holds, 1-based inclusive A-B "
+                                    "(1-15 = the first fifteen), or auto (the host deals them)."),
+         lends: Optional[str] = typer.Option(None, "--lends", help="Memory lent to the room, e.g. '4 GiB' (auto)."),
+         host: bool = typer.Option(False, "--host", help="This device is the model host and asks the questions."),
+         peers: str = typer.Option("", "--peers", help="The other devices' ids, comma-separated."),
+         ask: Optional[List[str]] = typer.Option(None, "--ask", help="A question (host; repeat for more)."),
+         max_tokens: int = typer.Option(128, "--max-tokens", help="Answer length cap (host)."),
+         backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+         address: Optional[List[str]] = typer.Option(None, "--address", help="Offer only this address to peers "
+                                                     "(repeatable; default: every interface)."),
+         timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
+         answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host).")):
+    """Join a room on a LAN as one device: hold a layer range, and (--host) ask and stream answers."""
+    from splitroom.join_cmd import JoinError, JoinOptions, run_join
+    opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
+                       peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
+                       max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
+                       timeout_s=timeout, answers_json=answers_json)
+    try:
+        code = run_join(opts)
+    except JoinError as e:
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.status)
+    raise typer.Exit(code)
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -1,0 +1,575 @@
+"""Copy a layer range's weights from a peer over the ``weights`` data channel, verified.
+
+A device that joins a room can take the tensors of its layer range from a peer that
+already holds them instead of converting or reading the model again. Everything it
+receives is checked against a sha256 manifest before a single byte is written.
+
+API::
+
+    m = make_manifest(model_dir, start, end, with_embedding, with_head)   # dict, see below
+    server = serve_weights(transport, model_dir, holds=None)              # answers requests
+    path = await fetch_range(transport, peer, start, end, with_embedding, with_head,
+                             dest_dir, expected_manifest=None)            # -> dest_dir/model.safetensors
+    load_range(dest_dir, start, end, with_embedding, with_head)           # runtime.weights, as is
+
+Layer ranges are 0-based half-open ``[start, end)`` as in :mod:`runtime.weights`.
+
+The manifest (JSON-able dict)::
+
+    {"version": 1, "start": 0, "end": 15, "embedding": true, "head": true,
+     "tensors": {NAME: {"sha256": HEX, "dtype": "F32", "shape": [576, 576],
+                        "nbytes": 1327104}, ...},
+     "files":   {"config.json": {"sha256": HEX, "nbytes": 763}, ...},
+     "sha256":  HEX}   # sha256 of the canonical JSON of everything else (sorted keys,
+                       # no spaces), so one 64-character string pins the whole range
+
+``files`` holds ``config.json`` always and the tokenizer files when the range has the
+embedding (a model host's directory), so ``dest_dir`` becomes a complete model
+directory for that range: :func:`runtime.backends.make_stage` and
+:func:`runtime.weights.load_range` read it unchanged.
+
+Wire protocol (every message on the ``weights`` channel; little endian)::
+
+    kind u8 ('Q' request, 'R' reply) | header_len u32 | header JSON (UTF-8) | payload bytes
+
+Requests carry no payload: ``{"id": N, "op": "manifest", "start", "end", "embedding",
+"head"}`` (``"host": true`` stands for embedding and head), ``{"id", "op": "tensor",
+"name", "offset", "length"}`` (a byte slice of one tensor, at most
+``MAX_PART_BYTES``) and ``{"id", "op": "file", "name"}``. A reply's header is ``{"id",
+"ok": true, ...}`` followed by the bytes (manifest JSON, tensor slice, file), or
+``{"id", "ok": false, "error": "..."}``. A server refuses (``ok: false``) any tensor
+or range it does not hold, malformed requests, and files other than the model
+directory's config and tokenizer files.
+
+Pacing: the transport hands ``weights`` messages to SCTP in 16 KiB pieces behind
+residuals and replies, with a cap on bytes in flight (docs/transport.md), so a copy
+never holds a residual back for more than one piece. The client keeps ``window``
+slices of ``part_bytes`` (default 4 x 1 MiB) requested at a time.
+
+Handlers: a transport has one message handler. :func:`serve_weights` and
+:func:`fetch_range` each wrap the handler installed when they start and pass on every
+message that is not theirs, so they can run beside a :class:`runtime.room.Node`
+(create the Node first: its constructor installs its own handler). ``fetch_range``
+puts the previous handler back when it ends if its own is still the one installed.
+
+Sources: safetensors file layout (8-byte little-endian header length, JSON header with
+``dtype``, ``shape``, ``data_offsets`` relative to the end of the header, then the data)
+from https://github.com/huggingface/safetensors (README, "Format").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from . import weights as _weights
+from .config import ModelConfig
+
+log = logging.getLogger("splitroom.weights_share")
+
+CHANNEL = "weights"
+MANIFEST_VERSION = 1
+#: Largest tensor slice one request may ask for, bytes.
+MAX_PART_BYTES = 4 << 20
+#: Default slice a client asks for, bytes.
+PART_BYTES = 1 << 20
+#: Default number of slices a client keeps requested at once.
+WINDOW = 4
+#: Files copied beside the tensors: always / only with the embedding (a host's range).
+CONFIG_FILES = ("config.json",)
+HOST_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+_REQ = ord("Q")
+_REP = ord("R")
+_HDR = struct.Struct("<BI")
+
+# safetensors dtype -> numpy dtype (little endian); bf16 has no numpy type and is refused
+_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
+              "I8": "|i1", "U8": "|u1", "BOOL": "|b1"}
+
+
+class WeightsError(_weights.WeightsError):
+    """A copy from a peer failed: refused, timed out, malformed, or a sha256 that does
+    not match (a tensor, a file, or the manifest against the expected one). Nothing was
+    written when this is raised."""
+
+
+# --------------------------------------------------------------------------- safetensors on disk
+
+
+@dataclass
+class _TensorFile:
+    """A safetensors file mapped read-only: ``entries[name] = (dtype, shape, begin, end)``
+    with absolute byte offsets into ``mm``."""
+
+    path: Path
+    mm: mmap.mmap
+    entries: dict[str, tuple[str, list[int], int, int]]
+    key: tuple
+
+    @classmethod
+    def open(cls, path: Path) -> "_TensorFile":
+        """Map ``path``. Raises WeightsError when it is missing or not a safetensors file."""
+        try:
+            st = path.stat()
+            with open(path, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise WeightsError(f"cannot read {path}: {e}") from e
+        try:
+            (n,) = struct.unpack_from("<Q", mm, 0)
+            header = json.loads(bytes(mm[8:8 + n]))
+        except (struct.error, ValueError) as e:
+            mm.close()
+            raise WeightsError(f"{path} is not a safetensors file: {e}") from e
+        base = 8 + n
+        entries = {}
+        for name, v in header.items():
+            if name == "__metadata__":
+                continue
+            a, b = v["data_offsets"]
+            entries[name] = (v["dtype"], list(v["shape"]), base + a, base + b)
+        return cls(path, mm, entries, (str(path), st.st_mtime_ns, st.st_size))
+
+    def view(self, name: str) -> memoryview:
+        _, _, a, b = self.entries[name]
+        return memoryview(self.mm)[a:b]
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:  # a memoryview still alive; the mapping goes with the last one
+            pass
+
+
+_SHA_CACHE: dict[tuple, str] = {}
+
+
+def _tensor_sha(tf: _TensorFile, name: str) -> str:
+    """sha256 hex of one tensor's stored bytes, cached per (file, mtime, size, name)."""
+    k = tf.key + (name,)
+    h = _SHA_CACHE.get(k)
+    if h is None:
+        v = tf.view(name)
+        h = hashlib.sha256(v).hexdigest()
+        v.release()
+        _SHA_CACHE[k] = h
+    return h
+
+
+def _model_dir(model_dir: Path | str) -> Path:
+    p = Path(model_dir)
+    return p.parent if p.is_file() else p
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def manifest_sha256(manifest: dict) -> str:
+    """sha256 hex of the canonical JSON of ``manifest`` without its ``sha256`` key."""
+    return hashlib.sha256(_canonical({k: v for k, v in manifest.items() if k != "sha256"})).hexdigest()
+
+
+def _range_files(with_embedding: bool) -> tuple[str, ...]:
+    return CONFIG_FILES + (HOST_FILES if with_embedding else ())
+
+
+def _manifest_from(tf: _TensorFile, mdir: Path, start: int, end: int, with_embedding: bool,
+                   with_head: bool) -> dict:
+    cfg = ModelConfig.load(mdir)
+    names = _weights.range_tensor_names(cfg, start, end, with_embedding, with_head)
+    missing = [n for n in names if n not in tf.entries]
+    if missing:
+        raise WeightsError(f"{tf.path} lacks {len(missing)} tensors of layers [{start}, {end}), e.g. {missing[0]}")
+    tensors = {}
+    for n in names:
+        dtype, shape, a, b = tf.entries[n]
+        tensors[n] = {"sha256": _tensor_sha(tf, n), "dtype": dtype, "shape": shape, "nbytes": b - a}
+    files = {}
+    for fn in _range_files(with_embedding):
+        p = mdir / fn
+        if not p.is_file():
+            raise WeightsError(f"{mdir} lacks {fn}")
+        data = p.read_bytes()
+        files[fn] = {"sha256": hashlib.sha256(data).hexdigest(), "nbytes": len(data)}
+    m = {"version": MANIFEST_VERSION, "start": start, "end": end, "embedding": bool(with_embedding),
+         "head": bool(with_head), "tensors": tensors, "files": files}
+    m["sha256"] = manifest_sha256(m)
+    return m
+
+
+def make_manifest(model_dir: Path | str, start: int, end: int, with_embedding: bool, with_head: bool) -> dict:
+    """The sha256 manifest of layers ``[start, end)`` (0-based, half-open) of a model
+    directory (``model.safetensors`` + ``config.json``; a range directory written by
+    :func:`fetch_range` works too), plus the embedding and/or head when asked.
+
+    Hashes the tensors' stored bytes (about 0.3 s per 100 MB; cached per file and
+    mtime). See the module doc for the layout.
+
+    Raises:
+        ValueError: a range outside ``[0, n_layers]``.
+        WeightsError: the file is missing, unreadable, or lacks a tensor or file of the range.
+    """
+    mdir = _model_dir(model_dir)
+    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
+    try:
+        return _manifest_from(tf, mdir, start, end, with_embedding, with_head)
+    finally:
+        tf.close()
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def encode(kind: int, header: dict, payload: bytes | memoryview = b"") -> bytes:
+    """One weights-channel message: kind, header length, JSON header, payload."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return _HDR.pack(kind, len(h)) + h + bytes(payload)
+
+
+def decode(data: bytes) -> tuple[int, dict, memoryview]:
+    """Inverse of :func:`encode`. Raises ValueError when malformed."""
+    if len(data) < _HDR.size:
+        raise ValueError("message shorter than its header")
+    kind, n = _HDR.unpack_from(data, 0)
+    if kind not in (_REQ, _REP) or _HDR.size + n > len(data):
+        raise ValueError("bad kind or header length")
+    header = json.loads(bytes(data[_HDR.size:_HDR.size + n]))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    return kind, header, memoryview(data)[_HDR.size + n:]
+
+
+def _chain(transport) -> Optional[Callable]:
+    # the transport keeps one handler; wrap the one installed now (see module doc)
+    return getattr(transport, "_handler", None)
+
+
+def _forward(prev: Optional[Callable], src: str, channel: str, data: bytes) -> None:
+    if prev is not None:
+        prev(src, channel, data)
+
+
+# --------------------------------------------------------------------------- server
+
+
+@dataclass
+class WeightsServer:
+    """Answers weights requests on one transport (see :func:`serve_weights`).
+
+    Attributes:
+        model_dir: the directory served.
+        held: tensor names this server gives out.
+        stats: ``requests``, ``refused``, ``bytes`` (payload bytes sent).
+        refusals: ``(peer, reason)`` of each refused request.
+    """
+
+    transport: Any
+    model_dir: Path
+    held: frozenset
+    tf: _TensorFile
+    prev: Optional[Callable]
+    stats: dict = field(default_factory=lambda: {"requests": 0, "refused": 0, "bytes": 0})
+    refusals: list = field(default_factory=list)
+    _tasks: set = field(default_factory=set)
+
+    def _on_message(self, src: str, channel: str, data: bytes) -> None:
+        if channel != CHANNEL or not data or data[0] != _REQ:
+            _forward(self.prev, src, channel, data)
+            return
+        t = asyncio.ensure_future(self._answer(src, data))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _refuse(self, src: str, rid: Any, why: str) -> bytes:
+        self.stats["refused"] += 1
+        self.refusals.append((src, why))
+        log.info("%s: refused a weights request from %s: %s", getattr(self.transport, "device", "?"), src, why)
+        return encode(_REP, {"id": rid, "ok": False, "error": why})
+
+    def _reply(self, src: str, data: bytes) -> bytes:
+        self.stats["requests"] += 1
+        try:
+            _, req, _ = decode(data)
+        except ValueError as e:
+            return self._refuse(src, None, f"malformed request: {e}")
+        rid = req.get("id")
+        op = req.get("op")
+        try:
+            if op == "manifest":
+                start, end = int(req["start"]), int(req["end"])
+                host = bool(req.get("host", False))
+                emb = bool(req.get("embedding", host))
+                head = bool(req.get("head", host))
+                cfg = ModelConfig.load(self.model_dir)
+                names = _weights.range_tensor_names(cfg, start, end, emb, head)
+                lacking = [n for n in names if n not in self.held]
+                if lacking:
+                    return self._refuse(src, rid, f"does not hold layers [{start}, {end})"
+                                        f"{' with embedding' if emb else ''}{' with head' if head else ''}: "
+                                        f"{len(lacking)} tensors missing, e.g. {lacking[0]}")
+                m = _manifest_from(self.tf, self.model_dir, start, end, emb, head)
+                return encode(_REP, {"id": rid, "ok": True, "op": "manifest"}, _canonical(m))
+            if op == "tensor":
+                name = str(req["name"])
+                off, length = int(req["offset"]), int(req["length"])
+                if name not in self.held:
+                    return self._refuse(src, rid, f"does not hold tensor {name}")
+                _, _, a, b = self.tf.entries[name]
+                if off < 0 or length <= 0 or length > MAX_PART_BYTES or off + length > b - a:
+                    return self._refuse(src, rid, f"bad slice {off}+{length} of {name} ({b - a} bytes)")
+                v = memoryview(self.tf.mm)[a + off:a + off + length]
+                msg = encode(_REP, {"id": rid, "ok": True, "op": "tensor", "name": name, "offset": off}, v)
+                v.release()
+                self.stats["bytes"] += length
+                return msg
+            if op == "file":
+                name = str(req["name"])
+                if name not in CONFIG_FILES + HOST_FILES or not (self.model_dir / name).is_file():
+                    return self._refuse(src, rid, f"does not serve file {name!r}")
+                data = (self.model_dir / name).read_bytes()
+                self.stats["bytes"] += len(data)
+                return encode(_REP, {"id": rid, "ok": True, "op": "file", "name": name}, data)
+            return self._refuse(src, rid, f"unknown op {op!r}")
+        except (KeyError, TypeError, ValueError) as e:
+            return self._refuse(src, rid, f"malformed request: {e!r}")
+        except _weights.WeightsError as e:
+            return self._refuse(src, rid, str(e))
+
+    async def _answer(self, src: str, data: bytes) -> None:
+        if b'"manifest"' in bytes(data[:256]):
+            # hashing a range takes ~0.3 s per 100 MB the first time: off the event loop,
+            # so this device's residuals keep moving meanwhile
+            msg = await asyncio.get_running_loop().run_in_executor(None, self._reply, src, data)
+        else:
+            msg = self._reply(src, data)
+        try:
+            await self.transport.send(src, CHANNEL, msg)
+        except Exception as e:  # the peer left: nothing to answer
+            log.info("weights reply to %s not sent: %r", src, e)
+
+    def close(self) -> None:
+        """Stop answering: put the wrapped handler back (if ours is still installed)."""
+        for t in list(self._tasks):
+            t.cancel()
+        if _chain(self.transport) == self._on_message:
+            self.transport.set_handler(self.prev)
+        self.tf.close()
+
+
+def serve_weights(transport, model_dir: Path | str,
+                  holds: Optional[tuple[int, int, bool, bool]] = None) -> WeightsServer:
+    """Answer weights requests arriving on ``transport``'s ``weights`` channel.
+
+    Serves the tensors of ``model_dir/model.safetensors`` (a full model directory or a
+    range directory written by :func:`fetch_range`), limited to ``holds = (start, end,
+    with_embedding, with_head)`` (0-based, half-open) when given. Requests for anything
+    else are refused with a reason. Messages on other channels, and replies, go to the
+    handler installed before this call.
+
+    Returns a :class:`WeightsServer`; ``close()`` stops it. Raises WeightsError when the
+    directory cannot be read, ValueError for a ``holds`` outside the model.
+    """
+    mdir = _model_dir(model_dir)
+    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
+    held = set(tf.entries)
+    if holds is not None:
+        cfg = ModelConfig.load(mdir)
+        held &= set(_weights.range_tensor_names(cfg, *holds))
+    srv = WeightsServer(transport, mdir, frozenset(held), tf, _chain(transport))
+    transport.set_handler(srv._on_message)
+    return srv
+
+
+# --------------------------------------------------------------------------- client
+
+
+class _Client:
+    """Request/reply matching for one fetch (replies carry the request id)."""
+
+    def __init__(self, transport, peer: str, timeout_s: float):
+        self.t = transport
+        self.peer = peer
+        self.timeout_s = timeout_s
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.next_id = 1
+        self.prev = _chain(transport)
+
+    def on_message(self, src: str, channel: str, data: bytes) -> None:
+        if channel != CHANNEL or src != self.peer or not data or data[0] != _REP:
+            _forward(self.prev, src, channel, data)
+            return
+        try:
+            _, h, payload = decode(data)
+        except ValueError as e:
+            log.warning("malformed weights reply from %s: %s", src, e)
+            for f in self.waiting.values():  # we cannot tell whose it was: fail them all
+                if not f.done():
+                    f.set_exception(WeightsError(f"malformed reply from {src}: {e}"))
+            return
+        f = self.waiting.pop(h.get("id"), None)
+        if f is not None and not f.done():
+            f.set_result((h, payload))
+
+    async def ask(self, req: dict) -> tuple[dict, memoryview]:
+        rid = self.next_id
+        self.next_id += 1
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[rid] = fut
+        try:
+            await self.t.send(self.peer, CHANNEL, encode(_REQ, dict(req, id=rid)))
+            h, payload = await asyncio.wait_for(fut, self.timeout_s)
+        except asyncio.TimeoutError:
+            raise WeightsError(f"{self.peer} did not answer a {req.get('op')} request within {self.timeout_s:g} s") from None
+        except WeightsError:
+            raise
+        except Exception as e:  # TransportError and the like
+            raise WeightsError(f"weights request to {self.peer} failed: {e}") from e
+        finally:
+            self.waiting.pop(rid, None)
+        if not h.get("ok"):
+            raise WeightsError(f"{self.peer} refused: {h.get('error', 'no reason given')}")
+        return h, payload
+
+
+def _check_manifest(m: Any, start: int, end: int, emb: bool, head: bool, expected: Any) -> dict:
+    if not isinstance(m, dict) or not isinstance(m.get("tensors"), dict) or not isinstance(m.get("files"), dict):
+        raise WeightsError("the manifest is malformed")
+    if (m.get("start"), m.get("end"), m.get("embedding"), m.get("head")) != (start, end, emb, head):
+        raise WeightsError(f"the manifest is for another range: {m.get('start')}-{m.get('end')}")
+    got = manifest_sha256(m)
+    if m.get("sha256") != got:
+        raise WeightsError(f"the manifest's sha256 does not match its contents ({got[:12]}...)")
+    if expected is not None:
+        want = expected.get("sha256") if isinstance(expected, dict) else str(expected)
+        if want != got:
+            raise WeightsError(f"manifest sha256 {got[:12]}... is not the expected {str(want)[:12]}...")
+    for n, e in m["tensors"].items():
+        if e.get("dtype") not in _NP_DTYPES:
+            raise WeightsError(f"tensor {n} has an unsupported dtype {e.get('dtype')!r}")
+        want_n = int(np.prod(e["shape"], dtype=np.int64)) * np.dtype(_NP_DTYPES[e["dtype"]]).itemsize
+        if want_n != e.get("nbytes"):
+            raise WeightsError(f"tensor {n}: {e.get('nbytes')} bytes do not fit shape {e['shape']}")
+    for fn in m["files"]:
+        if fn not in CONFIG_FILES + HOST_FILES or "/" in fn:
+            raise WeightsError(f"the manifest names an unexpected file {fn!r}")
+    return m
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+async def fetch_range(transport, peer: str, start: int, end: int, with_embedding: bool, with_head: bool,
+                      dest_dir: Path | str, expected_manifest: Any = None, *, timeout_s: float = 30.0,
+                      part_bytes: int = PART_BYTES, window: int = WINDOW) -> Path:
+    """Copy layers ``[start, end)`` (0-based, half-open; plus embedding/head when asked)
+    from ``peer`` and write them to ``dest_dir``.
+
+    Asks for the manifest, then every tensor in slices of ``part_bytes`` (``window``
+    slices requested at a time) and the config/tokenizer files, checks every sha256
+    (each tensor, each file, the manifest's own hash, and the manifest hash against
+    ``expected_manifest`` when given: a manifest dict or its sha256 hex string, e.g.
+    sent by the model host), and only then writes ``dest_dir/model.safetensors`` (only
+    that range's tensors), the files and ``dest_dir/weights-manifest.json``, each to a
+    temporary name renamed into place (the tensors last). ``dest_dir`` is then a model
+    directory for that range: ``runtime.weights.load_range(dest_dir, ...)`` and
+    ``runtime.backends.make_stage(backend, dest_dir, spec)`` read it.
+
+    Args:
+        transport: a :class:`runtime.transport.Transport` connected to ``peer``.
+        timeout_s: seconds to wait for each reply.
+    Returns:
+        The path of the written ``model.safetensors``.
+    Raises:
+        WeightsError: refused, timed out, malformed, or a sha256 mismatch; nothing is
+            written then. ValueError: bad ``part_bytes`` or ``window``.
+    """
+    if not (0 < part_bytes <= MAX_PART_BYTES) or window < 1:
+        raise ValueError(f"part_bytes must be in (0, {MAX_PART_BYTES}] and window >= 1")
+    emb, head = bool(with_embedding), bool(with_head)
+    dest = Path(dest_dir)
+    cl = _Client(transport, peer, timeout_s)
+    transport.set_handler(cl.on_message)
+    try:
+        _, payload = await cl.ask({"op": "manifest", "start": start, "end": end, "embedding": emb, "head": head})
+        try:
+            m = json.loads(bytes(payload))
+        except ValueError as e:
+            raise WeightsError(f"the manifest from {peer} is not JSON: {e}") from None
+        m = _check_manifest(m, start, end, emb, head, expected_manifest)
+
+        files: dict[str, bytes] = {}
+        for fn, e in m["files"].items():
+            _, payload = await cl.ask({"op": "file", "name": fn})
+            data = bytes(payload)
+            if hashlib.sha256(data).hexdigest() != e["sha256"]:
+                raise WeightsError(f"file {fn} from {peer}: sha256 mismatch")
+            files[fn] = data
+
+        bufs = {n: bytearray(e["nbytes"]) for n, e in m["tensors"].items()}
+        parts = [(n, off, min(part_bytes, e["nbytes"] - off))
+                 for n, e in m["tensors"].items() for off in range(0, e["nbytes"], part_bytes)]
+        queue = iter(parts)
+        left = {n: e["nbytes"] for n, e in m["tensors"].items()}
+
+        async def worker() -> None:
+            for n, off, length in queue:
+                h, payload = await cl.ask({"op": "tensor", "name": n, "offset": off, "length": length})
+                if h.get("name") != n or h.get("offset") != off or len(payload) != length:
+                    raise WeightsError(f"tensor {n} from {peer}: wrong slice in reply")
+                bufs[n][off:off + length] = payload
+                left[n] -= length
+                if left[n] == 0 and hashlib.sha256(bufs[n]).hexdigest() != m["tensors"][n]["sha256"]:
+                    raise WeightsError(f"tensor {n} from {peer}: sha256 mismatch")  # stop early
+
+        tasks = [asyncio.ensure_future(worker()) for _ in range(window)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+        tensors: dict[str, np.ndarray] = {}
+        for n, e in m["tensors"].items():
+            if left[n] != 0:  # cannot happen: every slice was fetched and checked
+                raise WeightsError(f"tensor {n} from {peer}: incomplete")
+            tensors[n] = np.frombuffer(bufs[n], dtype=_NP_DTYPES[e["dtype"]]).reshape(e["shape"])
+    finally:
+        if _chain(transport) == cl.on_message:
+            transport.set_handler(cl.prev)
+
+    # verified: now write (side files first, the tensors last, each renamed into place)
+    from safetensors.numpy import save_file
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for fn, data in files.items():
+        _atomic_write(dest / fn, lambda tmp, d=data: Path(tmp).write_bytes(d))
+    _atomic_write(dest / "weights-manifest.json", lambda tmp: Path(tmp).write_text(json.dumps(m, indent=1)))
+    out = dest / _weights.SAFETENSORS_NAME
+    meta = {"format": "pt", "splitroom_range": f"{start}-{end}", "manifest_sha256": m["sha256"], "source": peer}
+    _atomic_write(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    log.info("%s: copied layers [%d, %d) from %s (%d tensors, manifest %s)", getattr(transport, "device", "?"),
+             start, end, peer, len(tensors), m["sha256"][:12])
+    return out

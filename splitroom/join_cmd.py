@@ -1,0 +1,434 @@
+"""``splitroom join ROOM_URL``: one real machine's part of a room on a LAN.
+
+Every machine runs ``splitroom join ws://RELAY:8765/room/NAME --device ID --peers ...``;
+one of them with ``--host`` (the model host: tokenizer, embedding, the first layers,
+output head; it asks the ``--ask`` questions). ``splitroom relay --host 0.0.0.0`` runs
+the signalling relay on any one machine.
+
+Layers are written as people write them: 1-based and inclusive, ``--layers 1-15`` is
+the first fifteen layers (``[0, 15)`` in the code's 0-based half-open notation,
+``--layers 16-30`` the other fifteen of SmolLM2-135M). ``--layers auto`` lets the host
+deal the layers (:func:`planner.deal.deal`) over the devices that joined, from what
+each one ``--lends``; every device of a room must then say ``auto``.
+
+What happens (all peer to peer once connected; the relay only passes SDP):
+
+1. each device connects to every peer (:func:`runtime.transport.connect_room`);
+2. each sends every peer a hello on the ``reply`` channel:
+   ``{"type": "hello", "device", "host": bool, "layers": [start, end] | null, "lends": bytes}``;
+3. the host checks the ranges (or deals them) and sends every peer the plan:
+   ``{"type": "plan", "host", "stages": [[device, start, end], ...], "scheduler": {...},
+   "max_new_tokens"}`` (or ``{"type": "abort", "reason"}``, and everyone exits with it);
+4. each device that holds layers loads only its range and runs a
+   :class:`runtime.room.Node` (the same scheduler and frames as ``splitroom run --real``);
+   residual frames that arrive while a device is still loading wait for it;
+5. the host asks its questions one after another, prints each answer as it streams and
+   then its speed, and finally sends ``{"type": "bye"}``; the others then exit.
+
+Exit status: 0 done, 2 bad arguments or a room that cannot be planned, 3 could not
+join the room, 4 timed out.
+"""
+
+from __future__ import annotations
+
+import os
+
+# one BLAS thread per device process (as runtime.node), set before numpy loads
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Optional, Sequence, TextIO  # noqa: E402
+from urllib.parse import urlsplit  # noqa: E402
+
+log = logging.getLogger("splitroom.join")
+
+CONTROL = "reply"  # the hello/plan/bye messages travel on the reply channel
+RESIDUAL = "residual"
+MODEL_ID = "smollm2-135m"
+EOS_TOKEN = 2
+
+
+class JoinError(RuntimeError):
+    """The device cannot take part: bad arguments (status 2), no room (3), a timeout (4)."""
+
+    def __init__(self, message: str, status: int = 2):
+        super().__init__(message)
+        self.status = status
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_room_url(url: str) -> tuple[str, str]:
+    """``ws://HOST:PORT/room/NAME`` -> (``ws://HOST:PORT``, ``NAME``).
+
+    Raises JoinError (status 2) for any other form.
+    """
+    u = urlsplit(url)
+    parts = [p for p in u.path.split("/") if p]
+    if u.scheme not in ("ws", "wss") or not u.netloc or len(parts) != 2 or parts[0] != "room":
+        raise JoinError(f"room URL {url!r} must look like ws://HOST:PORT/room/NAME "
+                        "(the address `splitroom relay` prints)")
+    return f"{u.scheme}://{u.netloc}", parts[1]
+
+
+def parse_layers(text: Optional[str], n_layers: int) -> Optional[tuple[int, int]]:
+    """``--layers`` as people write it, 1-based inclusive ``A-B`` (``1-15`` is the first
+    fifteen layers), -> 0-based half-open ``(A - 1, B)``; ``auto`` (or None) -> None.
+
+    Raises JoinError (status 2) when malformed or outside ``1-n_layers``.
+    """
+    if text is None or text.strip().lower() == "auto":
+        return None
+    try:
+        a_s, b_s = text.strip().split("-")
+        a, b = int(a_s), int(b_s)
+    except ValueError:
+        raise JoinError(f"--layers {text!r}: write A-B, 1-based and inclusive (e.g. 1-15), or auto") from None
+    if not (1 <= a <= b <= n_layers):
+        raise JoinError(f"--layers {text!r}: need 1 <= A <= B <= {n_layers} (1-based, inclusive)")
+    return a - 1, b
+
+
+def shown(start: int, end: int) -> str:
+    """0-based half-open -> people's 1-based inclusive ``A-B``."""
+    return f"{start + 1}-{end}" if end > start else "none"
+
+
+def parse_lends(text: Optional[str]) -> int:
+    """``--lends`` (``4 GiB``, ``512MB``) -> bytes; None -> 0 (unknown).
+
+    Raises JoinError (status 2) when it is not a size.
+    """
+    if text is None:
+        return 0
+    from splitroom.units import QuantityError, parse
+    t = text.strip()
+    if t and t[-1:].isalpha() and not any(c == " " for c in t):  # "4GiB" -> "4 GiB"
+        i = next(i for i, c in enumerate(t) if c.isalpha())
+        t = f"{t[:i]} {t[i:]}"
+    try:
+        return int(parse(t, "size"))
+    except QuantityError as e:
+        raise JoinError(f"--lends {text!r}: {e}") from None
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "memory") -> list[list]:
+    """The chain ``[[device, start, end], ...]`` (0-based half-open, host first) from
+    every device's hello (the host's own included).
+
+    Explicit ranges must be given by every device and tile ``[0, n_layers)`` with the
+    host's first. ``auto`` (every device) deals with :func:`planner.deal.deal` over
+    what each lends, the host forced (``DealOptions(host=..., split=split)``); devices
+    dealt no layers are left out of the chain.
+
+    Raises JoinError (status 2) naming what is wrong.
+    """
+    autos = sorted(d for d, h in hellos.items() if h.get("layers") is None)
+    if autos and len(autos) != len(hellos):
+        raise JoinError(f"{', '.join(autos)} said --layers auto and the others gave ranges: "
+                        "give every device a range, or every device auto")
+    if autos:
+        from planner.deal import DealError, deal
+        from planner.model import lookup
+        from planner.room import DealOptions, Device
+        devices = [Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items())]
+        try:
+            dl = deal(devices, lookup(MODEL_ID), DealOptions(host=host, split=split))
+        except (DealError, ValueError) as e:
+            raise JoinError(f"cannot deal the layers: {e}") from None
+        if not dl.fits:
+            raise JoinError("the room cannot hold the model in what it lends (--lends): "
+                            + "; ".join(dl.notes))
+        chain = [[s.device, s.start, s.end] for s in dl.stages]
+        if not chain or chain[0][0] != host:
+            raise JoinError(f"the deal does not start at the host {host!r}: {chain}")
+        return chain
+    chain = sorted(([d, *h["layers"]] for d, h in hellos.items()), key=lambda s: (s[1], s[2]))
+    if chain[0][0] != host:
+        raise JoinError(f"the host {host!r} must hold the first layers; layer 1 is held by {chain[0][0]!r}")
+    expect = 0
+    for d, a, b in chain:
+        if a != expect:
+            what = "overlap" if a < expect else "leave a gap"
+            raise JoinError(f"ranges {what} at layer {min(a, expect) + 1}: "
+                            + ", ".join(f"{x} {shown(p, q)}" for x, p, q in chain))
+        expect = b
+    if expect != n_layers:
+        raise JoinError(f"ranges end at layer {expect}, the model has {n_layers}: "
+                        + ", ".join(f"{x} {shown(p, q)}" for x, p, q in chain))
+    return chain
+
+
+# --------------------------------------------------------------------------- one device
+
+
+class _Mux:
+    """One handler for the transport: control messages (``reply`` channel, JSON) go to
+    a queue; everything else to the Node once it exists, and waits in order until then.
+    Also stands in for the transport given to the Node (``send`` and ``set_handler``)."""
+
+    def __init__(self, transport):
+        self.t = transport
+        self.control: asyncio.Queue = asyncio.Queue()
+        self.node_handler = None
+        self.early: list = []
+        transport.set_handler(self._on_message)
+
+    def _on_message(self, src: str, channel: str, data: bytes) -> None:
+        if channel == CONTROL:
+            try:
+                msg = json.loads(data)
+                if not isinstance(msg, dict):
+                    raise ValueError("not an object")
+            except ValueError as e:
+                log.warning("control message from %s ignored: %s", src, e)
+                return
+            self.control.put_nowait((src, msg))
+        elif self.node_handler is None:
+            self.early.append((src, channel, data))
+        else:
+            self.node_handler(src, channel, data)
+
+    # the Node's view of the transport
+    def set_handler(self, fn) -> None:
+        self.node_handler = fn
+        early, self.early = self.early, []
+        for m in early:
+            fn(*m)
+
+    async def send(self, dst: str, channel: str, data: bytes) -> None:
+        await self.t.send(dst, channel, data)
+
+    async def say(self, dst: str, msg: dict) -> None:
+        await self.t.send(dst, CONTROL, json.dumps(msg).encode())
+
+
+@dataclass
+class JoinOptions:
+    """``splitroom join``'s arguments, parsed (see :func:`run_join`)."""
+
+    room_url: str
+    device: str
+    layers: Optional[str] = None
+    lends: Optional[str] = None
+    host: bool = False
+    peers: Sequence[str] = ()
+    asks: Sequence[str] = ()
+    max_new_tokens: int = 128
+    backend: str = "numpy"
+    addresses: Sequence[str] = ()
+    timeout_s: float = 600.0
+    split: str = "memory"
+    answers_json: Optional[str] = None
+    model_dir: Optional[str] = None
+    answers: list = field(default_factory=list)
+
+
+async def _next_control(mux: _Mux, want: Sequence[str], deadline: float, what: str) -> tuple[str, dict]:
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise JoinError(f"timed out waiting for {what}", 4)
+        try:
+            src, msg = await asyncio.wait_for(mux.control.get(), left)
+        except asyncio.TimeoutError:
+            raise JoinError(f"timed out waiting for {what}", 4) from None
+        if msg.get("type") == "abort":
+            raise JoinError(f"{src} stopped the room: {msg.get('reason')}", 2)
+        if msg.get("type") in want:
+            return src, msg
+        log.info("control message %r from %s ignored while waiting for %s", msg.get("type"), src, what)
+
+
+async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions) -> None:
+    """Print each answer as its tokens arrive, then its length and speed."""
+    qid = 0
+    while qid < len(opts.asks):
+        out.write(f"\n> {opts.asks[qid]}\n")
+        out.flush()
+        dec = tok.stream_decoder()
+        seen = 0
+        t_ask = time.perf_counter()
+        t_first = t_last = None
+        while True:
+            ids = node.answers.get(qid, [])
+            now = time.perf_counter()
+            for t in ids[seen:]:
+                t_first = now if t_first is None else t_first
+                t_last = now
+                if t not in tok.stop_ids:
+                    piece = dec.push(t)
+                    if piece:
+                        out.write(piece)
+            if len(ids) > seen:
+                out.flush()
+            seen = len(ids)
+            if qid in node.ended and seen == len(node.answers.get(qid, [])):
+                break
+            await asyncio.sleep(0.005)
+        out.write(dec.flush() + "\n")
+        ids = node.answers.get(qid, [])
+        n = len(ids)
+        rate = (n - 1) / (t_last - t_first) if n > 1 and t_last > t_first else 0.0
+        ttft = (t_first - t_ask) if t_first is not None else float("nan")
+        out.write(f"-- {n} tokens, {rate:.1f} tokens/s after the first, first token after {ttft:.2f} s"
+                  f" ({node.ended[qid]})\n")
+        out.flush()
+        opts.answers.append({"prompt": opts.asks[qid], "text": tok.decode([t for t in ids if t not in tok.stop_ids]),
+                             "token_ids": list(ids), "ended": node.ended[qid], "tokens_per_s": rate,
+                             "ttft_s": ttft})
+        qid += 1
+
+
+async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Take part in the room (see module doc); returns the exit status.
+
+    Raises JoinError for bad arguments, a room that cannot be joined or planned, and
+    timeouts (its ``status`` is the exit status).
+    """
+    from runtime.backends import BACKENDS, StageSpec, make_stage
+    from runtime.config import ModelConfig
+    from runtime.room import Node, NodeConfig
+    from runtime.transport import TransportError, connect_room
+    from runtime.weights import WeightsError, ensure_safetensors
+
+    relay_url, room = parse_room_url(opts.room_url)
+    peers = [p for p in dict.fromkeys(p.strip() for p in opts.peers) if p]
+    if not peers:
+        raise JoinError("--peers must name the other devices of the room (comma-separated ids)")
+    if opts.device in peers:
+        raise JoinError(f"--peers must not contain this device ({opts.device!r})")
+    if opts.host and not opts.asks:
+        raise JoinError("the host needs at least one --ask \"QUESTION\"")
+    if opts.asks and not opts.host:
+        raise JoinError("only the host (--host) asks questions")
+    if opts.backend not in BACKENDS:
+        raise JoinError(f"unknown backend {opts.backend!r}; choose one of {', '.join(BACKENDS)}")
+    if opts.max_new_tokens < 1:
+        raise JoinError("--max-tokens must be at least 1")
+    try:
+        model_dir = opts.model_dir or str(ensure_safetensors())
+        mcfg = ModelConfig.load(model_dir)
+    except (WeightsError, OSError) as e:
+        raise JoinError(f"no model here: {e}") from None
+    mine = parse_layers(opts.layers, mcfg.n_layers)
+    lends = parse_lends(opts.lends)
+    if mine is not None and opts.host and mine[0] != 0:
+        raise JoinError(f"the host holds the first layers: --layers 1-B, not {opts.layers}")
+    deadline = time.monotonic() + opts.timeout_s
+
+    def say(line: str) -> None:
+        print(f"[{opts.device}] {line}", file=err, flush=True)
+
+    say(f"joining room {room!r} at {relay_url} with {', '.join(peers)}")
+    try:
+        transport = await connect_room(relay_url, room, opts.device, peers,
+                                       host_addresses=list(opts.addresses) or None,
+                                       open_timeout_s=max(min(opts.timeout_s, 120.0), 1.0))
+    except (TransportError, OSError, asyncio.TimeoutError) as e:
+        raise JoinError(f"could not join room {room!r}: {e}", 3) from None
+    mux = _Mux(transport)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    node = None
+    try:
+        hello = {"type": "hello", "device": opts.device, "host": bool(opts.host),
+                 "layers": list(mine) if mine else None, "lends": lends}
+        for p in peers:
+            await mux.say(p, hello)
+        if opts.host:
+            hellos = {opts.device: hello}
+            while len(hellos) < len(peers) + 1:
+                src, msg = await _next_control(mux, ("hello",), deadline, "the other devices' hellos")
+                if msg.get("host"):
+                    reason = f"{src} and {opts.device} both say --host"
+                    for p in peers:
+                        await mux.say(p, {"type": "abort", "reason": reason})
+                    raise JoinError(reason)
+                lay = msg.get("layers")
+                hellos[src] = {"layers": lay if lay is None else [int(lay[0]), int(lay[1])],
+                               "lends": int(msg.get("lends") or 0)}
+            try:
+                chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split)
+            except JoinError as e:
+                for p in peers:
+                    await mux.say(p, {"type": "abort", "reason": str(e)})
+                raise
+            sched = dict(hidden=mcfg.hidden, prefill_chunk=16, draft_tokens=0, async_laps=1, return_path="direct",
+                         wake=False, phones=[], eos_token=EOS_TOKEN, dtype=0)
+            plan = {"type": "plan", "host": opts.device, "stages": chain, "scheduler": sched,
+                    "max_new_tokens": opts.max_new_tokens}
+            for p in peers:
+                await mux.say(p, plan)
+        else:
+            _, plan = await _next_control(mux, ("plan",), deadline, "the host's plan")
+        chain = [list(s) for s in plan["stages"]]
+        host = plan["host"]
+        say("plan: " + ", ".join(f"{d} layers {shown(a, b)}{' (host)' if d == host else ''}" for d, a, b in chain))
+        members = [s[0] for s in chain]
+        if opts.device not in members:
+            say("dealt no layers: nothing to do here")
+            return 0
+        a, b = next((s[1], s[2]) for s in chain if s[0] == opts.device)
+        is_host = opts.device == host
+        ctx = 2048
+        stage = make_stage(opts.backend, model_dir, StageSpec(a, b, host=is_host), max_ctx=ctx)
+        tok = None
+        if is_host:
+            from runtime.tokenizer import ChatTokenizer
+            tok = ChatTokenizer.from_dir(model_dir)
+        cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan["scheduler"],
+                         model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
+                         max_new_tokens=int(plan["max_new_tokens"]), peers=[m for m in members if m != opts.device])
+        node = Node(cfg, stage, mux, tok)
+        say(f"holding layers {shown(a, b)} ({opts.backend}); "
+            + ("asking" if is_host else "serving until the host is done"))
+        node.start()
+        if is_host:
+            printer = asyncio.ensure_future(_stream_answers(node, tok, out, opts))
+            waiters = [printer, asyncio.ensure_future(stop.wait())]
+        else:
+            waiters = [asyncio.ensure_future(_next_control(mux, ("bye",), deadline, "the host's bye")),
+                       asyncio.ensure_future(stop.wait())]
+        done, pending = await asyncio.wait(waiters, timeout=max(deadline - time.monotonic(), 0.0),
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for p in pending:
+            p.cancel()
+        for d in done:
+            d.result()  # raise a JoinError from the waiters
+        if not done:
+            raise JoinError(f"timed out after {opts.timeout_s:.0f} s", 4)
+        if is_host:
+            for p in peers:
+                try:
+                    await mux.say(p, {"type": "bye"})
+                except TransportError:
+                    pass
+            await asyncio.sleep(0.2)  # let the bye leave before the connection closes
+            if opts.answers_json:
+                with open(opts.answers_json, "w", encoding="utf-8") as f:
+                    json.dump({"answers": opts.answers, "stages": chain}, f, indent=1)
+        return 0
+    finally:
+        if node is not None:
+            await node.stop()
+        await transport.close()
+
+
+def run_join(opts: JoinOptions) -> int:
+    """Run :func:`join` in a fresh event loop; JoinError propagates (the CLI prints it)."""
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    return asyncio.run(join(opts))

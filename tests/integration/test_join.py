@@ -1,0 +1,95 @@
+"""``splitroom join`` on 127.0.0.1: a relay subprocess and two device processes (the host
+with layers 1-15, a worker with 16-30) answer one question, and the answer is token for
+token the single-process greedy answer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.backends import StageSpec, make_stage
+from runtime.generate import generate_greedy
+from runtime.tokenizer import ChatTokenizer
+from runtime.weights import ensure_safetensors
+from splitroom.join_cmd import JoinError, parse_layers, parse_room_url, plan_room
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "What is the capital of France?"
+MAX_NEW = 10
+SPLITROOM = [sys.executable, "-c", "from splitroom.cli import main; main()"]
+
+
+def test_people_write_layers_1_based_inclusive():
+    assert parse_layers("1-15", 30) == (0, 15) and parse_layers("16-30", 30) == (15, 30)
+    assert parse_layers("auto", 30) is None
+    for bad in ("0-15", "16-31", "15-3", "x"):
+        with pytest.raises(JoinError):
+            parse_layers(bad, 30)
+    assert parse_room_url("ws://10.0.0.2:8765/room/home") == ("ws://10.0.0.2:8765", "home")
+    with pytest.raises(JoinError):
+        parse_room_url("http://10.0.0.2:8765/home")
+    ok = {"a": {"layers": [0, 15]}, "b": {"layers": [15, 30]}}
+    assert plan_room(ok, "a", 30) == [["a", 0, 15], ["b", 15, 30]]
+    with pytest.raises(JoinError, match="must hold the first layers"):
+        plan_room(ok, "b", 30)
+    with pytest.raises(JoinError, match="gap"):
+        plan_room({"a": {"layers": [0, 10]}, "b": {"layers": [15, 30]}}, "a", 30)
+    with pytest.raises(JoinError, match="auto"):
+        plan_room({"a": {"layers": None}, "b": {"layers": [15, 30]}}, "a", 30)
+    dealt = plan_room({"a": {"layers": None, "lends": 1 << 30}, "b": {"layers": None, "lends": 1 << 30}}, "a", 30)
+    assert dealt[0][:2] == ["a", 0] and dealt[-1][2] == 30
+
+
+def test_two_joined_devices_answer_like_one_process(tmp_path: Path):
+    model_dir = ensure_safetensors()
+    tok = ChatTokenizer.from_dir(model_dir)
+    whole = make_stage("numpy", model_dir, StageSpec(0, 30, host=True))
+    want = [t for t in generate_greedy([whole], tok.encode_chat(PROMPT), MAX_NEW).ids if t != 2]
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs = []
+    relay = subprocess.Popen(SPLITROOM + ["relay", "--host", "127.0.0.1", "--port", "0"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs.append(relay)
+    try:
+        line = relay.stdout.readline()  # "splitroom relay listening on ws://127.0.0.1:PORT/room/ROOM"
+        assert "listening on" in line, line
+        url = line.split("listening on ")[1].strip().replace("/room/ROOM", "/room/jointest")
+        common = ["--address", "127.0.0.1", "--timeout", "50"]
+        worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
+                                  + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(worker)
+        answers = tmp_path / "answers.json"
+        host = subprocess.Popen(SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers",
+                                             "w", "--ask", PROMPT, "--max-tokens", str(MAX_NEW),
+                                             "--answers-json", str(answers)] + common,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(host)
+        h_out, h_err = host.communicate(timeout=55)
+        w_out, w_err = worker.communicate(timeout=10)  # the host's bye ends the worker
+        assert host.returncode == 0, h_err
+        assert worker.returncode == 0, w_err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        if relay.stdout:
+            relay.stdout.close()
+    got = json.loads(answers.read_text())
+    assert got["stages"] == [["h", 0, 15], ["w", 15, 30]]
+    (a,) = got["answers"]
+    assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"
+    text = tok.decode(want)
+    assert text in h_out and "tokens/s" in h_out
+    assert "plan: h layers 1-15 (host), w layers 16-30" in w_err
