@@ -206,6 +206,18 @@ class Refuse:
     reason: str
 
 
+@dataclass(frozen=True)
+class Computed:
+    """Trace bookkeeping, written by a driver: ``device`` spent ``seconds`` computing
+    ``command`` (RunStage, RunHead, Draft) of lap or draft ``ref``, queue wait excluded."""
+
+    device: str
+    command: str
+    ref: int
+    seconds: float
+
+
 EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost)
+RECORDS = (Computed,)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
             LapEnded, AnswerDone, Refuse)

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 from planner import protocol
 from planner.frames import DType, FrameHeader, FrameKind
 
-_TYPES = {cls.__name__: cls for cls in protocol.EVENTS + protocol.COMMANDS}
+_TYPES = {cls.__name__: cls for cls in protocol.EVENTS + protocol.COMMANDS + protocol.RECORDS}
 
 
 class TraceError(ValueError):

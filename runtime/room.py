@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType, FrameError, FrameHeader, FrameKind, decode_header, encode_header
-from planner.protocol import (AnswerDone, BeginAnswer, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
+from planner.protocol import (AnswerDone, Computed, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               StageFinished, Wake)
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
@@ -187,7 +187,7 @@ class Node:
 
     def _execute(self, c) -> None:
         cls = type(c)
-        if cls is RunStage or cls is RunHead or cls is Draft:
+        if cls is RunStage or cls is RunHead or cls is Draft or cls is RollbackKV:
             self.work.put_nowait(c)
         elif cls is SendFrame:
             x = self.residual.pop(c.header.lap_id, None)
@@ -198,9 +198,6 @@ class Node:
         elif cls is Wake:
             h = FrameHeader(FrameKind.WAKE, 0, c.lap_id, 0, 0, self.sched_cfg.hidden)
             asyncio.ensure_future(self.transport.send(c.device, RESIDUAL, encode_frame(h, None)))
-        elif cls is RollbackKV:
-            if self.stage is not None and self.stage.position > c.to_pos:
-                self.stage.rollback(c.to_pos)
         elif cls is DropFrame:
             self.residual.pop(c.header.lap_id, None)
         elif cls is EmitToken:
@@ -216,17 +213,32 @@ class Node:
             await asyncio.sleep((time.perf_counter() - t0) * (self.cfg.slowdown - 1.0))
 
     async def compute_loop(self) -> None:
-        """Do queued compute one item at a time until cancelled."""
+        """Do queued compute one item at a time until cancelled.
+
+        The compute runs in one worker thread (numpy releases the GIL), so the event
+        loop keeps receiving frames and acknowledging packets while a device computes:
+        a frame's arrival time is when it arrived, not when the device was next free.
+        KV rollbacks go through the same queue, so they never race a running stage.
+        """
+        loop = asyncio.get_running_loop()
         while True:
             c = await self.work.get()
             t0 = time.perf_counter()
-            event = self._compute(c)
+            event = await loop.run_in_executor(self._pool, self._compute, c)
             await self._pad(t0)
+            if type(c) is not RollbackKV:
+                ref = c.draft_id if type(c) is Draft else c.lap_id
+                self.trace.append((self.clock(), Computed(self.cfg.device, type(c).__name__, ref,
+                                                          time.perf_counter() - t0)))
             if event is not None:
                 self.handle(event)
 
     def _compute(self, c):
         st = self.stage
+        if type(c) is RollbackKV:
+            if st is not None and st.position > c.to_pos:
+                st.rollback(c.to_pos)
+            return None
         if type(c) is RunStage:
             if st.position > c.first_pos:
                 st.rollback(c.first_pos)
@@ -266,6 +278,7 @@ class Node:
 
     def start(self) -> None:
         """Begin asking (host) and computing."""
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compute-{self.cfg.device}")
         self._task = asyncio.ensure_future(self.compute_loop())
         if self.is_host:
             self._ask_next()
@@ -277,6 +290,7 @@ class Node:
             await self._task
         except asyncio.CancelledError:
             pass
+        self._pool.shutdown(wait=True)
 
     def trace_records(self) -> list[dict]:
         """This node's trace as JSON records."""

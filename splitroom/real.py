@@ -83,64 +83,133 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
 
 
 def calibrate(trace: list, deal: Deal) -> dict:
-    """From a measured trace, over the decode/verify laps (prefill laps left out):
-    seconds per layer per device (median stage time / layers, at the run's own lap
-    size), mean and median hop seconds, the host's head seconds per row, drafting
-    seconds per token, and the accepted drafts of every judged verify lap in order
-    (for the simulator's recorded acceptance)."""
+    """From a measured trace: per device, seconds per layer of its decode/verify stages
+    (median, at the run's own lap size) and of its prefill chunks; the hop time (mean
+    and median over decode/verify frames); the host's head seconds per row; drafting
+    seconds per token; and the accepted length of every draft made on a correct
+    assumption (for the simulator's recorded acceptance). Compute times are the nodes'
+    Computed records (queue wait excluded)."""
     prefill = {o.lap_id for _, o in trace if type(o).__name__ == "LapEnded" and o.kind == "prefill"}
     prefill |= {o.header.lap_id for _, o in trace if type(o).__name__ == "SendFrame" and o.header.kind.name == "PREFILL"}
-    starts: dict = {}
+    tokens: dict = {}
+    rows: dict = {}
+    ks: dict = {}
     stage_s: dict[str, list[float]] = {}
+    pre_s: dict[str, dict[int, list[float]]] = {}
+    lap_tokens: list[int] = []
     sends: dict = {}
     hops: list[float] = []
-    heads: dict = {}
     head_per_row: list[float] = []
-    drafts: dict = {}
     draft_s = 0.0
     drafted = 0
-    accepted: list[int] = []
+    draft_cmds: list = []
+    ready: dict[int, tuple[int, ...]] = {}
+    prompt_len: dict[int, int] = {}
+    answer: dict[int, dict[int, int]] = {}
     for t, o in trace:
         name = type(o).__name__
-        lap = getattr(o, "lap_id", None)
-        if name == "RunStage" and lap not in prefill:
-            starts[(o.device, lap)] = t
-        elif name == "StageFinished" and (o.device, lap) in starts:
-            stage_s.setdefault(o.device, []).append(t - starts.pop((o.device, lap)))
+        if name == "RunStage":
+            tokens[(o.device, o.lap_id)] = o.tokens
+            if o.lap_id not in prefill:
+                lap_tokens.append(o.tokens)
+        elif name == "RunHead":
+            rows[o.lap_id] = o.rows
+        elif name == "Draft":
+            ks[o.draft_id] = o.k
+            draft_cmds.append(o)
+        elif name == "DraftReady":
+            ready[o.draft_id] = o.tokens
+        elif name == "Computed":
+            if o.command == "RunStage" and (o.device, o.ref) in tokens:
+                if o.ref in prefill:
+                    pre_s.setdefault(o.device, {}).setdefault(tokens[(o.device, o.ref)], []).append(o.seconds)
+                else:
+                    stage_s.setdefault(o.device, []).append(o.seconds)
+            elif o.command == "RunHead" and o.ref in rows and o.ref not in prefill:
+                head_per_row.append(o.seconds / rows[o.ref])
+            elif o.command == "Draft" and o.ref in ks:
+                draft_s += o.seconds
+                drafted += ks[o.ref]
         elif name == "SendFrame" and o.header.lap_id not in prefill:
             sends[(o.src, o.dst, o.header.lap_id)] = t
         elif name == "FrameArrived" and (o.src, o.device, o.header.lap_id) in sends:
             hops.append(t - sends.pop((o.src, o.device, o.header.lap_id)))
-        elif name == "RunHead" and lap not in prefill:
-            heads[lap] = (t, o.rows)
-        elif name == "HeadFinished" and lap in heads:
-            t0, rows = heads.pop(lap)
-            head_per_row.append((t - t0) / rows)
-        elif name == "Draft":
-            drafts[o.draft_id] = (t, o.k)
-        elif name == "DraftReady" and o.draft_id in drafts:
-            t0, k = drafts.pop(o.draft_id)
-            draft_s += t - t0
-            drafted += k
-        elif name == "LapEnded" and o.kind == "verify" and not o.stale:
-            accepted.append(max(o.kept - 1, 0))
+        elif name == "BeginAnswer":
+            prompt_len[o.question_id] = o.prompt_tokens
+        elif name == "EmitToken":
+            answer.setdefault(o.question_id, {})[o.index] = o.token
     per_layer = {}
+    chunk = {}
     for st in deal.stages:
         xs = stage_s.get(st.device)
         if xs and st.layers:
             per_layer[st.device] = float(np.median(xs)) / st.layers
-    return {"s_per_layer": per_layer, "hop_s": float(np.mean(hops)) if hops else 0.0,
+        by_n = pre_s.get(st.device)
+        if by_n and st.layers:
+            n = max(by_n, key=lambda k: (len(by_n[k]), k))
+            chunk[st.device] = (n, float(np.median(by_n[n])) / st.layers)
+    return {"s_per_layer": per_layer, "lap_tokens": int(np.median(lap_tokens)) if lap_tokens else 1,
+            "chunk_s_per_layer": chunk, "hop_s": float(np.mean(hops)) if hops else 0.0,
             "hop_p50_s": float(np.median(hops)) if hops else 0.0, "hops": len(hops),
             "head_s_per_row": float(np.median(head_per_row)) if head_per_row else None,
-            "draft_s_per_token": draft_s / drafted if drafted else None, "accepted": accepted}
+            "draft_s_per_token": draft_s / drafted if drafted else None,
+            "accepted": _accepted_per_draft(draft_cmds, ready, prompt_len, answer)}
+
+
+def _accepted_per_draft(draft_cmds: list, ready: dict, prompt_len: dict, answer: dict) -> list[int]:
+    """For each draft made on a correct assumption, in order, how many of its leading
+    tokens equal the committed answer: the sequence the simulator's recorded-acceptance
+    model replays (it draws exactly for such drafts, so the two runs stay in step)."""
+    out = []
+    for c in draft_cmds:
+        toks = ready.get(c.draft_id)
+        ans = answer.get(c.question_id, {})
+        p = prompt_len.get(c.question_id)
+        if toks is None or p is None:
+            continue
+
+        def committed(pos: int):
+            return ans.get(pos - p)
+        if any(committed(c.base_len + i) != a for i, a in enumerate(c.assumed)):
+            continue  # drafted on a wrong assumption: the simulator draws nothing here either
+        j = c.base_len + len(c.assumed)
+        n = 0
+        while n < len(toks) and committed(j + n) == toks[n]:
+            n += 1
+        out.append(n)
+    return out
+
+
+def _calibrated_device(d, scn: Scenario, cal: dict):
+    """A device with its measured seconds per layer, and an effective compute rate that
+    makes the simulator's roofline give the measured prefill-chunk time too.
+
+    Model: t(n) = t_a * max(1, n / n0) per layer, memory bound up to the knee n0, where
+    t_a is measured at the run's lap size a and t_c at the prefill chunk size c, so
+    n0 = c * t_a / t_c (kept >= a); the roofline has its knee where n0 * flops / compute
+    equals bytes / bandwidth, so compute = n0 * flops * bandwidth / bytes.
+    """
+    s = cal["s_per_layer"].get(d.id)
+    if s is None:
+        return dataclasses.replace(d, clocks_down=False)
+    out = dataclasses.replace(d, s_per_layer=s, clocks_down=False)
+    c_meas = cal.get("chunk_s_per_layer", {}).get(d.id)
+    a = cal.get("lap_tokens", 1)
+    if c_meas is not None and c_meas[0] > a and c_meas[1] > s:
+        c, t_c = c_meas
+        n0 = max(c * s / t_c, float(a))
+        bw = d.memory_bandwidth_Bps or (50e9 if d.kind == "phone" else 100e9)
+        m = scn.model
+        out = dataclasses.replace(out, memory_bandwidth_Bps=bw,
+                                  compute_flops=n0 * m.layer_flops_per_token * bw / m.layer_active_bytes)
+    return out
 
 
 def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: int, answer_tokens: int,
                         questions: int) -> Scenario:
     """``scn`` with measured seconds per layer, the measured hop overhead and workload."""
     # processes on one machine do not clock down like a phone's GPU: predict none
-    devices = tuple(dataclasses.replace(d, s_per_layer=cal["s_per_layer"].get(d.id, d.s_per_layer), clocks_down=False)
-                    for d in scn.devices)
+    devices = tuple(_calibrated_device(d, scn, cal) for d in scn.devices)
     from planner.room import Jitter
     overhead = max(cal["hop_s"] - rtt_s / 2, 0.0)
     net = dataclasses.replace(scn.network, rtt_s=rtt_s, hop_overhead_s=overhead, jitter=Jitter(), episodes=None,
