@@ -229,6 +229,12 @@ class Transport:
     def max_message_bytes(self) -> int:
         raise NotImplementedError
 
+    @property
+    def handler(self) -> Optional[Handler]:
+        """The handler installed now (None before one is set); a layer that wants some
+        messages can wrap it and pass the others on."""
+        return self._handler
+
     def set_handler(self, fn: Optional[Handler]) -> None:
         """Deliver each whole incoming message as ``fn(src, channel, data)``, a plain
         callback run on the event loop. Messages that arrived before a handler was

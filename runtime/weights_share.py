@@ -254,7 +254,7 @@ def decode(data: bytes) -> tuple[int, dict, memoryview]:
 
 def _chain(transport) -> Optional[Callable]:
     # the transport keeps one handler; wrap the one installed now (see module doc)
-    return getattr(transport, "_handler", None)
+    return transport.handler
 
 
 def _forward(prev: Optional[Callable], src: str, channel: str, data: bytes) -> None:
