@@ -19,12 +19,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
-from planner.frames import DType, FrameHeader, decode_header, encode_header
+from planner.frames import DType
 from planner.protocol import (AnswerDone, Draft, DraftReady, DropFrame, EmitToken, FrameArrived, HeadFinished,
                               QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
 
 from .backends.base import Stage
+from .codec import decode_frame, encode_frame
 
 
 def ngram_draft(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
@@ -42,19 +43,6 @@ def ngram_draft(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]
                 if out:
                     return (out + [out[-1]] * k)[:k]
     return [context[-1]] * k
-
-
-def encode_frame(header: FrameHeader, residual: np.ndarray) -> bytes:
-    """A whole frame: header bytes then the residual ``[tokens, hidden]`` float32 payload."""
-    assert residual.dtype == np.float32 and residual.shape == (header.tokens, header.hidden)
-    return encode_header(header) + residual.tobytes()
-
-
-def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray]:
-    """Inverse of :func:`encode_frame`. Raises planner.frames.FrameError when malformed."""
-    h = decode_header(data)
-    payload = np.frombuffer(data, dtype=np.float32, offset=32).reshape(h.tokens, h.hidden)
-    return h, payload
 
 
 class LocalRoom:
@@ -130,7 +118,7 @@ class LocalRoom:
             self.queue.append(StageFinished(c.device, c.lap_id))
         elif cls is SendFrame:
             x = self.residual.pop((c.src, c.header.lap_id))
-            h, payload = decode_frame(encode_frame(c.header, np.ascontiguousarray(x, dtype=np.float32)))
+            h, payload = decode_frame(encode_frame(c.header, x))
             self.residual[(c.dst, h.lap_id)] = payload.copy()
             self.queue.append(FrameArrived(c.dst, c.src, h))
         elif cls is RunHead:

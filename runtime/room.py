@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
-from planner.frames import DType, FrameError, FrameHeader, FrameKind, decode_header, encode_header
+from planner.frames import DType, FrameError, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, Computed, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               StageFinished, Wake)
@@ -37,6 +37,7 @@ from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
+from .codec import decode_frame, encode_frame
 from .local_room import ngram_draft
 
 log = logging.getLogger("splitroom.room")
@@ -99,22 +100,6 @@ class NodeConfig:
     def from_json(cls, text: str) -> "NodeConfig":
         """From :meth:`to_json` text. Raises TypeError/ValueError when malformed."""
         return cls(**json.loads(text))
-
-
-def encode_frame(h: FrameHeader, residual: np.ndarray | None) -> bytes:
-    """Header + ``[tokens, hidden]`` float32 payload (none for control frames)."""
-    if residual is None:
-        return encode_header(h)
-    return encode_header(h) + np.ascontiguousarray(residual, dtype=np.float32).tobytes()
-
-
-def decode_frame(data: bytes) -> tuple[FrameHeader, np.ndarray]:
-    """Inverse of :func:`encode_frame`. Raises FrameError when malformed."""
-    h = decode_header(data)
-    if h.dtype != 0:
-        raise FrameError("only float32 residuals are spoken here")
-    x = np.frombuffer(data, dtype=np.float32, offset=32).reshape(h.tokens, h.hidden).copy()
-    return h, x
 
 
 class Node:
