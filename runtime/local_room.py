@@ -119,7 +119,7 @@ class LocalRoom:
         elif cls is SendFrame:
             x = self.residual.pop((c.src, c.header.lap_id))
             h, payload = decode_frame(encode_frame(c.header, x))
-            self.residual[(c.dst, h.lap_id)] = payload.copy()
+            self.residual[(c.dst, h.lap_id)] = payload
             self.queue.append(FrameArrived(c.dst, c.src, h))
         elif cls is RunHead:
             x = self.residual.pop((host_id, c.lap_id))
