@@ -30,7 +30,7 @@ import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType, FrameError, FrameHeader, FrameKind
-from planner.protocol import (AnswerDone, Computed, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
+from planner.protocol import (AnswerDone, Computed, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               StageFinished, Wake)
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
@@ -138,6 +138,8 @@ class Node:
         self.rejected_frames = 0
         self._next_q = 0
         transport.set_handler(self._on_message)
+        if hasattr(transport, "set_lost_handler"):
+            transport.set_lost_handler(self._on_lost)
 
     # -- events in ------------------------------------------------------------------
 
@@ -160,6 +162,18 @@ class Node:
         self.residual[h.lap_id] = x
         self.handle(FrameArrived(self.cfg.device, src, h))
 
+    def _on_lost(self, peer: str, reason: str) -> None:
+        """A peer's connection failed: the scheduler hears DeviceLost (the host refuses
+        what it cannot answer and stops taking questions; a worker ignores it)."""
+        log.warning("%s: lost %s: %s", self.cfg.device, peer, reason)
+        self.handle(DeviceLost(peer, reason))
+
+    async def _send(self, dst: str, channel: str, data: bytes) -> None:
+        try:
+            await self.transport.send(dst, channel, data)
+        except Exception as e:  # TransportError, a closed channel: the peer is gone
+            self._on_lost(dst, f"send failed: {e}")
+
     def handle(self, event) -> None:
         """Feed one event to this node's machine and carry out its commands."""
         now = self.clock()
@@ -179,10 +193,10 @@ class Node:
             if x is None:
                 log.warning("%s: no residual for lap %d", self.cfg.device, c.header.lap_id)
                 return
-            asyncio.ensure_future(self.transport.send(c.dst, RESIDUAL, encode_frame(c.header, x)))
+            asyncio.ensure_future(self._send(c.dst, RESIDUAL, encode_frame(c.header, x)))
         elif cls is Wake:
             h = FrameHeader(FrameKind.WAKE, 0, c.lap_id, 0, 0, self.sched_cfg.hidden)
-            asyncio.ensure_future(self.transport.send(c.device, RESIDUAL, encode_frame(h, None)))
+            asyncio.ensure_future(self._send(c.device, RESIDUAL, encode_frame(h, None)))
         elif cls is DropFrame:
             self.residual.pop(c.header.lap_id, None)
         elif cls is EmitToken:

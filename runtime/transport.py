@@ -219,6 +219,8 @@ class Transport:
         self.max_message_bytes_in = max_message_bytes_in
         self.stats = _new_stats()
         self._handler: Optional[Handler] = None
+        self._lost_handler: Optional[Callable[[str, str], None]] = None
+        self._lost_peers: set[str] = set()
         self._pending: deque[tuple[str, str, bytes]] = deque()
         self._reasm = {(p, c): Reassembler(max_message_bytes_in) for p in self.peers for c in CHANNELS}
         self._msg_id = 0
@@ -228,6 +230,16 @@ class Transport:
     @property
     def max_message_bytes(self) -> int:
         raise NotImplementedError
+
+    def set_lost_handler(self, fn: Optional[Callable[[str, str], None]]) -> None:
+        """Call ``fn(peer, reason)`` once when the connection to ``peer`` fails or closes
+        while this transport is open (a plain callback on the event loop)."""
+        self._lost_handler = fn
+
+    def _peer_lost(self, peer: str, reason: str) -> None:
+        if self._lost_handler is not None and peer not in self._lost_peers and not self._closed:
+            self._lost_peers.add(peer)
+            self._lost_handler(peer, reason)
 
     @property
     def handler(self) -> Optional[Handler]:
@@ -784,6 +796,7 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
                         lk.failed = f"connection {pc.connectionState}"
                         log.log(logging.WARNING if pc.connectionState == "failed" else logging.INFO,
                                 "%s: connection to %s %s", device, peer, pc.connectionState)
+                        transport._peer_lost(peer, lk.failed)
 
                 if device < peer:
                     stage[0] = "waiting for the peer to join the relay"

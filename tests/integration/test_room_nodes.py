@@ -109,3 +109,38 @@ def test_a_malformed_frame_is_rejected_and_the_room_goes_on(model_dir, tokenizer
     node._on_message("host", "residual", b"garbage")
     node._on_message("host", "residual", b"SRFM" + bytes(28))
     assert node.rejected_frames == 2 and not node.trace
+
+
+def test_a_worker_lost_mid_answer_ends_the_room_with_refusals(model_dir, tokenizer):
+    """The link to the worker breaks after a few frames: the host hears DeviceLost,
+    refuses the question in progress and the next one, and finishes (no hang, no crash)."""
+    chain = [["host", 0, 15], ["w1", 15, 30]]
+    sc = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
+    hub = Hub()
+    nodes = []
+    for n, a, b in chain:
+        cfg = NodeConfig(device=n, host="host", stages=chain, scheduler=sc, model_dir=str(model_dir),
+                         prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW, peers=["w1" if n == "host" else "host"])
+        nodes.append(Node(cfg, make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host"))),
+                          hub.transport(n), tokenizer if n == "host" else None))
+    host_t = nodes[0].transport
+    real_send = type(host_t).send
+    sent = {"n": 0}
+
+    async def flaky(self, dst, channel, data):
+        sent["n"] += 1
+        if sent["n"] > 4:
+            raise ConnectionError("link down")
+        await real_send(self, dst, channel, data)
+    type(host_t).send = flaky
+
+    async def go():
+        for node in nodes:
+            node.start()
+        await asyncio.wait_for(nodes[0].done.wait(), 60)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    ended = nodes[0].ended
+    assert set(ended) == {0, 1}
+    assert all(v.startswith("refused: w1 left the room") for v in ended.values())
