@@ -20,8 +20,8 @@ import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType
-from planner.protocol import (AnswerDone, Draft, DraftReady, DropFrame, EmitToken, FrameArrived, HeadFinished,
-                              QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
+from planner.protocol import (Draft, DraftReady, DropFrame, EmitToken, FrameArrived, HeadFinished,
+                              QuestionAsked, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
 
 from .backends.base import Stage
@@ -138,9 +138,6 @@ class LocalRoom:
         elif cls is EmitToken:
             self.answers[c.question_id].append(c.token)
             self.context[c.question_id].append(c.token)
-        elif cls is AnswerDone or cls is Refuse:
-            for key in [k for k in self.residual if k[0] == host_id]:
-                self.residual.pop(key)
 
 
 def chain_deal(host: str, ranges: Sequence[tuple[str, int, int]]) -> Deal:

@@ -204,7 +204,8 @@ class Node:
             self.context.setdefault(c.question_id, []).append(c.token)
         elif cls is AnswerDone or cls is Refuse:
             self.ended[c.question_id] = "answered" if cls is AnswerDone else f"refused: {c.reason}"
-            self.residual.clear()
+            if cls is AnswerDone:  # the answered question's laps are over (a refusal may be of a waiting one)
+                self.residual.clear()
             self._ask_next()
 
     async def _pad(self, t0: float) -> None:

@@ -18,6 +18,8 @@ PROMPTS = [
     "What is the capital of France?",
     "List the numbers from 1 to 12, separated by commas.",
     "Write a Python function that returns the square of x.",
+    "What is 12 times 7? Answer with the number.",
+    "Name three colours of the rainbow, as a bulleted list.",
 ]
 MAX_NEW = 16
 
@@ -61,7 +63,7 @@ def room(model_dir, cuts, **cfg):
 def test_scheduled_answers_equal_plain_greedy(model_dir, prompts, reference, cuts, cfg):
     r = room(model_dir, cuts, **cfg)
     for qid, ids in enumerate(prompts):
-        r.ask(qid, ids, MAX_NEW)
+        r.ask(qid, ids, MAX_NEW, device=f"asker{qid}")  # one asker each: at most 2 wait per device
     answers = r.run()
     for qid in range(len(prompts)):
         assert answers[qid] == reference[qid], (qid, cfg)
