@@ -119,11 +119,13 @@ class LinkSpec:
     bandwidth_Bps: float | None = None
     hop_overhead_s: float | None = None
     episodes: Episodes | None = None
+    window_bytes: float | None = None
 
 
 @dataclass(frozen=True)
 class Network:
-    """Room-wide link defaults plus per-pair overrides."""
+    """Room-wide link defaults plus per-pair overrides. ``window_bytes``: the
+    transport's initial congestion window (None: frames are not window-limited)."""
 
     rtt_s: float = 0.001
     jitter: Jitter = field(default_factory=Jitter)
@@ -131,6 +133,7 @@ class Network:
     hop_overhead_s: float = 0.0
     episodes: Episodes | None = None
     links: tuple[LinkSpec, ...] = ()
+    window_bytes: float | None = None
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,8 @@ class ResolvedLink:
         bandwidth_Bps: the sender's uplink rate on this link, bytes/s (``inf``: none).
         hop_overhead_s: fixed cost per hand-off, seconds.
         episodes: correlated stall episodes, or ``None``.
+        window_bytes: the transport's initial congestion window, bytes, or ``None``
+            for none (see :meth:`Link.schedule`).
     """
 
     rtt_s: float
@@ -67,6 +69,7 @@ class ResolvedLink:
     bandwidth_Bps: float
     hop_overhead_s: float
     episodes: Episodes | None
+    window_bytes: float | None = None
 
     def serialize_s(self, frame_bytes: float) -> float:
         """Seconds ``frame_bytes`` bytes hold the sender's uplink."""
@@ -79,6 +82,12 @@ class ResolvedLink:
 
 
 #: What a device sending to itself gets: no delay, no overhead, no bandwidth limit.
+#: RFC 4960 section 7.2.1: after an idle retransmission timeout (at least RTO.Min = 1 s)
+#: the congestion window shrinks; modelled as a reset to the initial window.
+WINDOW_IDLE_RESET_S = 1.0
+#: Cap on the grown window (aiortc's receive window is 128 KiB).
+WINDOW_MAX_BYTES = 131072
+
 LOOPBACK = ResolvedLink(rtt_s=0.0, jitter=Jitter(), bandwidth_Bps=math.inf, hop_overhead_s=0.0, episodes=None)
 
 
@@ -117,6 +126,7 @@ def resolve_link(network: Network, a: str, b: str) -> ResolvedLink:
         "bandwidth_Bps": network.bandwidth_Bps,
         "hop_overhead_s": network.hop_overhead_s,
         "episodes": network.episodes,
+        "window_bytes": network.window_bytes,
     }
     groups: tuple[list[LinkSpec], list[LinkSpec], list[LinkSpec]] = ([], [], [])
     for spec in network.links:
@@ -136,6 +146,8 @@ def resolve_link(network: Network, a: str, b: str) -> ResolvedLink:
         raise ValueError(f"link {a}->{b}: hop_overhead must be >= 0, got {link.hop_overhead_s}")
     if not link.bandwidth_Bps > 0:
         raise ValueError(f"link {a}->{b}: bandwidth must be > 0, got {link.bandwidth_Bps}")
+    if link.window_bytes is not None and not link.window_bytes > 0:
+        raise ValueError(f"link {a}->{b}: window must be > 0, got {link.window_bytes}")
     return link
 
 
@@ -197,7 +209,7 @@ class Link:
     """
 
     __slots__ = ("env", "uplinks", "src", "dst", "spec", "episodes", "_jitter", "_half_rtt", "_overhead",
-                 "_inv_bw", "_clock", "_last", "frames", "bytes")
+                 "_inv_bw", "_clock", "_last", "frames", "bytes", "_cwnd", "_last_sent")
 
     def __init__(
         self,
@@ -224,6 +236,8 @@ class Link:
         self.episodes = episodes
         self._clock = episodes if (episodes is not None and episodes.stall_fraction > 0) else None
         self._last = -math.inf
+        self._cwnd = spec.window_bytes
+        self._last_sent = -math.inf
         self.frames = 0  #: frames sent so far
         self.bytes = 0  #: bytes sent so far
 
@@ -247,6 +261,8 @@ class Link:
         clock = self._clock
         if clock is not None:
             delay += 0.5 * clock.extra_rtt_s(left)
+        if self._cwnd is not None:
+            delay += self._window_rounds(frame_bytes, left) * 2 * self._half_rtt
         arrive = left + delay + self._overhead
         if arrive < self._last:  # ordered channel: never overtake an earlier frame
             arrive = self._last
@@ -254,6 +270,27 @@ class Link:
         self.frames += 1
         self.bytes += frame_bytes
         return arrive
+
+    def _window_rounds(self, frame_bytes: int, now_s: float) -> int:
+        """Extra round trips a frame needs under slow start (RFC 4960 section 7.2.1,
+        as SCTP and TCP do it): the sender may have ``cwnd`` bytes in flight; each
+        round trip that fills the window doubles it. The window grown by one frame
+        carries over to the next; after WINDOW_IDLE_RESET_S without sending it falls
+        back to the initial window. A frame that fits the window pays nothing."""
+        initial = self.spec.window_bytes
+        if now_s - self._last_sent > WINDOW_IDLE_RESET_S:
+            self._cwnd = initial
+        self._last_sent = now_s
+        cwnd = self._cwnd
+        sent = cwnd
+        rounds = 0
+        while sent < frame_bytes:
+            cwnd *= 2
+            sent += cwnd
+            rounds += 1
+        if rounds:
+            self._cwnd = min(cwnd, WINDOW_MAX_BYTES)
+        return rounds
 
     def send(self, frame_bytes: int) -> Generator[simpy.Event, object, float]:
         """SimPy process: send ``frame_bytes`` bytes; finishes at delivery.

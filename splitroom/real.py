@@ -11,7 +11,9 @@ Calibration (what the prediction takes from the measurement, nothing else):
 * the per-hop overhead: the mean decode hop time minus the emulated one-way delay;
 * the host's output head per row, the drafter's cost per token, and the accepted
   length of every verify lap (replayed in order by the simulator's acceptance model);
-* the workload: the measured prompt and answer lengths.
+* the workload: the measured prompt and answer lengths;
+* the transport's initial congestion window (aiortc as tuned by runtime.transport:
+  10 chunks of 1160 bytes), so large frames pay their slow-start round trips.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from planner.deal import Deal
 from planner.metrics import compute as compute_metrics
 from planner.protocol import FrameArrived, RunStage, SendFrame, StageFinished
 from planner.room import Scenario
+
+#: user data per SCTP DATA chunk in aiortc (runtime/transport.py, tune_sctp)
+SCTP_CHUNK_BYTES = 1160
 
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.")
 
@@ -212,8 +217,9 @@ def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: i
     devices = tuple(_calibrated_device(d, scn, cal) for d in scn.devices)
     from planner.room import Jitter
     overhead = max(cal["hop_s"] - rtt_s / 2, 0.0)
+    from runtime.transport import DEFAULT_INITIAL_CWND_CHUNKS
     net = dataclasses.replace(scn.network, rtt_s=rtt_s, hop_overhead_s=overhead, jitter=Jitter(), episodes=None,
-                              links=())
+                              links=(), window_bytes=DEFAULT_INITIAL_CWND_CHUNKS * SCTP_CHUNK_BYTES)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(prompt_tokens, 1), answer_tokens=max(answer_tokens, 1),
                              questions=questions, asked_by=())
     dec = scn.decoding

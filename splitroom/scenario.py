@@ -100,6 +100,7 @@ class LinkIn(_Strict):
     bandwidth: Rate | None = None
     hop_overhead: Time | None = None
     episodes: EpisodesIn | None = None
+    window: Size | None = None
 
     @model_validator(mode="after")
     def _ends(self):
@@ -118,6 +119,7 @@ class NetworkIn(_Strict):
     hop_overhead: Time = 0.0
     episodes: EpisodesIn | None = None
     links: list[LinkIn] = []
+    window: Size | None = None
 
 
 class WorkloadIn(_Strict):
@@ -300,10 +302,10 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
             raise _KeyProblem(f"network.links[{i}]", "a link joins two different devices")
         links.append(LinkSpec(between=ends, directed=link.between is None, rtt_s=link.rtt, jitter=jit(link.jitter),
                               bandwidth_Bps=link.bandwidth, hop_overhead_s=link.hop_overhead,
-                              episodes=ep(link.episodes)))
+                              episodes=ep(link.episodes), window_bytes=link.window))
     n = s.network
     network = Network(rtt_s=n.rtt, jitter=jit(n.jitter), bandwidth_Bps=n.bandwidth, hop_overhead_s=n.hop_overhead,
-                      episodes=ep(n.episodes), links=tuple(links))
+                      episodes=ep(n.episodes), links=tuple(links), window_bytes=n.window)
     for i, who in enumerate(s.workload.asked_by):
         if who not in ids:
             raise _KeyProblem(f"workload.asked_by[{i}]", f"{who!r} is not a device")
