@@ -33,11 +33,12 @@ What the model host does per question (product pages 001 and 002):
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 from planner.deal import Deal
 from planner.frames import DType, FrameHeader, FrameKind
+from planner.room import Scenario
 from planner.protocol import (AnswerDone, BeginAnswer, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
                               FrameArrived, HeadFinished, LapEnded, QuestionAsked, Refuse, RollbackKV, RunHead,
                               RunStage, SendFrame, StageFinished, Wake)
@@ -74,6 +75,24 @@ class SchedulerConfig:
     phones: frozenset[str] = frozenset()
     eos_token: int | None = None
     dtype: DType = DType.FLOAT32
+
+    @classmethod
+    def from_scenario(cls, scn: Scenario, eos_token: int | None = None) -> "SchedulerConfig":
+        """The settings a scenario asks for. Residuals travel as float32 when the
+        model's residual is 4 bytes per value (the real runtime's SmolLM2), else f16."""
+        spec = scn.decoding.speculative
+        f32 = scn.model.residual_bytes_per_token >= 4 * scn.model.hidden
+        return cls(hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
+                   draft_tokens=spec.draft_tokens if spec else 0,
+                   async_laps=scn.decoding.async_laps if spec else 1,
+                   return_path=scn.decoding.return_path, wake=scn.decoding.wake,
+                   phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
+                   eos_token=eos_token, dtype=DType.FLOAT32 if f32 else DType.FLOAT16)
+
+    def to_json(self) -> dict:
+        """As a JSON-ready mapping (phones a sorted list, dtype its code)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "phones": sorted(self.phones), "dtype": int(self.dtype)}
 
     def __post_init__(self):
         if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:

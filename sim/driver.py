@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from planner.deal import Deal, deal as make_deal
-from planner.frames import DType, frame_bytes
+from planner.frames import frame_bytes
 from planner.metrics import compute as compute_metrics
 from planner.protocol import (AnswerDone, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, QuestionAsked,
                               Refuse, RunHead, RunStage, SendFrame, StageFinished, Wake)
@@ -54,24 +54,6 @@ class SimResult:
     metrics: dict
 
 
-def residual_dtype(scn: Scenario) -> DType:
-    """The wire dtype a scenario's residuals use: float32 when the model's residual is 4
-    bytes per value (the real runtime's SmolLM2), else float16."""
-    return DType.FLOAT32 if scn.model.residual_bytes_per_token >= 4 * scn.model.hidden else DType.FLOAT16
-
-
-def scheduler_config(scn: Scenario) -> SchedulerConfig:
-    """The scheduler settings a scenario asks for."""
-    spec = scn.decoding.speculative
-    return SchedulerConfig(
-        hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
-        draft_tokens=spec.draft_tokens if spec else 0,
-        async_laps=scn.decoding.async_laps if spec else 1,
-        return_path=scn.decoding.return_path, wake=scn.decoding.wake,
-        phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
-        eos_token=None, dtype=residual_dtype(scn))
-
-
 class Simulation:
     """One simulated run of a scenario. Deterministic for the scenario's ``seed``.
 
@@ -86,7 +68,7 @@ class Simulation:
         self.env = simpy.Environment()
         seeds = np.random.SeedSequence(scn.seed)
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
-        self.config = scheduler_config(scn)
+        self.config = SchedulerConfig.from_scenario(scn)
         self.host = HostScheduler(self.deal, self.config)
         self.workers = {s.device: WorkerMachine(s.device, self.deal, self.config.return_path)
                         for s in self.deal.stages if s.device != self.deal.host}

@@ -34,7 +34,6 @@ import numpy as np
 
 from planner.deal import Deal
 from planner.metrics import compute as compute_metrics
-from planner.protocol import FrameArrived, RunStage, SendFrame, StageFinished
 from planner.room import Scenario
 
 #: user data per SCTP DATA chunk in aiortc (runtime/transport.py, tune_sctp)
@@ -66,11 +65,8 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     spec = scn.decoding.speculative
     if spec is not None and spec.drafter not in ("ngram", "early_exit", "model"):
         raise RealRunError(f"drafter {spec.drafter!r} is not available in real runs; use ngram, early_exit or model")
-    sched = dict(hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
-                 draft_tokens=spec.draft_tokens if spec else 0,
-                 async_laps=scn.decoding.async_laps if spec else 1, return_path=scn.decoding.return_path,
-                 wake=scn.decoding.wake, phones=sorted(d.id for d in scn.devices if d.kind == "phone"),
-                 eos_token=2, dtype=0)
+    from planner.scheduler import SchedulerConfig
+    sched = SchedulerConfig.from_scenario(scn, eos_token=2).to_json()  # SmolLM2 stops on eos 2
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
     prompts = list(scn.workload.prompts) or list(DEFAULT_PROMPTS)[:scn.workload.questions]
