@@ -5,7 +5,7 @@ verifies them in one lap and keeps the longest prefix the full model agrees with
 the answer is the plain greedy answer whatever the drafter proposes. Every drafter
 counts its drafted tokens and the seconds it spent (``cost_s_per_token``).
 
-* ``ngram``: prompt lookup, no weights (runtime.local_room.ngram_draft).
+* ``ngram``: prompt lookup, no weights (:func:`ngram_draft`).
 * ``early_exit``: the host's first ``m`` layers, then the final norm and the output
   head, greedy, with a KV cache of its own (Elhoushi et al., "LayerSkip: Enabling Early
   Exit Inference and Self-Speculative Decoding", 2024, drafts from early layers).
@@ -21,7 +21,23 @@ from typing import Sequence
 
 import numpy as np
 
-from .local_room import ngram_draft
+
+
+def ngram_draft(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Prompt-lookup drafting: find the latest earlier occurrence of the longest suffix
+    of ``context`` (up to ``max_ngram`` tokens) and propose the ``k`` tokens after it,
+    padded with the last proposed (or last context) token. No weights.
+    Source: "prompt lookup decoding" (A. Saxena, 2023), as used for n-gram drafting.
+    """
+    n_ctx = len(context)
+    for n in range(min(max_ngram, n_ctx - 1), 0, -1):
+        suffix = list(context[n_ctx - n:])
+        for start in range(n_ctx - n - 1, -1, -1):
+            if list(context[start:start + n]) == suffix:
+                out = list(context[start + n:start + n + k])
+                if out:
+                    return (out + [out[-1]] * k)[:k]
+    return [context[-1]] * k
 
 
 class Drafter:

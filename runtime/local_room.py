@@ -20,29 +20,13 @@ import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType
-from planner.protocol import (Draft, DraftReady, DropFrame, EmitToken, FrameArrived, HeadFinished,
-                              QuestionAsked, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
+from planner.protocol import (Draft, DropFrame, EmitToken, FrameArrived, QuestionAsked, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-
-
-def ngram_draft(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
-    """Prompt-lookup drafting: find the latest earlier occurrence of the longest suffix
-    of ``context`` (up to ``max_ngram`` tokens) and propose the ``k`` tokens after it,
-    padded with the last proposed (or last context) token. No weights.
-    Source: "prompt lookup decoding" (A. Saxena, 2023), as used for n-gram drafting.
-    """
-    n_ctx = len(context)
-    for n in range(min(max_ngram, n_ctx - 1), 0, -1):
-        suffix = list(context[n_ctx - n:])
-        for start in range(n_ctx - n - 1, -1, -1):
-            if list(context[start:start + n]) == suffix:
-                out = list(context[start + n:start + n + k])
-                if out:
-                    return (out + [out[-1]] * k)[:k]
-    return [context[-1]] * k
+from .drafters import ngram_draft
+from .work import consumes_residual, run_work
 
 
 class LocalRoom:
@@ -101,38 +85,23 @@ class LocalRoom:
     def _execute(self, c) -> None:
         cls = type(c)
         host_id = self.deal.host
-        if cls is RunStage:
-            st = self.stages.get(c.device)
-            if c.device == host_id:
-                hs = self.stages[host_id]
-                if hs.position > c.first_pos:
-                    hs.rollback(c.first_pos)
-                x = hs.embed(list(c.inputs))
-                out = hs.forward(x, c.first_pos) if hs.end > hs.start else x
-            else:
-                x = self.residual.pop((c.device, c.lap_id))
-                if st.position > c.first_pos:
-                    st.rollback(c.first_pos)
-                out = st.forward(x, c.first_pos)
-            self.residual[(c.device, c.lap_id)] = out
-            self.queue.append(StageFinished(c.device, c.lap_id))
+        if cls is RunStage or cls is RunHead or cls is Draft or cls is RollbackKV:
+            dev = host_id if (cls is RunHead or cls is Draft) else c.device
+            st = self.stages.get(dev)
+            if st is None:
+                return
+            key = (dev, getattr(c, "lap_id", None))
+            x = self.residual.pop(key, None) if consumes_residual(c, st) else None
+            event, out = run_work(st, c, x, self.context.get(getattr(c, "question_id", None)), self.drafter)
+            if out is not None:
+                self.residual[key] = out
+            if event is not None:
+                self.queue.append(event)
         elif cls is SendFrame:
             x = self.residual.pop((c.src, c.header.lap_id))
             h, payload = decode_frame(encode_frame(c.header, x))
             self.residual[(c.dst, h.lap_id)] = payload
             self.queue.append(FrameArrived(c.dst, c.src, h))
-        elif cls is RunHead:
-            x = self.residual.pop((host_id, c.lap_id))
-            logits = self.stages[host_id].head(np.ascontiguousarray(x[-c.rows:]))
-            preds = tuple(int(i) for i in np.argmax(logits, axis=1))
-            self.queue.append(HeadFinished(c.lap_id, preds))
-        elif cls is Draft:
-            ctx = self.context[c.question_id][:c.base_len] + list(c.assumed)
-            self.queue.append(DraftReady(c.draft_id, tuple(int(t) for t in self.drafter(ctx, c.k))))
-        elif cls is RollbackKV:
-            st = self.stages.get(c.device)
-            if st is not None and st.position > c.to_pos:
-                st.rollback(c.to_pos)
         elif cls is DropFrame:
             self.residual.pop((c.device, c.header.lap_id), None)
         elif cls is EmitToken:

@@ -30,15 +30,16 @@ import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType, FrameError, FrameHeader, FrameKind
-from planner.protocol import (AnswerDone, Computed, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
-                              HeadFinished, QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
-                              StageFinished, Wake)
+from planner.protocol import (AnswerDone, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
+                              QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
+                              Wake)
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-from .local_room import ngram_draft
+from .drafters import ngram_draft
+from .work import consumes_residual, run_work
 
 log = logging.getLogger("splitroom.room")
 
@@ -234,32 +235,12 @@ class Node:
                 self.handle(event)
 
     def _compute(self, c):
-        st = self.stage
-        if type(c) is RollbackKV:
-            if st is not None and st.position > c.to_pos:
-                st.rollback(c.to_pos)
-            return None
-        if type(c) is RunStage:
-            if st.position > c.first_pos:
-                st.rollback(c.first_pos)
-            if self.is_host:
-                x = st.embed(list(c.inputs))
-                out = st.forward(x, c.first_pos) if st.end > st.start else x
-            else:
-                x = self.residual.pop(c.lap_id, None)
-                if x is None:
-                    return None
-                out = st.forward(x, c.first_pos)
-            self.residual[c.lap_id] = out
-            return StageFinished(c.device, c.lap_id)
-        if type(c) is RunHead:
-            x = self.residual.pop(c.lap_id, None)
-            if x is None:
-                return None
-            logits = st.head(np.ascontiguousarray(x[-c.rows:]))
-            return HeadFinished(c.lap_id, tuple(int(i) for i in np.argmax(logits, axis=1)))
-        ctx = self.context[c.question_id][:c.base_len] + list(c.assumed)
-        return DraftReady(c.draft_id, tuple(int(t) for t in self.drafter(ctx, c.k)))
+        lap = getattr(c, "lap_id", None)
+        x = self.residual.pop(lap, None) if consumes_residual(c, self.stage) else None
+        event, out = run_work(self.stage, c, x, self.context.get(getattr(c, "question_id", None)), self.drafter)
+        if out is not None:
+            self.residual[lap] = out
+        return event
 
     # -- the host's questions ---------------------------------------------------------
 

@@ -70,7 +70,8 @@ def check_ids(ids, vocab: int) -> np.ndarray:
 class Stage(ABC):
     """One device's share of the model on one backend.
 
-    Subclasses implement :meth:`forward`, :meth:`embed`, :meth:`head`, :meth:`rollback`.
+    Subclasses implement :meth:`forward`, :meth:`embed`, :meth:`head` and keep ``_pos``
+    (the cache length) up to date; :meth:`rollback` and :attr:`position` are shared.
     The fused helpers (:meth:`embed_forward`, :meth:`head_embed_forward`) have plain
     compositions here; the wgpu backend overrides them with a single GPU submit each.
     """
@@ -91,10 +92,12 @@ class Stage(ABC):
     def is_host(self) -> bool:
         return self.spec.host
 
+    _pos: int = 0  # positions held in the KV cache; backends advance it in forward()
+
     @property
-    @abstractmethod
     def position(self) -> int:
         """Number of positions in this stage's KV cache (the next ``first_pos``)."""
+        return self._pos
 
     @abstractmethod
     def forward(self, hidden: np.ndarray, first_pos: int) -> np.ndarray:
@@ -108,13 +111,16 @@ class Stage(ABC):
             TypeError / ValueError: bad dtype / shape.
         """
 
-    @abstractmethod
     def rollback(self, pos: int) -> None:
-        """Truncate the KV cache to ``pos`` positions (``0 <= pos <= position``).
+        """Truncate the KV cache to ``pos`` positions (``0 <= pos <= position``); the
+        entries past ``pos`` are overwritten by the next forward.
 
         Raises:
             PositionError: ``pos`` outside that range.
         """
+        if not (0 <= pos <= self._pos):
+            raise PositionError(f"cannot roll back to {pos}: cache holds {self._pos}")
+        self._pos = int(pos)
 
     @abstractmethod
     def embed(self, ids) -> np.ndarray:

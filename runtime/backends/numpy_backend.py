@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..weights import EMBED, FINAL_NORM, LM_HEAD
-from .base import PositionError, Stage, StageSpec, check_hidden, check_ids
+from .base import Stage, StageSpec, check_hidden, check_ids
 
 F32 = np.float32
 
@@ -102,15 +102,6 @@ class NumpyStage(Stage):
         self._pos = 0
 
     # ---------------------------------------------------------------- Stage API
-    @property
-    def position(self) -> int:
-        return self._pos
-
-    def rollback(self, pos: int) -> None:
-        if not (0 <= pos <= self._pos):
-            raise PositionError(f"cannot roll back to {pos}: cache holds {self._pos}")
-        self._pos = int(pos)  # entries past pos are overwritten by the next forward
-
     def embed(self, ids) -> np.ndarray:
         self._require_host()
         a = check_ids(ids, self.cfg.vocab)

@@ -26,7 +26,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..weights import EMBED, FINAL_NORM, LM_HEAD
 from . import wgsl
-from .base import PositionError, Stage, StageSpec, check_hidden, check_ids
+from .base import Stage, StageSpec, check_hidden, check_ids
 from .numpy_backend import rope_tables
 
 F32 = np.float32
@@ -240,15 +240,6 @@ class WgpuStage(Stage):
         return out
 
     # ------------------------------------------------------------------ Stage API
-    @property
-    def position(self) -> int:
-        return self._pos
-
-    def rollback(self, pos: int) -> None:
-        if not (0 <= pos <= self._pos):
-            raise PositionError(f"cannot roll back to {pos}: cache holds {self._pos}")
-        self._pos = int(pos)
-
     def forward(self, hidden: np.ndarray, first_pos: int) -> np.ndarray:
         x = check_hidden(hidden, self.cfg.hidden)
         self._check_pos(first_pos, x.shape[0])
