@@ -12,38 +12,43 @@ from planner.protocol import (Draft, DraftReady, EmitToken, FrameArrived, HeadFi
                               RunStage, SendFrame, StageFinished)
 
 
+# event or command -> (what it draws, the key pairing a start with its finish)
+_SPANS = {
+    RunStage: ("layers", lambda o: (o.device, o.lap_id)),
+    StageFinished: ("layers", lambda o: (o.device, o.lap_id)),
+    RunHead: ("head", lambda o: o.lap_id),
+    HeadFinished: ("head", lambda o: o.lap_id),
+    Draft: ("draft", lambda o: o.draft_id),
+    DraftReady: ("draft", lambda o: o.draft_id),
+    SendFrame: ("hop", lambda o: (o.src, o.dst, o.header.lap_id)),
+    FrameArrived: ("hop", lambda o: (o.src, o.device, o.header.lap_id)),
+}
+_STARTS = (RunStage, RunHead, Draft, SendFrame)
+
+
 def _intervals(trace, t0: float, t1: float):
-    """Compute intervals (device, start, end, what) and hops (src, dst, start, end) in [t0, t1]."""
+    """Compute intervals (device, start, end, what) and hops (src, dst, start, end)
+    overlapping [t0, t1]: each start command paired with its finish event."""
     open_: dict = {}
     boxes, hops = [], []
     host = None
     for t, o in trace:
-        if isinstance(o, RunStage):
-            open_[("stage", o.device, o.lap_id)] = t
-            if o.inputs:
+        span = _SPANS.get(type(o))
+        if span is None:
+            continue
+        what, key = span
+        if type(o) in _STARTS:
+            open_[(what, key(o))] = t
+            if type(o) is RunStage and o.inputs:
                 host = o.device
-        elif isinstance(o, StageFinished):
-            s = open_.pop(("stage", o.device, o.lap_id), None)
-            if s is not None and s < t1 and t > t0:
-                boxes.append((o.device, s, t, "layers"))
-        elif isinstance(o, RunHead):
-            open_[("head", o.lap_id)] = t
-        elif isinstance(o, HeadFinished):
-            s = open_.pop(("head", o.lap_id), None)
-            if s is not None and s < t1 and t > t0:
-                boxes.append((host, s, t, "head"))
-        elif isinstance(o, Draft):
-            open_[("draft", o.draft_id)] = t
-        elif isinstance(o, DraftReady):
-            s = open_.pop(("draft", o.draft_id), None)
-            if s is not None and s < t1 and t > t0:
-                boxes.append((host, s, t, "draft"))
-        elif isinstance(o, SendFrame):
-            open_[("hop", o.src, o.dst, o.header.lap_id)] = t
-        elif isinstance(o, FrameArrived):
-            s = open_.pop(("hop", o.src, o.device, o.header.lap_id), None)
-            if s is not None and s < t1 and t > t0:
-                hops.append((o.src, o.device, s, t))
+            continue
+        s = open_.pop((what, key(o)), None)
+        if s is None or s >= t1 or t <= t0:
+            continue
+        if what == "hop":
+            hops.append((o.src, o.device, s, t))
+        else:
+            boxes.append((o.device if what == "layers" else host, s, t, what))
     return boxes, hops
 
 
