@@ -6,9 +6,20 @@ Rules reproduced from the product page "How layers are split" (shared/seeds/000)
 * Host pick: WebGPU first, then computer before phone, then most memory lent, then the
   lowest device id; then a device of the same kind hosts instead when its GPU copy
   speed is at least 1.5x the memory pick's and it lends at least half as much memory.
-  A scenario's ``host`` forces the host.
+  A scenario's ``host`` forces the host. In the product every device times a copy
+  when it loads; a scenario that gives no ``copy_speed`` is compared on the next
+  basis both devices have: memory bandwidth (a copy streams memory, so copy speeds
+  track bandwidth: GB10 copies 190 GB/s of its published 273 GB/s, 0.70, and the M5
+  Max scenario 390 of 546, 0.71), else measured time per layer (inverse ratio).
+* Zero capacity: a device with ``compute: 0``, ``memory_bandwidth: 0`` or a measured
+  ``ms_per_layer: 0`` cannot run a layer; it gets none, never hosts, and a room where
+  nobody can compute is a :class:`DealError` naming every device.
+* Headroom: layers are dealt into ``lends - ceil(lends * options.headroom)`` and
+  ``fits`` is checked against it (runtime buffers, activations, allocator slack).
 * Memory per layer = weights + the layer's KV share at the room's context (int8 KV
-  halves the KV part). The host's own share is what it lends minus embedding, output
+  halves the KV part). Layers may differ in size (``ModelSpec.layer_sizes``): then
+  what a device holds depends on where its range starts, and the deal is repeated
+  with each device's capacity at its own position until it settles. The host's own share is what it lends minus embedding, output
   head and draft layer. The host always keeps at least one layer.
 * ``speed``: devices ordered by measured time per layer, fastest first; unmeasured,
   the host and the biggest computers first, an unmeasured phone counting 20x slower
@@ -26,6 +37,7 @@ Layer ranges are 0-based half-open ``[start, end)`` here; :attr:`Stage.shown` gi
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -39,6 +51,12 @@ UNMEASURED_PHONE_SLOWDOWN = 20.0
 HOST_COPY_SPEED_RATIO = 1.5
 #: ... while lending at least half as much memory.
 HOST_MIN_LENDS_RATIO = 0.5
+#: Scenario default for ``DealOptions.headroom``: 5% of what a device lends stays free.
+#: Public tools keep a margin too: vLLM uses 90% of GPU memory by default
+#: (``gpu_memory_utilization=0.9``, vLLM engine arguments), Ollama subtracts a reserve
+#: (``OLLAMA_GPU_OVERHEAD``) from reported free memory. Our ``lends`` already excludes
+#: what the machine keeps for itself, so half of vLLM's 10% is reserved.
+DEFAULT_HEADROOM = 0.05
 
 
 class DealError(ValueError):
@@ -81,6 +99,7 @@ class DeviceShare:
     used_bytes: int
     lends_bytes: int
     why: str = ""
+    max_context: int | None = None  # tokens of KV it can hold with its layers; None: unbounded
 
 
 @dataclass(frozen=True)
@@ -112,18 +131,31 @@ class Deal:
                 return s
         return None
 
+    @property
+    def max_context(self) -> int | None:
+        """The longest context (tokens) the whole room can hold: the smallest of its
+        stages' (and a coordinator host's). None when unknown or unbounded (no KV)."""
+        cands = [sh.max_context for sh in self.shares
+                 if sh.max_context is not None and (sh.layers > 0 or sh.role == "model host")]
+        return min(cands) if cands else None
+
     def to_json(self) -> dict:
-        """The keys of SCENARIO.md's ``splitroom plan --json``, plus ``devices``."""
+        """The keys of SCENARIO.md's ``splitroom plan --json``, plus ``devices`` and
+        ``max_context`` (tokens; per stage too; null when no layer keeps a KV cache)."""
+        ctx = {sh.device: sh.max_context for sh in self.shares}
         return {
             "host": self.host,
             "split": self.split,
-            "stages": [{"device": s.device, "start": s.start, "end": s.end} for s in self.stages],
+            "stages": [{"device": s.device, "start": s.start, "end": s.end, "max_context": ctx.get(s.device)}
+                       for s in self.stages],
             "guests": list(self.guests),
             "fits": self.fits,
+            "max_context": self.max_context,
             "notes": list(self.notes),
             "devices": [
                 {"device": sh.device, "role": sh.role, "layers": sh.layers, "holds_layers": sh.holds_layers,
-                 "used_bytes": sh.used_bytes, "lends_bytes": sh.lends_bytes, "why": sh.why}
+                 "used_bytes": sh.used_bytes, "lends_bytes": sh.lends_bytes, "why": sh.why,
+                 "max_context": sh.max_context}
                 for sh in self.shares
             ],
         }
@@ -142,8 +174,37 @@ def format_bytes(n: float) -> str:
 
 # --- host pick --------------------------------------------------------------------
 
+def computes(d: Device) -> bool:
+    """False for a device of zero capacity (``compute``, ``memory_bandwidth`` or a
+    measured ``ms_per_layer`` of 0): it cannot run a layer, however much it lends."""
+    return not (d.compute_flops == 0 or d.memory_bandwidth_Bps == 0 or d.s_per_layer == 0)
+
+
+def _zero_capacity_why(d: Device) -> str:
+    what = ("compute 0 TFLOPS" if d.compute_flops == 0 else
+            "memory_bandwidth 0" if d.memory_bandwidth_Bps == 0 else "ms_per_layer 0 ms")
+    return f"{d.id}: {what} (zero capacity)"
+
+
 def _memory_pick_key(d: Device) -> tuple:
-    return (not d.webgpu, d.kind != "computer", -d.lends_bytes, d.id)
+    return (not computes(d), not d.webgpu, d.kind != "computer", -d.lends_bytes, d.id)
+
+
+def speed_ratio(fast: Device, slow: Device) -> tuple[float, str] | None:
+    """How many times faster ``fast`` copies GPU memory than ``slow``, and the basis.
+
+    The first basis both devices have: measured copy speed (``copy_speed``), memory
+    bandwidth (copy speed tracks it: module doc), measured time per layer (inverse).
+    None when they share no basis.
+    """
+    if fast.copy_speed_Bps and slow.copy_speed_Bps:
+        return fast.copy_speed_Bps / slow.copy_speed_Bps, "copies GPU memory"
+    if fast.memory_bandwidth_Bps and slow.memory_bandwidth_Bps:
+        return fast.memory_bandwidth_Bps / slow.memory_bandwidth_Bps, \
+            "has the memory bandwidth (copy speed estimated from it)"
+    if fast.s_per_layer and slow.s_per_layer:
+        return slow.s_per_layer / fast.s_per_layer, "runs a layer (copy speed estimated from ms per layer)"
+    return None
 
 
 def pick_host(devices: Sequence[Device], forced: str | None = None) -> tuple[str, list[str]]:
@@ -166,38 +227,84 @@ def pick_host(devices: Sequence[Device], forced: str | None = None) -> tuple[str
     pick = min(devices, key=_memory_pick_key)
     notes = [f"{pick.id} hosts by memory: " + (
         "WebGPU, " if pick.webgpu else "no device has WebGPU, ") + f"{pick.kind}, lends the most"]
-    if pick.copy_speed_Bps:
-        faster = [d for d in devices
-                  if d.id != pick.id and d.webgpu and d.kind == pick.kind and d.copy_speed_Bps
-                  and d.copy_speed_Bps >= HOST_COPY_SPEED_RATIO * pick.copy_speed_Bps
-                  and d.lends_bytes >= HOST_MIN_LENDS_RATIO * pick.lends_bytes]
-        if faster:
-            best = min(faster, key=lambda d: (-d.copy_speed_Bps, -d.lends_bytes, d.id))
-            notes = [f"{best.id} hosts: copies GPU memory {best.copy_speed_Bps / pick.copy_speed_Bps:.2f}x "
-                     f"as fast as {pick.id} (the memory pick) and lends at least half as much"]
-            return best.id, notes
+    faster = []
+    for d in devices:
+        if d.id == pick.id or not d.webgpu or not computes(d) or d.kind != pick.kind:
+            continue
+        r = speed_ratio(d, pick)
+        if r and r[0] >= HOST_COPY_SPEED_RATIO and d.lends_bytes >= HOST_MIN_LENDS_RATIO * pick.lends_bytes:
+            faster.append((r, d))
+    if faster:
+        (ratio, basis), best = min(faster, key=lambda x: (-x[0][0], -x[1].lends_bytes, x[1].id))
+        notes = [f"{best.id} hosts: {basis} {ratio:.2f}x as fast as {pick.id} (the memory pick) "
+                 f"and lends at least half as much"]
+        return best.id, notes
     return pick.id, notes
 
 
 # --- capacity ---------------------------------------------------------------------
 
-def holds_layers(device: Device, model: ModelSpec, options: DealOptions, is_host: bool) -> int:
-    """How many layers fit in what ``device`` lends (0 without WebGPU).
+def usable_bytes(device: Device, options: DealOptions) -> int:
+    """Bytes of what ``device`` lends that layers may use: ``lends - ceil(lends * headroom)``."""
+    lends = device.lends_bytes
+    if lends <= 0:
+        return lends
+    return lends - math.ceil(lends * options.headroom)
+
+
+def holds_layers(device: Device, model: ModelSpec, options: DealOptions, is_host: bool,
+                 start: int | None = None) -> int:
+    """How many layers fit in what ``device`` lends, less the headroom (0 without
+    WebGPU or with zero capacity).
 
     For the model host, the embedding, output head and draft layer come off first.
+    With per-layer sizes, ``start`` is where the range begins (0-based; default 0 for
+    the host, else the mean layer size is used) and the count is capped at the layers
+    left from there.
     """
-    if not device.webgpu:
+    if not device.webgpu or not computes(device):
         return 0
-    free = device.lends_bytes - (model.host_extra_bytes if is_host else 0)
+    free = usable_bytes(device, options) - (model.host_extra_bytes if is_host else 0)
+    if free <= 0:
+        return 0
+    if not model.uniform and start is not None:
+        kv = model.kv_bytes(options.context_tokens, options.kv_cache)
+        n, used = 0, 0
+        for size in model.layer_sizes[start:]:
+            used += size + kv
+            if used > free:
+                break
+            n += 1
+        return n
     per = model.layer_memory_bytes(options.context_tokens, options.kv_cache)
-    if free <= 0 or per <= 0:
-        return 0 if free <= 0 else model.layers
+    if per <= 0:
+        return model.layers
     return int(free // per)
 
 
-def _used_bytes(layers: int, is_host: bool, model: ModelSpec, options: DealOptions) -> int:
-    used = layers * model.layer_memory_bytes(options.context_tokens, options.kv_cache)
+def _used_bytes(stage: Stage | None, is_host: bool, model: ModelSpec, options: DealOptions) -> int:
+    used = 0 if stage is None else model.range_memory_bytes(stage.start, stage.end, options.context_tokens,
+                                                            options.kv_cache)
     return used + (model.host_extra_bytes if is_host else 0)
+
+
+def max_context(device: Device, stage: Stage | None, is_host: bool, model: ModelSpec,
+                options: DealOptions) -> int | None:
+    """The longest context (tokens) ``device`` can hold KV for with ``stage``'s layers.
+
+    What it lends less the headroom, the range's weights and (host) embedding, head
+    and draft, divided by the range's KV bytes per token (halved for q8). None when
+    the range keeps no KV cache (unbounded); 0 when the weights alone do not fit.
+    """
+    layers = 0 if stage is None else stage.layers
+    per_token = layers * model.kv_bytes(1, "f16")
+    if options.kv_cache == "q8":
+        per_token = per_token / 2
+    if per_token <= 0:
+        return None
+    weights = 0 if stage is None else model.weight_bytes(stage.start, stage.end)
+    free = usable_bytes(device, options) - weights - (model.host_extra_bytes if is_host else 0)
+    return max(0, int(free // per_token))
 
 
 # --- apportionment ----------------------------------------------------------------
@@ -277,10 +384,14 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise DealError(f"duplicate device id: {', '.join(dup)}")
+    if options.split == "optimal" and options.stages is None:
+        from planner.optimal import optimal_deal  # planner.optimal imports this module
+        return optimal_deal(devices, model, options)
     host_id, notes = pick_host(devices, options.host)
     by_id = {d.id: d for d in devices}
     host = by_id[host_id]
-    holds = {d.id: holds_layers(d, model, options, d.id == host_id) for d in devices}
+    holds = {d.id: holds_layers(d, model, options, d.id == host_id, 0 if d.id == host_id else None)
+             for d in devices}
 
     if options.stages is not None:
         return _pinned(devices, model, options, host_id, holds, notes)
@@ -291,24 +402,46 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
         raise DealError(_shortfall_message(devices, model, options, host_id))
     if not host.webgpu:
         raise DealError(f"host {host_id!r} has no WebGPU and cannot hold layers")
+    if not computes(host):
+        raise DealError(f"host {host_id!r} cannot compute ({_zero_capacity_why(host)}); "
+                        "the model host keeps at least one layer")
     if host.lends_bytes <= 0:
         raise DealError(f"host {host_id!r} lends no memory; the model host keeps at least one layer")
 
-    speed = _speed_estimates(devices)
-    order = sorted((d for d in devices if d.webgpu and d.lends_bytes > 0),
+    speed = _speed_estimates([d for d in devices if computes(d)])
+    order = sorted((d for d in devices if d.webgpu and d.lends_bytes > 0 and computes(d)),
                    key=lambda d: (speed[d.id], d.id != host_id, -holds[d.id], d.id))
-    L = model.layers
+    stages, more = _count_and_lay_out(order, host_id, holds, model, options)
+    if not model.uniform:
+        # Per-layer sizes: what each device holds depends on where its range starts.
+        # Re-deal with each stage's capacity at its own start until nothing changes
+        # (bounded; the last deal stands and `fits` says whether it fits).
+        for _ in range(2 * len(order) + 2):
+            new = dict(holds)
+            for st in stages:
+                new[st.device] = holds_layers(by_id[st.device], model, options, st.device == host_id, st.start)
+            if new == holds:
+                break
+            holds = new
+            stages, more = _count_and_lay_out(order, host_id, holds, model, options)
+    return _finish(devices, model, options, host_id, options.split, stages, holds, notes + more)
 
+
+def _count_and_lay_out(order: list[Device], host_id: str, holds: dict[str, int], model: ModelSpec,
+                       options: DealOptions) -> tuple[tuple[Stage, ...], list[str]]:
+    """Layer counts by the split's rule, the host's one-layer rule, then the chain."""
+    L = model.layers
     if options.split == "memory":
-        layers, more = _deal_memory(order, host_id, holds, L, options.phone_layers)
+        layers, notes = _deal_memory(order, host_id, holds, L, options.phone_layers)
     else:
-        layers, more = _deal_speed(order, host_id, holds, L)
-    notes += more
+        layers, notes = _deal_speed(order, host_id, holds, L)
 
     # The host always keeps at least one layer (product page 000).
     if layers.get(host_id, 0) == 0:
         donor = max((d for d in layers if layers[d] > 0), key=lambda d: (layers[d], d))
         layers[donor] -= 1
+        if layers[donor] == 0:
+            del layers[donor]
         layers[host_id] = 1
         notes.append(f"{host_id} keeps one layer (the model host always does); taken from {donor}")
 
@@ -320,7 +453,7 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
         stages.append(Stage(dev, at, at + n))
         at += n
     assert at == L, (at, L)
-    return _finish(devices, model, options, host_id, options.split, tuple(stages), holds, notes)
+    return tuple(stages), notes
 
 
 def _deal_speed(order: list[Device], host_id: str, holds: dict[str, int], L: int
@@ -339,7 +472,7 @@ def _deal_speed(order: list[Device], host_id: str, holds: dict[str, int], L: int
             "fewest hops (nothing measured yet)"
         notes.append(f"split speed: filled by {measured}")
         for d in order:
-            if d.id not in layers:
+            if d.id not in layers and d.id != host_id:  # the host keeps a layer (noted then)
                 why = ("computers hold the model" if d.kind == "phone" else "not needed")
                 notes.append(f"{d.id} asks only: {why}")
         return layers, notes
@@ -400,6 +533,8 @@ def _pinned(devices: list[Device], model: ModelSpec, options: DealOptions, host_
             raise DealError(f"stages[{i}]: {p.device!r} holds two ranges; a device holds one contiguous range")
         if not by_id[p.device].webgpu:
             raise DealError(f"stages[{i}]: {p.device!r} has no WebGPU and cannot hold layers")
+        if not computes(by_id[p.device]):
+            raise DealError(f"stages[{i}]: {p.device!r} cannot compute ({_zero_capacity_why(by_id[p.device])})")
         if p.start != at or p.end <= p.start:
             raise DealError(f"stages[{i}]: range [{p.start}, {p.end}) must start at {at} and be non-empty")
         seen.add(p.device)
@@ -420,10 +555,20 @@ def _shortfall_message(devices: list[Device], model: ModelSpec, options: DealOpt
         if not d.webgpu:
             parts.append(f"{d.id}: no WebGPU")
             continue
+        if not computes(d):
+            parts.append(_zero_capacity_why(d))
+            continue
+        if not model.uniform:
+            per = model.range_memory_bytes(0, 1, options.context_tokens, options.kv_cache)
         need = per + (model.host_extra_bytes if d.id == host_id else 0)
-        parts.append(f"{d.id} lends {format_bytes(d.lends_bytes)}, needs {format_bytes(need)} for one layer"
+        usable = usable_bytes(d, options)
+        parts.append(f"{d.id} lends {format_bytes(d.lends_bytes)}"
+                     f"{f' ({format_bytes(usable)} after headroom)' if usable != d.lends_bytes else ''}"
+                     f", needs {format_bytes(need)} for one layer"
                      f"{' + embedding/head/draft' if d.id == host_id else ''}"
-                     f" (short {format_bytes(need - d.lends_bytes)})")
+                     f" (short {format_bytes(need - usable)})")
+    if all(not computes(d) for d in devices if d.webgpu):
+        return "no device can compute a layer: " + "; ".join(parts)
     return "no device can hold a layer: " + "; ".join(parts)
 
 
@@ -435,23 +580,33 @@ def _finish(devices: list[Device], model: ModelSpec, options: DealOptions, host_
     fits = True
     for s in stages:
         d = by_id[s.device]
-        used = _used_bytes(s.layers, d.id == host_id, model, options)
-        fits &= used <= d.lends_bytes
+        used = _used_bytes(s, d.id == host_id, model, options)
+        room = usable_bytes(d, options)
+        fits &= used <= room
         role = "model host" if d.id == host_id else "worker"
-        why = f"layers {s.shown}" + ("" if used <= d.lends_bytes else
-                                     f"; over what it lends by {format_bytes(used - d.lends_bytes)}")
-        shares.append(DeviceShare(d.id, role, s.layers, holds[d.id], used, d.lends_bytes, why))
+        if used <= room:
+            why = f"layers {s.shown}"
+        elif used <= d.lends_bytes:
+            why = (f"layers {s.shown}; inside what it lends but into the {options.headroom:.0%} headroom "
+                   f"by {format_bytes(used - room)}")
+        else:
+            why = f"layers {s.shown}; over what it lends by {format_bytes(used - d.lends_bytes)}"
+        shares.append(DeviceShare(d.id, role, s.layers, holds[d.id], used, d.lends_bytes, why,
+                                  max_context(d, s, d.id == host_id, model, options)))
     guests = sorted(d.id for d in devices if d.id not in in_chain)
     for g in guests:
         d = by_id[g]
         if g == host_id:
-            used = _used_bytes(0, True, model, options)
-            fits &= used <= d.lends_bytes
+            used = _used_bytes(None, True, model, options)
+            fits &= used <= usable_bytes(d, options)
             shares.append(DeviceShare(g, "model host", 0, holds[g], used, d.lends_bytes, "coordinator, no layers"))
             continue
-        why = "no WebGPU" if not d.webgpu else ("lends nothing" if d.lends_bytes <= 0 else "not needed")
+        why = ("no WebGPU" if not d.webgpu else "zero capacity" if not computes(d) else
+               "lends nothing" if d.lends_bytes <= 0 else "not needed")
         shares.append(DeviceShare(g, "guest", 0, holds[g], 0, d.lends_bytes, why))
     if not fits:
-        notes = notes + ["the room cannot hold the model in what it lends: some devices are over"]
+        notes = notes + ["the room cannot hold the model in what it lends" +
+                         (f" less the {options.headroom:.0%} headroom" if options.headroom else "") +
+                         ": some devices are over"]
     return Deal(host=host_id, split=split, stages=stages, guests=tuple(g for g in guests if g != host_id),
                 fits=fits, notes=tuple(notes), shares=tuple(shares))

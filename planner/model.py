@@ -81,6 +81,10 @@ class ModelSpec:
         head_flops_per_token: FLOPs of the output head for one token.
         draft_bytes: bytes of the draft layer(s) the host keeps.
         residual_bytes_per_token: bytes of one token's residual on the wire.
+        layer_sizes: weight bytes of each layer, when they differ (length ``layers``);
+            empty when every layer weighs ``layer_bytes``. With sizes given,
+            ``layer_bytes`` is their mean (rounded up), kept for models of compute
+            that take one number per layer.
     """
 
     id: str
@@ -96,6 +100,26 @@ class ModelSpec:
     head_flops_per_token: float = 0.0
     draft_bytes: int = 0
     residual_bytes_per_token: int = 0
+    layer_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.layer_sizes and len(self.layer_sizes) != self.layers:
+            raise ValueError(f"layer_sizes has {len(self.layer_sizes)} entries for {self.layers} layers")
+
+    @property
+    def uniform(self) -> bool:
+        """True when every layer weighs ``layer_bytes`` (no per-layer sizes)."""
+        return not self.layer_sizes
+
+    def weight_bytes(self, start: int, end: int) -> int:
+        """Weight bytes of layers ``[start, end)`` (0-based, half-open)."""
+        if not self.layer_sizes:
+            return (end - start) * self.layer_bytes
+        return sum(self.layer_sizes[start:end])
+
+    def range_memory_bytes(self, start: int, end: int, context_tokens: int, kv_cache: str = "f16") -> int:
+        """Memory layers ``[start, end)`` need on one device: weights + their KV at the context."""
+        return self.weight_bytes(start, end) + (end - start) * self.kv_bytes(context_tokens, kv_cache)
 
     def kv_bytes(self, context_tokens: int, kv_cache: str = "f16") -> int:
         """KV cache bytes of one layer at ``context_tokens`` tokens.

@@ -15,8 +15,29 @@ longest prefix of drafts that agree with them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Union
 
 from planner.frames import FrameHeader
+
+
+class LapKind(StrEnum):
+    """What a lap carries: a prompt chunk, one decode token, or a verify batch of k+1.
+
+    A ``str`` enum: compares equal to (and serialises as) its value, so traces written
+    before the enum existed still read back."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    VERIFY = "verify"
+
+
+class ReturnPath(StrEnum):
+    """How the last stage's residual gets back to the host: ``direct`` (last stage ->
+    host) or ``via_stages`` (back through every stage, as RETURN frames)."""
+
+    DIRECT = "direct"
+    VIA_STAGES = "via_stages"
 
 # --- events -----------------------------------------------------------------------
 
@@ -181,7 +202,7 @@ class LapEnded:
 
     lap_id: int
     question_id: int
-    kind: str  # "prefill" | "decode" | "verify"
+    kind: LapKind
     drafted: int
     kept: int
     stale: bool
@@ -221,3 +242,9 @@ EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, 
 RECORDS = (Computed,)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
             LapEnded, AnswerDone, Refuse)
+
+#: Anything a driver feeds to :meth:`planner.chain.Chain.handle` (or a machine).
+Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost]
+#: Anything a machine returns for a driver to carry out.
+Command = Union[BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
+                LapEnded, AnswerDone, Refuse]

@@ -66,19 +66,26 @@ class DealOptions:
     Attributes:
         context_tokens: the room's context length; KV is sized for it.
         kv_cache: ``f16`` or ``q8`` (int8 KV halves the KV part of a layer).
-        split: ``speed`` (default) or ``memory``.
+        split: ``speed`` (default), ``memory`` or ``optimal`` (planner/optimal.py:
+            devices, host, ranges and ring order that maximise predicted tokens/s).
         phone_layers: deal phones layers even when computers can hold the model.
         host: force this device id as the model host.
         stages: pin the deal by hand (device and range each); the host may then hold
             zero layers (a coordinator), which the automatic rules never do.
+        headroom: fraction of what each device lends kept free for runtime buffers,
+            activations and allocator slack (0.05 = 5%); layers are dealt into, and
+            ``fits`` is checked against, ``lends - ceil(lends * headroom)``. 0.0 here
+            (the product page's accounting, whose tables count the whole lend); a
+            scenario file defaults to ``planner.deal.DEFAULT_HEADROOM``.
     """
 
     context_tokens: int = 8192
     kv_cache: Literal["f16", "q8"] = "f16"
-    split: Literal["speed", "memory"] = "speed"
+    split: Literal["speed", "memory", "optimal"] = "speed"
     phone_layers: bool = False
     host: str | None = None
     stages: tuple[PinnedStage, ...] | None = None
+    headroom: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from typing import Sequence
 from planner.deal import Deal
 from planner.frames import DType, FrameHeader, FrameKind
 from planner.room import Scenario
-from planner.protocol import (AnswerDone, BeginAnswer, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
-                              FrameArrived, HeadFinished, LapEnded, QuestionAsked, Refuse, RollbackKV, RunHead,
-                              RunStage, SendFrame, StageFinished, Wake)
+from planner.protocol import (AnswerDone, BeginAnswer, Command, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
+                              Event, FrameArrived, HeadFinished, LapEnded, LapKind, QuestionAsked, Refuse,
+                              ReturnPath, RollbackKV, RunHead, RunStage, SendFrame, StageFinished, Wake)
 
 #: Product page 001: "Up to 10 questions wait in the host's queue, at most two per device."
 MAX_WAITING = 10
@@ -59,7 +59,8 @@ class SchedulerConfig:
         prefill_chunk: prompt tokens per pipelined prefill frame.
         draft_tokens: k drafted tokens per verify lap; 0 for plain decoding.
         async_laps: verify laps in flight at once (>= 1; used only when k > 0).
-        return_path: ``direct`` or ``via_stages``.
+        return_path: :class:`ReturnPath` (a plain ``"direct"`` / ``"via_stages"`` is
+            converted).
         wake: send phones a wake message at the start of each lap.
         phones: device ids that are phones (woken when they hold layers).
         eos_token: stop when the head predicts this token (None: never).
@@ -70,7 +71,7 @@ class SchedulerConfig:
     prefill_chunk: int = 16
     draft_tokens: int = 0
     async_laps: int = 1
-    return_path: str = "direct"
+    return_path: ReturnPath = ReturnPath.DIRECT
     wake: bool = True
     phones: frozenset[str] = frozenset()
     eos_token: int | None = None
@@ -92,20 +93,22 @@ class SchedulerConfig:
     def to_json(self) -> dict:
         """As a JSON-ready mapping (phones a sorted list, dtype its code)."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "phones": sorted(self.phones), "dtype": int(self.dtype)}
+            "phones": sorted(self.phones), "dtype": int(self.dtype), "return_path": str(self.return_path)}
 
     def __post_init__(self):
         if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:
             raise ValueError("prefill_chunk, async_laps and hidden must be >= 1 and draft_tokens >= 0")
-        if self.return_path not in ("direct", "via_stages"):
-            raise ValueError(f"return_path must be direct or via_stages, got {self.return_path!r}")
+        try:
+            object.__setattr__(self, "return_path", ReturnPath(self.return_path))
+        except ValueError:
+            raise ValueError(f"return_path must be direct or via_stages, got {self.return_path!r}") from None
 
 
 @dataclass
 class _Lap:
     lap_id: int
     question_id: int
-    kind: str  # prefill | decode | verify
+    kind: LapKind
     first_pos: int
     inputs: tuple[int, ...]
     returns: bool
@@ -166,7 +169,7 @@ class HostScheduler:
         """The next time the scheduler wants to be called without an event: never."""
         return None
 
-    def handle(self, event, now_s: float) -> list:
+    def handle(self, event: Event, now_s: float) -> list[Command]:
         """Feed one event; returns the commands to carry out, in order."""
         if isinstance(event, QuestionAsked):
             return self._asked(event)
@@ -229,7 +232,7 @@ class HostScheduler:
 
     # -- laps -----------------------------------------------------------------------
 
-    def _new_lap(self, q: _Question, kind: str, first_pos: int, inputs: Sequence[int], returns: bool) -> _Lap:
+    def _new_lap(self, q: _Question, kind: LapKind, first_pos: int, inputs: Sequence[int], returns: bool) -> _Lap:
         lap = _Lap(self._next_lap, q.question_id, kind, first_pos, tuple(inputs), returns)
         self._next_lap += 1
         self.laps[lap.lap_id] = lap
@@ -244,7 +247,7 @@ class HostScheduler:
         start = q.next_chunk
         end = min(start + self.config.prefill_chunk, q.prompt_len)
         q.next_chunk = end
-        lap = self._new_lap(q, "prefill", start, q.seq[start:end], returns=end == q.prompt_len)
+        lap = self._new_lap(q, LapKind.PREFILL, start, q.seq[start:end], returns=end == q.prompt_len)
         return self._run_host_stage(lap)
 
     def _header(self, lap: _Lap, kind: FrameKind) -> FrameHeader:
@@ -257,12 +260,12 @@ class HostScheduler:
             return []
         cmds: list = []
         if self.workers:
-            kind = FrameKind.PREFILL if lap.kind == "prefill" else FrameKind.DECODE
+            kind = FrameKind.PREFILL if lap.kind == LapKind.PREFILL else FrameKind.DECODE
             cmds.append(SendFrame(self.host, self.workers[0], self._header(lap, kind)))
         elif lap.returns:  # the host holds every layer: the residual is already here
             cmds += self._returned(lap)
         q = self.active
-        if lap.kind == "prefill" and q is not None and q.question_id == lap.question_id \
+        if lap.kind == LapKind.PREFILL and q is not None and q.question_id == lap.question_id \
                 and q.next_chunk < q.prompt_len:
             cmds += self._launch_prefill_chunk(q)
         return cmds
@@ -278,14 +281,14 @@ class HostScheduler:
         q = self.active
         if lap.stale or q is None or q.question_id != lap.question_id:
             return self._end_lap(lap, stale=True)
-        rows = 1 if lap.kind == "prefill" else len(lap.inputs)
+        rows = 1 if lap.kind == LapKind.PREFILL else len(lap.inputs)
         return [RunHead(lap.lap_id, lap.question_id, rows)]
 
     def _end_lap(self, lap: _Lap, stale: bool, kept: int = 0) -> list:
         self.laps.pop(lap.lap_id, None)
         if lap.lap_id in self.inflight:
             self.inflight.remove(lap.lap_id)
-        drafted = len(lap.inputs) - 1 if lap.kind == "verify" else 0
+        drafted = len(lap.inputs) - 1 if lap.kind == LapKind.VERIFY else 0
         return [LapEnded(lap.lap_id, lap.question_id, lap.kind, drafted, kept, stale)]
 
     # -- head results ---------------------------------------------------------------
@@ -300,7 +303,7 @@ class HostScheduler:
         if not ev.predictions:
             return self._abort(f"the output head returned no prediction for lap {lap.lap_id}")
         lap.predictions = tuple(ev.predictions)
-        if lap.kind == "prefill":
+        if lap.kind == LapKind.PREFILL:
             cmds = self._end_lap(lap, stale=False, kept=1)
             cmds += self._commit(q, [lap.predictions[-1]])
             return cmds + self._after_commit(q)
@@ -388,7 +391,7 @@ class HostScheduler:
         if k == 0:
             if self.inflight:
                 return []
-            lap = self._new_lap(q, "decode", len(q.seq) - 1, (q.seq[-1],), returns=True)
+            lap = self._new_lap(q, LapKind.DECODE, len(q.seq) - 1, (q.seq[-1],), returns=True)
             self.inflight.append(lap.lap_id)
             return self._run_host_stage(lap)
         live = sum(1 for i in self.inflight if not self.laps[i].stale)
@@ -418,7 +421,7 @@ class HostScheduler:
             first_pos = len(q.seq) + len(q.assumed)
             inputs = tuple(ev.tokens)
         q.assumed.extend(ev.tokens)
-        lap = self._new_lap(q, "verify", first_pos, inputs, returns=True)
+        lap = self._new_lap(q, LapKind.VERIFY, first_pos, inputs, returns=True)
         self.inflight.append(lap.lap_id)
         return self._run_host_stage(lap) + self._fill_pipeline(q)
 
@@ -469,7 +472,7 @@ class WorkerMachine:
     Raises ValueError if ``device`` holds no stage of ``deal``.
     """
 
-    def __init__(self, device: str, deal: Deal, return_path: str = "direct"):
+    def __init__(self, device: str, deal: Deal, return_path: ReturnPath | str = ReturnPath.DIRECT):
         stages = [s.device for s in deal.stages]
         if device not in stages or device == deal.host:
             raise ValueError(f"{device} is not a worker of this deal")
@@ -478,12 +481,12 @@ class WorkerMachine:
         i = stages.index(device)
         self.next = stages[i + 1] if i + 1 < len(stages) else None
         self.prev = stages[i - 1] if i > 0 else deal.host
-        self.return_path = return_path
+        self.return_path = ReturnPath(return_path)
         self.question_id: int | None = None
         self.kv_len = 0
         self.pending: dict[int, FrameHeader] = {}
 
-    def handle(self, event, now_s: float) -> list:
+    def handle(self, event: Event, now_s: float) -> list[Command]:
         """Feed one event; returns the commands to carry out."""
         if isinstance(event, FrameArrived) and event.device == self.device:
             return self._frame(event.header)
@@ -519,6 +522,6 @@ class WorkerMachine:
             return [SendFrame(self.device, self.next, h)]
         if not h.returns:
             return []
-        if self.return_path == "direct" or self.prev == self.host:
+        if self.return_path == ReturnPath.DIRECT or self.prev == self.host:
             return [SendFrame(self.device, self.host, h.with_kind(FrameKind.RESULT))]
         return [SendFrame(self.device, self.prev, h.with_kind(FrameKind.RETURN))]

@@ -1,7 +1,7 @@
 """The shared scheduler driving a real model, every stage in this one process.
 
-The same :class:`planner.scheduler.HostScheduler` and :class:`WorkerMachine` that the
-simulator drives, here fed by real compute: each ``RunStage`` runs a real layer range
+The same :class:`planner.chain.Chain` (host scheduler and worker machines behind one
+router) that the simulator drives, here fed by real compute: each ``RunStage`` runs a real layer range
 (numpy or wgpu), each ``SendFrame`` encodes the residual into the real binary frame
 (:mod:`planner.frames`) and decodes it on the receiving side, each ``RunHead`` takes the
 argmax of real logits, and each ``Draft`` asks a real drafter. Work is done one command
@@ -19,9 +19,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from planner.deal import Deal, Stage as DealStage
-from planner.frames import DType
-from planner.protocol import (Draft, DropFrame, EmitToken, FrameArrived, QuestionAsked, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
-from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+from planner.model import lookup
+from planner.room import Decoding, Scenario, Speculative
+from planner.protocol import Draft, DropFrame, EmitToken, FrameArrived, QuestionAsked, RollbackKV, RunHead, RunStage, SendFrame
+from planner.chain import Chain
+from planner.scheduler import SchedulerConfig
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
@@ -51,9 +53,7 @@ class LocalRoom:
         self.deal = deal
         self.config = config
         self.drafter = drafter
-        self.host = HostScheduler(deal, config)
-        self.workers = {s.device: WorkerMachine(s.device, deal, config.return_path)
-                        for s in deal.stages if s.device != deal.host}
+        self.chain = Chain(deal, config)
         self.queue: deque = deque()
         self.trace: list = []
         self.residual: dict[tuple[str, int], np.ndarray] = {}  # (device, lap) -> residual there
@@ -76,9 +76,7 @@ class LocalRoom:
     def _dispatch(self, ev) -> None:
         self.step += 1
         self.trace.append((float(self.step), ev))
-        cls = type(ev)
-        m = self.workers.get(ev.device) if (cls is FrameArrived or cls is StageFinished) else None
-        for c in (m or self.host).handle(ev, float(self.step)):
+        for c in self.chain.handle(ev, float(self.step)):
             self.trace.append((float(self.step), c))
             self._execute(c)
 
@@ -116,8 +114,19 @@ def chain_deal(host: str, ranges: Sequence[tuple[str, int, int]]) -> Deal:
 
 
 def scheduler_config(hidden: int, draft_tokens: int = 0, async_laps: int = 1, prefill_chunk: int = 16,
-                     return_path: str = "direct", eos_token: int | None = 2) -> SchedulerConfig:
-    """Scheduler settings for the real SmolLM2 room (float32 residuals, eos 2)."""
-    return SchedulerConfig(hidden=hidden, prefill_chunk=prefill_chunk, draft_tokens=draft_tokens,
-                           async_laps=async_laps, return_path=return_path, eos_token=eos_token,
-                           dtype=DType.FLOAT32)
+                     return_path: str = "direct", eos_token: int | None = 2,
+                     model_id: str = "smollm2-135m") -> SchedulerConfig:
+    """Scheduler settings for a real room of catalog model ``model_id`` (SmolLM2:
+    float32 residuals, eos 2), made as every room makes them: a scenario's decoding
+    section through :meth:`SchedulerConfig.from_scenario`.
+
+    Raises ValueError when ``hidden`` is not the model's residual width, or for
+    settings the scheduler refuses (see SchedulerConfig)."""
+    model = lookup(model_id)
+    if model.hidden != hidden:
+        raise ValueError(f"{model_id} has hidden {model.hidden}, not {hidden}")
+    spec = Speculative(drafter="ngram", draft_tokens=draft_tokens) if draft_tokens else None
+    scn = Scenario(name="local", seed=0, model=model, devices=(),
+                   decoding=Decoding(prefill_chunk=prefill_chunk, speculative=spec, async_laps=async_laps,
+                                     return_path=return_path))
+    return SchedulerConfig.from_scenario(scn, eos_token=eos_token)

@@ -1,9 +1,9 @@
 """One device of a real room: the shared scheduler over real compute and a transport.
 
-A :class:`Node` is one process's part of the room. The model host runs
-:class:`planner.scheduler.HostScheduler` with its stage (embedding, its layers, head),
-the tokenizer and a drafter; a worker runs :class:`planner.scheduler.WorkerMachine`
-with its layer range. Frames travel as bytes over a transport (WebRTC data channels
+A :class:`Node` is one process's part of the room: a :class:`planner.chain.Chain` that
+runs only this device's machine (the model host's scheduler with its stage: embedding,
+its layers, head, the tokenizer and a drafter; or a worker's machine with its layer
+range). Frames travel as bytes over a transport (WebRTC data channels
 in ``runtime.transport``, or an in-process hub in tests); residuals go on the
 ``residual`` channel, answer tokens to a guest on ``reply``.
 
@@ -33,7 +33,8 @@ from planner.frames import DType, FrameError, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
                               QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               Wake)
-from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+from planner.chain import Chain
+from planner.scheduler import SchedulerConfig
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
@@ -127,8 +128,7 @@ class Node:
         self.deal = config.deal()
         self.sched_cfg = config.scheduler_config()
         self.is_host = config.device == config.host
-        self.machine = (HostScheduler(self.deal, self.sched_cfg) if self.is_host else
-                        WorkerMachine(config.device, self.deal, self.sched_cfg.return_path))
+        self.chain = Chain(self.deal, self.sched_cfg, runs={config.device})
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -179,7 +179,7 @@ class Node:
         """Feed one event to this node's machine and carry out its commands."""
         now = self.clock()
         self.trace.append((now, event))
-        for c in self.machine.handle(event, now):
+        for c in self.chain.handle(event, now):
             self.trace.append((now, c))
             self._execute(c)
 

@@ -3,9 +3,9 @@
 The driver owns a SimPy environment, one compute resource per device (stages run one
 at a time, in arrival order), one link per ordered pair of devices (sim/link.py), a
 device model per device (sim/devices.py) and an acceptance model (sim/acceptance.py).
-It feeds events to :class:`planner.scheduler.HostScheduler` and each
-:class:`planner.scheduler.WorkerMachine`, carries out their commands as timed SimPy
-processes, and records every event and command in the trace.
+It feeds events to the room's :class:`planner.chain.Chain` (the host's scheduler and
+every worker's machine behind one router), carries out the commands it returns as
+timed SimPy processes, and records every event and command in the trace.
 
 Tokens are synthetic but consistent: the target model's greedy answer is a fixed
 sequence ``truth(pos)``; the host's head predicts it exactly, and the drafter proposes
@@ -30,7 +30,8 @@ from planner.metrics import compute as compute_metrics
 from planner.protocol import (AnswerDone, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, QuestionAsked,
                               Refuse, RunHead, RunStage, SendFrame, StageFinished, Wake)
 from planner.room import Scenario
-from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+from planner.chain import Chain
+from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
 from sim.devices import DeviceModel
 from sim.link import Links
@@ -69,22 +70,25 @@ class Simulation:
         seeds = np.random.SeedSequence(scn.seed)
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
         self.config = SchedulerConfig.from_scenario(scn)
-        self.host = HostScheduler(self.deal, self.config)
-        self.workers = {s.device: WorkerMachine(s.device, self.deal, self.config.return_path)
-                        for s in self.deal.stages if s.device != self.deal.host}
+        self.chain = Chain(self.deal, self.config)
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
-        self.devices = {d.id: DeviceModel(d, scn.model, clock_down=d.clocks_down) for d in scn.devices}
+        prof = scn.profile
+        self.devices = {d.id: DeviceModel(d, scn.model, profile=prof.devices.get(d.id) if prof else None,
+                                          drafters=prof.drafters if prof else None,
+                                          self_wake=scn.decoding.wake and d.id == self.deal.host)
+                        for d in scn.devices}
         self._free_at: dict[str, float] = {}
         self.links = Links(self.env, scn.network, np.random.default_rng(link_seed))
         spec = scn.decoding.speculative
-        self.acceptance = make_acceptance(spec, np.random.default_rng(acc_seed)) if spec else None
-        self.draft_s_per_token = spec.draft_s_per_token if spec else None
+        measured = prof.drafters.get(spec.drafter) if (spec and prof) else None
+        self.acceptance = make_acceptance(spec, np.random.default_rng(acc_seed), measured) if spec else None
         self.trace: list[tuple[float, Any]] = []
         self.progress = progress
         self.tokens_total = scn.workload.questions * scn.workload.answer_tokens
         self.tokens_done = 0
         self._asked = 0
         self._lap_span: dict[int, tuple[int, int]] = {}  # lap -> (first position, tokens), from RunStage
+        self._prompt_len: dict[int, int] = {}  # question -> prompt tokens (laps before it are prefill)
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -92,13 +96,7 @@ class Simulation:
         """Record ``event`` and feed it to the machine it concerns; run the commands."""
         now = self.env.now
         self.trace.append((now, event))
-        cls = type(event)
-        machine = self.workers.get(event.device) if (cls is FrameArrived or cls is StageFinished) else None
-        if machine is not None:
-            cmds = machine.handle(event, now)
-        else:
-            cmds = self.host.handle(event, now)
-        for c in cmds:
+        for c in self.chain.handle(event, now):
             self.trace.append((now, c))
             self.execute(c)
 
@@ -126,8 +124,7 @@ class Simulation:
                          HeadFinished(c.lap_id, preds))
         elif cls is Draft:
             dm = self.devices[self.deal.host]
-            cost = (self.draft_s_per_token * c.k if self.draft_s_per_token is not None
-                    else dm.draft_s(c.k))
+            cost = dm.draft_s(c.k, self.scn.decoding.speculative)
             self._occupy(self.deal.host, lambda start: cost, DraftReady(c.draft_id, self._draft_tokens(c)))
         elif cls is Wake:
             self.devices[c.device].wake(env.now, env.now + c.max_s)
@@ -162,7 +159,9 @@ class Simulation:
 
     def _stage_s(self, c: RunStage, start: float) -> float:
         dm = self.devices[c.device]
-        s = dm.stage_s(self.stage_layers.get(c.device, 0), c.tokens, now_s=start)
+        # the stage reads the KV cache of the positions before this frame's first
+        s = dm.stage_s(self.stage_layers.get(c.device, 0), c.tokens, now_s=start, context_tokens=c.first_pos,
+                       decode=c.first_pos >= self._prompt_len.get(c.question_id, 0))
         if c.inputs:  # the model host embeds its inputs first
             s += dm.embed_s(c.tokens)
         return s
@@ -184,6 +183,7 @@ class Simulation:
         self._asked += 1
         who = w.asked_by[qid % len(w.asked_by)] if w.asked_by else self.deal.host
         prompt = tuple(truth(p) for p in range(w.prompt_tokens))
+        self._prompt_len[qid] = len(prompt)
         self.dispatch(QuestionAsked(qid, who, prompt, w.answer_tokens))
 
     # -- run ------------------------------------------------------------------------

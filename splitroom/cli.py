@@ -62,14 +62,19 @@ def deal_table(deal_, scn) -> Table:
     t = Table(title=f"{scn.name or 'room'} · {scn.model.name} ({scn.model.layers} layers) · split {deal_.split}",
               title_justify="left")
     for col, j in (("device", "left"), ("role", "left"), ("layers", "right"), ("used / lent", "right"),
-                   ("why", "left")):
+                   ("max context", "right"), ("why", "left")):
         t.add_column(col, justify=j)
     for sh in deal_.shares:
         st = deal_.stage_of(sh.device)
         layers = "-" if st is None else st.shown
         over = sh.used_bytes > sh.lends_bytes
         used = f"{format_bytes(sh.used_bytes)} / {format_bytes(sh.lends_bytes)}"
-        t.add_row(sh.device, sh.role, layers, f"[red]{used}[/]" if over else used, sh.why)
+        ctx = "-" if sh.max_context is None or (st is None and sh.role != "model host") else f"{sh.max_context:,}"
+        t.add_row(sh.device, sh.role, layers, f"[red]{used}[/]" if over else used, ctx, sh.why)
+    if deal_.max_context is not None:
+        t.caption = (f"the room holds a context of at most {deal_.max_context:,} tokens "
+                     f"(set: {scn.options.context_tokens:,})")
+        t.caption_justify = "left"
     return t
 
 

@@ -52,7 +52,6 @@ log = logging.getLogger("splitroom.join")
 CONTROL = "reply"  # the hello/plan/bye messages travel on the reply channel
 RESIDUAL = "residual"
 MODEL_ID = "smollm2-135m"
-EOS_TOKEN = 2
 
 
 class JoinError(RuntimeError):
@@ -168,6 +167,23 @@ def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "m
         raise JoinError(f"ranges end at layer {expect}, the model has {n_layers}: "
                         + ", ".join(f"{x} {shown(p, q)}" for x, p, q in chain))
     return chain
+
+
+def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg) -> dict:
+    """The room's scheduler settings as JSON, made as every room makes them
+    (:meth:`SchedulerConfig.from_scenario` over a scenario of the joined devices with
+    the default decoding), stopping on the model's own eos id (``mcfg.eos_id``).
+
+    Raises JoinError (status 2) when the model on disk is not the catalog's model."""
+    from planner.model import lookup
+    from planner.room import Device, Scenario
+    from planner.scheduler import SchedulerConfig
+    model = lookup(MODEL_ID)
+    if model.hidden != mcfg.hidden:
+        raise JoinError(f"the model on disk has hidden {mcfg.hidden}, {MODEL_ID} has {model.hidden}")
+    devices = tuple(Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items()))
+    scn = Scenario(name=room, seed=0, model=model, devices=devices)
+    return SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id).to_json()
 
 
 # --------------------------------------------------------------------------- one device
@@ -367,8 +383,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                 for p in peers:
                     await mux.say(p, {"type": "abort", "reason": str(e)})
                 raise
-            sched = dict(hidden=mcfg.hidden, prefill_chunk=16, draft_tokens=0, async_laps=1, return_path="direct",
-                         wake=False, phones=[], eos_token=EOS_TOKEN, dtype=0)
+            sched = _scheduler_settings(room, hellos, mcfg)
             plan = {"type": "plan", "host": opts.device, "stages": chain, "scheduler": sched,
                     "max_new_tokens": opts.max_new_tokens}
             for p in peers:

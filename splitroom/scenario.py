@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from planner import model as catalog_mod
+from planner.deal import DEFAULT_HEADROOM
 from planner.model import Architecture, ModelSpec, spec_from_architecture
 from planner.room import (DealOptions, Decoding, Device, Episodes, Jitter, LinkSpec, Network,
                           PinnedStage, Scenario, Speculative, Workload)
@@ -151,7 +152,8 @@ class InlineModelIn(_Strict):
     name: str = "inline"
     layers: int = Field(ge=1)
     hidden: int = Field(ge=1)
-    layer_bytes: Size | None = None
+    # one size for every layer, or a list of per-layer sizes (length `layers`)
+    layer_bytes: Size | list[Size] | None = None
     layer_active_bytes: Size | None = None
     kv_bytes_per_token: Size = 0
     embedding_bytes: Size = 0
@@ -170,6 +172,9 @@ class InlineModelIn(_Strict):
     def _sizes_or_architecture(self):
         if self.layer_bytes is None and None in (self.heads, self.ffn, self.vocab):
             raise ValueError("an inline model needs layer_bytes, or heads, ffn and vocab to derive it")
+        if isinstance(self.layer_bytes, list) and len(self.layer_bytes) != self.layers:
+            raise ValueError(f"layer_bytes: a list needs one size per layer ({self.layers}), "
+                             f"got {len(self.layer_bytes)}")
         return self
 
 
@@ -191,7 +196,8 @@ class ScenarioIn(_Strict):
     model: Any = "smollm2-135m"  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
     context: int = Field(default=8192, ge=1)
     kv_cache: Literal["f16", "q8"] = "f16"
-    split: Literal["speed", "memory"] = "speed"
+    split: Literal["speed", "memory", "optimal"] = "speed"
+    headroom: float = Field(default=DEFAULT_HEADROOM, ge=0.0, lt=1.0)  # fraction of each lend kept free
     phone_layers: bool = False
     host: str | None = None
     stages: list[StageIn] | None = None
@@ -225,11 +231,13 @@ def _model_spec(m: Any) -> ModelSpec:
         raise _KeyProblem("model", f"expected a catalog id, an inline mapping, {{gguf: PATH}} or "
                                    f"{{safetensors: DIR}}, got {m!r}")
     if m.layer_bytes is not None:
+        sizes = tuple(int(x) for x in m.layer_bytes) if isinstance(m.layer_bytes, list) else ()
+        lb = -(-sum(sizes) // len(sizes)) if sizes else int(m.layer_bytes)  # the mean, rounded up
         return ModelSpec(
             id=m.name, name=m.name, layers=m.layers, hidden=m.hidden,
-            layer_bytes=int(m.layer_bytes),
-            layer_active_bytes=int(m.layer_active_bytes if m.layer_active_bytes is not None else m.layer_bytes),
-            layer_flops_per_token=2.0 * (m.layer_active_bytes or m.layer_bytes) / (_DTYPE_BITS[m.dtype or "f16"] / 8),
+            layer_bytes=lb, layer_sizes=sizes,
+            layer_active_bytes=int(m.layer_active_bytes if m.layer_active_bytes is not None else lb),
+            layer_flops_per_token=2.0 * (m.layer_active_bytes or lb) / (_DTYPE_BITS[m.dtype or "f16"] / 8),
             kv_bytes_per_token=int(m.kv_bytes_per_token), embedding_bytes=int(m.embedding_bytes),
             head_bytes=int(m.head_bytes), draft_bytes=int(m.draft_bytes),
             residual_bytes_per_token=int(m.residual_bytes_per_token if m.residual_bytes_per_token is not None
@@ -282,7 +290,7 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
             pins.append(PinnedStage(st.device, a - 1, b))
         pins = tuple(pins)
     options = DealOptions(context_tokens=s.context, kv_cache=s.kv_cache, split=s.split,
-                          phone_layers=s.phone_layers, host=s.host, stages=pins)
+                          phone_layers=s.phone_layers, host=s.host, stages=pins, headroom=s.headroom)
 
     def jit(j: JitterIn | None) -> Jitter | None:
         if j is None:

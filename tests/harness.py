@@ -13,7 +13,8 @@ from typing import Callable
 
 from planner.protocol import (AnswerDone, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, LapEnded,
                               QuestionAsked, Refuse, RunHead, RunStage, SendFrame, StageFinished)
-from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+from planner.chain import Chain
+from planner.scheduler import SchedulerConfig
 
 
 def truth(pos: int) -> int:
@@ -22,15 +23,14 @@ def truth(pos: int) -> int:
 
 
 class Harness:
-    """Drives a HostScheduler and its WorkerMachines with instant, reorderable work.
+    """Drives a room's :class:`planner.chain.Chain` with instant, reorderable work.
 
     ``accept(k) -> int`` says how many leading drafts of a k-token draft are right.
     """
 
     def __init__(self, deal, config: SchedulerConfig, accept: Callable[[int], int] = lambda k: 0):
-        self.host = HostScheduler(deal, config)
-        self.workers = {s.device: WorkerMachine(s.device, deal, config.return_path)
-                        for s in deal.stages if s.device != deal.host}
+        self.chain = Chain(deal, config)
+        self.host = self.chain.host
         self.channels: dict[tuple, deque] = {}
         self.accept = accept
         self.log: list = []
@@ -67,8 +67,7 @@ class Harness:
 
     def dispatch(self, ev) -> None:
         self.log.append(ev)
-        m = self.workers.get(ev.device) if isinstance(ev, (FrameArrived, StageFinished)) else None
-        cmds = m.handle(ev, 0.0) if m is not None else self.host.handle(ev, 0.0)
+        cmds = self.chain.handle(ev, 0.0)
         q = self.host.queue
         self.max_waiting_seen = max(self.max_waiting_seen, len(q))
         for d in {w.device for w in q}:
