@@ -47,6 +47,33 @@ def load_scenario(path: str, sets: Optional[List[str]]):
         fail(str(e))
 
 
+def check_output(path: Optional[str], option: str) -> None:
+    """Exit 2 with one line when ``path`` (the value of ``option``, a file to write)
+    cannot be written: its directory is missing or not writable, or it is a directory."""
+    if not path:
+        return
+    import os
+    from pathlib import Path
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        fail(f"{option} {path}: directory {parent} does not exist")
+    if p.is_dir():
+        fail(f"{option} {path}: is a directory, not a file")
+    if not os.access(parent, os.W_OK):
+        fail(f"{option} {path}: directory {parent} is not writable")
+
+
+def check_simulable(scn, source: str) -> None:
+    """Exit 2 with one line when the simulator cannot run ``scn``: speculative decoding
+    with ``acceptance: null`` and neither ``accepted_lengths`` nor ``accepted_sequence``
+    (null is for real runs, where the model decides)."""
+    spec = scn.decoding.speculative
+    if spec is not None and spec.acceptance is None and not (spec.accepted_lengths or spec.accepted_sequence):
+        fail(f"{source}: decoding.speculative.acceptance: null needs accepted_lengths or accepted_sequence "
+             "to simulate (or give a probability 0-1)")
+
+
 def deal_scenario(scn, source: str):
     """Deal a scenario's room or exit 2 naming the problem."""
     from planner.deal import DealError, deal
@@ -152,15 +179,21 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
              progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar.")):
     """Predict how fast the room answers: tokens/s, time to first token, latency, where time goes."""
     scn = load_scenario(scenario, set_).with_measured()
+    check_output(trace, "--trace")
+    check_output(plot, "--plot")
+    check_simulable(scn, scenario)
     d = deal_scenario(scn, scenario)
     from splitroom.report import run_simulation
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)
-    if trace:
-        from splitroom.report import write_trace
-        write_trace(trace, result.trace)
-    if plot:
-        from splitroom.plots import plot_run
-        plot_run(result, plot, title=f"{scn.name or scenario}: {scn.model.name}")
+    try:
+        if trace:
+            from splitroom.report import write_trace
+            write_trace(trace, result.trace)
+        if plot:
+            from splitroom.plots import plot_run
+            plot_run(result, plot, title=f"{scn.name or scenario}: {scn.model.name}")
+    except OSError as e:
+        fail(f"{e.filename or trace or plot}: cannot write ({e.strerror or e})")
     if as_json:
         m = {k: v for k, v in result.metrics.items()}
         print(json.dumps({"plan": d.to_json(), "metrics": m}, indent=2))
@@ -257,8 +290,13 @@ def generate(prompt: str = typer.Argument(..., help="The question to answer."),
 def relay(host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for a LAN)."),
           port: int = typer.Option(8765, "--port", help="TCP port.")):
     """Run the signalling relay (SDP offers/answers only) at ws://HOST:PORT/room/ROOM."""
+    if not 0 <= port <= 65535:
+        fail(f"--port {port}: expected a TCP port 0-65535")
     from runtime.relay import main as relay_main
-    relay_main(host, port)
+    try:
+        relay_main(host, port)
+    except OSError as e:  # address in use, not an address of this machine, no permission
+        fail(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
 
 
 @app.command()

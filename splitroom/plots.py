@@ -52,6 +52,16 @@ def _intervals(trace, t0: float, t1: float):
     return boxes, hops
 
 
+def _hist_bins(values: np.ndarray, bins: int = 60) -> dict:
+    """Histogram arguments for ``values``: ``bins`` equal bins over their range, or one
+    bar 1 unit wide when the range is too narrow for ``bins`` finite bins (all gaps
+    equal, or equal up to rounding: numpy would raise "Too many bins for data range")."""
+    lo, hi = float(np.min(values)), float(np.max(values))
+    if hi - lo <= 1e-9 * max(1.0, abs(lo), abs(hi)) * bins:
+        return {"bins": 1, "range": (lo - 0.5, hi + 0.5)}
+    return {"bins": bins, "range": (lo, hi)}
+
+
 def plot_run(result, path: str, title: str = "", laps: int = 6) -> None:
     """Write a PNG: top, a timeline of ``laps`` decode laps (devices as rows: layer
     compute, head, draft as bars, hops as lines); bottom, the inter-token latency
@@ -97,7 +107,7 @@ def plot_run(result, path: str, title: str = "", laps: int = 6) -> None:
             emits.setdefault(o.question_id, []).append(t)
     gaps = np.array([b - a for ts in emits.values() for a, b in zip(ts, ts[1:])]) * 1000
     if gaps.size:
-        bx.hist(gaps, bins=60, color="#4C72B0")
+        bx.hist(gaps, **_hist_bins(gaps), color="#4C72B0")
         for q, ls in ((50, "--"), (99, ":")):
             v = np.percentile(gaps, q)
             bx.axvline(v, color="k", ls=ls, lw=1)

@@ -35,15 +35,37 @@ def _q(kind: str):
     return BeforeValidator(check, json_schema_input_type=str)
 
 
+def _positive(kind: str):
+    def check(v: Any) -> float:
+        x = units.parse(v, kind)
+        if x <= 0:
+            raise units.QuantityError(f"expected {units.example(kind)} that is more than 0, got {units.show(v)}")
+        return x
+    return BeforeValidator(check, json_schema_input_type=str)
+
+
 Size = Annotated[float, _q("size")]
 Time = Annotated[float, _q("time")]
 Rate = Annotated[float, _q("rate")]
 Compute = Annotated[float, _q("compute")]
 Price = Annotated[float, _q("price")]
+#: a rate, compute or time that something is divided by: zero is refused
+PosRate = Annotated[float, _positive("rate")]
+PosCompute = Annotated[float, _positive("compute")]
+PosTime = Annotated[float, _positive("time")]
+
+#: Upper bounds on counts, so that a typo like ``questions: 1e9`` is an error, not a
+#: simulation that runs for days.
+MAX_CONTEXT = 1 << 24
+MAX_QUESTIONS = 100_000
+#: Largest scenario after YAML aliases are expanded (values), and deepest nesting: an
+#: alias bomb ("billion laughs") is refused before anything walks it.
+MAX_VALUES = 200_000
+MAX_DEPTH = 32
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class EmulateIn(_Strict):
@@ -56,10 +78,10 @@ class DeviceIn(_Strict):
     kind: Literal["computer", "phone"] = "computer"
     webgpu: bool = True
     lends: Size
-    memory_bandwidth: Rate | None = None
-    compute: Compute | None = None
-    copy_speed: Rate | None = None
-    ms_per_layer: Time | None = None
+    memory_bandwidth: PosRate | None = None
+    compute: PosCompute | None = None
+    copy_speed: PosRate | None = None
+    ms_per_layer: PosTime | None = None
     price: Price | None = None
     emulate: EmulateIn | None = None
     clocks_down: bool | None = None
@@ -98,7 +120,7 @@ class LinkIn(_Strict):
     to: str | None = None
     rtt: Time | None = None
     jitter: JitterIn | None = None
-    bandwidth: Rate | None = None
+    bandwidth: PosRate | None = None
     hop_overhead: Time | None = None
     episodes: EpisodesIn | None = None
     window: Size | None = None
@@ -116,7 +138,7 @@ class LinkIn(_Strict):
 class NetworkIn(_Strict):
     rtt: Time = 0.001
     jitter: JitterIn = JitterIn()
-    bandwidth: Rate = 125e6
+    bandwidth: PosRate = 125e6
     hop_overhead: Time = 0.0
     episodes: EpisodesIn | None = None
     links: list[LinkIn] = []
@@ -124,9 +146,9 @@ class NetworkIn(_Strict):
 
 
 class WorkloadIn(_Strict):
-    questions: int = Field(default=1, ge=1)
-    prompt_tokens: int = Field(default=128, ge=1)
-    answer_tokens: int = Field(default=128, ge=1)
+    questions: int = Field(default=1, ge=1, le=MAX_QUESTIONS)
+    prompt_tokens: int = Field(default=128, ge=1, le=MAX_CONTEXT)
+    answer_tokens: int = Field(default=128, ge=1, le=MAX_CONTEXT)
     prompts: list[str] = []
     asked_by: list[str] = []
 
@@ -186,15 +208,15 @@ class StageIn(_Strict):
 class MeasuredIn(_Strict):
     """What a real run measured (``splitroom run --real --calibration FILE`` writes it)."""
 
-    ms_per_layer: dict[str, Time] = {}
+    ms_per_layer: dict[str, PosTime] = {}
     head_per_row: Time | None = None  # the host's output head + sampling per row of a lap
 
 
 class ScenarioIn(_Strict):
     name: str = ""
-    seed: int = 1
+    seed: int = Field(default=1, ge=0, le=2**64 - 1)
     model: Any = "smollm2-135m"  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
-    context: int = Field(default=8192, ge=1)
+    context: int = Field(default=8192, ge=1, le=MAX_CONTEXT)
     kv_cache: Literal["f16", "q8"] = "f16"
     split: Literal["speed", "memory", "optimal"] = "speed"
     headroom: float = Field(default=DEFAULT_HEADROOM, ge=0.0, lt=1.0)  # fraction of each lend kept free
@@ -229,7 +251,7 @@ def _model_spec(m: Any) -> ModelSpec:
             raise _KeyProblem(f"model.{path}", msg) from None
     else:
         raise _KeyProblem("model", f"expected a catalog id, an inline mapping, {{gguf: PATH}} or "
-                                   f"{{safetensors: DIR}}, got {m!r}")
+                                   f"{{safetensors: DIR}}, got {units.show(m)}")
     if m.layer_bytes is not None:
         sizes = tuple(int(x) for x in m.layer_bytes) if isinstance(m.layer_bytes, list) else ()
         lb = -(-sum(sizes) // len(sizes)) if sizes else int(m.layer_bytes)  # the mean, rounded up
@@ -263,9 +285,9 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
     ids = [d.id for d in s.devices]
     for i, d in enumerate(ids):
         if d in ids[:i]:
-            raise _KeyProblem(f"devices[{i}].id", f"duplicate device id {d!r}")
+            raise _KeyProblem(f"devices[{i}].id", f"duplicate device id {units.show(d)}")
     if s.host is not None and s.host not in ids:
-        raise _KeyProblem("host", f"{s.host!r} is not a device (devices: {', '.join(ids)})")
+        raise _KeyProblem("host", f"{units.show(s.host)} is not a device (devices: {', '.join(ids)})")
     model = _model_spec(s.model)
     devices = tuple(
         Device(id=d.id, name=d.name or d.id, kind=d.kind, webgpu=d.webgpu, lends_bytes=int(d.lends),
@@ -278,15 +300,15 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
         pins = []
         for i, st in enumerate(s.stages):
             if st.device not in ids:
-                raise _KeyProblem(f"stages[{i}].device", f"{st.device!r} is not a device")
+                raise _KeyProblem(f"stages[{i}].device", f"{units.show(st.device)} is not a device")
             m = _RANGE.match(st.layers)
             if not m:
-                raise _KeyProblem(f"stages[{i}].layers", f"expected a range like '1-13', got {st.layers!r}")
+                raise _KeyProblem(f"stages[{i}].layers", f"expected a range like '1-13', got {units.show(st.layers)}")
             a = int(m.group(1))
             b = int(m.group(2) or a)
             if a < 1 or b < a or b > model.layers:
                 raise _KeyProblem(f"stages[{i}].layers",
-                                  f"range {st.layers!r} is outside 1-{model.layers} or reversed")
+                                  f"range {units.show(st.layers)} is outside 1-{model.layers} or reversed")
             pins.append(PinnedStage(st.device, a - 1, b))
         pins = tuple(pins)
     options = DealOptions(context_tokens=s.context, kv_cache=s.kv_cache, split=s.split,
@@ -305,7 +327,7 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
         ends = tuple(link.between) if link.between is not None else (link.from_, link.to)
         for e in ends:
             if e not in ids:
-                raise _KeyProblem(f"network.links[{i}]", f"{e!r} is not a device")
+                raise _KeyProblem(f"network.links[{i}]", f"{units.show(e)} is not a device")
         if ends[0] == ends[1]:
             raise _KeyProblem(f"network.links[{i}]", "a link joins two different devices")
         links.append(LinkSpec(between=ends, directed=link.between is None, rtt_s=link.rtt, jitter=jit(link.jitter),
@@ -316,7 +338,7 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                       episodes=ep(n.episodes), links=tuple(links), window_bytes=n.window)
     for i, who in enumerate(s.workload.asked_by):
         if who not in ids:
-            raise _KeyProblem(f"workload.asked_by[{i}]", f"{who!r} is not a device")
+            raise _KeyProblem(f"workload.asked_by[{i}]", f"{units.show(who)} is not a device")
     w = s.workload
     workload = Workload(questions=w.questions, prompt_tokens=w.prompt_tokens, answer_tokens=w.answer_tokens,
                         prompts=tuple(w.prompts), asked_by=tuple(w.asked_by))
@@ -335,7 +357,7 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
     if s.measured is not None:
         for dev, v in s.measured.ms_per_layer.items():
             if dev not in ids:
-                raise _KeyProblem(f"measured.ms_per_layer.{dev}", f"{dev!r} is not a device")
+                raise _KeyProblem(f"measured.ms_per_layer.{dev}", f"{units.show(dev)} is not a device")
             measured[dev] = v
     return Scenario(name=s.name, seed=s.seed, model=model, devices=devices, options=options, network=network,
                     workload=workload, decoding=decoding, measured_s_per_layer=measured,
@@ -382,7 +404,7 @@ def _first_error(e: ValidationError) -> tuple[str, str]:
     if err["type"] == "missing":
         msg = "required key is missing"
     if err["type"] == "model_type":  # "... instance of SpeculativeIn" names a class of ours
-        msg = f"expected a mapping of keys, got {err.get('input')!r}"
+        msg = f"expected a mapping of keys, got {units.show(err.get('input'))}"
     return _loc(err["loc"]), msg
 
 
@@ -408,7 +430,7 @@ def set_key(data: dict, dotted: str, value: Any) -> None:
             cur = cur[p]
         else:
             if not isinstance(cur, dict):
-                raise ScenarioError(f"--set {dotted}: {p!r} is not inside a mapping")
+                raise ScenarioError(f"--set {dotted}: {units.show(p)} is not inside a mapping")
             if cur.get(p) is None:
                 cur[p] = [] if isinstance(nxt, int) else {}
             cur = cur[p]
@@ -419,7 +441,7 @@ def set_key(data: dict, dotted: str, value: Any) -> None:
         cur[last] = value
     else:
         if not isinstance(cur, dict):
-            raise ScenarioError(f"--set {dotted}: {last!r} is not inside a mapping")
+            raise ScenarioError(f"--set {dotted}: {units.show(last)} is not inside a mapping")
         cur[last] = value
 
 
@@ -435,6 +457,46 @@ def parse_set(assignment: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def check_size(data: Any, source: str) -> None:
+    """Refuse a loaded scenario larger than :data:`MAX_VALUES` values once YAML aliases
+    are expanded (every visit of a shared node counts), or nested deeper than
+    :data:`MAX_DEPTH`: an alias bomb stops here, before validation or an error message
+    walks it. Stops counting at the limit, so it takes at most ``MAX_VALUES`` steps.
+
+    Raises ScenarioError (one line naming ``source``)."""
+    count = 0
+    stack = [(data, 0)]
+    while stack:
+        v, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ScenarioError(f"{source}: more than {MAX_VALUES} values once YAML aliases are expanded "
+                                "(an alias bomb?)")
+        if depth > MAX_DEPTH:
+            raise ScenarioError(f"{source}: nested more than {MAX_DEPTH} levels deep")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                stack.append((k, depth + 1))
+                stack.append((x, depth + 1))
+        elif isinstance(v, (list, tuple, set)):
+            stack.extend((x, depth + 1) for x in v)
+
+
+def _read_yaml(text: str, name: str, what: str = "") -> Any:
+    """YAML text -> Python objects, every failure one ScenarioError line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ScenarioError(f"{name}: {what}{where}: not valid YAML "
+                            f"({str(getattr(e, 'problem', None) or str(e).splitlines()[0])[:200]})") from None
+    except RecursionError:
+        raise ScenarioError(f"{name}: {what}nested too deep to read") from None
+    except (ValueError, OverflowError) as e:  # e.g. an integer of more than 4300 digits
+        raise ScenarioError(f"{name}: {what}not a value this tool reads ({units.show(str(e))})") from None
+
+
 def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = ()) -> Scenario:
     """Validate a raw scenario mapping (as loaded from YAML) and apply ``--set`` overrides.
 
@@ -442,9 +504,11 @@ def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = (
     """
     if not isinstance(data, dict):
         raise ScenarioError(f"{source}: expected a mapping of scenario keys at the top")
+    check_size(data, source)
     for o in overrides:
         try:
             key, value = parse_set(o)
+            check_size(value, f"--set {units.show(key)}")
             set_key(data, key, value)
         except ScenarioError as e:  # name the file the override was applied to
             raise ScenarioError(f"{source}: {e}") from None
@@ -458,25 +522,28 @@ def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = (
         raise ScenarioError(f"{source}: {e.path}: {e.msg}") from None
 
 
+def _read_text(p: Path, name: str) -> str:
+    """A file's text (UTF-8); an unreadable or non-UTF-8 file is one ScenarioError line."""
+    try:
+        return p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(f"{name}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{name}: not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x})") from None
+
+
 def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
     """Load and validate a scenario file. Raises ScenarioError (one line) on any problem."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(f"{p.name}: cannot read ({e.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "?"
-        raise ScenarioError(f"{p.name}: {where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    text = _read_text(p, p.name)
+    data = _read_yaml(text, p.name)
+    if isinstance(data, dict):
+        check_size(data, p.name)
     if isinstance(data, dict) and isinstance(data.get("calibration"), str):
         cal_path = (p.parent / data["calibration"])
-        try:
-            cal = yaml.safe_load(cal_path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as e:
-            raise ScenarioError(f"{p.name}: calibration: cannot read {cal_path.name} ({e})") from None
+        what = f"calibration: {cal_path.name}: "
+        cal = _read_yaml(_read_text(cal_path, f"{p.name}: {what}".rstrip(": ")), p.name, what)
+        check_size(cal, f"{p.name}: {what}".rstrip(": "))
         if not isinstance(cal, dict) or not isinstance(cal.get("measured"), dict):
             raise ScenarioError(f"{p.name}: calibration: {cal_path.name} has no `measured:` mapping")
         data = dict(data)

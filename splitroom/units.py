@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import reprlib
 
 import pint
 
@@ -74,6 +75,29 @@ _KINDS = {
 }
 
 
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = 60
+_SHOW.maxother = 60
+_SHOW.maxlevel = 2
+_SHOW.maxlist = _SHOW.maxdict = _SHOW.maxtuple = _SHOW.maxset = 4
+
+
+def show(value: object) -> str:
+    """``repr(value)`` cut short (at most about 60 characters per string, 4 items per
+    list or mapping, 2 levels deep), for one-line error messages about user input."""
+    try:
+        return _SHOW.repr(value)
+    except Exception:  # a repr that fails must not hide the error being reported
+        return f"<{type(value).__name__}>"
+
+
+def example(kind: str) -> str:
+    """How a quantity of ``kind`` is written, for error messages ("a size like '24 GiB'").
+
+    Raises KeyError for an unknown kind."""
+    return _KINDS[kind][1]
+
+
 def parse(value: object, kind: str) -> float:
     """Parse ``value`` as a quantity of ``kind`` and return it in base units.
 
@@ -84,22 +108,22 @@ def parse(value: object, kind: str) -> float:
     """
     unit, example = _KINDS[kind]
     if isinstance(value, bool) or not isinstance(value, str):
-        raise QuantityError(f"expected {example}, got {value!r}")
+        raise QuantityError(f"expected {example}, got {show(value)}")
     if not _NUMBER_THEN_UNIT.match(value):  # "GiB" alone is not 1 GiB; "nan GiB" is no size
-        raise QuantityError(f"expected {example}, got {value!r}")
+        raise QuantityError(f"expected {example}, got {show(value)}")
     ureg = registry()
     try:
         q = ureg.Quantity(value.strip())
     except Exception:
-        raise QuantityError(f"expected {example}, got {value!r}") from None
+        raise QuantityError(f"expected {example}, got {show(value)}") from None
     if not isinstance(q, pint.Quantity) or q.dimensionless:
-        raise QuantityError(f"expected {example}, got {value!r}")
+        raise QuantityError(f"expected {example}, got {show(value)}")
     try:
         x = float(q.to(unit).magnitude)
     except pint.errors.DimensionalityError:
-        raise QuantityError(f"expected {example}, got {value!r}") from None
+        raise QuantityError(f"expected {example}, got {show(value)}") from None
     if not math.isfinite(x):
-        raise QuantityError(f"expected {example} that is finite, got {value!r}")
+        raise QuantityError(f"expected {example} that is finite, got {show(value)}")
     if x < 0:
-        raise QuantityError(f"expected {example} that is not negative, got {value!r}")
+        raise QuantityError(f"expected {example} that is not negative, got {show(value)}")
     return x

@@ -1,0 +1,213 @@
+"""Bad input through the CLI (issue 11): every input below prints ONE line on stderr
+naming the file (or option) and the key path, exits with status 2, and shows no
+traceback; nothing is half-written."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+from splitroom.cli import app
+
+ONE = """\
+name: one
+model: smollm2-135m
+context: 2048
+devices:
+  - id: a
+    lends: 1 GiB
+workload: {questions: 1, prompt_tokens: 8, answer_tokens: 6}
+"""
+
+TWO = ONE.replace("    lends: 1 GiB\n", "    lends: 1 GiB\n  - id: b\n    lends: 1 GiB\n")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def one_line_exit_2(r, *parts: str) -> str:
+    """Exit 2, one stderr line, no traceback, every part in the line."""
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr, r.exception)
+    assert isinstance(r.exception, SystemExit), r.exception
+    err = r.stderr.strip()
+    assert "\n" not in err, err
+    assert "Traceback" not in r.stderr + r.stdout
+    for p in parts:
+        assert p in err, (p, err)
+    return err
+
+
+def write(tmp_path, text: str, name: str = "room.yaml"):
+    f = tmp_path / name
+    f.write_text(text)
+    return str(f)
+
+
+def test_acceptance_null_without_recorded_lengths_cannot_be_simulated(tmp_path):
+    f = write(tmp_path, ONE + "decoding: {speculative: {acceptance: null}}\n")
+    # planning does not need an acceptance model: null is allowed there (documented)
+    assert invoke("plan", f, "--json").exit_code == 0
+    one_line_exit_2(invoke("simulate", f, "--no-progress"), "room.yaml: ", "decoding.speculative.acceptance",
+                    "null", "accepted_lengths")
+
+
+def test_acceptance_null_with_recorded_lengths_simulates(tmp_path):
+    f = write(tmp_path, ONE + "decoding: {speculative: {acceptance: null, draft_tokens: 2, "
+                              "accepted_sequence: [2, 1]}}\n")
+    r = invoke("simulate", f, "--no-progress", "--json")
+    assert r.exit_code == 0, r.stderr
+
+
+@pytest.mark.parametrize("seed", ["-1", "-99999999999999999999", "1.5", "many", str(2**64)])
+def test_bad_seed(tmp_path, seed):
+    f = write(tmp_path, ONE + f"seed: {seed}\n")
+    one_line_exit_2(invoke("simulate", f, "--no-progress"), "room.yaml: seed:")
+
+
+def test_largest_seed_is_accepted(tmp_path):
+    f = write(tmp_path, ONE + f"seed: {2**64 - 1}\n")
+    assert invoke("simulate", f, "--no-progress", "--json").exit_code == 0
+
+
+def test_plot_of_a_room_whose_gaps_are_all_equal(tmp_path):
+    """One device, no jitter: every inter-token gap is the same (numpy's "Too many bins")."""
+    f = write(tmp_path, ONE)
+    png = tmp_path / "one.png"
+    r = invoke("simulate", f, "--no-progress", "--plot", str(png))
+    assert r.exit_code == 0, (r.stderr, r.exception)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hist_bins_for_equal_and_spread_values():
+    import numpy as np
+
+    from splitroom.plots import _hist_bins
+    eq = np.array([12.3, 12.3 + 1e-12, 12.3])
+    assert _hist_bins(eq) == {"bins": 1, "range": (12.3 - 0.5, 12.3 + 1e-12 + 0.5)}
+    np.histogram(eq, **_hist_bins(eq))  # numpy accepts it
+    spread = np.array([1.0, 2.0, 4.0])
+    assert _hist_bins(spread) == {"bins": 60, "range": (1.0, 4.0)}
+
+
+@pytest.mark.parametrize("option", ["--trace", "--plot"])
+def test_output_into_a_missing_directory(tmp_path, option):
+    f = write(tmp_path, ONE)
+    target = tmp_path / "no" / "such" / "out.file"
+    err = one_line_exit_2(invoke("simulate", f, "--no-progress", option, str(target)), option, "does not exist")
+    assert str(target.parent) in err
+    assert not (tmp_path / "no").exists()
+
+
+def test_output_onto_a_directory(tmp_path):
+    f = write(tmp_path, ONE)
+    one_line_exit_2(invoke("simulate", f, "--no-progress", "--trace", str(tmp_path)), "--trace", "directory")
+
+
+@pytest.mark.parametrize("data, byte", [(b'name: "caf\xe9"\n', "0xe9"), (b"\xff\xfename: x\n", "0xff")])
+def test_scenario_that_is_not_utf8(tmp_path, data, byte):
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes(data)
+    one_line_exit_2(invoke("plan", str(f)), "latin1.yaml: ", "not UTF-8", byte)
+
+
+def test_calibration_file_that_is_not_utf8(tmp_path):
+    (tmp_path / "cal.yaml").write_bytes(b"measured: {ms_per_layer: {a: \"1 \xb5s\"}}\n")
+    f = write(tmp_path, ONE + "calibration: cal.yaml\n")
+    one_line_exit_2(invoke("plan", f), "room.yaml", "cal.yaml", "not UTF-8")
+
+
+@pytest.mark.parametrize("port", ["99999", "65536", "-1"])
+def test_relay_port_out_of_range(port):
+    one_line_exit_2(invoke("relay", "--port", port), f"--port {port}", "0-65535")
+
+
+def test_relay_port_in_use():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        port = s.getsockname()[1]
+        one_line_exit_2(invoke("relay", "--port", str(port)), f"--port {port}", "cannot listen")
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("key, value, kind", [
+    ("compute", "0 TFLOPS", "compute"),
+    ("ms_per_layer", "0 ms", "a time"),
+    ("memory_bandwidth", "0 GB/s", "a rate"),
+    ("copy_speed", "0 GB/s", "a rate"),
+])
+@pytest.mark.parametrize("room", [ONE, TWO], ids=["one-device", "two-devices"])
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_zero_capacity_device(tmp_path, key, value, kind, room, command):
+    f = write(tmp_path, room.replace("    lends: 1 GiB\n", f"    lends: 1 GiB\n    {key}: {value}\n", 1))
+    one_line_exit_2(invoke(command, f), f"room.yaml: devices[0].{key}: ", kind, "more than 0", value)
+
+
+def test_zero_network_bandwidth(tmp_path):
+    f = write(tmp_path, TWO + "network: {bandwidth: 0 Gbit/s}\n")
+    one_line_exit_2(invoke("simulate", f), "room.yaml: network.bandwidth: ", "more than 0")
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("context: 100000000\n", ["context:", "less than or equal to 16777216"]),
+    ("workload: {questions: 1000000000}\n", ["workload.questions", "100000"]),
+    ("decoding: {speculative: {acceptance: .nan}}\n", ["decoding.speculative.acceptance"]),
+    ("devices: [{id: a, lends: 1 GiB, emulate: {slowdown: .inf}}]\n", ["devices[0].emulate.slowdown", "finite"]),
+    ("name: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[x]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n", ["nested more than 32"]),
+])
+def test_huge_and_odd_values(tmp_path, text, parts):
+    base = ONE if not text.startswith("devices") else ONE.split("devices:")[0]
+    if text.startswith("workload"):
+        base = ONE.replace("workload: {questions: 1, prompt_tokens: 8, answer_tokens: 6}\n", "")
+    one_line_exit_2(invoke("plan", write(tmp_path, base + text)), "room.yaml: ", *parts)
+
+
+def test_integer_too_long_to_read(tmp_path):
+    one_line_exit_2(invoke("plan", write(tmp_path, ONE + "seed: " + "9" * 5000 + "\n")), "room.yaml: ", "4300")
+
+
+def test_yaml_nested_beyond_the_parser(tmp_path):
+    one_line_exit_2(invoke("plan", write(tmp_path, "name: " + "[" * 20000 + "]" * 20000 + "\n")),
+                    "room.yaml: ", "nested too deep")
+
+
+def bomb(levels: int, width: int = 9) -> str:
+    """A "billion laughs" YAML: ``width ** levels`` leaves from a few hundred bytes."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels + 1):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    return "\n".join(lines) + f"\nname: *l{levels}\n"
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path):
+    import time
+    f = write(tmp_path, ONE.replace("name: one\n", "") + bomb(9))  # 9**10 = 3.5e9 leaves
+    t0 = time.perf_counter()
+    one_line_exit_2(invoke("plan", f), "room.yaml: ", "alias")
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_alias_bomb_in_a_set_value(tmp_path):
+    f = write(tmp_path, ONE)
+    value = "{a: &a [x, x, x, x, x, x, x, x], b: &b [*a, *a, *a, *a, *a, *a, *a, *a], " \
+            "c: &c [*b, *b, *b, *b, *b, *b, *b, *b], d: &d [*c, *c, *c, *c, *c, *c, *c, *c], " \
+            "e: &e [*d, *d, *d, *d, *d, *d, *d, *d], f: [*e, *e, *e, *e, *e, *e, *e, *e]}"
+    one_line_exit_2(invoke("plan", f, "--set", f"name={value}"), "room.yaml: ", "--set", "alias")
+
+
+def test_small_shared_alias_is_fine(tmp_path):
+    text = ONE.replace("devices:\n  - id: a\n    lends: 1 GiB\n",
+                       "devices:\n  - &dev {id: a, lends: 1 GiB, compute: 1 TFLOPS}\n  - {<<: *dev, id: b}\n")
+    r = invoke("plan", write(tmp_path, text), "--json")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_long_value_is_shown_short(tmp_path):
+    f = write(tmp_path, ONE.replace("lends: 1 GiB", "lends: " + "x" * 100_000))
+    err = one_line_exit_2(invoke("plan", f), "devices[0].lends", "expected a size")
+    assert len(err) < 300
