@@ -146,3 +146,14 @@ class ModelConfig:
             FileNotFoundError: no config.json there.
         """
         return cls.from_hf_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+def gguf_metadata(reader) -> dict:
+    """All scalar/string/array metadata of a ``gguf.GGUFReader`` as plain Python values
+    (``{key: value}``; the reader's own ``GGUF.*`` bookkeeping keys left out)."""
+    out = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        out[key] = field.contents()
+    return out

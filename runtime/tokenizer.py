@@ -40,7 +40,7 @@ def _pre_tokenizer(kind: str):
 
 
 def build_tokenizer(meta: dict) -> Tokenizer:
-    """A ``tokenizers.Tokenizer`` from GGUF metadata (``{key: value}`` as in :func:`runtime.weights.gguf_metadata`).
+    """A ``tokenizers.Tokenizer`` from GGUF metadata (``{key: value}`` as in :func:`runtime.config.gguf_metadata`).
 
     Raises:
         TokenizerError: ``tokenizer.ggml.model`` is not ``gpt2`` or ``tokenizer.ggml.pre`` is unknown.
@@ -150,7 +150,7 @@ class ChatTokenizer:
         """Build straight from a GGUF file's metadata (no cache files)."""
         import gguf
 
-        from .weights import gguf_metadata
+        from .config import gguf_metadata
 
         meta = gguf_metadata(gguf.GGUFReader(str(gguf_path)))
         tokens = meta["tokenizer.ggml.tokens"]

