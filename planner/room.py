@@ -12,6 +12,11 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.model import ModelSpec
+from planner.profile import Profile
+
+#: drafter names a scenario may ask for: ``draft_layer`` (an MTP head), ``ngram``
+#: (prompt lookup), ``early_exit`` (the host's first layers), ``model`` (a separate model)
+DRAFTERS = ("draft_layer", "ngram", "early_exit", "model")
 
 DeviceKind = Literal["computer", "phone"]
 
@@ -132,7 +137,10 @@ class LinkSpec:
 @dataclass(frozen=True)
 class Network:
     """Room-wide link defaults plus per-pair overrides. ``window_bytes``: the
-    transport's initial congestion window (None: frames are not window-limited)."""
+    transport's initial congestion window (None: frames are not window-limited).
+    ``hop_s_per_byte``: a hand-off's cost that grows with the frame, seconds per byte
+    (the transport stack's copies; a calibration profile measures it), on top of
+    ``hop_overhead_s``."""
 
     rtt_s: float = 0.001
     jitter: Jitter = field(default_factory=Jitter)
@@ -141,6 +149,7 @@ class Network:
     episodes: Episodes | None = None
     links: tuple[LinkSpec, ...] = ()
     window_bytes: float | None = None
+    hop_s_per_byte: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -201,6 +210,9 @@ class Scenario:
     measured_s_per_layer: dict = field(default_factory=dict)
     #: the host's measured output head + sampling, seconds per row of a lap
     measured_head_s_per_row: float | None = None
+    #: a calibration profile (``splitroom calibrate``): measured cost curves the
+    #: simulator uses instead of rooflines for the devices, drafters and transport it has
+    profile: Profile | None = None
 
     def with_measured(self) -> "Scenario":
         """This scenario with each measured device's ``s_per_layer`` set from the measurement."""

@@ -115,6 +115,34 @@ class _Empirical:
         return k if v > k else v
 
 
+class _Measured:
+    """Accepted counts resampled from a profile's walk at the asked ``k``
+    (:meth:`planner.profile.DrafterProfile.accepted_lengths`): one uniform per lap."""
+
+    def __init__(self, drafter, rng: np.random.Generator) -> None:
+        self.drafter = drafter
+        self._rng = rng
+        self._lengths: dict[int, tuple[int, ...]] = {}
+        self._buf: list[float] = []
+        self._i = 0
+
+    def accepted(self, k: int) -> int:
+        """A count drawn from the lengths measured for ``k`` (0 when none were).
+        Raises ValueError for ``k < 0``."""
+        _check_k(k)
+        lengths = self._lengths.get(k)
+        if lengths is None:
+            lengths = self._lengths[k] = self.drafter.accepted_lengths(k)
+        if not lengths:
+            return 0
+        i = self._i
+        if i >= len(self._buf):
+            self._buf = self._rng.random(BLOCK).tolist()
+            i = 0
+        self._i = i + 1
+        return lengths[min(int(self._buf[i] * len(lengths)), len(lengths) - 1)]
+
+
 class _Replay:
     """A recorded sequence of accepted counts, in order, cycling; capped at ``k``."""
 
@@ -131,15 +159,18 @@ class _Replay:
         return k if v > k else v
 
 
-def make_acceptance(spec: Speculative, rng: np.random.Generator) -> AcceptanceModel:
+def make_acceptance(spec: Speculative, rng: np.random.Generator, measured=None) -> AcceptanceModel:
     """The acceptance model a :class:`~planner.room.Speculative` spec asks for.
 
     ``accepted_sequence`` if non-empty (replay), else ``accepted_lengths`` if non-empty
-    (resample), else the per-token probability ``acceptance``.
+    (resample), else a calibration profile's measured walk for this drafter
+    (``measured``, a :class:`planner.profile.DrafterProfile` with accepted lengths:
+    resampled at each lap's ``k``), else the per-token probability ``acceptance``.
 
     Args:
         spec: the speculative-decoding settings.
         rng: seeded generator (unused by replay).
+        measured: the profile's measurement of ``spec.drafter``, or None.
 
     Returns:
         An object with ``accepted(k: int) -> int`` in ``[0, k]``.
@@ -158,6 +189,8 @@ def make_acceptance(spec: Speculative, rng: np.random.Generator) -> AcceptanceMo
         if min(lengths) < 0:
             raise ValueError("accepted_lengths values must be >= 0")
         return _Empirical(lengths, rng)
+    if measured is not None and measured.accepted:
+        return _Measured(measured, rng)
     p = spec.acceptance
     if p is None or not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"acceptance must be a probability in [0, 1], got {p}")

@@ -58,23 +58,39 @@ Host costs
 
 Phone GPU clock-down
 --------------------
-Mobile GPUs lower their clock when idle and need time to ramp back up (dynamic voltage
-and frequency scaling). We model it with two numbers: a phone whose GPU has been idle
-for longer than ``idle_clock_down_s`` starts its next work with a ramp, during which it
-gets nothing done: that work takes ``ramp_penalty_s`` longer (less if the ramp began
-earlier, see ``wake``). Defaults: :data:`DEFAULT_IDLE_CLOCK_DOWN_S` = 0.1 s and
-:data:`DEFAULT_RAMP_PENALTY_S` = 20 ms are assumptions, not measurements: the product
-keeps a woken phone busy for 50 ms (product page 001), which suggests clock-down after
-idle gaps of that order, and Qualcomm KGSL device trees commonly set the GPU
-``qcom,idle-timeout`` to 80 ms (seen in vendor kernel trees; not an authoritative
-source). Calibrate both from a real phone when one is measured.
+Mobile GPUs lower their clock when their queue runs dry and take time to ramp back up
+(dynamic voltage and frequency scaling). Decoding submits many small pieces of work
+per token, and the clock falls in the gaps between them; a prompt chunk keeps the GPU
+busy with large submissions. Public measurements of llama.cpp on an Adreno 830 over
+Vulkan (quoted in issue 9) show exactly that: decode 21.0 tok/s with the clock free vs
+31.5 with it pinned (a second model: 11.8 vs 13.7), prompt processing unchanged. So a
+device that clocks down runs a decode or verify pass (at most
+:data:`DECODE_MAX_TOKENS` positions) :data:`DECODE_CLOCK_DOWN_FACTOR` (31.5 / 21.0 =
+1.5) times slower, unless a wake spin is running when the pass starts; prefill chunks
+are unaffected.
 
 ``wake(now_s, until_s)`` is the host's wake message (product page 001: "The phone
 keeps its GPU busy until it arrives, for at most 50 ms, so the GPU hasn't clocked
-down"): the GPU is busy from ``now_s`` to ``min(until_s, now_s + 50 ms)``. If it had
-already clocked down, its ramp starts at ``now_s`` (so a frame arriving later than
-``now_s + ramp_penalty_s`` pays nothing). Computers do not clock down (``clock_down``
-defaults to ``device.kind == "phone"``).
+down"): the GPU spins from ``now_s`` to ``min(until_s, now_s + 50 ms)``, and a pass
+that starts within that spin runs at full clock; a frame that arrives after the spin
+ended finds the clock down. A model host that clocks down wakes itself
+(``self_wake``: it knows its own schedule). Computers do not clock down
+(``clock_down`` defaults to ``device.kind == "phone"``).
+
+Calibrated devices
+------------------
+With a measured :class:`planner.profile.DeviceProfile` (``splitroom calibrate``), a
+stage takes ``profile.stage.pass_s(layers, tokens, context)`` (measured on a grid of
+tokens and context, see planner/profile.py), the head ``profile.head(rows)``, and
+drafting the :class:`planner.profile.DrafterProfile`'s measured seconds per call; the
+device is then known not to clock down unless the scenario says ``clocks_down: true``.
+
+Roofline efficiency and engine overheads
+----------------------------------------
+Without a profile, a device may name an engine preset (sim/engines.py) that scales the
+roofline: ``stage = roofline / efficiency + pass_overhead + layers * layer_overhead``.
+Without one the roofline is used as is (efficiency 1, no overheads), which is an upper
+bound on speed.
 
 The model never reads a clock: stateful calls take ``now_s`` (simulation seconds).
 
@@ -92,14 +108,16 @@ from __future__ import annotations
 import math
 
 from planner.model import ARCHITECTURES, ModelSpec, spec_from_architecture
+from planner.profile import DeviceProfile, DrafterProfile
 from planner.room import Device, Speculative
 
 __all__ = [
     "DEFAULT_BANDWIDTH_BPS",
     "DEFAULT_COMPUTE_FLOPS",
-    "DEFAULT_IDLE_CLOCK_DOWN_S",
-    "DEFAULT_RAMP_PENALTY_S",
+    "DECODE_CLOCK_DOWN_FACTOR",
+    "DECODE_MAX_TOKENS",
     "DEFAULT_SAMPLE_S_PER_TOKEN",
+    "DRAFTERS",
     "NGRAM_S_PER_TOKEN",
     "WAKE_MAX_S",
     "DeviceModel",
@@ -108,11 +126,17 @@ __all__ = [
 
 DEFAULT_BANDWIDTH_BPS = {"computer": 100e9, "phone": 50e9}
 DEFAULT_COMPUTE_FLOPS = {"computer": 3.6e12, "phone": 2.0e12}
-DEFAULT_IDLE_CLOCK_DOWN_S = 0.1
-DEFAULT_RAMP_PENALTY_S = 0.020
+#: a clocked-down phone decodes this much slower: 31.5 / 21.0 tok/s, llama.cpp Vulkan
+#: on an Adreno 830 with the GPU clock pinned vs free (public figures quoted in issue 9)
+DECODE_CLOCK_DOWN_FACTOR = 31.5 / 21.0
+#: passes of at most this many positions are decode/verify passes (clock-down applies);
+#: larger ones are prefill chunks (16 by default), whose large submissions keep the clock up
+DECODE_MAX_TOKENS = 9
 WAKE_MAX_S = 0.050  # product page 001: "for at most 50 ms"
 DEFAULT_SAMPLE_S_PER_TOKEN = 1e-4
 NGRAM_S_PER_TOKEN = 1e-5
+#: drafters the simulator has a cost model for (a profile may measure each)
+DRAFTERS = ("draft_layer", "ngram", "early_exit", "model")
 
 
 def moe_layout(model: ModelSpec) -> tuple[int, int, float] | None:
@@ -141,19 +165,26 @@ class DeviceModel:
     Args:
         device: the device (kind, bandwidth, compute, measured ``s_per_layer``).
         model: the model it runs.
-        idle_clock_down_s: a phone idle longer than this clocks down, seconds.
-        ramp_penalty_s: the extra time its next work then takes, seconds.
-        clock_down: whether this device clocks down (default: it is a phone).
+        clock_down: whether this device clocks down (default: it is a phone; False
+            when a profile is given, unless ``device.clocks_down`` says otherwise).
+        self_wake: a clocking-down device keeps its own clock up (the model host with
+            wake messages on); default False.
         wake_max_s: the longest a wake message keeps the GPU busy, seconds.
         sample_s_per_token: greedy sampling cost per position, seconds.
-        slowdown: multiply every compute time by this (e.g. ``device.emulate_slowdown``
-            to predict a real run that pads compute); 1.0 by default.
+        slowdown: multiply every roofline compute time by this (e.g.
+            ``device.emulate_slowdown`` to predict a real run that pads compute); 1.0
+            by default. A profile's times already include the slowdown measured.
         moe: ``(experts, active_experts, expert_bytes)`` for an MoE model; default
             :func:`moe_layout` (catalog models).
+        profile: the device's measured curves (planner/profile.py), or None.
+        drafters: measured drafters by name (a profile's), used by :meth:`draft_s`.
+        efficiency: fraction of the roofline an engine reaches (0, 1]; 1 by default.
+        pass_overhead_s, layer_overhead_s: fixed seconds per pass and per layer of a
+            pass (an engine's launch/dispatch cost); 0 by default.
 
     Raises:
-        ValueError: a non-positive bandwidth, compute, measured time or slowdown,
-            or a negative threshold/penalty.
+        ValueError: a non-positive bandwidth, compute, measured time, slowdown or
+            efficiency, or a negative overhead.
     """
 
     def __init__(
@@ -161,13 +192,17 @@ class DeviceModel:
         device: Device,
         model: ModelSpec,
         *,
-        idle_clock_down_s: float = DEFAULT_IDLE_CLOCK_DOWN_S,
-        ramp_penalty_s: float = DEFAULT_RAMP_PENALTY_S,
         clock_down: bool | None = None,
+        self_wake: bool = False,
         wake_max_s: float = WAKE_MAX_S,
         sample_s_per_token: float = DEFAULT_SAMPLE_S_PER_TOKEN,
         slowdown: float = 1.0,
         moe: tuple[int, int, float] | None = None,
+        profile: DeviceProfile | None = None,
+        drafters: dict[str, DrafterProfile] | None = None,
+        efficiency: float = 1.0,
+        pass_overhead_s: float = 0.0,
+        layer_overhead_s: float = 0.0,
     ) -> None:
         self.device = device
         self.model = model
@@ -181,23 +216,31 @@ class DeviceModel:
             raise ValueError(f"device {device.id}: ms_per_layer must be > 0, got {device.s_per_layer}")
         if not slowdown > 0:
             raise ValueError(f"device {device.id}: slowdown must be > 0, got {slowdown}")
-        if idle_clock_down_s < 0 or ramp_penalty_s < 0 or wake_max_s < 0 or sample_s_per_token < 0:
-            raise ValueError("idle_clock_down_s, ramp_penalty_s, wake_max_s, sample_s_per_token must be >= 0")
-        self.idle_clock_down_s = float(idle_clock_down_s)
-        self.ramp_penalty_s = float(ramp_penalty_s)
-        self.clock_down = (device.kind == "phone") if clock_down is None else bool(clock_down)
+        if not 0 < efficiency <= 1:
+            raise ValueError(f"device {device.id}: efficiency must be in (0, 1], got {efficiency}")
+        if wake_max_s < 0 or sample_s_per_token < 0 or pass_overhead_s < 0 or layer_overhead_s < 0:
+            raise ValueError("wake_max_s, sample_s_per_token and overheads must be >= 0")
+        self.profile = profile
+        self.drafters = dict(drafters or {})
+        if clock_down is None:
+            clock_down = device.clocks_down if device.clocks_down is not None else (
+                device.kind == "phone" and profile is None)
+        self.clock_down = bool(clock_down)
+        self.self_wake = bool(self_wake)
         self.wake_max_s = float(wake_max_s)
         self.sample_s_per_token = float(sample_s_per_token)
         self.slowdown = float(slowdown)
+        self.efficiency = float(efficiency)
+        self.pass_overhead_s = float(pass_overhead_s)
+        self.layer_overhead_s = float(layer_overhead_s)
         self.moe = moe if moe is not None else moe_layout(model)
         self.measured = device.s_per_layer is not None
         one = self._roofline_layer_s(1)
         #: measured seconds per layer-token over the roofline's (1.0 when not measured)
         self.host_scale = (device.s_per_layer / one) if (self.measured and one > 0) else 1.0
         self._cache: dict[tuple[int, int, int], float] = {}
-        # clock-down state
         self._busy_end_s = -math.inf
-        self._ramp_done_s = -math.inf
+        self._wake_until_s = -math.inf
 
     # -- pure compute times ------------------------------------------------------------
 
@@ -229,41 +272,60 @@ class DeviceModel:
             return 0.0
         return layers * self._roofline_layer_s(tokens, context_tokens)
 
-    def stage_s(self, layers: int, tokens: int, *, now_s: float | None = None, context_tokens: int = 0) -> float:
-        """Time to run ``layers`` layers on a chunk of ``tokens`` positions, seconds.
+    def stage_s(self, layers: int, tokens: int, *, now_s: float | None = None, context_tokens: int = 0,
+                decode: bool | None = None) -> float:
+        """Time to run ``layers`` layers on a chunk of ``tokens`` positions with
+        ``context_tokens`` positions already cached, seconds.
 
-        Measured: ``s_per_layer * layers * roofline(tokens)/roofline(1)``; else the
-        roofline. Times ``slowdown``. ``context_tokens`` adds the KV read (roofline).
-        With ``now_s`` (the stage's start, simulation seconds) the call is stateful:
-        a clocked-down phone's ramp penalty is added and the GPU is marked busy until
-        the stage ends; without it the call is pure.
+        Profiled: the measured ``pass_s(layers, tokens, context)``. Measured
+        ``s_per_layer``: ``s_per_layer * layers * roofline(tokens, ctx)/roofline(1, 0)``.
+        Else the roofline over the efficiency plus the engine overheads, times
+        ``slowdown``. With ``now_s`` (the stage's start, simulation seconds) the
+        call is stateful: a clocked-down decode pass is slower (module docstring);
+        ``decode`` says whether this is a decode/verify pass (None: at most
+        :data:`DECODE_MAX_TOKENS` positions).
         Raises ValueError for negative arguments.
         """
         key = (layers, tokens, context_tokens)
         s = self._cache.get(key)
         if s is None:
-            s = self.roofline_stage_s(layers, tokens, context_tokens)
-            if self.measured and s > 0:
-                one = self._roofline_layer_s(1)
-                s = self.device.s_per_layer * layers * (s / layers) / one
-            s *= self.slowdown
+            if self.profile is not None:
+                s = self.profile.stage.pass_s(layers, tokens, context_tokens) if layers else 0.0
+            else:
+                s = self.roofline_stage_s(layers, tokens, context_tokens)
+                if self.measured and s > 0:
+                    one = self._roofline_layer_s(1)
+                    s = self.device.s_per_layer * layers * (s / layers) / one
+                elif s > 0:
+                    s = s / self.efficiency + self.pass_overhead_s + layers * self.layer_overhead_s
+                s *= self.slowdown
             if len(self._cache) < 4096:
                 self._cache[key] = s
         if now_s is None:
             return s
-        return self.busy_s(now_s, s)
+        return self.busy_s(now_s, s, decode=tokens <= DECODE_MAX_TOKENS if decode is None else decode)
 
     def head_s(self, tokens: int = 1) -> float:
-        """Final norm + output head on ``tokens`` positions, seconds: roofline of
-        ``head_bytes`` (or ``embedding_bytes`` when tied) against
-        ``tokens * head_flops_per_token``, times ``host_scale`` and ``slowdown``."""
+        """Final norm + output head on ``tokens`` positions, seconds: the profile's
+        measured head curve, else the roofline of ``head_bytes`` (or
+        ``embedding_bytes`` when tied) against ``tokens * head_flops_per_token``, times
+        ``host_scale`` and ``slowdown``, over the efficiency."""
         if tokens <= 0:
             return 0.0
+        if self.profile is not None:
+            return self.profile.head(tokens)
         m = self.model
         nbytes = m.head_bytes or m.embedding_bytes
         mem = nbytes / self.bandwidth_Bps
         flops = tokens * m.head_flops_per_token / self.compute_flops
-        return max(mem, flops) * self.host_scale * self.slowdown
+        return max(mem, flops) * self.host_scale * self.slowdown / self.efficiency
+
+    def sample_s(self, tokens: int = 1) -> float:
+        """Greedy sampling of ``tokens`` positions, seconds: 0 with a profile (its head
+        curve includes the argmax), else ``tokens * sample_s_per_token * slowdown``."""
+        if self.profile is not None:
+            return 0.0
+        return max(tokens, 0) * self.sample_s_per_token * self.slowdown
 
     def embed_s(self, tokens: int = 1) -> float:
         """Embedding lookup of ``tokens`` tokens, seconds (``tokens`` rows of the
@@ -275,68 +337,72 @@ class DeviceModel:
         row = m.embedding_bytes / vocab if vocab >= 1 and m.embedding_bytes else 2 * m.hidden
         return tokens * row / self.bandwidth_Bps * self.host_scale * self.slowdown
 
-    def sample_s(self, tokens: int = 1) -> float:
-        """Greedy sampling of ``tokens`` positions, seconds:
-        ``tokens * sample_s_per_token * slowdown`` (default 0.1 ms a position)."""
-        return max(tokens, 0) * self.sample_s_per_token * self.slowdown
-
     def draft_s(self, k: int, speculative: Speculative | None = None) -> float:
         """Drafting ``k`` tokens on this (host) device, seconds.
 
-        ``speculative.draft_s_per_token`` when given (literal, ``k`` times it); an
-        ``ngram`` drafter costs 10 us a token; otherwise (``draft_layer``, or no spec)
-        each token reads the draft layer's active weights and the output head:
-        ``k * max(bytes/bandwidth, flops/compute) * host_scale * slowdown``.
-        Raises ValueError for ``k < 0`` or an unknown drafter without a given cost.
+        ``speculative.draft_s_per_token`` when given (literal, ``k`` times it); a
+        profiled drafter of that name: its measured seconds per call of ``k``; an
+        ``ngram`` drafter costs 10 us a token (a lookup); ``draft_layer`` (an MTP
+        head) reads, per drafted token, the draft layer's active weights and the
+        output head; ``early_exit`` runs a quarter of the layers (rounded up) and the
+        head per token; ``model`` the whole model and the head per token; rooflines
+        times ``host_scale`` and ``slowdown``.
+        Raises ValueError for ``k < 0`` or a drafter with no cost model.
         """
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         if speculative is not None and speculative.draft_s_per_token is not None:
             return k * speculative.draft_s_per_token
         drafter = speculative.drafter if speculative is not None else "draft_layer"
+        prof = self.drafters.get(drafter)
+        if prof is not None:
+            return prof.draft_s(k)
         if drafter == "ngram":
             return k * NGRAM_S_PER_TOKEN * self.slowdown
-        if drafter != "draft_layer":
-            raise ValueError(f"no cost model for drafter {drafter!r}: give draft_s_per_token")
         m = self.model
+        head = self.head_s(1)
+        if drafter == "early_exit":
+            return k * (self.stage_s(-(-m.layers // 4), 1) + head)
+        if drafter == "model":
+            return k * (self.stage_s(m.layers, 1) + head)
+        if drafter != "draft_layer":
+            raise ValueError(f"no cost model for drafter {drafter!r}; choose one of {', '.join(DRAFTERS)}")
         share = m.layer_active_bytes / m.layer_bytes if m.layer_bytes else 1.0
         nbytes = m.draft_bytes * share + (m.head_bytes or m.embedding_bytes)
         draft_layers = m.draft_bytes / m.layer_bytes if m.layer_bytes else 0.0
         flops = draft_layers * m.layer_flops_per_token + m.head_flops_per_token
         per_token = max(nbytes / self.bandwidth_Bps, flops / self.compute_flops)
-        return k * per_token * self.host_scale * self.slowdown
+        return k * per_token * self.host_scale * self.slowdown / self.efficiency
 
     # -- clock-down state --------------------------------------------------------------
 
-    def _activity_starts(self, now_s: float) -> None:
-        if self.clock_down and now_s - self._busy_end_s > self.idle_clock_down_s and now_s >= self._ramp_done_s:
-            self._ramp_done_s = now_s + self.ramp_penalty_s
+    def woken(self, now_s: float) -> bool:
+        """Whether a pass starting at ``now_s`` finds the clock up (pure): always for a
+        device that does not clock down or wakes itself; else within a wake spin."""
+        return (not self.clock_down) or self.self_wake or now_s <= self._wake_until_s
 
-    def penalty_s(self, now_s: float) -> float:
-        """The ramp penalty work starting at ``now_s`` would pay, seconds (pure)."""
-        if not self.clock_down:
-            return 0.0
-        ramp_done = self._ramp_done_s
-        if now_s - self._busy_end_s > self.idle_clock_down_s and now_s >= ramp_done:
-            ramp_done = now_s + self.ramp_penalty_s
-        return max(0.0, ramp_done - now_s)
+    def penalty_s(self, now_s: float, compute_s: float) -> float:
+        """Extra seconds a decode pass of ``compute_s`` starting at ``now_s`` takes
+        because the clock is down (pure)."""
+        return 0.0 if self.woken(now_s) else compute_s * (DECODE_CLOCK_DOWN_FACTOR - 1.0)
 
-    def busy_s(self, now_s: float, compute_s: float) -> float:
+    def busy_s(self, now_s: float, compute_s: float, decode: bool = True) -> float:
         """Run ``compute_s`` seconds of GPU work starting at ``now_s``: returns its
-        duration including any ramp penalty, and marks the GPU busy until it ends."""
-        self._activity_starts(now_s)
-        dur = compute_s + max(0.0, self._ramp_done_s - now_s)
+        duration (slower for a decode pass on a clocked-down GPU) and marks the GPU
+        busy until it ends."""
+        dur = compute_s + (self.penalty_s(now_s, compute_s) if decode else 0.0)
         end = now_s + dur
         if end > self._busy_end_s:
             self._busy_end_s = end
         return dur
 
     def wake(self, now_s: float, until_s: float) -> None:
-        """The host's wake message at ``now_s``: keep the GPU busy until ``until_s``
+        """The host's wake message at ``now_s``: keep the GPU spinning until ``until_s``
         (the frame's expected arrival), at most ``wake_max_s`` (50 ms) past ``now_s``.
-        A clocked-down GPU starts ramping at ``now_s``. Seconds."""
-        self._activity_starts(now_s)
+        Seconds."""
         end = min(until_s, now_s + self.wake_max_s)
+        if end > self._wake_until_s:
+            self._wake_until_s = end
         if end > self._busy_end_s:
             self._busy_end_s = end
 

@@ -62,6 +62,8 @@ class ResolvedLink:
         episodes: correlated stall episodes, or ``None``.
         window_bytes: the transport's initial congestion window, bytes, or ``None``
             for none (see :meth:`Link.schedule`).
+        hop_s_per_byte: the hand-off's cost per byte of the frame, seconds (the
+            transport stack's copies; room-wide, from ``Network.hop_s_per_byte``).
     """
 
     rtt_s: float
@@ -70,6 +72,7 @@ class ResolvedLink:
     hop_overhead_s: float
     episodes: Episodes | None
     window_bytes: float | None = None
+    hop_s_per_byte: float = 0.0
 
     def serialize_s(self, frame_bytes: float) -> float:
         """Seconds ``frame_bytes`` bytes hold the sender's uplink."""
@@ -78,7 +81,8 @@ class ResolvedLink:
     def nominal_s(self, frame_bytes: float) -> float:
         """One frame's time from send to delivery on an idle uplink, with no jitter
         and no stall: ``frame_bytes/bandwidth + rtt/2 + hop_overhead``, seconds."""
-        return self.serialize_s(frame_bytes) + self.rtt_s / 2 + self.hop_overhead_s
+        return (self.serialize_s(frame_bytes) + self.rtt_s / 2 + self.hop_overhead_s
+                + frame_bytes * self.hop_s_per_byte)
 
 
 #: What a device sending to itself gets: no delay, no overhead, no bandwidth limit.
@@ -127,6 +131,7 @@ def resolve_link(network: Network, a: str, b: str) -> ResolvedLink:
         "hop_overhead_s": network.hop_overhead_s,
         "episodes": network.episodes,
         "window_bytes": network.window_bytes,
+        "hop_s_per_byte": network.hop_s_per_byte,
     }
     groups: tuple[list[LinkSpec], list[LinkSpec], list[LinkSpec]] = ([], [], [])
     for spec in network.links:
@@ -136,7 +141,7 @@ def resolve_link(network: Network, a: str, b: str) -> ResolvedLink:
     for group in groups:
         for spec in group:
             for name in fields:
-                value = getattr(spec, name)
+                value = getattr(spec, name, None)  # some fields are room-wide only
                 if value is not None:
                     fields[name] = value
     link = ResolvedLink(**fields)
@@ -263,7 +268,7 @@ class Link:
             delay += 0.5 * clock.extra_rtt_s(left)
         if self._cwnd is not None:
             delay += self._window_rounds(frame_bytes, left) * 2 * self._half_rtt
-        arrive = left + delay + self._overhead
+        arrive = left + delay + self._overhead + frame_bytes * self.spec.hop_s_per_byte
         if arrive < self._last:  # ordered channel: never overtake an earlier frame
             arrive = self._last
         self._last = arrive

@@ -154,7 +154,8 @@ class WorkloadIn(_Strict):
 
 
 class SpeculativeIn(_Strict):
-    drafter: str = "draft_layer"
+    # planner.room.DRAFTERS: a drafter the simulator has no cost model for is an error
+    drafter: Literal["draft_layer", "ngram", "early_exit", "model"] = "draft_layer"
     draft_tokens: int = Field(default=4, ge=1, le=64)
     acceptance: float | None = Field(default=0.75, ge=0.0, le=1.0)
     accepted_lengths: list[int] = []
@@ -544,8 +545,17 @@ def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
         what = f"calibration: {cal_path.name}: "
         cal = _read_yaml(_read_text(cal_path, f"{p.name}: {what}".rstrip(": ")), p.name, what)
         check_size(cal, f"{p.name}: {what}".rstrip(": "))
+        if isinstance(cal, dict) and "splitroom_profile" in cal:  # a profile (splitroom calibrate)
+            from planner.profile import Profile, ProfileError
+            try:
+                profile = Profile.from_mapping(cal)
+            except ProfileError as e:
+                raise ScenarioError(f"{p.name}: {what}{e}") from None
+            from splitroom.calibration import apply_profile
+            return apply_profile(from_mapping(data, p.name, overrides), profile)
         if not isinstance(cal, dict) or not isinstance(cal.get("measured"), dict):
-            raise ScenarioError(f"{p.name}: calibration: {cal_path.name} has no `measured:` mapping")
+            raise ScenarioError(f"{p.name}: calibration: {cal_path.name} is neither a profile "
+                                "(splitroom calibrate) nor a `measured:` mapping")
         data = dict(data)
         merged = dict(cal["measured"])
         merged.update(data.get("measured") or {})

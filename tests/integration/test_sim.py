@@ -91,13 +91,28 @@ def test_speculation_keeps_more_tokens_per_lap_and_via_stages_costs_more():
 def test_phone_clock_down_is_prevented_by_wake():
     devs = [{"id": "a", "lends": "600 MiB", "ms_per_layer": "1 ms"},
             {"id": "p", "kind": "phone", "lends": "600 MiB", "ms_per_layer": "1 ms"}]
-    # 200 ms RTT: the phone idles longer than its clock-down threshold between frames
-    net = {"rtt": "200 ms", "bandwidth": "1000 Gbit/s"}
+    # 20 ms RTT: the wake (sent at the lap's start, spinning up to 50 ms) covers the
+    # frame's arrival 10 ms + 4 ms of compute later
+    net = {"rtt": "20 ms", "bandwidth": "1000 Gbit/s"}
     pinned = [{"device": "a", "layers": "1-4"}, {"device": "p", "layers": "5-8"}]
     woken = simulate(room(devs, network=net, stages=pinned))
     asleep = simulate(room(devs, network=net, stages=pinned,
                            decoding={"prefill_chunk": 4, "wake": False}))
-    assert asleep.metrics["lap_s"]["mean"] > woken.metrics["lap_s"]["mean"]
+    # the phone's 4 layers of 1 ms take 1.5x as long clocked down: +2 ms a lap
+    assert asleep.metrics["lap_s"]["mean"] - woken.metrics["lap_s"]["mean"] == pytest.approx(0.002, abs=1e-4)
+
+
+def test_phone_only_room_decodes_slower_clocked_down_and_prefills_the_same():
+    # issue 9: clock-down must slow decode by about a third and leave prefill alone
+    devs = [{"id": "p", "kind": "phone", "lends": "600 MiB", "ms_per_layer": "1 ms"}]
+    free = simulate(room(devs, decoding={"prefill_chunk": 4, "wake": False}))
+    pinned = simulate(room([dict(devs[0], clocks_down=False)], decoding={"prefill_chunk": 4, "wake": False}))
+    woken = simulate(room(devs))
+    assert free.metrics["ttft_s"] == pytest.approx(pinned.metrics["ttft_s"], rel=0.02)
+    # decode: 8 layers of 1 ms at 1.5x plus the same head: between 1.3x and 1.5x slower
+    ratio = pinned.metrics["tokens_per_s"] / free.metrics["tokens_per_s"]
+    assert 1.3 < ratio <= 1.5
+    assert woken.metrics["tokens_per_s"] == pytest.approx(pinned.metrics["tokens_per_s"], rel=1e-9)
 
 
 def test_trace_round_trips_through_jsonl_and_gives_the_same_metrics(tmp_path):

@@ -1,0 +1,325 @@
+"""The calibration profile: what one measurement of a room's machines tells a prediction.
+
+``splitroom calibrate SCENARIO --out PROFILE`` measures it (runtime/calibrate.py) and
+writes it as versioned YAML; ``splitroom simulate --calibration PROFILE`` (or the
+scenario key ``calibration:``) reads it and the simulator's cost model
+(sim/devices.py) uses it instead of rooflines. The scheduler never sees it. This module
+is the data model only: plain frozen dataclasses, their conversion to and from plain
+mappings (``to_mapping`` / ``from_mapping``) and the interpolation the cost model
+needs. It reads no file and no clock.
+
+What a profile holds (all times in seconds, sizes in bytes):
+
+* per device, the time of one pass of a stage as a function of the layers in it, the
+  tokens in the pass and the context already cached:
+  ``pass_s(L, n, c) = fixed_s(n, c) + L * per_layer_s(n, c)``, measured on a grid of
+  ``n`` (1, 2, 3, 5, 9, 16, 64) and ``c`` (128, 512, 2048) and interpolated linearly
+  in ``n`` and in ``c`` between grid points (extrapolated linearly beyond the last
+  ``n`` and the last ``c``, clamped below the first); the device's output head (final
+  norm + head + argmax) as a function of rows; the slowdown it was measured with;
+* per drafter (``ngram``, ``early_exit``, ``model``): seconds per draft call of ``k``
+  tokens and the accepted lengths of every draft made in a greedy speculative walk over
+  a calibration prompt set, for each ``k`` measured;
+* the transport: one-way seconds of a frame by size on the measuring machine, fitted
+  as ``fixed_s + bytes * s_per_byte``, and the transport's initial congestion window.
+
+Version :data:`PROFILE_VERSION`; a newer or older file is refused with its version.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+__all__ = ["PROFILE_VERSION", "ProfileError", "Curve", "PassCurve", "DeviceProfile", "DrafterProfile",
+           "TransportProfile", "Profile", "fit_line"]
+
+#: the profile format's version; bump on any incompatible change
+PROFILE_VERSION = 1
+
+
+class ProfileError(ValueError):
+    """A profile mapping that is malformed: the message names the key path."""
+
+
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """Piecewise-linear ``y(x)`` through the points, linear beyond the last segment,
+    clamped to ``ys[0]`` below ``xs[0]``. ``xs`` strictly increasing."""
+    if len(xs) == 1 or x <= xs[0]:
+        return float(ys[0])
+    i = bisect.bisect_right(xs, x) - 1
+    if i >= len(xs) - 1:
+        i = len(xs) - 2
+    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+    return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x``; returns ``(a, b)``. One point: ``(y, 0)``.
+    Raises ProfileError for no points or lengths that differ."""
+    if not xs or len(xs) != len(ys):
+        raise ProfileError("fit_line needs as many ys as xs, at least one")
+    n = len(xs)
+    if n == 1:
+        return float(ys[0]), 0.0
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return my, 0.0
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - b * mx, b
+
+
+@dataclass(frozen=True)
+class Curve:
+    """``y(x)`` through measured points, piecewise linear (see :func:`_interp`).
+    ``xs`` strictly increasing, ``ys`` seconds, same length >= 1."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.xs or len(self.xs) != len(self.ys):
+            raise ProfileError("a curve needs as many values as points, at least one")
+        if any(b <= a for a, b in zip(self.xs, self.xs[1:])):
+            raise ProfileError(f"curve points must increase strictly, got {list(self.xs)}")
+        if not all(math.isfinite(y) and y >= 0 for y in self.ys):
+            raise ProfileError(f"curve values must be finite and >= 0, got {list(self.ys)}")
+
+    def __call__(self, x: float) -> float:
+        return max(_interp(self.xs, self.ys, x), 0.0)
+
+    def scaled(self, factor: float) -> "Curve":
+        """The same curve with every value times ``factor`` (> 0)."""
+        return Curve(self.xs, tuple(y * factor for y in self.ys))
+
+    def to_mapping(self) -> dict:
+        return {str(_num(x)): float(y) for x, y in zip(self.xs, self.ys)}
+
+    @classmethod
+    def from_mapping(cls, m: Any, where: str) -> "Curve":
+        if not isinstance(m, Mapping) or not m:
+            raise ProfileError(f"{where}: expected a mapping of point: seconds")
+        try:
+            pts = sorted((float(k), float(v)) for k, v in m.items())
+        except (TypeError, ValueError):
+            raise ProfileError(f"{where}: points and values must be numbers") from None
+        try:
+            return cls(tuple(p for p, _ in pts), tuple(v for _, v in pts))
+        except ProfileError as e:
+            raise ProfileError(f"{where}: {e}") from None
+
+
+def _num(x: float):
+    return int(x) if float(x).is_integer() else float(x)
+
+
+@dataclass(frozen=True)
+class PassCurve:
+    """One device's pass time: ``fixed_s(n, c) + layers * per_layer_s(n, c)``.
+
+    ``tokens`` and ``contexts`` are the grid (strictly increasing); ``fixed_s`` and
+    ``per_layer_s`` are ``[len(contexts)][len(tokens)]`` seconds.
+    """
+
+    tokens: tuple[int, ...]
+    contexts: tuple[int, ...]
+    fixed_s: tuple[tuple[float, ...], ...]
+    per_layer_s: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        for name in ("fixed_s", "per_layer_s"):
+            grid = getattr(self, name)
+            if len(grid) != len(self.contexts) or any(len(r) != len(self.tokens) for r in grid):
+                raise ProfileError(f"{name}: expected {len(self.contexts)} rows of {len(self.tokens)} values")
+            if not all(math.isfinite(v) for r in grid for v in r):
+                raise ProfileError(f"{name}: values must be finite")
+        for name in ("tokens", "contexts"):
+            xs = getattr(self, name)
+            if not xs or any(b <= a for a, b in zip(xs, xs[1:])) or xs[0] < 0:
+                raise ProfileError(f"{name}: expected increasing non-negative values, got {list(xs)}")
+
+    def _at(self, grid, tokens: float, context: float) -> float:
+        per_ctx = [_interp(self.tokens, row, tokens) for row in grid]
+        return _interp(self.contexts, per_ctx, context)
+
+    def pass_s(self, layers: int, tokens: int, context: int) -> float:
+        """Seconds of one pass of ``layers`` layers over ``tokens`` new positions with
+        ``context`` positions already cached. 0 for no tokens; never negative.
+        Raises ValueError for negative arguments."""
+        if layers < 0 or tokens < 0 or context < 0:
+            raise ValueError(f"layers, tokens, context must be >= 0, got {layers}, {tokens}, {context}")
+        if tokens == 0:
+            return 0.0
+        t = self._at(self.fixed_s, tokens, context) + layers * self._at(self.per_layer_s, tokens, context)
+        return max(t, 0.0)
+
+    def scaled(self, factor: float) -> "PassCurve":
+        """The same curve with every time times ``factor`` (a slowdown)."""
+        return PassCurve(self.tokens, self.contexts, tuple(tuple(v * factor for v in r) for r in self.fixed_s),
+                         tuple(tuple(v * factor for v in r) for r in self.per_layer_s))
+
+    def to_mapping(self) -> dict:
+        return {"tokens": list(self.tokens), "contexts": list(self.contexts),
+                "fixed_s": [list(r) for r in self.fixed_s], "per_layer_s": [list(r) for r in self.per_layer_s]}
+
+    @classmethod
+    def from_mapping(cls, m: Any, where: str) -> "PassCurve":
+        try:
+            return cls(tuple(int(v) for v in m["tokens"]), tuple(int(v) for v in m["contexts"]),
+                       tuple(tuple(float(v) for v in r) for r in m["fixed_s"]),
+                       tuple(tuple(float(v) for v in r) for r in m["per_layer_s"]))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ProfileError):
+                raise ProfileError(f"{where}: {e}") from None
+            raise ProfileError(f"{where}: expected tokens, contexts, fixed_s and per_layer_s grids ({e})") from None
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device as measured: its pass curve and head curve (rows -> seconds), both
+    with ``slowdown`` (the emulated slowdown it was measured with) already applied."""
+
+    stage: PassCurve
+    head: Curve
+    slowdown: float = 1.0
+
+    def to_mapping(self) -> dict:
+        return {"slowdown": self.slowdown, "stage": self.stage.to_mapping(), "head_s": self.head.to_mapping()}
+
+    @classmethod
+    def from_mapping(cls, m: Any, where: str) -> "DeviceProfile":
+        if not isinstance(m, Mapping):
+            raise ProfileError(f"{where}: expected a mapping")
+        try:
+            slowdown = float(m.get("slowdown", 1.0))
+        except (TypeError, ValueError):
+            raise ProfileError(f"{where}.slowdown: expected a number") from None
+        if "stage" not in m or "head_s" not in m:
+            raise ProfileError(f"{where}: needs stage and head_s")
+        return cls(PassCurve.from_mapping(m["stage"], f"{where}.stage"),
+                   Curve.from_mapping(m["head_s"], f"{where}.head_s"), slowdown)
+
+
+@dataclass(frozen=True)
+class DrafterProfile:
+    """One drafter as measured: ``call_s`` (k -> seconds of one draft call of k tokens)
+    and ``accepted`` (k -> accepted lengths of every draft of a greedy speculative walk
+    over the calibration prompts, each in ``[0, k]``)."""
+
+    call_s: Curve
+    accepted: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def draft_s(self, k: int) -> float:
+        """Seconds of one draft call of ``k`` tokens (0 for k = 0)."""
+        return self.call_s(k) if k > 0 else 0.0
+
+    def accepted_lengths(self, k: int) -> tuple[int, ...]:
+        """Accepted lengths for a ``k``-token draft: those measured at the smallest
+        measured k' >= k, each capped at k (a draft's first k tokens are the same
+        whatever it was asked for: prompt lookup and greedy drafters both extend a
+        prefix); the largest measured k' when none is >= k. Empty when nothing measured."""
+        if not self.accepted:
+            return ()
+        ks = sorted(self.accepted)
+        kk = next((x for x in ks if x >= k), ks[-1])
+        return tuple(min(a, k) for a in self.accepted[kk])
+
+    def to_mapping(self) -> dict:
+        return {"call_s": self.call_s.to_mapping(),
+                "accepted": {int(k): list(v) for k, v in sorted(self.accepted.items())}}
+
+    @classmethod
+    def from_mapping(cls, m: Any, where: str) -> "DrafterProfile":
+        if not isinstance(m, Mapping) or "call_s" not in m:
+            raise ProfileError(f"{where}: needs call_s")
+        acc = m.get("accepted") or {}
+        if not isinstance(acc, Mapping):
+            raise ProfileError(f"{where}.accepted: expected a mapping of k: [lengths]")
+        out = {}
+        for k, v in acc.items():
+            try:
+                kk, vals = int(k), tuple(int(x) for x in v)
+            except (TypeError, ValueError):
+                raise ProfileError(f"{where}.accepted.{k}: expected a list of integers") from None
+            if kk < 1 or any(x < 0 or x > kk for x in vals):
+                raise ProfileError(f"{where}.accepted.{k}: lengths must lie in [0, {k}]")
+            out[kk] = vals
+        return cls(Curve.from_mapping(m["call_s"], f"{where}.call_s"), out)
+
+
+@dataclass(frozen=True)
+class TransportProfile:
+    """One-way seconds of a residual frame by size (bytes) on the measuring machine,
+    without any emulated delay; ``window_bytes`` the transport's initial congestion
+    window (None: not window-limited)."""
+
+    one_way_s: Curve
+    window_bytes: float | None = None
+
+    @property
+    def fit(self) -> tuple[float, float]:
+        """``(fixed_s, s_per_byte)`` of the least-squares line through the points,
+        each clamped at 0."""
+        a, b = fit_line(self.one_way_s.xs, self.one_way_s.ys)
+        return max(a, 0.0), max(b, 0.0)
+
+    def to_mapping(self) -> dict:
+        fixed, per_byte = self.fit
+        return {"one_way_s": self.one_way_s.to_mapping(), "window_bytes": self.window_bytes,
+                "fit": {"fixed_s": fixed, "s_per_byte": per_byte}}
+
+    @classmethod
+    def from_mapping(cls, m: Any, where: str) -> "TransportProfile":
+        if not isinstance(m, Mapping) or "one_way_s" not in m:
+            raise ProfileError(f"{where}: needs one_way_s")
+        w = m.get("window_bytes")
+        try:
+            w = None if w is None else float(w)
+        except (TypeError, ValueError):
+            raise ProfileError(f"{where}.window_bytes: expected a number of bytes") from None
+        return cls(Curve.from_mapping(m["one_way_s"], f"{where}.one_way_s"), w)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A whole calibration: devices by id, drafters by name, the transport, and notes
+    saying where and when it was measured (free text: machine, date, backend)."""
+
+    devices: dict[str, DeviceProfile]
+    drafters: dict[str, DrafterProfile] = field(default_factory=dict)
+    transport: TransportProfile | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+    version: int = PROFILE_VERSION
+
+    def to_mapping(self) -> dict:
+        """A plain mapping (YAML/JSON-ready) that :meth:`from_mapping` reads back."""
+        return {"splitroom_profile": self.version, "notes": dict(self.notes),
+                "devices": {k: v.to_mapping() for k, v in sorted(self.devices.items())},
+                "drafters": {k: v.to_mapping() for k, v in sorted(self.drafters.items())},
+                "transport": self.transport.to_mapping() if self.transport else None}
+
+    @classmethod
+    def from_mapping(cls, m: Any) -> "Profile":
+        """Read a mapping written by :meth:`to_mapping`.
+        Raises ProfileError (naming the key path) for anything malformed or another version."""
+        if not isinstance(m, Mapping) or "splitroom_profile" not in m:
+            raise ProfileError("not a splitroom calibration profile (no splitroom_profile: VERSION key; "
+                               "splitroom calibrate writes one)")
+        if m["splitroom_profile"] != PROFILE_VERSION:
+            raise ProfileError(f"splitroom_profile: version {m['splitroom_profile']!r} is not supported "
+                               f"(this splitroom reads version {PROFILE_VERSION}); calibrate again")
+        devs = m.get("devices") or {}
+        if not isinstance(devs, Mapping):
+            raise ProfileError("devices: expected a mapping of device id: profile")
+        drafters = m.get("drafters") or {}
+        if not isinstance(drafters, Mapping):
+            raise ProfileError("drafters: expected a mapping of drafter name: profile")
+        tr = m.get("transport")
+        notes = m.get("notes") or {}
+        return cls({str(k): DeviceProfile.from_mapping(v, f"devices.{k}") for k, v in devs.items()},
+                   {str(k): DrafterProfile.from_mapping(v, f"drafters.{k}") for k, v in drafters.items()},
+                   TransportProfile.from_mapping(tr, "transport") if tr is not None else None,
+                   {str(k): str(v) for k, v in notes.items()} if isinstance(notes, Mapping) else {})

@@ -1,0 +1,336 @@
+"""Measuring a calibration profile on this machine (``splitroom calibrate``).
+
+Everything a prediction needs, measured without running any scenario's workload:
+
+* compute (:func:`measure_passes`): the time of one forward pass of a stage as a
+  function of the layers in it, the new tokens in the pass and the context already in
+  its KV cache. For each context ``c`` and token count ``n`` of the grid, stages of a
+  few layer counts are timed (median of ``reps`` passes, each rolled back), and a
+  least-squares line over the layer counts splits the time into a fixed part per pass
+  (Python, dispatch, the residual's copies) and a part per layer;
+* the model host's output head (final norm, head matrix, argmax) on 1..16 rows
+  (:func:`measure_head`);
+* each drafter (:func:`measure_drafters`): a greedy speculative walk over a small
+  calibration prompt set (:data:`CALIBRATION_PROMPTS`, not any scenario's prompts):
+  at each step the drafter proposes ``k`` tokens after the answer so far, the number
+  that match the model's own greedy answer is recorded, and the walk moves on by that
+  many plus one, as a verify lap does; each call is timed;
+* the transport (:func:`measure_transport`): two processes connected by the project's
+  WebRTC data channels through a local relay, ping-ponging residual frames of the
+  decode, verify and prefill sizes; one-way time = round trip / 2 (median).
+
+The measured times are this process's, on this machine; a device with an emulated
+slowdown gets them times its slowdown (the device process pads its compute exactly
+so, runtime/room.py). All times in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+
+# a device process computes with one BLAS thread (runtime/node.py): so does this one
+# when run as ``python -m runtime.calibrate`` (set before numpy loads)
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, Sequence  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from planner.frames import frame_bytes  # noqa: E402
+from planner.profile import Curve, DrafterProfile, PassCurve, TransportProfile, fit_line  # noqa: E402
+
+#: token counts of the pass grid: decode (1), verify laps of k+1 for k = 1, 2, 4, 8,
+#: a prefill chunk (16) and a large one (64)
+PASS_TOKENS = (1, 2, 3, 5, 9, 16, 64)
+#: contexts of the pass grid, positions already cached
+PASS_CONTEXTS = (128, 512, 2048)
+#: rows of the head curve
+HEAD_ROWS = (1, 2, 3, 5, 9, 16)
+#: draft lengths measured for each drafter
+DRAFT_KS = (1, 2, 4, 8)
+#: the calibration prompts: chosen to be unlike the shipped scenarios' prompts, so a
+#: prediction from them is a prediction, not a replay
+CALIBRATION_PROMPTS = (
+    "Explain why the sky is blue.",
+    "List five fruits and their colours.",
+    "Give me three tips for learning to cook.",
+    "What does a compiler do?",
+)
+
+Log = Callable[[str], None]
+
+
+def _median_time(fn: Callable[[], object], reps: int) -> float:
+    xs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        xs.append(time.perf_counter() - t0)
+    return float(statistics.median(xs))
+
+
+def measure_passes(model_dir: str, backend: str = "numpy", tokens: Sequence[int] = PASS_TOKENS,
+                   contexts: Sequence[int] = PASS_CONTEXTS, layer_counts: Sequence[int] | None = None,
+                   reps: int = 5, log: Log = lambda s: None) -> PassCurve:
+    """Time forward passes and fit ``pass_s = fixed_s + layers * per_layer_s`` per grid point.
+
+    Args:
+        model_dir: the model directory (runtime.weights.ensure_safetensors()).
+        backend: ``numpy`` or ``wgpu``.
+        tokens, contexts: the grid (increasing).
+        layer_counts: stage sizes timed (default: 1, half the layers, all layers).
+        reps: passes per point; the median is kept.
+    Returns:
+        A :class:`planner.profile.PassCurve` of this process's times, seconds.
+    Raises:
+        ValueError: an empty grid or a context beyond what a stage can cache.
+    """
+    from runtime.backends import StageSpec, make_stage
+    from runtime.config import ModelConfig
+    cfg = ModelConfig.load(model_dir)
+    if not tokens or not contexts:
+        raise ValueError("the pass grid needs token counts and contexts")
+    counts = tuple(layer_counts or sorted({1, max(cfg.n_layers // 2, 1), cfg.n_layers}))
+    max_ctx = max(contexts) + max(tokens) + 1
+    rng = np.random.default_rng(0)
+    times: dict[int, np.ndarray] = {}  # layers -> [contexts, tokens]
+    for L in counts:
+        stage = make_stage(backend, model_dir, StageSpec(0, L, False), max_ctx=max_ctx)
+        grid = np.zeros((len(contexts), len(tokens)))
+        filled = 0
+        for ci, c in enumerate(contexts):
+            while filled < c:  # fill the cache to c positions, in chunks
+                n = min(256, c - filled)
+                stage.forward((rng.standard_normal((n, cfg.hidden)) * 0.1).astype(np.float32), filled)
+                filled += n
+            for ti, n in enumerate(tokens):
+                x = (rng.standard_normal((n, cfg.hidden)) * 0.1).astype(np.float32)
+
+                def one(x=x, c=c):
+                    stage.forward(x, c)
+                    stage.rollback(c)
+                one()  # warm-up
+                grid[ci, ti] = _median_time(one, reps)
+        times[L] = grid
+        log(f"compute: {L} layer(s) timed at {len(tokens)} token counts x {len(contexts)} contexts")
+        del stage
+    fixed = np.zeros((len(contexts), len(tokens)))
+    per_layer = np.zeros_like(fixed)
+    for ci in range(len(contexts)):
+        for ti in range(len(tokens)):
+            a, b = fit_line([float(L) for L in counts], [float(times[L][ci, ti]) for L in counts])
+            fixed[ci, ti], per_layer[ci, ti] = a, max(b, 0.0)
+    return PassCurve(tuple(int(t) for t in tokens), tuple(int(c) for c in contexts),
+                     tuple(tuple(float(v) for v in r) for r in fixed),
+                     tuple(tuple(float(v) for v in r) for r in per_layer))
+
+
+def measure_head(model_dir: str, backend: str = "numpy", rows: Sequence[int] = HEAD_ROWS, reps: int = 7) -> Curve:
+    """Seconds of the host's head (final norm, head matrix, argmax per row) by rows."""
+    from runtime.backends import StageSpec, make_stage
+    from runtime.config import ModelConfig
+    cfg = ModelConfig.load(model_dir)
+    stage = make_stage(backend, model_dir, StageSpec(0, 0, True), max_ctx=64)
+    rng = np.random.default_rng(1)
+    ys = []
+    for r in rows:
+        x = (rng.standard_normal((r, cfg.hidden)) * 0.1).astype(np.float32)
+
+        def one(x=x):
+            np.argmax(stage.head(x), axis=1)
+        one()
+        ys.append(_median_time(one, reps))
+    return Curve(tuple(float(r) for r in rows), tuple(ys))
+
+
+def greedy_answers(model_dir: str, prompts: Sequence[str], max_new_tokens: int, eos: int = 2,
+                   backend: str = "numpy") -> list[tuple[list[int], list[int]]]:
+    """``[(prompt ids, greedy answer ids)]`` of the whole model for each chat prompt."""
+    from runtime.backends import StageSpec, make_stage
+    from runtime.config import ModelConfig
+    from runtime.generate import generate_greedy
+    from runtime.tokenizer import ChatTokenizer
+    cfg = ModelConfig.load(model_dir)
+    tok = ChatTokenizer.from_dir(model_dir)
+    out = []
+    for p in prompts:
+        stage = make_stage(backend, model_dir, StageSpec(0, cfg.n_layers, True), max_ctx=2048)
+        ids = tok.encode_chat(p)
+        res = generate_greedy([stage], ids, max_new_tokens=max_new_tokens, stop_ids=frozenset({eos}))
+        out.append((list(ids), list(res.ids)))
+    return out
+
+
+def speculative_walk(drafter: Callable[[Sequence[int], int], list[int]], prompt: Sequence[int],
+                     answer: Sequence[int], k: int) -> tuple[list[int], list[float]]:
+    """Walk ``answer`` as one-lap-at-a-time speculative decoding would: draft ``k``
+    tokens after the prompt and the answer so far, count the leading drafts equal to
+    the answer (the accepted length, at most what is left), then move on by that many
+    plus one (the lap's correction or bonus token). Returns the accepted lengths and
+    the seconds of each drafter call."""
+    accepted: list[int] = []
+    secs: list[float] = []
+    done = 0
+    while done < len(answer):
+        ctx = list(prompt) + list(answer[:done])
+        t0 = time.perf_counter()
+        d = drafter(ctx, k)
+        secs.append(time.perf_counter() - t0)
+        m = 0
+        while m < k and done + m < len(answer) and d[m] == answer[done + m]:
+            m += 1
+        accepted.append(m)
+        done += m + 1
+    return accepted, secs
+
+
+def measure_drafters(model_dir: str, answers: Sequence[tuple[list[int], list[int]]],
+                     kinds: Sequence[str] = ("ngram", "early_exit", "model"), ks: Sequence[int] = DRAFT_KS,
+                     log: Log = lambda s: None) -> dict[str, DrafterProfile]:
+    """Each drafter's seconds per call (by k) and accepted lengths (by k) over the
+    greedy ``answers`` (see :func:`speculative_walk`)."""
+    from runtime.drafters import make_drafter
+    out = {}
+    for kind in kinds:
+        call_s: list[float] = []
+        accepted: dict[int, tuple[int, ...]] = {}
+        for k in ks:
+            drafter = make_drafter(kind, model_dir)  # a fresh KV cache for each walk
+            acc: list[int] = []
+            secs: list[float] = []
+            for prompt, answer in answers:
+                a, s = speculative_walk(drafter, prompt, answer, k)
+                acc += a
+                secs += s
+            accepted[k] = tuple(acc)
+            call_s.append(float(statistics.median(secs)) if secs else 0.0)
+        out[kind] = DrafterProfile(Curve(tuple(float(k) for k in ks), tuple(call_s)), accepted)
+        means = ", ".join(f"k={k}: {np.mean(accepted[k]):.2f}" for k in ks)
+        log(f"drafter {kind}: mean accepted {means}")
+    return out
+
+
+async def _ping_pong(sizes: Sequence[int], n: int, warmup: int) -> dict[int, list[float]]:
+    from runtime.relay import run_relay
+    from runtime.transport import connect_room
+    runner, url = await run_relay("127.0.0.1", 0)
+    total = len(sizes) * (n + warmup)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "runtime.transport", "echo", url, str(total),
+                                                stdout=asyncio.subprocess.PIPE)
+    try:
+        a = await connect_room(url, "bench2", "a", ["b"], host_addresses=["127.0.0.1"])
+        q: asyncio.Queue = asyncio.Queue()
+        a.set_handler(lambda src, ch, d: q.put_nowait(time.perf_counter()))
+        out: dict[int, list[float]] = {}
+        for size in sizes:
+            payload = bytes(size)
+            xs = []
+            for i in range(n + warmup):
+                t0 = time.perf_counter()
+                await a.send("b", "residual", payload)
+                t1 = await asyncio.wait_for(q.get(), 30)
+                if i >= warmup:
+                    xs.append((t1 - t0) / 2)
+            out[size] = xs
+        await asyncio.wait_for(proc.stdout.readline(), 30)
+        await a.close()
+        await asyncio.wait_for(proc.wait(), 30)
+        return out
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await runner.cleanup()
+
+
+def measure_transport(hidden: int, token_counts: Sequence[int] = (1, 5, 9, 16), n: int = 60,
+                      warmup: int = 10) -> TransportProfile:
+    """One-way seconds (median of ``n`` ping-pongs / 2) of residual frames of
+    ``token_counts`` positions (float32, ``hidden`` wide) between two processes on
+    loopback, and the transport's initial congestion window."""
+    from runtime.transport import DEFAULT_INITIAL_CWND_CHUNKS
+    sizes = [frame_bytes(t, hidden) for t in token_counts]
+    res = asyncio.run(_ping_pong(sizes, n, warmup))
+    return TransportProfile(Curve(tuple(float(s) for s in sizes),
+                                  tuple(float(statistics.median(res[s])) for s in sizes)),
+                            window_bytes=float(DEFAULT_INITIAL_CWND_CHUNKS * SCTP_CHUNK_BYTES))
+
+
+#: user data per SCTP DATA chunk in aiortc (runtime/transport.py, tune_sctp)
+SCTP_CHUNK_BYTES = 1160
+
+
+def machine_notes(backend: str) -> dict[str, str]:
+    """Where and how a profile was measured (free text for the profile's notes)."""
+    import os
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"machine": f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "backend": backend,
+            "python": platform.python_version(), "numpy": np.__version__,
+            "how": "one process; each device's times = this process's times x its emulated slowdown"}
+
+
+def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log: Log = lambda s: None) -> dict:
+    """Every measurement of the module doc, as a plain mapping: ``stage`` (a
+    PassCurve mapping), ``head_s``, ``drafters`` (name -> DrafterProfile mapping),
+    ``transport``, ``notes``. ``quick`` takes a smaller grid and fewer repetitions
+    (for tests: seconds instead of about two minutes)."""
+    from runtime.config import ModelConfig
+    cfg = ModelConfig.load(model_dir)
+    t0 = time.perf_counter()
+    if quick:
+        stage = measure_passes(model_dir, backend, tokens=(1, 5, 16), contexts=(16, 64), reps=3, log=log)
+        prompts, max_new, kinds, ks, n_frames = CALIBRATION_PROMPTS[:1], 16, ("ngram",), (1, 4), 15
+    else:
+        stage = measure_passes(model_dir, backend, log=log)
+        prompts, max_new, kinds, ks, n_frames = CALIBRATION_PROMPTS, 64, ("ngram", "early_exit", "model"), DRAFT_KS, 60
+    head = measure_head(model_dir, backend)
+    log("head: timed on " + ", ".join(f"{int(r)}" for r in head.xs) + " rows")
+    answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id,
+                             backend=backend)
+    log(f"drafters: greedy answers to {len(prompts)} calibration prompts "
+        f"({sum(len(a) for _, a in answers)} tokens)")
+    drafters = measure_drafters(model_dir, answers, kinds=kinds, ks=ks, log=log)
+    transport = measure_transport(cfg.hidden, n=n_frames)
+    cells = ", ".join(f"{int(b)} B {s * 1e3:.2f} ms" for b, s in zip(transport.one_way_s.xs, transport.one_way_s.ys))
+    log(f"transport: one-way {cells}")
+    notes = machine_notes(backend)
+    notes["took"] = f"{time.perf_counter() - t0:.0f} s"
+    return {"stage": stage.to_mapping(), "head_s": head.to_mapping(),
+            "drafters": {k: v.to_mapping() for k, v in drafters.items()},
+            "transport": transport.to_mapping(), "notes": notes}
+
+
+def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by splitroom calibrate
+    """``python -m runtime.calibrate MODEL_DIR OUT_JSON BACKEND [quick]``: measure and write JSON;
+    progress lines on stderr. Exit 0, or 1 with one line on stderr."""
+    import logging
+    logging.basicConfig(level=logging.ERROR)
+    try:
+        out = measure_all(argv[0], argv[2], quick=len(argv) > 3 and argv[3] == "quick",
+                          log=lambda s: print(s, file=sys.stderr, flush=True))
+    except Exception as e:  # one line for the parent, whatever went wrong
+        print(f"calibration failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+    with open(argv[1], "w", encoding="utf-8") as f:
+        json.dump(out, f)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))
