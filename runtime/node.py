@@ -1,12 +1,15 @@
-"""A device process: ``python -m runtime.node CONFIG.json RELAY_URL ROOM``.
+"""A device process: ``python -m runtime.node CONFIG.json RELAY_URL ROOM``, and the one
+device loop (:func:`run_device`) that it and ``splitroom join`` share.
 
 Loads only its layer range (the host also the embedding, head and tokenizer), joins the
 room through the signalling relay, serves until the host has asked every question (the
-host) or until it is told to stop (SIGTERM or SIGINT: workers), then writes its JSONL
-trace to ``config.trace_path``. BLAS threads are pinned to one per process so that
-devices sharing this machine's cores share them fairly.
+host), until it is told to stop (SIGTERM or SIGINT, or the host's ``bye`` in ``join``),
+or until it loses the model host (workers), then writes its JSONL trace to
+``config.trace_path``. BLAS threads are pinned to one per process so that devices
+sharing this machine's cores share them fairly.
 
-Exit status: 0 done, 2 bad configuration, 3 could not join the room, 4 timed out.
+Exit status: 0 done, 2 bad configuration, 3 could not join the room, 4 timed out,
+5 lost the model host.
 """
 
 from __future__ import annotations
@@ -22,66 +25,125 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Awaitable, Callable, Optional, Sequence  # noqa: E402
 
 from .backends import StageSpec, make_stage  # noqa: E402
-from .room import Node, NodeConfig  # noqa: E402
+from .control import ControlError, NodeConfig  # noqa: E402
+from .room import Node  # noqa: E402
 
 log = logging.getLogger("splitroom.node")
 
+DONE, BAD_CONFIG, NO_ROOM, TIMED_OUT, LOST_HOST = 0, 2, 3, 4, 5
 
-async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 600.0) -> int:
-    """Run one device until done; returns the exit status (see module doc)."""
-    from .transport import TransportError, connect_room
 
-    stage = None
-    tokenizer = None
+def load_device(cfg: NodeConfig, max_ctx: int = 2048):
+    """Load what ``cfg.device`` computes with: ``(stage or None, tokenizer or None,
+    drafter or None)``. The stage holds only the device's range (the host's also the
+    embedding and head); the host gets the tokenizer, and its drafter when the
+    scheduler drafts. Raises OSError/ValueError from the weights (missing files, bad range)."""
     mine = [s for s in cfg.stages if s[0] == cfg.device]
     is_host = cfg.device == cfg.host
+    stage = tokenizer = drafter = None
     if mine or is_host:
         a, b = (mine[0][1], mine[0][2]) if mine else (0, 0)
-        stage = make_stage(cfg.backend, cfg.model_dir, StageSpec(a, b, host=is_host), max_ctx=2048)
+        stage = make_stage(cfg.backend, cfg.model_dir, StageSpec(a, b, host=is_host), max_ctx=max_ctx)
     if is_host:
         from .tokenizer import ChatTokenizer
         tokenizer = ChatTokenizer.from_dir(cfg.model_dir)
-    try:
-        transport = await connect_room(relay_url, room, cfg.device, cfg.peers)
-    except (TransportError, OSError, asyncio.TimeoutError) as e:
-        log.error("%s: could not join room %s: %s", cfg.device, room, e)
-        return 3
-    kwargs = {}
-    if is_host and cfg.scheduler.get("draft_tokens"):
-        from .drafters import make_drafter
-        kwargs["drafter"] = make_drafter(cfg.drafter, cfg.model_dir, cfg.early_exit_layers)
-    node = Node(cfg, stage, transport, tokenizer, **kwargs)
+        if cfg.scheduler.draft_tokens:
+            from .drafters import make_drafter
+            drafter = make_drafter(cfg.drafter, cfg.model_dir, cfg.early_exit_layers)
+    return stage, tokenizer, drafter
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (in the running loop)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optional[asyncio.Event] = None,
+                     until: Sequence[Awaitable] = (), loaded=None,
+                     on_start: Optional[Callable[[Node], None]] = None) -> tuple[Node, int]:
+    """The one device loop (``python -m runtime.node`` and ``splitroom join``).
+
+    Builds a :class:`runtime.room.Node` over ``transport`` (``send``/``set_handler``,
+    optionally ``set_lost_handler``), starts it, and waits until the host has asked and
+    ended every question, ``stop`` is set, any of ``until`` finishes (a worker's "the
+    host said bye"), a worker loses the host, or ``timeout_s`` seconds pass. Then stops
+    the node and writes its trace (and the host's answers) when ``cfg.trace_path`` is set.
+
+    Args:
+        loaded: ``(stage, tokenizer, drafter)`` already loaded; :func:`load_device` when None.
+        on_start: called with the started node (e.g. to stream its answers).
+    Returns:
+        ``(node, status)``: status 0 done, 4 timed out, 5 lost the model host. An
+        exception raised by an ``until`` waiter propagates after the node is stopped.
+    """
+    stage, tokenizer, drafter = loaded if loaded is not None else load_device(cfg)
+    kwargs = {"drafter": drafter} if drafter is not None else {}
+    node = Node(cfg, stage, transport, tokenizer, **kwargs)
+    is_host = cfg.device == cfg.host
     node.start()
-    status = 0
+    if on_start is not None:
+        on_start(node)
+    waiters = [asyncio.ensure_future(w) for w in until]
+    if stop is not None:
+        waiters.append(asyncio.ensure_future(stop.wait()))
+    waiters.append(asyncio.ensure_future(node.done.wait() if is_host else node.lost_host.wait()))
+    status = DONE
     try:
-        waiters = [asyncio.ensure_future(stop.wait())]
-        if is_host:
-            waiters.append(asyncio.ensure_future(node.done.wait()))
-        done, pending = await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        done, pending = await asyncio.wait(waiters, timeout=max(timeout_s, 0.0), return_when=asyncio.FIRST_COMPLETED)
         for p in pending:
             p.cancel()
         if not done:
             log.error("%s: timed out after %.0f s", cfg.device, timeout_s)
-            status = 4
+            status = TIMED_OUT
+        elif not is_host and node.lost_host.is_set():
+            log.error("%s: lost the model host %s; leaving the room", cfg.device, cfg.host)
+            status = LOST_HOST
+        for d in done:
+            d.result()  # an until-waiter's error (e.g. the host aborted the room)
     finally:
         await node.stop()
         if cfg.trace_path:
-            with open(cfg.trace_path, "w", encoding="utf-8") as f:
-                for rec in node.trace_records():
-                    f.write(json.dumps(rec) + "\n")
-        if is_host and tokenizer is not None:
-            answers = {qid: tokenizer.decode(ids) for qid, ids in node.answers.items()}
-            with open(cfg.trace_path + ".answers.json", "w", encoding="utf-8") as f:
-                json.dump({"answers": {str(k): {"text": answers[k], "token_ids": node.answers[k]}
-                                       for k in node.answers},
-                           "ended": {str(k): v for k, v in node.ended.items()},
-                           "rejected_frames": node.rejected_frames}, f)
+            _write_outputs(cfg, node, tokenizer)
+    return node, status
+
+
+def _write_outputs(cfg: NodeConfig, node: Node, tokenizer) -> None:
+    with open(cfg.trace_path, "w", encoding="utf-8") as f:
+        for rec in node.trace_records():
+            f.write(json.dumps(rec) + "\n")
+    if tokenizer is not None:
+        answers = {qid: tokenizer.decode(ids) for qid, ids in node.answers.items()}
+        with open(cfg.trace_path + ".answers.json", "w", encoding="utf-8") as f:
+            json.dump({"answers": {str(k): {"text": answers[k], "token_ids": node.answers[k]}
+                                   for k in node.answers},
+                       "ended": {str(k): v for k, v in node.ended.items()},
+                       "rejected_frames": node.rejected_frames}, f)
+
+
+async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 600.0) -> int:
+    """Run one device of ``splitroom run --real`` until done; returns the exit status
+    (see module doc)."""
+    from .transport import TransportError, connect_room
+
+    loaded = load_device(cfg)
+    try:
+        transport = await connect_room(relay_url, room, cfg.device, cfg.peers)
+    except (TransportError, OSError, asyncio.TimeoutError) as e:
+        log.error("%s: could not join room %s: %s", cfg.device, room, e)
+        return NO_ROOM
+    t0 = time.monotonic()
+    try:
+        _, status = await run_device(cfg, transport, timeout_s - (time.monotonic() - t0), stop_on_signals(),
+                                     loaded=loaded)
+    finally:
         await transport.close()
     return status
 
@@ -92,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if len(argv) < 3:
         print("usage: python -m runtime.node CONFIG.json RELAY_URL ROOM [TIMEOUT_S]", file=sys.stderr)
-        return 2
+        return BAD_CONFIG
     try:
         with open(argv[0], encoding="utf-8") as f:
             cfg = NodeConfig.from_json(f.read())
-    except (OSError, TypeError, ValueError) as e:
+        timeout_s = float(argv[3]) if len(argv) > 3 else 600.0
+    except (OSError, ControlError, ValueError) as e:
         print(f"{argv[0]}: bad node configuration: {e}", file=sys.stderr)
-        return 2
-    timeout_s = float(argv[3]) if len(argv) > 3 else 600.0
+        return BAD_CONFIG
     return asyncio.run(serve(cfg, argv[1], argv[2], timeout_s))
 
 

@@ -19,26 +19,23 @@ merge into one and :mod:`planner.metrics` computes the measured numbers.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from planner.deal import Deal, Stage as DealStage
-from planner.frames import DType, FrameError, FrameHeader, FrameKind
+from planner.frames import FrameError, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
                               QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               Wake)
 from planner.chain import Chain
-from planner.scheduler import SchedulerConfig
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
+from .control import NodeConfig
 from .drafters import ngram_draft
 from .work import consumes_residual, run_work
 
@@ -46,62 +43,6 @@ log = logging.getLogger("splitroom.room")
 
 RESIDUAL = "residual"
 REPLY = "reply"
-
-
-@dataclass
-class NodeConfig:
-    """Everything one device process needs (JSON-serialisable; see :meth:`to_json`).
-
-    Attributes:
-        device: this device's id.
-        host: the model host's id.
-        stages: the chain, ``[(device, start, end), ...]`` 0-based half-open.
-        scheduler: SchedulerConfig fields.
-        model_dir: safetensors directory of the model.
-        backend: ``numpy`` or ``wgpu``.
-        slowdown: pad compute to this factor (>= 1).
-        prompts: the host's questions (text), asked one after another.
-        max_new_tokens: answer length cap.
-        trace_path: where to write this node's JSONL trace.
-        peers: every other device of the room.
-        drafter: the host's drafter (``ngram``, ``early_exit``, ``model``).
-        early_exit_layers: layers the early_exit drafter runs.
-    """
-
-    device: str
-    host: str
-    stages: list
-    scheduler: dict
-    model_dir: str
-    backend: str = "numpy"
-    slowdown: float = 1.0
-    prompts: list = field(default_factory=list)
-    max_new_tokens: int = 64
-    trace_path: str = ""
-    peers: list = field(default_factory=list)
-    drafter: str = "ngram"
-    early_exit_layers: int = 8
-
-    def deal(self) -> Deal:
-        """The chain as a :class:`planner.deal.Deal`."""
-        st = tuple(DealStage(d, a, b) for d, a, b in self.stages)
-        return Deal(host=self.host, split="pinned", stages=st, guests=(), fits=True, notes=())
-
-    def scheduler_config(self) -> SchedulerConfig:
-        """The scheduler settings, with sets restored."""
-        kw = dict(self.scheduler)
-        kw["phones"] = frozenset(kw.get("phones", ()))
-        kw["dtype"] = DType(kw.get("dtype", 0))
-        return SchedulerConfig(**kw)
-
-    def to_json(self) -> str:
-        """As JSON text."""
-        return json.dumps(self.__dict__)
-
-    @classmethod
-    def from_json(cls, text: str) -> "NodeConfig":
-        """From :meth:`to_json` text. Raises TypeError/ValueError when malformed."""
-        return cls(**json.loads(text))
 
 
 class Node:
@@ -136,6 +77,7 @@ class Node:
         self.answers: dict[int, list[int]] = {}
         self.ended: dict[int, str] = {}
         self.done = asyncio.Event()
+        self.lost_host = asyncio.Event()  # a worker lost the model host: nothing more will come
         self.rejected_frames = 0
         self._next_q = 0
         transport.set_handler(self._on_message)
@@ -165,8 +107,11 @@ class Node:
 
     def _on_lost(self, peer: str, reason: str) -> None:
         """A peer's connection failed: the scheduler hears DeviceLost (the host refuses
-        what it cannot answer and stops taking questions; a worker ignores it)."""
+        what it cannot answer and stops taking questions); a worker that lost the model
+        host sets :attr:`lost_host` (its device loop then ends with a clear status)."""
         log.warning("%s: lost %s: %s", self.cfg.device, peer, reason)
+        if peer == self.cfg.host and not self.is_host:
+            self.lost_host.set()
         self.handle(DeviceLost(peer, reason))
 
     async def _send(self, dst: str, channel: str, data: bytes) -> None:

@@ -14,19 +14,23 @@ each one ``--lends``; every device of a room must then say ``auto``.
 What happens (all peer to peer once connected; the relay only passes SDP):
 
 1. each device connects to every peer (:func:`runtime.transport.connect_room`);
-2. each sends every peer a hello on the ``reply`` channel:
+2. each sends every peer a :class:`runtime.control.Hello` on the ``reply`` channel
+   (the control plane's typed messages, JSON on the wire):
    ``{"type": "hello", "device", "host": bool, "layers": [start, end] | null, "lends": bytes}``;
-3. the host checks the ranges (or deals them) and sends every peer the plan:
+3. the host checks the ranges (or deals them) and sends every peer the :class:`~runtime.control.Plan`:
    ``{"type": "plan", "host", "stages": [[device, start, end], ...], "scheduler": {...},
-   "max_new_tokens"}`` (or ``{"type": "abort", "reason"}``, and everyone exits with it);
-4. each device that holds layers loads only its range and runs a
-   :class:`runtime.room.Node` (the same scheduler and frames as ``splitroom run --real``);
-   residual frames that arrive while a device is still loading wait for it;
+   "max_new_tokens"}`` (or an ``Abort`` ``{"type": "abort", "reason"}``, and everyone exits
+   with it); a malformed control message is logged and ignored;
+4. each device that holds layers loads only its range and runs the device loop of
+   ``splitroom run --real`` (:func:`runtime.node.run_device`: a :class:`runtime.room.Node`,
+   the same router, scheduler and frames); residual frames that arrive while a device is
+   still loading wait for it; a lost peer reaches the scheduler (the host refuses what it
+   cannot answer; a worker that loses the host leaves with status 5);
 5. the host asks its questions one after another, prints each answer as it streams and
    then its speed, and finally sends ``{"type": "bye"}``; the others then exit.
 
 Exit status: 0 done, 2 bad arguments or a room that cannot be planned, 3 could not
-join the room, 4 timed out.
+join the room (or a peer was lost before the plan), 4 timed out, 5 lost the model host.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import asyncio  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -55,7 +58,8 @@ MODEL_ID = "smollm2-135m"
 
 
 class JoinError(RuntimeError):
-    """The device cannot take part: bad arguments (status 2), no room (3), a timeout (4)."""
+    """The device cannot take part: bad arguments (status 2), no room (3), a timeout (4),
+    the model host lost (5)."""
 
     def __init__(self, message: str, status: int = 2):
         super().__init__(message)
@@ -190,24 +194,30 @@ def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg) -> dict:
 
 
 class _Mux:
-    """One handler for the transport: control messages (``reply`` channel, JSON) go to
-    a queue; everything else to the Node once it exists, and waits in order until then.
-    Also stands in for the transport given to the Node (``send`` and ``set_handler``)."""
+    """One handler for the transport: control messages (``reply`` channel, typed by
+    :func:`runtime.control.parse_control`) go to a queue; everything else to the Node
+    once it exists, and waits in order until then. Also stands in for the transport
+    given to the Node (``send``, ``set_handler`` and ``set_lost_handler``): a lost peer
+    reaches the Node, or, before the Node exists, the control queue as a lost marker."""
 
     def __init__(self, transport):
+        from runtime.control import ControlError, parse_control
+        self._parse, self._error = parse_control, ControlError
         self.t = transport
         self.control: asyncio.Queue = asyncio.Queue()
         self.node_handler = None
+        self.lost_handler = None
+        self.lost: dict[str, str] = {}
         self.early: list = []
         transport.set_handler(self._on_message)
+        if hasattr(transport, "set_lost_handler"):
+            transport.set_lost_handler(self._on_lost)
 
     def _on_message(self, src: str, channel: str, data: bytes) -> None:
         if channel == CONTROL:
             try:
-                msg = json.loads(data)
-                if not isinstance(msg, dict):
-                    raise ValueError("not an object")
-            except ValueError as e:
+                msg = self._parse(data)
+            except self._error as e:
                 log.warning("control message from %s ignored: %s", src, e)
                 return
             self.control.put_nowait((src, msg))
@@ -216,6 +226,12 @@ class _Mux:
         else:
             self.node_handler(src, channel, data)
 
+    def _on_lost(self, peer: str, reason: str) -> None:
+        self.lost[peer] = reason
+        self.control.put_nowait((peer, None))  # wakes a device waiting for a hello or the plan
+        if self.lost_handler is not None:
+            self.lost_handler(peer, reason)
+
     # the Node's view of the transport
     def set_handler(self, fn) -> None:
         self.node_handler = fn
@@ -223,11 +239,18 @@ class _Mux:
         for m in early:
             fn(*m)
 
+    def set_lost_handler(self, fn) -> None:
+        self.lost_handler = fn
+        for peer, reason in self.lost.items():
+            fn(peer, reason)
+
     async def send(self, dst: str, channel: str, data: bytes) -> None:
         await self.t.send(dst, channel, data)
 
-    async def say(self, dst: str, msg: dict) -> None:
-        await self.t.send(dst, CONTROL, json.dumps(msg).encode())
+    async def say(self, dst: str, msg) -> None:
+        """Send one typed control message (runtime.control) to ``dst``."""
+        from runtime.control import encode_control
+        await self.t.send(dst, CONTROL, encode_control(msg))
 
 
 @dataclass
@@ -251,8 +274,16 @@ class JoinOptions:
     answers: list = field(default_factory=list)
 
 
-async def _next_control(mux: _Mux, want: Sequence[str], deadline: float, what: str) -> tuple[str, dict]:
+async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
+                        needed: Sequence[str] = ()) -> tuple:
+    """The next control message of a type in ``want`` (runtime.control classes) as
+    ``(src, message)``. Raises JoinError: status 4 at ``deadline`` (time.monotonic), 2
+    when a peer aborts the room, 3 when a device in ``needed`` is lost first."""
+    from runtime.control import Abort
     while True:
+        for peer in needed:
+            if peer in mux.lost:
+                raise JoinError(f"lost {peer} while waiting for {what}: {mux.lost[peer]}", 3)
         left = deadline - time.monotonic()
         if left <= 0:
             raise JoinError(f"timed out waiting for {what}", 4)
@@ -260,11 +291,13 @@ async def _next_control(mux: _Mux, want: Sequence[str], deadline: float, what: s
             src, msg = await asyncio.wait_for(mux.control.get(), left)
         except asyncio.TimeoutError:
             raise JoinError(f"timed out waiting for {what}", 4) from None
-        if msg.get("type") == "abort":
-            raise JoinError(f"{src} stopped the room: {msg.get('reason')}", 2)
-        if msg.get("type") in want:
+        if msg is None:  # a lost marker: checked at the top
+            continue
+        if isinstance(msg, Abort):
+            raise JoinError(f"{src} stopped the room: {msg.reason}", 2)
+        if isinstance(msg, want):
             return src, msg
-        log.info("control message %r from %s ignored while waiting for %s", msg.get("type"), src, what)
+        log.info("control message %r from %s ignored while waiting for %s", msg.type, src, what)
 
 
 async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions) -> None:
@@ -313,9 +346,10 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     Raises JoinError for bad arguments, a room that cannot be joined or planned, and
     timeouts (its ``status`` is the exit status).
     """
-    from runtime.backends import BACKENDS, StageSpec, make_stage
+    from runtime.backends import BACKENDS
     from runtime.config import ModelConfig
-    from runtime.room import Node, NodeConfig
+    from runtime.control import Abort, Bye, Hello, NodeConfig, Plan
+    from runtime.node import LOST_HOST, TIMED_OUT, load_device, run_device, stop_on_signals
     from runtime.transport import TransportError, connect_room
     from runtime.weights import WeightsError, ensure_safetensors
 
@@ -355,43 +389,35 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         raise JoinError(f"could not join room {room!r}: {e}", 3) from None
     mux = _Mux(transport)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    node = None
+    stop = stop_on_signals()
     try:
-        hello = {"type": "hello", "device": opts.device, "host": bool(opts.host),
-                 "layers": list(mine) if mine else None, "lends": lends}
+        hello = Hello(device=opts.device, host=bool(opts.host), layers=mine, lends=lends)
         for p in peers:
             await mux.say(p, hello)
         if opts.host:
-            hellos = {opts.device: hello}
+            hellos = {opts.device: {"layers": list(mine) if mine else None, "lends": lends}}
             while len(hellos) < len(peers) + 1:
-                src, msg = await _next_control(mux, ("hello",), deadline, "the other devices' hellos")
-                if msg.get("host"):
+                src, msg = await _next_control(mux, (Hello,), deadline, "the other devices' hellos", peers)
+                if msg.host:
                     reason = f"{src} and {opts.device} both say --host"
                     for p in peers:
-                        await mux.say(p, {"type": "abort", "reason": reason})
+                        await mux.say(p, Abort(reason=reason))
                     raise JoinError(reason)
-                lay = msg.get("layers")
-                hellos[src] = {"layers": lay if lay is None else [int(lay[0]), int(lay[1])],
-                               "lends": int(msg.get("lends") or 0)}
+                hellos[src] = {"layers": list(msg.layers) if msg.layers else None, "lends": msg.lends}
             try:
                 chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split)
+                plan = Plan(host=opts.device, stages=chain, scheduler=_scheduler_settings(room, hellos, mcfg),
+                            max_new_tokens=opts.max_new_tokens)
             except JoinError as e:
                 for p in peers:
-                    await mux.say(p, {"type": "abort", "reason": str(e)})
+                    await mux.say(p, Abort(reason=str(e)))
                 raise
-            sched = _scheduler_settings(room, hellos, mcfg)
-            plan = {"type": "plan", "host": opts.device, "stages": chain, "scheduler": sched,
-                    "max_new_tokens": opts.max_new_tokens}
             for p in peers:
                 await mux.say(p, plan)
         else:
-            _, plan = await _next_control(mux, ("plan",), deadline, "the host's plan")
-        chain = [list(s) for s in plan["stages"]]
-        host = plan["host"]
+            _, plan = await _next_control(mux, (Plan,), deadline, "the host's plan", peers)
+        chain = [list(s) for s in plan.stages]
+        host = plan.host
         say("plan: " + ", ".join(f"{d} layers {shown(a, b)}{' (host)' if d == host else ''}" for d, a, b in chain))
         members = [s[0] for s in chain]
         if opts.device not in members:
@@ -399,37 +425,33 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             return 0
         a, b = next((s[1], s[2]) for s in chain if s[0] == opts.device)
         is_host = opts.device == host
-        ctx = 2048
-        stage = make_stage(opts.backend, model_dir, StageSpec(a, b, host=is_host), max_ctx=ctx)
-        tok = None
-        if is_host:
-            from runtime.tokenizer import ChatTokenizer
-            tok = ChatTokenizer.from_dir(model_dir)
-        cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan["scheduler"],
+        cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan.scheduler,
                          model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
-                         max_new_tokens=int(plan["max_new_tokens"]), peers=[m for m in members if m != opts.device])
-        node = Node(cfg, stage, mux, tok)
+                         max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device])
+        loaded = load_device(cfg)
         say(f"holding layers {shown(a, b)} ({opts.backend}); "
             + ("asking" if is_host else "serving until the host is done"))
-        node.start()
-        if is_host:
-            printer = asyncio.ensure_future(_stream_answers(node, tok, out, opts))
-            waiters = [printer, asyncio.ensure_future(stop.wait())]
-        else:
-            waiters = [asyncio.ensure_future(_next_control(mux, ("bye",), deadline, "the host's bye")),
-                       asyncio.ensure_future(stop.wait())]
-        done, pending = await asyncio.wait(waiters, timeout=max(deadline - time.monotonic(), 0.0),
-                                           return_when=asyncio.FIRST_COMPLETED)
-        for p in pending:
-            p.cancel()
-        for d in done:
-            d.result()  # raise a JoinError from the waiters
-        if not done:
+        printer: list = []
+
+        def stream(node) -> None:
+            printer.append(asyncio.ensure_future(_stream_answers(node, loaded[1], out, opts)))
+
+        until = [] if is_host else [_next_control(mux, (Bye,), deadline, "the host's bye")]
+        node, status = await run_device(cfg, mux, deadline - time.monotonic(), stop, until=until, loaded=loaded,
+                                        on_start=stream if is_host else None)
+        if status == TIMED_OUT:
             raise JoinError(f"timed out after {opts.timeout_s:.0f} s", 4)
+        if status == LOST_HOST:
+            raise JoinError(f"lost the model host {host}: {mux.lost.get(host, 'connection closed')}", 5)
         if is_host:
+            if printer:  # the last answer's tail and speed line
+                try:
+                    await asyncio.wait_for(printer[0], 0.0 if stop.is_set() else 10.0)
+                except asyncio.TimeoutError:
+                    pass
             for p in peers:
                 try:
-                    await mux.say(p, {"type": "bye"})
+                    await mux.say(p, Bye())
                 except TransportError:
                     pass
             await asyncio.sleep(0.2)  # let the bye leave before the connection closes
@@ -438,8 +460,6 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                     json.dump({"answers": opts.answers, "stages": chain}, f, indent=1)
         return 0
     finally:
-        if node is not None:
-            await node.stop()
         await transport.close()
 
 

@@ -1,0 +1,203 @@
+"""The typed control plane: what devices tell each other besides residual frames, and
+what one device process is told to do.
+
+Control messages travel as JSON objects on the ``reply`` data channel, one message per
+transport message, told apart by ``"type"``:
+
+* :class:`Hello`  every device -> every peer, once connected: who it is, whether it is
+  the host, the layers it asks for (0-based half-open, or null for "deal them"), the
+  bytes it lends.
+* :class:`Plan`   host -> every peer: the chain, the scheduler settings, the answer cap.
+* :class:`Abort`  anyone -> every peer: the room cannot run, with a reason.
+* :class:`Bye`    host -> every peer: the host is done; workers exit.
+
+:class:`NodeConfig` is everything one device process needs (written as JSON by
+``splitroom run --real`` for ``python -m runtime.node``, built from a Plan by
+``splitroom join``). :class:`SchedulerSettings` is :class:`planner.scheduler.SchedulerConfig`
+on the wire (the planner stays free of pydantic).
+
+Every parse error is a :class:`ControlError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from planner.deal import Deal, Stage as DealStage
+from planner.frames import DType
+from planner.protocol import ReturnPath
+from planner.scheduler import SchedulerConfig
+
+#: A device id as the control plane accepts it.
+DEVICE_ID = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class ControlError(ValueError):
+    """A control message or node configuration is malformed (one-line reason)."""
+
+
+def _one_line(e: ValidationError, what: str) -> ControlError:
+    errs = e.errors()
+    parts = []
+    for err in errs[:3]:
+        where = ".".join(str(x) for x in err.get("loc", ())) or what
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
+    return ControlError(f"bad {what}: " + "; ".join(parts) + more)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulerSettings(_Model):
+    """:class:`planner.scheduler.SchedulerConfig` as JSON (phones a list, dtype its code,
+    return_path its name). Field meanings and limits are SchedulerConfig's."""
+
+    hidden: int = Field(ge=1)
+    prefill_chunk: int = Field(16, ge=1)
+    draft_tokens: int = Field(0, ge=0)
+    async_laps: int = Field(1, ge=1)
+    return_path: ReturnPath = ReturnPath.DIRECT
+    wake: bool = True
+    phones: tuple[str, ...] = ()
+    eos_token: Optional[int] = None
+    dtype: int = Field(int(DType.FLOAT32), ge=0, le=1)
+
+    @classmethod
+    def of(cls, config: SchedulerConfig) -> "SchedulerSettings":
+        """The settings of ``config`` (made by :meth:`SchedulerConfig.from_scenario`)."""
+        return cls.model_validate(config.to_json())
+
+    def config(self) -> SchedulerConfig:
+        """Back to the planner's frozen SchedulerConfig. Raises ValueError as it does."""
+        return SchedulerConfig(hidden=self.hidden, prefill_chunk=self.prefill_chunk,
+                               draft_tokens=self.draft_tokens, async_laps=self.async_laps,
+                               return_path=self.return_path, wake=self.wake, phones=frozenset(self.phones),
+                               eos_token=self.eos_token, dtype=DType(self.dtype))
+
+
+StageRow = tuple[DEVICE_ID, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
+
+
+def chain_deal(host: str, stages) -> Deal:
+    """A pinned :class:`planner.deal.Deal` from ``[(device, start, end), ...]``
+    (0-based half-open, the host's range first when it holds one)."""
+    st = tuple(DealStage(d, a, b) for d, a, b in stages)
+    return Deal(host=host, split="pinned", stages=st, guests=(), fits=True, notes=())
+
+
+class Hello(_Model):
+    """A device introduces itself. ``layers`` is ``[start, end)`` 0-based, None for
+    "deal them" (``--layers auto``); ``lends`` bytes (0: unknown)."""
+
+    type: Literal["hello"] = "hello"
+    device: DEVICE_ID
+    host: bool = False
+    layers: Optional[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]] = None
+    lends: int = Field(0, ge=0)
+
+
+class Plan(_Model):
+    """The host's plan: the chain ``[(device, start, end), ...]`` (host first), the
+    scheduler settings and the answer cap (tokens)."""
+
+    type: Literal["plan"] = "plan"
+    host: DEVICE_ID
+    stages: tuple[StageRow, ...] = Field(min_length=1)
+    scheduler: SchedulerSettings
+    max_new_tokens: int = Field(ge=1)
+
+    def deal(self) -> Deal:
+        """The chain as a pinned Deal."""
+        return chain_deal(self.host, self.stages)
+
+
+class Abort(_Model):
+    """The room cannot run; everyone exits with ``reason``."""
+
+    type: Literal["abort"] = "abort"
+    reason: str = ""
+
+
+class Bye(_Model):
+    """The host is done; the other devices exit."""
+
+    type: Literal["bye"] = "bye"
+
+
+ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye], Field(discriminator="type")]
+_CONTROL = TypeAdapter(ControlMessage)
+
+
+def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye:
+    """One control message from its JSON bytes. Raises ControlError (one line) for
+    anything that is not exactly one of the four messages."""
+    try:
+        return _CONTROL.validate_json(data)
+    except ValidationError as e:
+        raise _one_line(e, "control message") from None
+
+
+def encode_control(msg: Hello | Plan | Abort | Bye) -> bytes:
+    """A control message as JSON bytes (what :func:`parse_control` reads)."""
+    return msg.model_dump_json().encode()
+
+
+class NodeConfig(BaseModel):
+    """Everything one device process needs (JSON: :meth:`to_json` / :meth:`from_json`).
+
+    Attributes:
+        device: this device's id.
+        host: the model host's id.
+        stages: the chain, ``[(device, start, end), ...]`` 0-based half-open.
+        scheduler: the scheduler settings (a dict as SchedulerConfig.to_json writes is
+            accepted and validated).
+        model_dir: safetensors directory of the model.
+        backend: ``numpy`` or ``wgpu``.
+        slowdown: pad compute to this factor (>= 1).
+        prompts: the host's questions (text), asked one after another.
+        max_new_tokens: answer length cap (tokens, >= 1).
+        trace_path: where to write this node's JSONL trace ("" for none).
+        peers: every other device of the room.
+        drafter: the host's drafter (``ngram``, ``early_exit``, ``model``).
+        early_exit_layers: layers the early_exit drafter runs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: DEVICE_ID
+    host: DEVICE_ID
+    stages: list[StageRow]
+    scheduler: SchedulerSettings
+    model_dir: str
+    backend: Literal["numpy", "wgpu"] = "numpy"
+    slowdown: float = Field(1.0, ge=1.0)
+    prompts: list[str] = Field(default_factory=list)
+    max_new_tokens: int = Field(64, ge=1)
+    trace_path: str = ""
+    peers: list[DEVICE_ID] = Field(default_factory=list)
+    drafter: Literal["ngram", "early_exit", "model"] = "ngram"
+    early_exit_layers: int = Field(8, ge=1)
+
+    def deal(self) -> Deal:
+        """The chain as a pinned :class:`planner.deal.Deal`."""
+        return chain_deal(self.host, self.stages)
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The planner's SchedulerConfig. Raises ValueError for settings it refuses."""
+        return self.scheduler.config()
+
+    def to_json(self) -> str:
+        """As JSON text."""
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "NodeConfig":
+        """From :meth:`to_json` text. Raises ControlError (a ValueError, one line) when malformed."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as e:
+            raise _one_line(e, "node configuration") from None
