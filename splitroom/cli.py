@@ -30,11 +30,17 @@ def _root() -> None:
     """Run one LLM across several machines, and predict how fast that room will be."""
 
 
+def one_line(message: str) -> str:
+    """``message`` with line breaks and other control characters written as escapes
+    (``\\n``, ``\\x1b``): user input quoted in an error must not break the line."""
+    return "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in str(message))
+
+
 def fail(message: str) -> None:
     """Print one line to stderr and exit with status 2."""
     # escape: a message may hold brackets ("[a-z0-9_-]", "devices[1]") that rich would
     # otherwise read as markup and drop
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -74,11 +80,35 @@ def check_simulable(scn, source: str) -> None:
              "to simulate (or give a probability 0-1)")
 
 
+CalibrationOpt = typer.Option(None, "--calibration", help="Predict with this calibration profile "
+                              "(splitroom calibrate writes one; same as the scenario key calibration:).")
+
+
+def with_profile(scn, path: Optional[str]):
+    """``scn`` with the profile at ``path`` applied (None: unchanged); exit 2 with one
+    line when the file is not a readable profile."""
+    if not path:
+        return scn
+    from splitroom.calibration import CalibrationError, apply_profile, load_profile
+    try:
+        return apply_profile(scn, load_profile(path))
+    except CalibrationError as e:
+        fail(f"--calibration {e}")
+
+
+def check_answered(m: dict, source: str) -> None:
+    """Exit 2 when a simulated room answered nothing it was asked: a prediction of
+    nothing is an error, never 0.0 tok/s."""
+    if m.get("questions", 0) and not m.get("answered", 0):
+        fail(f"{source}: the simulated room answered none of its {m['questions']} questions "
+             f"({m.get('refused', 0)} refused); no prediction")
+
+
 def deal_scenario(scn, source: str):
     """Deal a scenario's room or exit 2 naming the problem."""
     from planner.deal import DealError, deal
     try:
-        return deal(scn.devices, scn.model, scn.options)
+        return deal(scn.devices, scn.model, scn.options, scn.network)
     except DealError as e:
         fail(f"{source}: cannot deal the room: {e}")
 
@@ -176,15 +206,17 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
              set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
              plot: Optional[str] = typer.Option(None, "--plot", help="Write a timeline and latency picture (PNG)."),
              trace: Optional[str] = typer.Option(None, "--trace", help="Write the JSONL trace to this file."),
-             progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar.")):
+             progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+             calibration: Optional[str] = CalibrationOpt):
     """Predict how fast the room answers: tokens/s, time to first token, latency, where time goes."""
-    scn = load_scenario(scenario, set_).with_measured()
+    scn = with_profile(load_scenario(scenario, set_).with_measured(), calibration)
     check_output(trace, "--trace")
     check_output(plot, "--plot")
     check_simulable(scn, scenario)
     d = deal_scenario(scn, scenario)
     from splitroom.report import run_simulation
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)
+    check_answered(result.metrics, scenario)
     try:
         if trace:
             from splitroom.report import write_trace
@@ -206,18 +238,28 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
 
 
 def compare_table(res) -> Table:
-    """Measured beside predicted, with the signed error of the prediction."""
+    """Measured beside the prediction from a profile (when given, made before the run)
+    and the same-run figure (the simulator calibrated from this very run), each with
+    its signed error."""
     t = Table(title=f"measured vs predicted ({res.network})", title_justify="left")
-    for col, j in (("metric", "left"), ("measured", "right"), ("predicted", "right"), ("error", "right")):
+    cols = [("metric", "left"), ("measured", "right")]
+    if res.profile_predicted is not None:
+        cols += [("predicted from profile", "right"), ("error", "right")]
+    cols += [("same-run fit", "right"), ("error", "right")]
+    for col, j in cols:
         t.add_column(col, justify=j)
-    m, p, e = res.measured, res.predicted, res.error_pct
-    rows = [("tokens per second", f"{m['tokens_per_s']:.2f}", f"{p['tokens_per_s']:.2f}", e["tokens_per_s"]),
-            ("time to first token", _ms(m["ttft_s"]), _ms(p["ttft_s"]), e["ttft_s"]),
-            ("inter-token p50", _ms(m["inter_token_s"]["p50"]), _ms(p["inter_token_s"]["p50"]), e["inter_token_p50"]),
-            ("inter-token p99", _ms(m["inter_token_s"]["p99"]), _ms(p["inter_token_s"]["p99"]), e["inter_token_p99"]),
-            ("tokens per lap", f"{m['tokens_per_lap']:.2f}", f"{p['tokens_per_lap']:.2f}", e["tokens_per_lap"])]
-    for name, a, b, err in rows:
-        t.add_row(name, a, b, f"{err:+.1f}%")
+    m = res.measured
+    rows = [("tokens per second", "tokens_per_s", lambda x: f"{x['tokens_per_s']:.2f}"),
+            ("time to first token", "ttft_s", lambda x: _ms(x["ttft_s"])),
+            ("inter-token p50", "inter_token_p50", lambda x: _ms(x["inter_token_s"]["p50"])),
+            ("inter-token p99", "inter_token_p99", lambda x: _ms(x["inter_token_s"]["p99"])),
+            ("tokens per lap", "tokens_per_lap", lambda x: f"{x['tokens_per_lap']:.2f}")]
+    for name, key, show in rows:
+        cells = [name, show(m)]
+        if res.profile_predicted is not None:
+            cells += [show(res.profile_predicted), f"{res.profile_error_pct[key]:+.1f}%"]
+        cells += [show(res.predicted), f"{res.error_pct[key]:+.1f}%"]
+        t.add_row(*cells)
     return t
 
 
@@ -228,28 +270,42 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
         netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces."),
         timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
-        calibration: Optional[str] = typer.Option(None, "--calibration",
-                                                  help="Write measured ms per layer here (YAML).")):
+        calibration: Optional[str] = typer.Option(None, "--calibration", help="Also predict the run before it "
+                                                  "starts from this calibration profile (splitroom calibrate)."),
+        write_measured: Optional[str] = typer.Option(None, "--write-measured",
+                                                     help="Write this run's measured ms per layer here (YAML).")):
     """Run a real room (one process per device, WebRTC between them) and print measured beside predicted."""
     if not real:
         fail("splitroom run needs --real (to predict without running, use splitroom simulate)")
     scn = load_scenario(scenario, set_)
+    check_output(write_measured, "--write-measured")
+    profile = None
+    if calibration:
+        from splitroom.calibration import CalibrationError, load_profile
+        try:
+            profile = load_profile(calibration)
+        except CalibrationError as e:
+            fail(f"--calibration {e}")
+    elif scn.profile is not None:
+        profile = scn.profile
     d = deal_scenario(scn, scenario)
     from splitroom.real import RealRunError, run_real
     try:
         res = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout,
-                       log=(lambda s: err.print(s, highlight=False)))
+                       log=(lambda s: err.print(s, highlight=False)), profile=profile)
     except RealRunError as e:
         fail(f"{scenario}: {e}")
-    if calibration:
+    if write_measured:
         import yaml
-        with open(calibration, "w", encoding="utf-8") as f:
+        with open(write_measured, "w", encoding="utf-8") as f:
             yaml.safe_dump({"measured": {"ms_per_layer": {k: f"{v * 1000:.4f} ms" for k, v in
                                                           res.calibration["s_per_layer"].items()}}}, f)
     if as_json:
         print(json.dumps({"plan": d.to_json(), "measured": res.measured, "predicted": res.predicted,
                           "error_pct": res.error_pct, "answers": res.answers, "calibration": res.calibration,
-                          "network": res.network, "emulated": res.emulated}, indent=2))
+                          "network": res.network, "emulated": res.emulated,
+                          "predicted_from_profile": res.profile_predicted,
+                          "error_pct_from_profile": res.profile_error_pct}, indent=2))
         return
     out.print(deal_table(d, scn))
     for i, a in enumerate(res.answers):
@@ -266,6 +322,110 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     out.print(f"network: {res.network}")
     for e_ in res.emulated:
         out.print(f"emulated: {e_}")
+
+
+@app.command()
+def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whose devices to profile."),
+              out_path: str = typer.Option(..., "--out", help="Write the profile here (YAML)."),
+              set_: Optional[List[str]] = SetOpt,
+              backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+              quick: bool = typer.Option(False, "--quick", help="A small grid (seconds; for tests, not predictions).")):
+    """Measure this machine once (compute by layers, tokens and context; the head; each drafter's cost
+    and acceptance; the transport by frame size) and write a profile that simulate --calibration reads."""
+    scn = load_scenario(scenario, set_)
+    check_output(out_path, "--out")
+    if backend not in ("numpy", "wgpu"):
+        fail(f"--backend: expected numpy or wgpu, got {backend!r}")
+    from splitroom.calibration import CalibrationError, build_profile, measure, save_profile
+    err.print(f"calibrating on this machine ({backend}); this takes {'a few seconds' if quick else 'about two minutes'}"
+              " and runs no scenario workload", highlight=False)
+    try:
+        measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False))
+        prof = build_profile(scn, measured)
+        save_profile(prof, out_path)
+    except CalibrationError as e:
+        fail(f"{scenario}: calibrate: {e}")
+    out.print(profile_table(prof))
+    out.print(f"profile written to {out_path}; predict with: splitroom simulate {scenario} --calibration {out_path}")
+
+
+def profile_table(prof) -> Table:
+    """A profile's headline numbers: per device a decode and a verify pass per layer,
+    the head; per drafter its cost and mean accepted drafts; the transport's hop."""
+    t = Table(title=f"calibration profile ({prof.notes.get('machine', '?')}, {prof.notes.get('date', '?')})",
+              title_justify="left")
+    t.add_column("part")
+    t.add_column("measured", justify="right")
+    for dev, dp in prof.devices.items():
+        c = dp.stage.contexts[0]
+        one, five = dp.stage.pass_s(10, 1, c) / 10, dp.stage.pass_s(10, 5, c) / 10
+        t.add_row(f"{dev} (x{dp.slowdown:g}): ms per layer, 1 / 5 tokens at {c}",
+                  f"{one * 1000:.3f} / {five * 1000:.3f}")
+        t.add_row(f"{dev}: head, 1 / 5 rows", f"{_ms(dp.head(1))} / {_ms(dp.head(5))}")
+    for name, dr in prof.drafters.items():
+        k = 4 if 4 in dr.accepted else max(dr.accepted or {1: ()})
+        acc = dr.accepted.get(k, ())
+        mean = sum(acc) / len(acc) if acc else 0.0
+        t.add_row(f"drafter {name}: one call of {k} / mean accepted", f"{_ms(dr.draft_s(k))} / {mean:.2f}")
+    if prof.transport is not None:
+        fixed, per_byte = prof.transport.fit
+        t.add_row("hop: fixed + per KiB", f"{_ms(fixed)} + {per_byte * 1024 * 1000:.3f} ms")
+    return t
+
+
+@app.command()
+def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+          vary: List[str] = typer.Option(..., "--vary", help="KEY=V1,V2,... (repeatable): every combination is "
+                                         "predicted, e.g. --vary network.rtt=0ms,20ms,80ms"),
+          set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+          calibration: Optional[str] = CalibrationOpt,
+          plot: Optional[str] = typer.Option(None, "--plot", help="Write a bar chart of tokens/s (PNG)."),
+          jobs: int = typer.Option(0, "--jobs", help="Processes to spread the runs over (0: one per core)."),
+          sort: str = typer.Option("tokens_per_s", "--sort", help="tokens_per_s (best first) or ttft_s (best first).")):
+    """Predict every combination of the --vary values, best first, and mark the best."""
+    from splitroom.sweep import SweepError, combinations, run_sweep
+    check_output(plot, "--plot")
+    if sort not in ("tokens_per_s", "ttft_s"):
+        fail(f"--sort: expected tokens_per_s or ttft_s, got {sort!r}")
+    try:
+        combos = combinations(vary)
+    except SweepError as e:
+        fail(f"--vary: {e}")
+    base = list(set_ or [])
+    # validate every combination before running any (one line, exit 2, for a bad value)
+    for c in combos:
+        load_scenario(scenario, base + [f"{k}={v}" for k, v in c])
+    try:
+        rows = run_sweep(scenario, base, combos, calibration, jobs=jobs,
+                         progress=None if as_json else (lambda i, n: err.print(f"  {i}/{n} predicted",
+                                                                                highlight=False)))
+    except SweepError as e:
+        fail(f"{scenario}: {e}")
+    key = (lambda r: -r["tokens_per_s"]) if sort == "tokens_per_s" else (lambda r: r["ttft_s"])
+    rows.sort(key=lambda r: (r["error"] is not None, key(r) if r["error"] is None else 0))
+    if plot:
+        from splitroom.plots import plot_sweep
+        plot_sweep(rows, plot, title=f"{scenario}: sweep")
+    if as_json:
+        print(json.dumps({"sort": sort, "rows": rows}, indent=2))
+        return
+    t = Table(title=f"{scenario}: {len(rows)} configurations, best first", title_justify="left")
+    keys = [k for k, _ in combos[0]] if combos else []
+    t.add_column("")
+    for k in keys:
+        t.add_column(k)
+    for col in ("tok/s", "first token", "tokens/lap", "answered"):
+        t.add_column(col, justify="right")
+    for i, r in enumerate(rows):
+        vals = [str(v) for _, v in r["values"]]
+        if r["error"] is not None:
+            t.add_row("", *vals, "-", "-", "-", escape(r["error"]))
+            continue
+        t.add_row("[bold green]best[/]" if i == 0 else "", *vals, f"{r['tokens_per_s']:.2f}", _ms(r["ttft_s"]),
+                  f"{r['tokens_per_lap']:.2f}", f"{r['answered']} of {r['questions']}")
+    out.print(t)
+    if plot:
+        out.print(f"picture written to {plot}")
 
 
 @app.command()
@@ -323,7 +483,7 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
     try:
         code = run_join(opts)
     except JoinError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
         raise typer.Exit(e.status)
     raise typer.Exit(code)
 

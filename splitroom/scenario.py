@@ -416,10 +416,10 @@ def set_key(data: dict, dotted: str, value: Any) -> None:
     Raises ScenarioError when a list index is out of range or a step is not a mapping.
     """
     parts: list[str | int] = []
-    for p in re.split(r"\.|\[(\d+)\]", dotted):
+    for p in re.split(r"\.|\[([0-9]+)\]", dotted):
         if p is None or p == "":
             continue
-        parts.append(int(p) if p.isdigit() else p)
+        parts.append(int(p) if p.isascii() and p.isdigit() else p)  # "³".isdigit() is True
     if not parts:
         raise ScenarioError(f"--set {dotted}: empty key")
     cur: Any = data
