@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from planner.model import ModelSpec
-from planner.room import DealOptions, Device, PinnedStage
+from planner.room import DealOptions, Device, Network, PinnedStage
 
 #: Product page 000: "An unmeasured phone counts as 20x slower than an unmeasured computer".
 UNMEASURED_PHONE_SLOWDOWN = 20.0
@@ -57,6 +57,12 @@ HOST_MIN_LENDS_RATIO = 0.5
 #: (``OLLAMA_GPU_OVERHEAD``) from reported free memory. Our ``lends`` already excludes
 #: what the machine keeps for itself, so half of vLLM's 10% is reserved.
 DEFAULT_HEADROOM = 0.05
+
+
+#: Deal modes beyond the product page's, by name: ``f(devices, model, options, network)
+#: -> Deal``. planner/optimal.py registers ``optimal`` (it imports this module, so this
+#: module cannot import it; planner/__init__.py imports it so the mode is always there).
+SPLITS: dict = {}
 
 
 class DealError(ValueError):
@@ -114,6 +120,9 @@ class Deal:
         fits: every device's share fits in what it lends.
         notes: why the deal is what it is, one sentence each.
         shares: per device, in the order of ``stages`` then guests.
+        predicted: for ``split: optimal``, the analytic prediction (planner/lapcost.py):
+            ``lap_s`` (seconds), ``tokens_per_s``, ``exact``, ``bound_lap_s`` and, when
+            the speed deal exists, ``speed_tokens_per_s`` and ``speedup_vs_speed``.
     """
 
     host: str
@@ -123,6 +132,7 @@ class Deal:
     fits: bool
     notes: tuple[str, ...]
     shares: tuple[DeviceShare, ...] = field(default=())
+    predicted: dict | None = None  # split optimal: lap_s, tokens_per_s, speed_tokens_per_s, ...
 
     def stage_of(self, device_id: str) -> Stage | None:
         """The stage of ``device_id``, or None for a guest."""
@@ -152,6 +162,7 @@ class Deal:
             "fits": self.fits,
             "max_context": self.max_context,
             "notes": list(self.notes),
+            **({"predicted": self.predicted} if self.predicted is not None else {}),
             "devices": [
                 {"device": sh.device, "role": sh.role, "layers": sh.layers, "holds_layers": sh.holds_layers,
                  "used_bytes": sh.used_bytes, "lends_bytes": sh.lends_bytes, "why": sh.why,
@@ -368,10 +379,14 @@ def _speed_estimates(devices: Sequence[Device]) -> dict[str, float]:
 
 # --- the deal ---------------------------------------------------------------------
 
-def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None) -> Deal:
+def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None,
+         network: Network | None = None) -> Deal:
     """Deal ``model``'s layers over ``devices`` by the product's rules (module doc).
 
     Returns a :class:`Deal`; it does not depend on the order ``devices`` are listed in.
+    ``split: optimal`` goes to :func:`planner.optimal.optimal_deal` (through
+    :data:`SPLITS`), which uses ``network`` (per-link RTT and hop overhead; room
+    defaults when None).
     Raises DealError when the room has no devices, device ids repeat, the forced host
     is unknown, the host has no WebGPU or lends nothing, a pinned deal is not a
     contiguous cover, or no device can hold even one layer (the message then names
@@ -384,9 +399,8 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise DealError(f"duplicate device id: {', '.join(dup)}")
-    if options.split == "optimal" and options.stages is None:
-        from planner.optimal import optimal_deal  # planner.optimal imports this module
-        return optimal_deal(devices, model, options)
+    if options.split in SPLITS and options.stages is None:
+        return SPLITS[options.split](devices, model, options, network)
     host_id, notes = pick_host(devices, options.host)
     by_id = {d.id: d for d in devices}
     host = by_id[host_id]
@@ -541,6 +555,11 @@ def _pinned(devices: list[Device], model: ModelSpec, options: DealOptions, host_
         at = p.end
     if at != model.layers:
         raise DealError(f"stages cover layers [0, {at}) but the model has {model.layers}")
+    host_at = [i for i, p in enumerate(pins) if p.device == host_id]
+    if host_at and host_at[0] != 0:
+        raise DealError(f"stages[{host_at[0]}]: the model host {host_id!r} holds layers "
+                        f"{pins[host_at[0]].start + 1}-{pins[host_at[0]].end} but is not the first stage; "
+                        "the host's range must come first (or give the host no layers)")
     stages = tuple(Stage(p.device, p.start, p.end) for p in pins)
     notes = notes + ["stages pinned by the scenario"]
     if host_id not in seen:

@@ -18,6 +18,7 @@ devices in ``workload.asked_by`` in turn (the host when empty).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -88,6 +89,7 @@ class Simulation:
         self.tokens_done = 0
         self._asked = 0
         self._lap_span: dict[int, tuple[int, int]] = {}  # lap -> (first position, tokens), from RunStage
+        self._in_flight: dict[tuple[str, str], deque] = {}  # link -> frames sent, not yet delivered
         self._prompt_len: dict[int, int] = {}  # question -> prompt tokens (laps before it are prefill)
 
     # -- plumbing -------------------------------------------------------------------
@@ -113,7 +115,7 @@ class Simulation:
             h = c.header
             nbytes = frame_bytes(h.tokens, h.hidden, h.dtype)  # the real frame's size
             arrive = self.links.get(c.src, c.dst).schedule(nbytes)
-            self._at(arrive, FrameArrived(c.dst, c.src, h))
+            self._deliver(arrive, c.src, c.dst, FrameArrived(c.dst, c.src, h))
         elif cls is RunHead:
             dm = self.devices[self.deal.host]
             first_pos, n = self._lap_span.pop(c.lap_id)
@@ -144,6 +146,22 @@ class Simulation:
     def _at(self, t: float, event) -> None:
         ev = self.env.timeout(max(t - self.env.now, 0.0))
         ev.callbacks.append(lambda _e: self.dispatch(event))
+
+    def _deliver(self, t: float, src: str, dst: str, event) -> None:
+        """Deliver frame ``event`` on the link ``src -> dst`` at ``t``, in send order.
+
+        SimPy fires at ``now + delay``; in floating point two frames a link delivers
+        at the same ``t`` (one waited for the other, sim/link.py) can land an ulp
+        apart in either order, and a worker then dropped the later frame as "not
+        serving" and the simulated room stopped with nothing answered (issue 9: a
+        prediction of 0.0 tok/s). So each link keeps its frames in a FIFO and each
+        timeout delivers the oldest one."""
+        q = self._in_flight.get((src, dst))
+        if q is None:
+            q = self._in_flight[(src, dst)] = deque()
+        q.append(event)
+        ev = self.env.timeout(max(t - self.env.now, 0.0))
+        ev.callbacks.append(lambda _e: self.dispatch(q.popleft()))
 
     def _occupy(self, device: str, duration: Callable[[float], float], done_event) -> None:
         start = max(self.env.now, self._free_at.get(device, 0.0))

@@ -120,3 +120,22 @@ def plot_run(result, path: str, title: str = "", laps: int = 6) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_sweep(rows: list, path: str, title: str = "") -> None:
+    """A horizontal bar chart of predicted tokens per second, one bar per combination
+    (best at the top, the best bar highlighted); combinations that failed are left out.
+    Writes a PNG to ``path``."""
+    ok = [r for r in rows if r.get("error") is None]
+    labels = [", ".join(f"{k.split('.')[-1]}={v}" for k, v in r["values"]) for r in ok]
+    vals = [r["tokens_per_s"] for r in ok]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * max(len(ok), 1) + 1.2))
+    y = np.arange(len(ok))[::-1]
+    colors = ["tab:green" if i == 0 else "tab:blue" for i in range(len(ok))]
+    ax.barh(y, vals, color=colors)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel("predicted tokens per second")
+    ax.set_title(title or "sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

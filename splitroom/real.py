@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -48,7 +49,12 @@ class RealRunError(RuntimeError):
 
 @dataclass
 class RealResult:
-    """Measured and predicted numbers of one real run."""
+    """Measured and predicted numbers of one real run.
+
+    ``predicted`` / ``error_pct``: the same-run figure (the simulator calibrated with
+    this run's own measurements: it shows the model composes measured parts, it is
+    not a prediction). ``profile_predicted`` / ``profile_error_pct``: the figure
+    predicted before the run from a calibration profile, when one was given."""
 
     measured: dict
     predicted: dict
@@ -57,6 +63,8 @@ class RealResult:
     calibration: dict
     network: str
     emulated: list
+    profile_predicted: dict | None = None
+    profile_error_pct: dict | None = None
 
 
 def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backend: str) -> list:
@@ -69,7 +77,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     sched = SchedulerConfig.from_scenario(scn, eos_token=2).to_json()  # SmolLM2 stops on eos 2
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
-    prompts = list(scn.workload.prompts) or list(DEFAULT_PROMPTS)[:scn.workload.questions]
+    prompts = real_prompts(scn)
     out = []
     for dev in members:
         d = scn.device(dev)
@@ -227,6 +235,53 @@ def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: i
                                measured_head_s_per_row=cal.get("head_s_per_row"))
 
 
+def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int) -> Scenario:
+    """``scn`` as a real run on this machine will run it, for a prediction made before
+    the run: the emulated round trip ``rtt_s`` (0 on loopback) with the scenario's
+    jitter scale (netem applies it) but no stall episodes and no per-pair links (not
+    emulated), no bandwidth limit (loopback has none to speak of: the transport's
+    per-byte cost is in the profile), the real prompts' token counts and the answer
+    cap, asked by the host one after another."""
+    from planner.room import Jitter
+    j = scn.network.jitter
+    jitter = Jitter("normal", j.scale_s) if (j is not None and j.scale_s > 0 and rtt_s > 0) else Jitter()
+    net = dataclasses.replace(scn.network, rtt_s=rtt_s, jitter=jitter, episodes=None, links=(), bandwidth_Bps=1e12)
+    n = max(len(prompt_tokens), 1)
+    wl = dataclasses.replace(scn.workload, prompt_tokens=max(int(round(sum(prompt_tokens) / n)), 1),
+                             answer_tokens=max(answer_tokens, 1), questions=n, asked_by=())
+    return dataclasses.replace(scn, network=net, workload=wl)
+
+
+def real_prompts(scn: Scenario) -> list[str]:
+    """The questions a real run asks: the scenario's prompts, else the defaults."""
+    return list(scn.workload.prompts) or list(DEFAULT_PROMPTS)[:scn.workload.questions]
+
+
+def prompt_token_counts(model_dir: str, prompts: Sequence[str]) -> list[int]:
+    """Token counts of ``prompts`` through the model's chat template."""
+    from runtime.tokenizer import ChatTokenizer
+    tok = ChatTokenizer.from_dir(model_dir)
+    return [len(tok.encode_chat(p)) for p in prompts]
+
+
+def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_tokens: Sequence[int]) -> dict:
+    """Metrics the simulator predicts for a real run of ``scn`` from ``profile`` (a
+    :class:`planner.profile.Profile`), before the run. Raises RealRunError when the
+    predicted room answers fewer questions than it is asked (never a silent 0.0)."""
+    from sim.driver import simulate
+    from splitroom.calibration import apply_profile
+    pred_scn = apply_profile(real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens), profile)
+    m = simulate(pred_scn, deal).metrics
+    _check_answered(m, "the prediction from the profile")
+    return m
+
+
+def _check_answered(m: dict, what: str) -> None:
+    if m.get("answered", 0) < m.get("questions", 0) or m.get("tokens", 1) == 0:
+        raise RealRunError(f"{what} answered {m.get('answered', 0)} of {m.get('questions', 0)} questions: "
+                           "the simulated room stalled; this is a bug, please report it with the scenario")
+
+
 def _error_pct(measured: dict, predicted: dict) -> dict:
     out = {}
     for k in ("tokens_per_s", "ttft_s", "tokens_per_lap"):
@@ -239,8 +294,10 @@ def _error_pct(measured: dict, predicted: dict) -> dict:
 
 
 def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = True, timeout_s: float = 300.0,
-             log=print) -> RealResult:
-    """Run the room for real and predict it; see the module doc.
+             log=print, profile=None) -> RealResult:
+    """Run the room for real and predict it; see the module doc. With ``profile`` (a
+    :class:`planner.profile.Profile`) the room is also predicted from it before it
+    runs (``RealResult.profile_predicted``).
 
     Raises RealRunError when the scenario's model is not the bundled SmolLM2-135M, a
     device process fails, or the run exceeds ``timeout_s`` seconds.
@@ -269,6 +326,12 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
             network = f"network namespaces, {rtt_s * 1000:.0f} ms RTT applied to packets"
         else:
             network = f"loopback (no network emulation: {why})"
+    profile_predicted = None
+    if profile is not None:
+        profile_predicted = predict_real_run(scn, deal, profile, rtt_s,
+                                             prompt_token_counts(model_dir, real_prompts(scn)))
+        log(f"predicted from the profile before running: {profile_predicted['tokens_per_s']:.2f} tok/s, "
+            f"first token {profile_predicted['ttft_s'] * 1000:.0f} ms")
     procs: dict[str, subprocess.Popen] = {}
     relay = None
     t_start = time.time()
@@ -337,7 +400,9 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     predicted = simulate(pred_scn, deal).metrics
     cal["wall_s"] = wall
     emulated = [f"{c.device}: compute padded {c.slowdown:g}x" for c in cfgs if c.slowdown > 1]
-    return RealResult(measured, predicted, _error_pct(measured, predicted), answers, cal, network, emulated)
+    _check_answered(predicted, "the same-run prediction")
+    return RealResult(measured, predicted, _error_pct(measured, predicted), answers, cal, network, emulated,
+                      profile_predicted, _error_pct(measured, profile_predicted) if profile_predicted else None)
 
 
 def _logs(workdir: Path, name: str) -> dict:

@@ -1,0 +1,120 @@
+"""``splitroom sweep``: predict every combination of some scenario keys' values.
+
+Each combination is the scenario with ``--set KEY=VALUE`` overrides, loaded with the
+same validation as any command, dealt and simulated (with the calibration profile when
+one is given). Combinations run in parallel over the machine's cores with the standard
+library's process pool; results come back in the order asked and the caller sorts them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable, Optional, Sequence
+
+__all__ = ["SweepError", "combinations", "predict_one", "run_sweep"]
+
+#: more combinations than this is almost certainly a typo in a --vary list
+MAX_COMBINATIONS = 10_000
+
+
+class SweepError(ValueError):
+    """A bad --vary specification (one line)."""
+
+
+def _split_values(text: str) -> list[str]:
+    """Split ``a,b,{x: 1, y: 2},[1,2]`` at top-level commas (YAML flow values keep theirs)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return out
+
+
+def combinations(varies: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
+    """Every combination of ``KEY=V1,V2,...`` specs, as ``((key, value), ...)`` tuples
+    in the order given (the last key varies fastest).
+    Raises SweepError for a spec without ``=``, an empty value, a key given twice or
+    more than :data:`MAX_COMBINATIONS` combinations."""
+    axes = []
+    seen = set()
+    for v in varies:
+        key, eq, values = v.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise SweepError(f"expected KEY=V1,V2,... got {v!r}")
+        if key in seen:
+            raise SweepError(f"{key} is varied twice")
+        seen.add(key)
+        vals = _split_values(values)
+        if any(x == "" for x in vals):
+            raise SweepError(f"{key}: empty value in {values!r}")
+        axes.append([(key, x) for x in vals])
+    n = 1
+    for a in axes:
+        n *= len(a)
+    if n > MAX_COMBINATIONS:
+        raise SweepError(f"{n} combinations is more than {MAX_COMBINATIONS}")
+    return [tuple(c) for c in itertools.product(*axes)] if axes else []
+
+
+def predict_one(args: tuple) -> dict:
+    """Predict one combination: ``(scenario path, base --set list, combination,
+    profile path or None)`` -> a row with the values, the headline metrics, or an
+    ``error`` (one line) when the room cannot be dealt or answers nothing."""
+    path, base, combo, calibration = args
+    from planner.deal import DealError, deal
+    from sim.driver import simulate
+    from splitroom.scenario import ScenarioError, load
+    row = {"values": [list(kv) for kv in combo], "error": None}
+    try:
+        scn = load(path, list(base) + [f"{k}={v}" for k, v in combo]).with_measured()
+        if calibration:
+            from splitroom.calibration import apply_profile, load_profile
+            scn = apply_profile(scn, load_profile(calibration))
+        d = deal(scn.devices, scn.model, scn.options)
+        m = simulate(scn, d).metrics
+    except (ScenarioError, DealError, ValueError) as e:
+        row["error"] = str(e)
+        return row
+    if m["questions"] and not m["answered"]:
+        row["error"] = f"answered none of {m['questions']} questions"
+        return row
+    row.update({k: m[k] for k in ("tokens_per_s", "ttft_s", "tokens_per_lap", "answered", "questions")})
+    row["inter_token_p99_s"] = m["inter_token_s"]["p99"]
+    row["host"] = d.host
+    row["stages"] = [{"device": s.device, "start": s.start, "end": s.end} for s in d.stages]
+    return row
+
+
+def run_sweep(path: str, base: Sequence[str], combos: Sequence[tuple], calibration: Optional[str] = None,
+              jobs: int = 0, progress: Optional[Callable[[int, int], None]] = None) -> list[dict]:
+    """Predict every combination, ``jobs`` processes at a time (0: one per core; 1:
+    in this process). Returns the rows in the order of ``combos``.
+    Raises SweepError when ``jobs`` is negative."""
+    if jobs < 0:
+        raise SweepError(f"--jobs must be >= 0, got {jobs}")
+    n = jobs or os.cpu_count() or 1
+    tasks = [(path, tuple(base), c, calibration) for c in combos]
+    rows: list[dict] = []
+    if n == 1 or len(tasks) <= 1:
+        for i, t in enumerate(tasks):
+            rows.append(predict_one(t))
+            if progress:
+                progress(i + 1, len(tasks))
+        return rows
+    with ProcessPoolExecutor(max_workers=min(n, len(tasks))) as pool:
+        for i, r in enumerate(pool.map(predict_one, tasks)):
+            rows.append(r)
+            if progress:
+                progress(i + 1, len(tasks))
+    return rows
