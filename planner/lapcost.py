@@ -1,0 +1,141 @@
+"""An analytic cost of one decode lap, small enough to search over (planner/optimal.py).
+
+A lap of plain decoding is one token going round the ring: the host embeds it, every
+stage runs its layers, each hand-off costs a hop, the last stage returns to the host,
+the host runs the output head and samples. So, in seconds,
+
+    lap = head_s(host) + sum_i stage_s(device_i, layers_i) + sum_hops hop_s(a, b)
+
+and the predicted decode rate is ``1 / lap`` tokens per second (one token per lap;
+speculative decoding multiplies every deal's rate by the same tokens per lap to first
+order, so it does not change which deal is best).
+
+* ``stage_s``: a measured ``ms_per_layer`` when the device has one, else the roofline
+  of one decoded token, ``max(layer_active_bytes / bandwidth, layer_flops / compute)``
+  per layer (decode reads each layer's weights once). KV reads are left out: they are
+  the same bytes wherever a layer sits, on devices of similar bandwidth.
+* ``head_s``: the output head read once (``head_bytes``, or the embedding when tied)
+  over bandwidth, scaled by the device's measured/roofline ratio when it is measured,
+  plus :data:`SAMPLE_S` for the argmax.
+* ``hop_s(a, b)``: half the link's round trip + its hop overhead + one token's frame
+  (header + ``residual_bytes_per_token``) over the link's bandwidth. Per-link values
+  come from ``Network.links`` (symmetric ``between`` or directed ``from``/``to``), else
+  the room's defaults. Jitter, stall episodes and congestion windows are the
+  simulator's business (sim/), not this model's.
+
+Defaults for devices that give neither bandwidth nor compute are the simulator's
+(sim/devices.py, duplicated here because planner/ must not import sim/): 100 GB/s and
+3.6 TFLOPS for a computer (Apple M2), 50 GB/s and 2 TFLOPS for a phone.
+
+This is deliberately one small class: a calibration profile (planner/profile.py) or the
+simulator's richer model can replace it by providing the same three methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from planner.frames import HEADER_BYTES
+from planner.model import ModelSpec
+from planner.room import Device, LinkSpec, Network
+
+#: sim/devices.py DEFAULT_BANDWIDTH_BPS / DEFAULT_COMPUTE_FLOPS (Apple M2: 100 GB/s,
+#: 3.6 TFLOPS; a phone: 51.2 GB/s LPDDR5-6400 x 64 bit, about 2 TFLOPS).
+DEFAULT_BANDWIDTH_BPS = {"computer": 100e9, "phone": 50e9}
+DEFAULT_COMPUTE_FLOPS = {"computer": 3.6e12, "phone": 2.0e12}
+#: sim/devices.py DEFAULT_SAMPLE_S_PER_TOKEN: greedy argmax over one row of logits.
+SAMPLE_S = 1e-4
+
+
+@dataclass(frozen=True)
+class LapCost:
+    """Seconds of one decode lap, per part; see the module doc for the formulas.
+
+    Args:
+        devices: the room's devices (bandwidth, compute, measured ``s_per_layer``).
+        model: the model (active bytes and FLOPs per layer, head bytes, residual size).
+        network: link defaults and per-pair overrides.
+    """
+
+    devices: Sequence[Device]
+    model: ModelSpec
+    network: Network = field(default_factory=Network)
+
+    def __post_init__(self) -> None:
+        by_id = {d.id: d for d in self.devices}
+        object.__setattr__(self, "_by_id", by_id)
+        object.__setattr__(self, "_links", _link_table(self.network.links))
+
+    def roofline_layer_s(self, device_id: str) -> float:
+        """Roofline seconds of one layer for one decoded token on ``device_id``."""
+        d = self._by_id[device_id]
+        bw = d.memory_bandwidth_Bps or DEFAULT_BANDWIDTH_BPS[d.kind]
+        fl = d.compute_flops or DEFAULT_COMPUTE_FLOPS[d.kind]
+        return max(self.model.layer_active_bytes / bw, self.model.layer_flops_per_token / fl)
+
+    def layer_s(self, device_id: str) -> float:
+        """Seconds per layer per decoded token: measured if given, else the roofline."""
+        d = self._by_id[device_id]
+        return d.s_per_layer if d.s_per_layer else self.roofline_layer_s(device_id)
+
+    def stage_s(self, device_id: str, start: int, end: int) -> float:
+        """Seconds for ``device_id`` to run layers ``[start, end)`` on one token.
+
+        With per-layer sizes, each layer's time scales with its bytes over the mean."""
+        if self.model.uniform:
+            return (end - start) * self.layer_s(device_id)
+        return self.layer_s(device_id) * self.model.weight_bytes(start, end) / self.model.layer_bytes
+
+    def head_s(self, device_id: str) -> float:
+        """Seconds of the output head + sampling for one token on host ``device_id``."""
+        d = self._by_id[device_id]
+        bw = d.memory_bandwidth_Bps or DEFAULT_BANDWIDTH_BPS[d.kind]
+        head = self.model.head_bytes or self.model.embedding_bytes
+        scale = 1.0
+        if d.s_per_layer:
+            roof = self.roofline_layer_s(device_id)
+            scale = d.s_per_layer / roof if roof > 0 else 1.0
+        return head / bw * scale + SAMPLE_S
+
+    def hop_s(self, a: str, b: str) -> float:
+        """Seconds of one hand-off of one token's residual from ``a`` to ``b``."""
+        n = self.network
+        link = self._links.get((a, b))
+        rtt = link.rtt_s if link and link.rtt_s is not None else n.rtt_s
+        over = link.hop_overhead_s if link and link.hop_overhead_s is not None else n.hop_overhead_s
+        bw = link.bandwidth_Bps if link and link.bandwidth_Bps is not None else n.bandwidth_Bps
+        frame = HEADER_BYTES + self.model.residual_bytes_per_token
+        return rtt / 2 + over + frame / bw
+
+    def lap_s(self, host: str, stages: Sequence[tuple[str, int, int]]) -> float:
+        """Seconds of one lap: host's head, every stage, every hop round the ring.
+
+        ``stages``: ``(device, start, end)`` in chain order; the host need not be first
+        (a coordinator host holds no layers). Hops: host -> first stage (when the first
+        stage is not the host), stage to stage, last stage -> host (when not the host).
+        """
+        t = self.head_s(host)
+        ring = [host] + [s[0] for s in stages] + [host]
+        for dev, start, end in stages:
+            t += self.stage_s(dev, start, end)
+        for a, b in zip(ring, ring[1:]):
+            if a != b:
+                t += self.hop_s(a, b)
+        return t
+
+
+def _link_table(links: Sequence[LinkSpec]) -> dict[tuple[str, str], LinkSpec]:
+    """(from, to) -> link; a ``between`` link counts both ways, a directed one wins."""
+    out: dict[tuple[str, str], LinkSpec] = {}
+    for link in links:
+        if len(link.between) != 2:
+            continue
+        a, b = link.between
+        if not link.directed:
+            out.setdefault((a, b), link)
+            out.setdefault((b, a), link)
+    for link in links:
+        if len(link.between) == 2 and link.directed:
+            out[tuple(link.between)] = link
+    return out
