@@ -1,0 +1,496 @@
+"""The ``splitroom`` command line (composition root: wires planner, sim and runtime).
+
+Commands: ``plan`` (the deal), ``simulate`` (predict a room), ``generate`` (run the real
+model on one machine). Every command that takes a scenario accepts ``--set KEY=VALUE``
+and ``--json``. Bad input prints one line to stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Run one LLM across several machines, and predict how fast that room will be.")
+out = Console()
+err = Console(stderr=True)
+
+SetOpt = typer.Option(None, "--set", help="Override a scenario key, e.g. --set host=spark (VALUE is YAML).")
+JsonOpt = typer.Option(False, "--json", help="Print JSON (keys as in SCENARIO.md) instead of tables.")
+
+
+@app.callback()
+def _root() -> None:
+    """Run one LLM across several machines, and predict how fast that room will be."""
+
+
+def one_line(message: str) -> str:
+    """``message`` with line breaks and other control characters written as escapes
+    (``\\n``, ``\\x1b``): user input quoted in an error must not break the line."""
+    return "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in str(message))
+
+
+def fail(message: str) -> None:
+    """Print one line to stderr and exit with status 2."""
+    # escape: a message may hold brackets ("[a-z0-9_-]", "devices[1]") that rich would
+    # otherwise read as markup and drop
+    err.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def load_scenario(path: str, sets: Optional[List[str]]):
+    """Load a scenario or exit 2 with its one-line error."""
+    from splitroom.scenario import ScenarioError, load
+    try:
+        return load(path, list(sets or []))
+    except ScenarioError as e:
+        fail(str(e))
+
+
+def check_output(path: Optional[str], option: str) -> None:
+    """Exit 2 with one line when ``path`` (the value of ``option``, a file to write)
+    cannot be written: its directory is missing or not writable, or it is a directory."""
+    if not path:
+        return
+    import os
+    from pathlib import Path
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        fail(f"{option} {path}: directory {parent} does not exist")
+    if p.is_dir():
+        fail(f"{option} {path}: is a directory, not a file")
+    if not os.access(parent, os.W_OK):
+        fail(f"{option} {path}: directory {parent} is not writable")
+
+
+def check_simulable(scn, source: str) -> None:
+    """Exit 2 with one line when the simulator cannot run ``scn``: speculative decoding
+    with ``acceptance: null`` and neither ``accepted_lengths`` nor ``accepted_sequence``
+    (null is for real runs, where the model decides)."""
+    spec = scn.decoding.speculative
+    if spec is not None and spec.acceptance is None and not (spec.accepted_lengths or spec.accepted_sequence):
+        fail(f"{source}: decoding.speculative.acceptance: null needs accepted_lengths or accepted_sequence "
+             "to simulate (or give a probability 0-1)")
+
+
+CalibrationOpt = typer.Option(None, "--calibration", help="Predict with this calibration profile "
+                              "(splitroom calibrate writes one; same as the scenario key calibration:).")
+
+
+def with_profile(scn, path: Optional[str]):
+    """``scn`` with the profile at ``path`` applied (None: unchanged); exit 2 with one
+    line when the file is not a readable profile."""
+    if not path:
+        return scn
+    from splitroom.calibration import CalibrationError, apply_profile, load_profile
+    try:
+        return apply_profile(scn, load_profile(path))
+    except CalibrationError as e:
+        fail(f"--calibration {e}")
+
+
+def check_answered(m: dict, source: str) -> None:
+    """Exit 2 when a simulated room answered nothing it was asked: a prediction of
+    nothing is an error, never 0.0 tok/s."""
+    if m.get("questions", 0) and not m.get("answered", 0):
+        fail(f"{source}: the simulated room answered none of its {m['questions']} questions "
+             f"({m.get('refused', 0)} refused); no prediction")
+
+
+def deal_scenario(scn, source: str):
+    """Deal a scenario's room or exit 2 naming the problem."""
+    from planner.deal import DealError, deal
+    try:
+        return deal(scn.devices, scn.model, scn.options, scn.network)
+    except DealError as e:
+        fail(f"{source}: cannot deal the room: {e}")
+
+
+def deal_table(deal_, scn) -> Table:
+    """The deal as a table: device, role, layers, bytes used of lent, why."""
+    from planner.deal import format_bytes
+    t = Table(title=f"{scn.name or 'room'} · {scn.model.name} ({scn.model.layers} layers) · split {deal_.split}",
+              title_justify="left")
+    for col, j in (("device", "left"), ("role", "left"), ("layers", "right"), ("used / lent", "right"),
+                   ("max context", "right"), ("why", "left")):
+        t.add_column(col, justify=j)
+    for sh in deal_.shares:
+        st = deal_.stage_of(sh.device)
+        layers = "-" if st is None else st.shown
+        over = sh.used_bytes > sh.lends_bytes
+        used = f"{format_bytes(sh.used_bytes)} / {format_bytes(sh.lends_bytes)}"
+        ctx = "-" if sh.max_context is None or (st is None and sh.role != "model host") else f"{sh.max_context:,}"
+        t.add_row(sh.device, sh.role, layers, f"[red]{used}[/]" if over else used, ctx, sh.why)
+    if deal_.max_context is not None:
+        t.caption = (f"the room holds a context of at most {deal_.max_context:,} tokens "
+                     f"(set: {scn.options.context_tokens:,})")
+        t.caption_justify = "left"
+    return t
+
+
+@app.command()
+def plan(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+         set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+         redeal: bool = typer.Option(False, "--redeal", help="Use the measured ms per layer (a `measured:` "
+                                     "section or `calibration:` file) to put layers on the fastest devices.")):
+    """Deal the model over the room: who hosts, who holds which layers, and why."""
+    scn = load_scenario(scenario, set_)
+    if redeal:
+        if not scn.measured_s_per_layer:
+            fail(f"{scenario}: --redeal needs measured ms per layer (a `measured:` section or `calibration:` file; "
+                 "splitroom run --real --calibration FILE writes one)")
+        scn = scn.with_measured()
+    d = deal_scenario(scn, scenario)
+    if redeal:
+        import dataclasses
+        d = dataclasses.replace(d, notes=d.notes + ("re-deal to put the layers on the fastest devices, "
+                                                    "measured on the answers so far",))
+    if as_json:
+        print(json.dumps(d.to_json(), indent=2))
+        return
+    out.print(deal_table(d, scn))
+    for n in d.notes:
+        out.print(f"  · {n}", highlight=False)
+    if not d.fits:
+        out.print("[yellow]The room cannot hold the model in what it lends.[/]")
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms"
+
+
+def metrics_table(m: dict, title: str = "prediction") -> Table:
+    """Headline metrics as a two-column table."""
+    t = Table(title=title, title_justify="left", show_header=False)
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    it = m["inter_token_s"]
+    rows = [
+        ("tokens per second", f"{m['tokens_per_s']:.2f}"),
+        ("time to first token", _ms(m["ttft_s"])),
+        ("inter-token p50 / p95", f"{_ms(it['p50'])} / {_ms(it['p95'])}"),
+        ("inter-token p99 / max", f"{_ms(it['p99'])} / {_ms(it['max'])}"),
+        ("tokens per lap", f"{m['tokens_per_lap']:.2f}"),
+        ("lap mean / p99", f"{_ms(m['lap_s']['mean'])} / {_ms(m['lap_s']['p99'])}"),
+        ("questions answered", f"{m['answered']} of {m['questions']}" + (f" ({m['refused']} refused)"
+                                                                          if m["refused"] else "")),
+        ("laps (stale)", f"{m['laps']} ({m['stale_laps']})"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def breakdown_table(m: dict) -> Table:
+    """Where one lap's time goes: each stage's compute, each hop, head, draft."""
+    t = Table(title="where one lap's time goes (mean per lap)", title_justify="left")
+    t.add_column("part")
+    t.add_column("where")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    total = sum(r["mean_s"] for r in m["breakdown"]) or 1.0
+    for r in m["breakdown"]:
+        t.add_row(r["kind"], r["part"], _ms(r["mean_s"]), f"{100 * r['mean_s'] / total:.0f}%")
+    return t
+
+
+@app.command()
+def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+             set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+             plot: Optional[str] = typer.Option(None, "--plot", help="Write a timeline and latency picture (PNG)."),
+             trace: Optional[str] = typer.Option(None, "--trace", help="Write the JSONL trace to this file."),
+             progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+             calibration: Optional[str] = CalibrationOpt):
+    """Predict how fast the room answers: tokens/s, time to first token, latency, where time goes."""
+    scn = with_profile(load_scenario(scenario, set_).with_measured(), calibration)
+    check_output(trace, "--trace")
+    check_output(plot, "--plot")
+    check_simulable(scn, scenario)
+    d = deal_scenario(scn, scenario)
+    from splitroom.report import run_simulation
+    result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)
+    check_answered(result.metrics, scenario)
+    try:
+        if trace:
+            from splitroom.report import write_trace
+            write_trace(trace, result.trace)
+        if plot:
+            from splitroom.plots import plot_run
+            plot_run(result, plot, title=f"{scn.name or scenario}: {scn.model.name}")
+    except OSError as e:
+        fail(f"{e.filename or trace or plot}: cannot write ({e.strerror or e})")
+    if as_json:
+        m = {k: v for k, v in result.metrics.items()}
+        print(json.dumps({"plan": d.to_json(), "metrics": m}, indent=2))
+        return
+    out.print(deal_table(d, scn))
+    out.print(metrics_table(result.metrics))
+    out.print(breakdown_table(result.metrics))
+    if plot:
+        out.print(f"picture written to {plot}")
+
+
+def compare_table(res) -> Table:
+    """Measured beside the prediction from a profile (when given, made before the run)
+    and the same-run figure (the simulator calibrated from this very run), each with
+    its signed error."""
+    t = Table(title=f"measured vs predicted ({res.network})", title_justify="left")
+    cols = [("metric", "left"), ("measured", "right")]
+    if res.profile_predicted is not None:
+        cols += [("predicted from profile", "right"), ("error", "right")]
+    cols += [("same-run fit", "right"), ("error", "right")]
+    for col, j in cols:
+        t.add_column(col, justify=j)
+    m = res.measured
+    rows = [("tokens per second", "tokens_per_s", lambda x: f"{x['tokens_per_s']:.2f}"),
+            ("time to first token", "ttft_s", lambda x: _ms(x["ttft_s"])),
+            ("inter-token p50", "inter_token_p50", lambda x: _ms(x["inter_token_s"]["p50"])),
+            ("inter-token p99", "inter_token_p99", lambda x: _ms(x["inter_token_s"]["p99"])),
+            ("tokens per lap", "tokens_per_lap", lambda x: f"{x['tokens_per_lap']:.2f}")]
+    for name, key, show in rows:
+        cells = [name, show(m)]
+        if res.profile_predicted is not None:
+            cells += [show(res.profile_predicted), f"{res.profile_error_pct[key]:+.1f}%"]
+        cells += [show(res.predicted), f"{res.error_pct[key]:+.1f}%"]
+        t.add_row(*cells)
+    return t
+
+
+@app.command()
+def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+        real: bool = typer.Option(False, "--real", help="Run the room for real on this machine (required)."),
+        set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+        backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+        netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces."),
+        timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
+        calibration: Optional[str] = typer.Option(None, "--calibration", help="Also predict the run before it "
+                                                  "starts from this calibration profile (splitroom calibrate)."),
+        write_measured: Optional[str] = typer.Option(None, "--write-measured",
+                                                     help="Write this run's measured ms per layer here (YAML).")):
+    """Run a real room (one process per device, WebRTC between them) and print measured beside predicted."""
+    if not real:
+        fail("splitroom run needs --real (to predict without running, use splitroom simulate)")
+    scn = load_scenario(scenario, set_)
+    check_output(write_measured, "--write-measured")
+    profile = None
+    if calibration:
+        from splitroom.calibration import CalibrationError, load_profile
+        try:
+            profile = load_profile(calibration)
+        except CalibrationError as e:
+            fail(f"--calibration {e}")
+    elif scn.profile is not None:
+        profile = scn.profile
+    d = deal_scenario(scn, scenario)
+    from splitroom.real import RealRunError, run_real
+    try:
+        res = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout,
+                       log=(lambda s: err.print(s, highlight=False)), profile=profile)
+    except RealRunError as e:
+        fail(f"{scenario}: {e}")
+    if write_measured:
+        import yaml
+        with open(write_measured, "w", encoding="utf-8") as f:
+            yaml.safe_dump({"measured": {"ms_per_layer": {k: f"{v * 1000:.4f} ms" for k, v in
+                                                          res.calibration["s_per_layer"].items()}}}, f)
+    if as_json:
+        print(json.dumps({"plan": d.to_json(), "measured": res.measured, "predicted": res.predicted,
+                          "error_pct": res.error_pct, "answers": res.answers, "calibration": res.calibration,
+                          "network": res.network, "emulated": res.emulated,
+                          "predicted_from_profile": res.profile_predicted,
+                          "error_pct_from_profile": res.profile_error_pct}, indent=2))
+        return
+    out.print(deal_table(d, scn))
+    for i, a in enumerate(res.answers):
+        out.print(f"[bold]answer {i + 1}:[/] {a['text']}", highlight=False)
+    out.print(compare_table(res))
+    cal = res.calibration
+    t = Table(title="measured per device and hop", title_justify="left")
+    t.add_column("part")
+    t.add_column("value", justify="right")
+    for dev, s in cal["s_per_layer"].items():
+        t.add_row(f"{dev}: ms per layer", f"{s * 1000:.3f}")
+    t.add_row("hop (decode frame), mean / p50", f"{_ms(cal['hop_s'])} / {_ms(cal['hop_p50_s'])}")
+    out.print(t)
+    out.print(f"network: {res.network}")
+    for e_ in res.emulated:
+        out.print(f"emulated: {e_}")
+
+
+@app.command()
+def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whose devices to profile."),
+              out_path: str = typer.Option(..., "--out", help="Write the profile here (YAML)."),
+              set_: Optional[List[str]] = SetOpt,
+              backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+              quick: bool = typer.Option(False, "--quick", help="A small grid (seconds; for tests, not predictions).")):
+    """Measure this machine once (compute by layers, tokens and context; the head; each drafter's cost
+    and acceptance; the transport by frame size) and write a profile that simulate --calibration reads."""
+    scn = load_scenario(scenario, set_)
+    check_output(out_path, "--out")
+    if backend not in ("numpy", "wgpu"):
+        fail(f"--backend: expected numpy or wgpu, got {backend!r}")
+    from splitroom.calibration import CalibrationError, build_profile, measure, save_profile
+    err.print(f"calibrating on this machine ({backend}); this takes {'a few seconds' if quick else 'about two minutes'}"
+              " and runs no scenario workload", highlight=False)
+    try:
+        measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False))
+        prof = build_profile(scn, measured)
+        save_profile(prof, out_path)
+    except CalibrationError as e:
+        fail(f"{scenario}: calibrate: {e}")
+    out.print(profile_table(prof))
+    out.print(f"profile written to {out_path}; predict with: splitroom simulate {scenario} --calibration {out_path}")
+
+
+def profile_table(prof) -> Table:
+    """A profile's headline numbers: per device a decode and a verify pass per layer,
+    the head; per drafter its cost and mean accepted drafts; the transport's hop."""
+    t = Table(title=f"calibration profile ({prof.notes.get('machine', '?')}, {prof.notes.get('date', '?')})",
+              title_justify="left")
+    t.add_column("part")
+    t.add_column("measured", justify="right")
+    for dev, dp in prof.devices.items():
+        c = dp.stage.contexts[0]
+        one, five = dp.stage.pass_s(10, 1, c) / 10, dp.stage.pass_s(10, 5, c) / 10
+        t.add_row(f"{dev} (x{dp.slowdown:g}): ms per layer, 1 / 5 tokens at {c}",
+                  f"{one * 1000:.3f} / {five * 1000:.3f}")
+        t.add_row(f"{dev}: head, 1 / 5 rows", f"{_ms(dp.head(1))} / {_ms(dp.head(5))}")
+    for name, dr in prof.drafters.items():
+        k = 4 if 4 in dr.accepted else max(dr.accepted or {1: ()})
+        acc = dr.accepted.get(k, ())
+        mean = sum(acc) / len(acc) if acc else 0.0
+        t.add_row(f"drafter {name}: one call of {k} / mean accepted", f"{_ms(dr.draft_s(k))} / {mean:.2f}")
+    if prof.transport is not None:
+        fixed, per_byte = prof.transport.fit
+        t.add_row("hop: fixed + per KiB", f"{_ms(fixed)} + {per_byte * 1024 * 1000:.3f} ms")
+    return t
+
+
+@app.command()
+def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+          vary: List[str] = typer.Option(..., "--vary", help="KEY=V1,V2,... (repeatable): every combination is "
+                                         "predicted, e.g. --vary network.rtt=0ms,20ms,80ms"),
+          set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
+          calibration: Optional[str] = CalibrationOpt,
+          plot: Optional[str] = typer.Option(None, "--plot", help="Write a bar chart of tokens/s (PNG)."),
+          jobs: int = typer.Option(0, "--jobs", help="Processes to spread the runs over (0: one per core)."),
+          sort: str = typer.Option("tokens_per_s", "--sort", help="tokens_per_s (best first) or ttft_s (best first).")):
+    """Predict every combination of the --vary values, best first, and mark the best."""
+    from splitroom.sweep import SweepError, combinations, run_sweep
+    check_output(plot, "--plot")
+    if sort not in ("tokens_per_s", "ttft_s"):
+        fail(f"--sort: expected tokens_per_s or ttft_s, got {sort!r}")
+    try:
+        combos = combinations(vary)
+    except SweepError as e:
+        fail(f"--vary: {e}")
+    base = list(set_ or [])
+    # validate every combination before running any (one line, exit 2, for a bad value)
+    for c in combos:
+        load_scenario(scenario, base + [f"{k}={v}" for k, v in c])
+    try:
+        rows = run_sweep(scenario, base, combos, calibration, jobs=jobs,
+                         progress=None if as_json else (lambda i, n: err.print(f"  {i}/{n} predicted",
+                                                                                highlight=False)))
+    except SweepError as e:
+        fail(f"{scenario}: {e}")
+    key = (lambda r: -r["tokens_per_s"]) if sort == "tokens_per_s" else (lambda r: r["ttft_s"])
+    rows.sort(key=lambda r: (r["error"] is not None, key(r) if r["error"] is None else 0))
+    if plot:
+        from splitroom.plots import plot_sweep
+        plot_sweep(rows, plot, title=f"{scenario}: sweep")
+    if as_json:
+        print(json.dumps({"sort": sort, "rows": rows}, indent=2))
+        return
+    t = Table(title=f"{scenario}: {len(rows)} configurations, best first", title_justify="left")
+    keys = [k for k, _ in combos[0]] if combos else []
+    t.add_column("")
+    for k in keys:
+        t.add_column(k)
+    for col in ("tok/s", "first token", "tokens/lap", "answered"):
+        t.add_column(col, justify="right")
+    for i, r in enumerate(rows):
+        vals = [str(v) for _, v in r["values"]]
+        if r["error"] is not None:
+            t.add_row("", *vals, "-", "-", "-", escape(r["error"]))
+            continue
+        t.add_row("[bold green]best[/]" if i == 0 else "", *vals, f"{r['tokens_per_s']:.2f}", _ms(r["ttft_s"]),
+                  f"{r['tokens_per_lap']:.2f}", f"{r['answered']} of {r['questions']}")
+    out.print(t)
+    if plot:
+        out.print(f"picture written to {plot}")
+
+
+@app.command()
+def generate(prompt: str = typer.Argument(..., help="The question to answer."),
+             backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+             layers: Optional[str] = typer.Option(None, "--layers",
+                 help="Host layer range(s), half-open 0-based START-END, comma-separated (e.g. 0-15); "
+                      "the remaining layers run as one more in-process worker stage."),
+             max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many tokens."),
+             system: Optional[str] = typer.Option(None, "--system", help="System message."),
+             raw: bool = typer.Option(False, "--raw", help="Send PROMPT as is, without the chat template.")):
+    """Answer PROMPT with the real model (SmolLM2-135M-Instruct), streaming, then print tokens/s."""
+    from splitroom.generate_cmd import run_generate
+    try:
+        code = run_generate(prompt, backend=backend, layers=layers, max_new_tokens=max_tokens, system=system, raw=raw)
+    except ValueError as e:
+        fail(str(e))
+    raise typer.Exit(code)
+
+
+@app.command()
+def relay(host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for a LAN)."),
+          port: int = typer.Option(8765, "--port", help="TCP port.")):
+    """Run the signalling relay (SDP offers/answers only) at ws://HOST:PORT/room/ROOM."""
+    if not 0 <= port <= 65535:
+        fail(f"--port {port}: expected a TCP port 0-65535")
+    from runtime.relay import main as relay_main
+    try:
+        relay_main(host, port)
+    except OSError as e:  # address in use, not an address of this machine, no permission
+        fail(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
+
+
+@app.command()
+def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (start the relay with splitroom relay)."),
+         device: str = typer.Option(..., "--device", help="This device's id ([a-z0-9_-]+), unique in the room."),
+         layers: str = typer.Option("auto", "--layers", help="Layers this device holds, 1-based inclusive A-B "
+                                    "(1-15 = the first fifteen), or auto (the host deals them)."),
+         lends: Optional[str] = typer.Option(None, "--lends", help="Memory lent to the room, e.g. '4 GiB' (auto)."),
+         host: bool = typer.Option(False, "--host", help="This device is the model host and asks the questions."),
+         peers: str = typer.Option("", "--peers", help="The other devices' ids, comma-separated."),
+         ask: Optional[List[str]] = typer.Option(None, "--ask", help="A question (host; repeat for more)."),
+         max_tokens: int = typer.Option(128, "--max-tokens", help="Answer length cap (host)."),
+         backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+         address: Optional[List[str]] = typer.Option(None, "--address", help="Offer only this address to peers "
+                                                     "(repeatable; default: every interface)."),
+         timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
+         answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host).")):
+    """Join a room on a LAN as one device: hold a layer range, and (--host) ask and stream answers."""
+    from splitroom.join_cmd import JoinError, JoinOptions, run_join
+    opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
+                       peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
+                       max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
+                       timeout_s=timeout, answers_json=answers_json)
+    try:
+        code = run_join(opts)
+    except JoinError as e:
+        err.print(f"[bold red]error:[/] {escape(one_line(str(e)))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.status)
+    raise typer.Exit(code)
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover
+        err.print("interrupted")
+        sys.exit(130)
