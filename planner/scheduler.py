@@ -65,6 +65,9 @@ class SchedulerConfig:
         phones: device ids that are phones (woken when they hold layers).
         eos_token: stop when the head predicts this token (None: never).
         dtype: residual dtype on the wire.
+        context: positions every stage's KV cache holds, tokens (None: unbounded). A
+            question whose prompt + max new tokens exceeds it is refused when asked,
+            and verify laps draft no further than its last position.
     """
 
     hidden: int
@@ -76,6 +79,7 @@ class SchedulerConfig:
     phones: frozenset[str] = frozenset()
     eos_token: int | None = None
     dtype: DType = DType.FLOAT32
+    context: int | None = None
 
     @classmethod
     def from_scenario(cls, scn: Scenario, eos_token: int | None = None) -> "SchedulerConfig":
@@ -88,7 +92,8 @@ class SchedulerConfig:
                    async_laps=scn.decoding.async_laps if spec else 1,
                    return_path=scn.decoding.return_path, wake=scn.decoding.wake,
                    phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
-                   eos_token=eos_token, dtype=DType.FLOAT32 if f32 else DType.FLOAT16)
+                   eos_token=eos_token, dtype=DType.FLOAT32 if f32 else DType.FLOAT16,
+                   context=scn.options.context_tokens)
 
     def to_json(self) -> dict:
         """As a JSON-ready mapping (phones a sorted list, dtype its code)."""
@@ -98,6 +103,8 @@ class SchedulerConfig:
     def __post_init__(self):
         if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:
             raise ValueError("prefill_chunk, async_laps and hidden must be >= 1 and draft_tokens >= 0")
+        if self.context is not None and self.context < 1:
+            raise ValueError(f"context must be >= 1 position or None, got {self.context}")
         try:
             object.__setattr__(self, "return_path", ReturnPath(self.return_path))
         except ValueError:
@@ -202,6 +209,9 @@ class HostScheduler:
             refuse = "empty prompt"
         elif ev.max_new_tokens < 1:
             refuse = "asks for no answer tokens"
+        elif self.config.context is not None and len(ev.prompt) + ev.max_new_tokens > self.config.context:
+            refuse = (f"does not fit the context: a prompt of {len(ev.prompt)} tokens + {ev.max_new_tokens} "
+                      f"answer tokens > {self.config.context} positions")
         elif self.active is not None:
             if len(self.queue) >= MAX_WAITING:
                 refuse = f"queue full: {MAX_WAITING} questions are waiting"
@@ -400,11 +410,19 @@ class HostScheduler:
         cmds: list = []
         if live == 0 and q.assumed:
             cmds += self._discard_assumed(q)
-        n = k if not q.assumed else k + 1
+        n = min(k if not q.assumed else k + 1, self._positions_left(q))
+        if n < 1:  # the laps in flight already reach the end of the context
+            return cmds
         d = Draft(self._next_draft, q.question_id, len(q.seq), tuple(q.assumed), n)
         self._next_draft += 1
         q.drafting = d.draft_id
         return cmds + [d]
+
+    def _positions_left(self, q: _Question) -> int:
+        """Drafted tokens that still fit the context after the committed and assumed ones."""
+        if self.config.context is None:
+            return 1 << 62
+        return self.config.context - len(q.seq) - len(q.assumed)
 
     def _draft_ready(self, ev: DraftReady) -> list:
         q = self.active
@@ -413,6 +431,10 @@ class HostScheduler:
         q.drafting = None
         if not ev.tokens:
             return self._abort("the drafter returned no tokens")
+        ev_tokens = tuple(ev.tokens)[:self._positions_left(q)]  # a drafter that sent more than asked
+        if not ev_tokens:
+            return self._fill_pipeline(q)
+        ev = DraftReady(ev.draft_id, ev_tokens)
         sync = not q.assumed
         if sync:
             first_pos = len(q.seq) - 1

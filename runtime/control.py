@@ -65,6 +65,7 @@ class SchedulerSettings(_Model):
     phones: tuple[str, ...] = ()
     eos_token: Optional[int] = None
     dtype: int = Field(int(DType.FLOAT32), ge=0, le=1)
+    context: Optional[int] = Field(None, ge=1)
 
     @classmethod
     def of(cls, config: SchedulerConfig) -> "SchedulerSettings":
@@ -76,7 +77,7 @@ class SchedulerSettings(_Model):
         return SchedulerConfig(hidden=self.hidden, prefill_chunk=self.prefill_chunk,
                                draft_tokens=self.draft_tokens, async_laps=self.async_laps,
                                return_path=self.return_path, wake=self.wake, phones=frozenset(self.phones),
-                               eos_token=self.eos_token, dtype=DType(self.dtype))
+                               eos_token=self.eos_token, dtype=DType(self.dtype), context=self.context)
 
 
 StageRow = tuple[DEVICE_ID, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]

@@ -96,12 +96,15 @@ def with_profile(scn, path: Optional[str]):
         fail(f"--calibration {e}")
 
 
-def check_answered(m: dict, source: str) -> None:
+def check_answered(m: dict, source: str, trace=None) -> None:
     """Exit 2 when a simulated room answered nothing it was asked: a prediction of
-    nothing is an error, never 0.0 tok/s."""
+    nothing is an error, never 0.0 tok/s. With the run's ``trace``, the line names the
+    first refusal's reason."""
     if m.get("questions", 0) and not m.get("answered", 0):
+        from planner.protocol import Refuse
+        why = next((o.reason for _, o in (trace or ()) if type(o) is Refuse), None)
         fail(f"{source}: the simulated room answered none of its {m['questions']} questions "
-             f"({m.get('refused', 0)} refused); no prediction")
+             f"({m.get('refused', 0)} refused{': ' + why if why else ''}); no prediction")
 
 
 def deal_scenario(scn, source: str):
@@ -216,7 +219,7 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     d = deal_scenario(scn, scenario)
     from splitroom.report import run_simulation
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)
-    check_answered(result.metrics, scenario)
+    check_answered(result.metrics, scenario, result.trace)
     try:
         if trace:
             from splitroom.report import write_trace

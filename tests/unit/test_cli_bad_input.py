@@ -211,3 +211,24 @@ def test_long_value_is_shown_short(tmp_path):
     f = write(tmp_path, ONE.replace("lends: 1 GiB", "lends: " + "x" * 100_000))
     err = one_line_exit_2(invoke("plan", f), "devices[0].lends", "expected a size")
     assert len(err) < 300
+
+
+@pytest.mark.parametrize("context", ["1", "79"])
+def test_simulate_questions_longer_than_the_context_are_refused(tmp_path, context):
+    """2 questions of 32 + 48 tokens: neither fits 79 positions (nor 1), none is
+    reported answered, and the line names the lengths."""
+    f = write(tmp_path, TWO.replace("workload: {questions: 1, prompt_tokens: 8, answer_tokens: 6}",
+                                    "workload: {questions: 2, prompt_tokens: 32, answer_tokens: 48}"))
+    one_line_exit_2(invoke("simulate", f, "--no-progress", "--set", f"context={context}"),
+                    "room.yaml: ", "none of its 2 questions", "2 refused", "32 tokens", "48 answer tokens",
+                    f"> {context} positions")
+
+
+def test_simulate_questions_that_just_fit_are_answered(tmp_path):
+    import json
+    f = write(tmp_path, TWO.replace("workload: {questions: 1, prompt_tokens: 8, answer_tokens: 6}",
+                                    "workload: {questions: 2, prompt_tokens: 32, answer_tokens: 48}"))
+    r = invoke("simulate", f, "--no-progress", "--json", "--set", "context=80")
+    assert r.exit_code == 0, r.stderr
+    m = json.loads(r.stdout)["metrics"]
+    assert (m["answered"], m["refused"]) == (2, 0)
