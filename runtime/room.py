@@ -68,6 +68,11 @@ class Node:
         self.clock = clock
         self.deal = config.deal()
         self.sched_cfg = config.scheduler_config()
+        cap = getattr(stage, "max_ctx", None)  # this device's KV cache bounds the room's context
+        if cap is not None and (self.sched_cfg.context is None or self.sched_cfg.context > cap):
+            import dataclasses
+            self.sched_cfg = dataclasses.replace(self.sched_cfg, context=cap)
+        self.compute_errors = 0
         self.is_host = config.device == config.host
         self.chain = Chain(self.deal, self.sched_cfg, runs={config.device})
         self.trace: list[tuple[float, Any]] = []
@@ -101,6 +106,12 @@ class Node:
             self.rejected_frames += 1
             log.warning("%s: frame from %s rejected: hidden %d, expected %d", self.cfg.device, src, h.hidden,
                         self.sched_cfg.hidden)
+            return
+        cap = self.sched_cfg.context
+        if cap is not None and h.kind in (FrameKind.PREFILL, FrameKind.DECODE) and h.first_pos + h.tokens > cap:
+            self.rejected_frames += 1  # a frame longer than the cache: dropped, the device keeps serving
+            log.warning("%s: frame from %s rejected: positions %d-%d do not fit the cache of %d", self.cfg.device,
+                        src, h.first_pos, h.first_pos + h.tokens - 1, cap)
             return
         self.residual[h.lap_id] = x
         self.handle(FrameArrived(self.cfg.device, src, h))
@@ -170,7 +181,13 @@ class Node:
         while True:
             c = await self.work.get()
             t0 = time.perf_counter()
-            event = await loop.run_in_executor(self._pool, self._compute, c)
+            try:
+                event = await loop.run_in_executor(self._pool, self._compute, c)
+            except Exception as e:  # one bad command never ends the loop (PositionError, a bad shape)
+                self.compute_errors += 1
+                self.residual.pop(getattr(c, "lap_id", None), None)
+                log.warning("%s: %s dropped: %s: %s", self.cfg.device, type(c).__name__, type(e).__name__, e)
+                continue
             await self._pad(t0)
             if type(c) is not RollbackKV:
                 ref = c.draft_id if type(c) is Draft else c.lap_id
