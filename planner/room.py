@@ -22,6 +22,18 @@ DeviceKind = Literal["computer", "phone"]
 
 
 @dataclass(frozen=True)
+class Price:
+    """What a device costs (planner/cost.py turns it into USD per hour): rent
+    ``per_hour`` (USD/h, all-in), or bought for ``buy`` USD, written off over ``years``,
+    drawing ``watts`` while serving (paid at the scenario's electricity price)."""
+
+    per_hour: float | None = None
+    buy: float | None = None
+    years: float | None = None
+    watts: float = 0.0
+
+
+@dataclass(frozen=True)
 class Device:
     """One machine (or browser tab) of the room.
 
@@ -35,7 +47,8 @@ class Device:
         compute_flops: dense f16 compute, FLOP/s.
         copy_speed_Bps: measured GPU memory copy speed, bytes/s (host pick override).
         s_per_layer: measured seconds per layer per decoded token, if measured.
-        price_usd_per_h: rent, USD per hour.
+        price_usd_per_h: rent, USD per hour (the older ``price: 1.20 USD/h`` form).
+        price: rent or purchase (:class:`Price`); planner/cost.py prices a token with it.
         emulate_slowdown: a real run pads this device's compute to this factor.
         clocks_down: whether its GPU clocks down when idle (None: phones do, computers
             do not); a real run on one machine has no clock-down to predict.
@@ -53,6 +66,7 @@ class Device:
     price_usd_per_h: float | None = None
     emulate_slowdown: float | None = None
     clocks_down: bool | None = None
+    price: Price | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +224,8 @@ class Scenario:
     measured_s_per_layer: dict = field(default_factory=dict)
     #: the host's measured output head + sampling, seconds per row of a lap
     measured_head_s_per_row: float | None = None
+    #: electricity, USD per kWh, for devices bought with ``watts`` (None: planner.cost's default)
+    electricity_usd_per_kwh: float | None = None
     #: a calibration profile (``splitroom calibrate``): measured cost curves the
     #: simulator uses instead of rooflines for the devices, drafters and transport it has
     profile: Profile | None = None

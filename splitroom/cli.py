@@ -229,15 +229,41 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
             plot_run(result, plot, title=f"{scn.name or scenario}: {scn.model.name}")
     except OSError as e:
         fail(f"{e.filename or trace or plot}: cannot write ({e.strerror or e})")
+    from splitroom.costing import has_prices, room_cost
+    cost = room_cost(scn, d, result.metrics) if has_prices(scn) else None
     if as_json:
         m = {k: v for k, v in result.metrics.items()}
-        print(json.dumps({"plan": d.to_json(), "metrics": m}, indent=2))
+        print(json.dumps({"plan": d.to_json(), "metrics": m, **({"cost": cost} if cost else {})}, indent=2))
         return
     out.print(deal_table(d, scn))
     out.print(metrics_table(result.metrics))
     out.print(breakdown_table(result.metrics))
+    if cost:
+        out.print(cost_table(cost))
     if plot:
         out.print(f"picture written to {plot}")
+
+
+def cost_table(cost: dict) -> Table:
+    """US dollars per million useful tokens: the room beside the cheapest single machine."""
+    t = Table(title=f"cost of a useful token (electricity {cost['electricity_usd_per_kwh']:.3f} USD/kWh)",
+              title_justify="left")
+    for col, j in (("", "left"), ("USD / hour", "right"), ("useful tok/s", "right"),
+                   ("USD per million tokens", "right")):
+        t.add_column(col, justify=j)
+
+    def usd(x):
+        return "-" if x is None else f"{x:,.2f}"
+    room = "this room" + (f" ({', '.join(cost['unpriced'])} unpriced: free)" if cost["unpriced"] else "")
+    t.add_row(room, usd(cost["room_usd_per_hour"]), f"{cost['useful_tokens_per_s']:.2f}",
+              usd(cost["usd_per_million_tokens"]))
+    sm = cost.get("single_machine")
+    if sm:
+        t.add_row(f"cheapest single machine: {sm['name']}", usd(sm["usd_per_hour"]),
+                  f"{sm['useful_tokens_per_s']:.2f}", usd(sm["usd_per_million_tokens"]))
+    elif "single_machine" in cost:
+        t.add_row("no catalog machine holds the model alone", "-", "-", "-")
+    return t
 
 
 def compare_table(res) -> Table:

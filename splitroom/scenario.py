@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      model_validator)
 
 from planner import model as catalog_mod
 from planner.deal import DEFAULT_HEADROOM
 from planner.model import Architecture, ModelSpec, spec_from_architecture
+from planner.room import Price as PriceSpec
 from planner.room import (DealOptions, Decoding, Device, Episodes, Jitter, LinkSpec, Network,
                           PinnedStage, Scenario, Speculative, Workload)
 from splitroom import units
@@ -49,6 +51,22 @@ Time = Annotated[float, _q("time")]
 Rate = Annotated[float, _q("rate")]
 Compute = Annotated[float, _q("compute")]
 Price = Annotated[float, _q("price")]
+
+
+def _usd(pattern: str, example: str):
+    rx = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?\s*" + pattern + r"\s*$")
+
+    def check(v: Any) -> float:
+        m = rx.match(v) if isinstance(v, str) else None
+        if not m:
+            raise ValueError(f"expected {example}, got {v!r}")
+        return float(v.strip().split("USD")[0])
+    return BeforeValidator(check, json_schema_input_type=str)
+
+
+#: an amount of money, "3999 USD"; an electricity price, "0.17 USD/kWh"
+Money = Annotated[float, _usd("USD", "an amount like '3999 USD'")]
+ElectricityPrice = Annotated[float, _usd(r"USD\s*/\s*kWh", "a price like '0.17 USD/kWh'")]
 #: a rate, compute or time that something is divided by: zero is refused
 PosRate = Annotated[float, _positive("rate")]
 PosCompute = Annotated[float, _positive("compute")]
@@ -72,6 +90,23 @@ class EmulateIn(_Strict):
     slowdown: float = Field(ge=1.0)
 
 
+class PriceIn(_Strict):
+    """A device's price: ``{buy: 3999 USD, years: 3, watts: 140}`` or ``{per_hour: 2.10 USD}``."""
+
+    buy: Money | None = None
+    years: float | None = Field(default=None, gt=0, le=100)
+    watts: float = Field(default=0.0, ge=0, le=1e6)
+    per_hour: Money | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if self.per_hour is not None and self.buy is not None:
+            raise ValueError("a price is either per_hour (rent) or buy + years, not both")
+        if self.per_hour is None and (self.buy is None or self.years is None):
+            raise ValueError("a price needs per_hour, or buy and years (and watts)")
+        return self
+
+
 class DeviceIn(_Strict):
     id: str = Field(pattern=r"^[a-z0-9_-]+$")
     name: str = ""
@@ -82,7 +117,9 @@ class DeviceIn(_Strict):
     compute: PosCompute | None = None
     copy_speed: PosRate | None = None
     ms_per_layer: PosTime | None = None
-    price: Price | None = None
+    # '1.20 USD/h' (rent), or a PriceIn mapping; a mapping is checked as PriceIn only
+    price: Annotated[Annotated[Price, Tag("str")] | Annotated[PriceIn, Tag("PriceIn")],
+                     Discriminator(lambda v: "PriceIn" if isinstance(v, (dict, PriceIn)) else "str")] | None = None
     emulate: EmulateIn | None = None
     clocks_down: bool | None = None
 
@@ -229,6 +266,7 @@ class ScenarioIn(_Strict):
     workload: WorkloadIn = WorkloadIn()
     decoding: DecodingIn = DecodingIn()
     measured: MeasuredIn | None = None
+    electricity: ElectricityPrice | None = None  # USD per kWh for bought devices' watts
     calibration: str | None = None  # a YAML file holding a `measured:` mapping (path relative to the scenario)
 
 
@@ -293,7 +331,9 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
     devices = tuple(
         Device(id=d.id, name=d.name or d.id, kind=d.kind, webgpu=d.webgpu, lends_bytes=int(d.lends),
                memory_bandwidth_Bps=d.memory_bandwidth, compute_flops=d.compute, copy_speed_Bps=d.copy_speed,
-               s_per_layer=d.ms_per_layer, price_usd_per_h=d.price,
+               s_per_layer=d.ms_per_layer, price_usd_per_h=None if isinstance(d.price, PriceIn) else d.price,
+               price=PriceSpec(per_hour=d.price.per_hour, buy=d.price.buy, years=d.price.years,
+                               watts=d.price.watts) if isinstance(d.price, PriceIn) else None,
                emulate_slowdown=d.emulate.slowdown if d.emulate else None, clocks_down=d.clocks_down)
         for d in s.devices)
     pins = None
@@ -362,6 +402,7 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
             measured[dev] = v
     return Scenario(name=s.name, seed=s.seed, model=model, devices=devices, options=options, network=network,
                     workload=workload, decoding=decoding, measured_s_per_layer=measured,
+                    electricity_usd_per_kwh=s.electricity,
                     measured_head_s_per_row=s.measured.head_per_row if s.measured is not None else None)
 
 
