@@ -12,15 +12,78 @@ the commands it returns. The chain owns the model host's :class:`HostScheduler` 
 A process that runs one device of a room builds ``Chain(deal, config, runs={device})``:
 it owns only that device's machine, and events meant for machines it does not run are
 ignored (they return no commands). Sans-IO like the machines: no clock, no IO.
+
+Recovery: given a re-deal rule (:func:`redeal_rule`), a lost worker makes the host
+return :class:`planner.protocol.Redeal`; the chain rebuilds the worker machines it runs
+for the new deal at once (frames of earlier laps are then dropped), and a process that
+runs only a worker adopts the new chain with :meth:`Chain.adopt` when the host's plan
+reaches it. The driver loads the new ranges, empties the KV caches and reports
+:class:`planner.protocol.ChainReady`; the host then replays the answer so far.
 """
 
 from __future__ import annotations
 
-from typing import Collection
+from dataclasses import replace
+from typing import Callable, Collection, Sequence
 
-from planner.deal import Deal
-from planner.protocol import Command, Event, FrameArrived, StageFinished
+from planner.deal import Deal, DealError, Stage, deal as make_deal
+from planner.model import ModelSpec
+from planner.protocol import Command, Event, FrameArrived, Redeal, StageFinished
+from planner.room import DealOptions, Device
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+
+#: ``(current deal, every device lost so far) -> new deal``; raises ValueError (DealError)
+#: when the devices left cannot hold the model.
+RedealRule = Callable[[Deal, frozenset[str]], Deal]
+
+
+def merge_lost(current: Deal, lost: frozenset[str]) -> Deal:
+    """The pinned re-deal: each lost stage's range goes to the stage before it in the
+    chain (to the next one when no stage before it is left). Returns a ``pinned`` Deal
+    with the same host. Raises DealError when no stage is left."""
+    merged: list[list] = []
+    carry: int | None = None  # start of lost layers waiting for a next survivor
+    for s in current.stages:
+        if s.device in lost:
+            if merged:
+                merged[-1][2] = s.end
+            elif carry is None:
+                carry = s.start
+            continue
+        start = s.start if carry is None else carry
+        carry = None
+        merged.append([s.device, start, s.end])
+    if not merged:
+        raise DealError("no device of the chain is left")
+    if carry is not None:
+        merged[-1][2] = current.stages[-1].end
+    stages = tuple(Stage(d, a, b) for d, a, b in merged)
+    notes = (f"re-dealt after {', '.join(sorted(lost))} left: their layers went to their neighbours",)
+    return Deal(host=current.host, split="pinned", stages=stages, guests=(), fits=current.fits, notes=notes)
+
+
+def redeal_rule(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None) -> RedealRule:
+    """The planner's rule for re-dealing a room that lost devices: a pinned room merges
+    the lost ranges into their neighbours (:func:`merge_lost`); otherwise the layers are
+    dealt again with :func:`planner.deal.deal` over ``devices`` less the lost ones, the
+    host kept. The rule raises DealError when the rest cannot hold the model."""
+    opts = options or DealOptions()
+
+    def rule(current: Deal, lost: frozenset[str]) -> Deal:
+        if opts.stages is not None or current.split == "pinned":
+            return merge_lost(current, lost)
+        rest = [d for d in devices if d.id not in lost]
+        new = make_deal(rest, model, replace(opts, host=current.host))
+        if not new.fits:
+            raise DealError("the devices left cannot hold the model: " + "; ".join(new.notes))
+        return new
+    return rule
+
+
+def deal_of(r: Redeal) -> Deal:
+    """The new chain a :class:`Redeal` announces, as a pinned Deal."""
+    return Deal(host=r.host, split="pinned", stages=tuple(Stage(d, a, b) for d, a, b in r.stages), guests=(),
+                fits=True, notes=())
 
 
 class Chain:
@@ -32,6 +95,9 @@ class Chain:
             :meth:`SchedulerConfig.from_scenario`).
         runs: the devices whose machines this process runs; None (default) runs every
             device of the deal (a simulator, an in-process room, a test harness).
+        redeal: the re-deal rule (:func:`redeal_rule`) that lets the room survive a lost
+            worker; None: a lost device of the chain ends the room (the host refuses
+            what it cannot answer).
     Attributes:
         host: the HostScheduler, or None when this process does not run the host.
         workers: ``device id -> WorkerMachine`` for the workers this process runs.
@@ -40,7 +106,8 @@ class Chain:
             ``runs`` names a device that is neither the host nor a worker of the deal.
     """
 
-    def __init__(self, deal: Deal, config: SchedulerConfig, runs: Collection[str] | None = None):
+    def __init__(self, deal: Deal, config: SchedulerConfig, runs: Collection[str] | None = None,
+                 redeal: RedealRule | None = None):
         self.deal = deal
         self.config = config
         members = {deal.host} | {s.device for s in deal.stages}
@@ -48,11 +115,26 @@ class Chain:
             unknown = sorted(set(runs) - members)
             if unknown:
                 raise ValueError(f"{', '.join(unknown)} is neither the host nor a worker of this deal")
+        self._runs_all = runs is None
         self.runs = frozenset(members if runs is None else runs)
-        self.host: HostScheduler | None = HostScheduler(deal, config) if deal.host in self.runs else None
-        self.workers: dict[str, WorkerMachine] = {
-            s.device: WorkerMachine(s.device, deal, config.return_path)
-            for s in deal.stages if s.device != deal.host and s.device in self.runs}
+        self.host: HostScheduler | None = (HostScheduler(deal, config, redeal=redeal) if deal.host in self.runs
+                                           else None)
+        self.workers: dict[str, WorkerMachine] = {}
+        self._build_workers(deal, 0)
+
+    def _build_workers(self, deal: Deal, first_lap: int) -> None:
+        self.workers = {s.device: WorkerMachine(s.device, deal, self.config.return_path, first_lap)
+                        for s in deal.stages if s.device != deal.host and s.device in self.runs}
+
+    def adopt(self, deal: Deal, first_lap: int) -> None:
+        """Take the chain re-dealt by the host (a :class:`Redeal`, see :func:`deal_of`):
+        rebuild the worker machines this chain runs for ``deal``; they drop frames of
+        laps before ``first_lap``. A chain that runs every device also runs the new
+        deal's newcomers."""
+        self.deal = deal
+        if self._runs_all:
+            self.runs = frozenset({deal.host} | {s.device for s in deal.stages})
+        self._build_workers(deal, first_lap)
 
     def handle(self, event: Event, now_s: float) -> list[Command]:
         """Route ``event`` to the machine it concerns; return that machine's commands, in
@@ -68,4 +150,8 @@ class Chain:
                 return []
         if self.host is None:
             return []
-        return self.host.handle(event, now_s)
+        cmds = self.host.handle(event, now_s)
+        for c in cmds:
+            if type(c) is Redeal:
+                self.adopt(self.host.deal, c.first_lap)
+        return cmds

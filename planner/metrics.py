@@ -106,7 +106,7 @@ def compute(trace: Iterable[tuple[float, Any]]) -> dict:
                 draft_total += t - s0
                 drafts += 1
         elif cls is LapEnded:
-            if o.kind == "prefill":
+            if o.kind in ("prefill", "replay"):  # decode and verify laps are the laps measured
                 continue
             if o.stale:
                 stale += 1

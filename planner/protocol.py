@@ -30,6 +30,9 @@ class LapKind(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
     VERIFY = "verify"
+    #: after a re-deal: prompt + answer so far again, in prefill chunks, to rebuild every
+    #: stage's KV cache (its head gives the next answer token, as a prefill's does)
+    REPLAY = "replay"
 
 
 class ReturnPath(StrEnum):
@@ -92,6 +95,14 @@ class DeviceLost:
 
     device: str
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class ChainReady:
+    """Every device of the chain announced by :class:`Redeal` ``first_lap`` holds its new
+    layer range (weights loaded) with an empty KV cache: the host may replay."""
+
+    first_lap: int
 
 
 # --- commands ---------------------------------------------------------------------
@@ -228,6 +239,24 @@ class Refuse:
 
 
 @dataclass(frozen=True)
+class Redeal:
+    """``lost`` left the chain; the host re-dealt the layers over the devices still in
+    the room. ``stages`` is the new chain ``((device, start, end), ...)`` 0-based
+    half-open, host ``host``. Every device of the new chain loads its range (from its
+    disk or a peer) and empties its KV cache; frames of laps before ``first_lap`` are
+    dropped. Report :class:`ChainReady` ``(first_lap)`` when all are ready. The host then
+    replays question ``question_id``'s ``replay_tokens`` tokens (prompt + answer so far;
+    None and 0 when no question is being answered)."""
+
+    lost: str
+    host: str
+    stages: tuple[tuple[str, int, int], ...]
+    first_lap: int
+    question_id: int | None = None
+    replay_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Computed:
     """Trace bookkeeping, written by a driver: ``device`` spent ``seconds`` computing
     ``command`` (RunStage, RunHead, Draft) of lap or draft ``ref``, queue wait excluded."""
@@ -238,13 +267,13 @@ class Computed:
     seconds: float
 
 
-EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost)
+EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady)
 RECORDS = (Computed,)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
-            LapEnded, AnswerDone, Refuse)
+            LapEnded, AnswerDone, Refuse, Redeal)
 
 #: Anything a driver feeds to :meth:`planner.chain.Chain.handle` (or a machine).
-Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost]
+Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady]
 #: Anything a machine returns for a driver to carry out.
 Command = Union[BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
-                LapEnded, AnswerDone, Refuse]
+                LapEnded, AnswerDone, Refuse, Redeal]

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Sequence
+from typing import Callable, Sequence
 
 from planner.deal import Deal
 from planner.frames import DType, FrameHeader, FrameKind
 from planner.room import Scenario
-from planner.protocol import (AnswerDone, BeginAnswer, Command, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
-                              Event, FrameArrived, HeadFinished, LapEnded, LapKind, QuestionAsked, Refuse,
-                              ReturnPath, RollbackKV, RunHead, RunStage, SendFrame, StageFinished, Wake)
+from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DropFrame,
+                              EmitToken, Event, FrameArrived, HeadFinished, LapEnded, LapKind, QuestionAsked, Redeal,
+                              Refuse, ReturnPath, RollbackKV, RunHead, RunStage, SendFrame, StageFinished, Wake)
 
 #: Product page 001: "Up to 10 questions wait in the host's queue, at most two per device."
 MAX_WAITING = 10
@@ -131,6 +131,7 @@ class _Question:
     seq: list[int]
     prompt_len: int
     max_new: int
+    fill_len: int = 0  # tokens the prefill (or, after a re-deal, the replay) runs through the chain
     generated: int = 0
     next_chunk: int = 0
     assumed: list[int] = field(default_factory=list)
@@ -146,18 +147,27 @@ class HostScheduler:
     clock (only passed through: the scheduler keeps no timers). Raises ValueError for
     a deal whose host range is not first in the chain (the chain starts at the host).
     Never raises for a well-typed event in any order: unexpected events are ignored.
+
+    Recovery: with ``redeal`` (``(deal, lost devices) -> new deal``, raising ValueError
+    when the rest of the room cannot hold the model; see :mod:`planner.chain`), a worker
+    of the chain that is lost no longer ends the room. The host forgets every lap in
+    flight, returns :class:`Redeal` with the new chain, waits for :class:`ChainReady`,
+    then replays the active question's prompt and answer so far from position 0 (replay
+    laps, prefill chunks) so every stage's KV cache covers exactly the positions so far;
+    the replay's head gives the next token and the answer goes on. Questions waiting
+    keep their places; questions asked meanwhile wait. Without ``redeal`` (or when the
+    host itself is lost, or the re-deal fails) the host refuses what it cannot answer
+    and stops, with the reason.
     """
 
-    def __init__(self, deal: Deal, config: SchedulerConfig):
-        self.deal = deal
+    def __init__(self, deal: Deal, config: SchedulerConfig,
+                 redeal: Callable[[Deal, frozenset[str]], Deal] | None = None):
         self.config = config
         self.host = deal.host
-        stages = list(deal.stages)
-        if any(s.device == self.host for s in stages[1:]):
-            raise ValueError("the model host's range must be the first stage of the chain")
-        self.host_holds_layers = bool(stages) and stages[0].device == self.host
-        self.workers = [s.device for s in stages if s.device != self.host]
-        self.wake_targets = [d for d in self.workers if d in config.phones] if config.wake else []
+        self.redeal = redeal
+        self.lost: set[str] = set()
+        self.recovering: int | None = None  # first lap of the new chain, until ChainReady
+        self._set_deal(deal)
         self.queue: deque[QuestionAsked] = deque()
         self.active: _Question | None = None
         self.laps: dict[int, _Lap] = {}
@@ -169,6 +179,15 @@ class HostScheduler:
         # counters (also derivable from the trace)
         self.emitted = 0
         self.accepted = 0
+
+    def _set_deal(self, deal: Deal) -> None:
+        stages = list(deal.stages)
+        if any(s.device == self.host for s in stages[1:]):
+            raise ValueError("the model host's range must be the first stage of the chain")
+        self.deal = deal
+        self.host_holds_layers = bool(stages) and stages[0].device == self.host
+        self.workers = [s.device for s in stages if s.device != self.host]
+        self.wake_targets = [d for d in self.workers if d in self.config.phones] if self.config.wake else []
 
     # -- public ---------------------------------------------------------------------
 
@@ -190,6 +209,8 @@ class HostScheduler:
             return self._draft_ready(event)
         if isinstance(event, DeviceLost):
             return self._lost(event)
+        if isinstance(event, ChainReady):
+            return self._chain_ready(event)
         return []
 
     @property
@@ -212,7 +233,7 @@ class HostScheduler:
         elif self.config.context is not None and len(ev.prompt) + ev.max_new_tokens > self.config.context:
             refuse = (f"does not fit the context: a prompt of {len(ev.prompt)} tokens + {ev.max_new_tokens} "
                       f"answer tokens > {self.config.context} positions")
-        elif self.active is not None:
+        elif self.active is not None or self.recovering is not None:
             if len(self.queue) >= MAX_WAITING:
                 refuse = f"queue full: {MAX_WAITING} questions are waiting"
             elif sum(1 for q in self.queue if q.device == ev.device) >= MAX_WAITING_PER_DEVICE:
@@ -220,13 +241,14 @@ class HostScheduler:
         self.seen_questions.add(ev.question_id)
         if refuse:
             return [Refuse(ev.question_id, ev.device, refuse)]
-        if self.active is not None:
+        if self.active is not None or self.recovering is not None:
             self.queue.append(ev)
             return []
         return self._begin(ev)
 
     def _begin(self, ev: QuestionAsked) -> list:
-        q = _Question(ev.question_id, ev.device, list(ev.prompt), len(ev.prompt), ev.max_new_tokens)
+        q = _Question(ev.question_id, ev.device, list(ev.prompt), len(ev.prompt), ev.max_new_tokens,
+                      fill_len=len(ev.prompt))
         self.active = q
         self.inflight.clear()
         cmds: list = [BeginAnswer(q.question_id, q.device, q.prompt_len)]
@@ -236,7 +258,7 @@ class HostScheduler:
     def _next_question(self) -> list:
         self.active = None
         self.inflight.clear()
-        if self.queue:
+        if self.queue and self.recovering is None:
             return self._begin(self.queue.popleft())
         return []
 
@@ -255,9 +277,10 @@ class HostScheduler:
 
     def _launch_prefill_chunk(self, q: _Question) -> list:
         start = q.next_chunk
-        end = min(start + self.config.prefill_chunk, q.prompt_len)
+        end = min(start + self.config.prefill_chunk, q.fill_len)
         q.next_chunk = end
-        lap = self._new_lap(q, LapKind.PREFILL, start, q.seq[start:end], returns=end == q.prompt_len)
+        kind = LapKind.PREFILL if q.generated == 0 else LapKind.REPLAY
+        lap = self._new_lap(q, kind, start, q.seq[start:end], returns=end == q.fill_len)
         return self._run_host_stage(lap)
 
     def _header(self, lap: _Lap, kind: FrameKind) -> FrameHeader:
@@ -270,13 +293,13 @@ class HostScheduler:
             return []
         cmds: list = []
         if self.workers:
-            kind = FrameKind.PREFILL if lap.kind == LapKind.PREFILL else FrameKind.DECODE
+            kind = FrameKind.PREFILL if lap.kind in (LapKind.PREFILL, LapKind.REPLAY) else FrameKind.DECODE
             cmds.append(SendFrame(self.host, self.workers[0], self._header(lap, kind)))
         elif lap.returns:  # the host holds every layer: the residual is already here
             cmds += self._returned(lap)
         q = self.active
-        if lap.kind == LapKind.PREFILL and q is not None and q.question_id == lap.question_id \
-                and q.next_chunk < q.prompt_len:
+        if lap.kind in (LapKind.PREFILL, LapKind.REPLAY) and q is not None and q.question_id == lap.question_id \
+                and q.next_chunk < q.fill_len:
             cmds += self._launch_prefill_chunk(q)
         return cmds
 
@@ -291,7 +314,7 @@ class HostScheduler:
         q = self.active
         if lap.stale or q is None or q.question_id != lap.question_id:
             return self._end_lap(lap, stale=True)
-        rows = 1 if lap.kind == LapKind.PREFILL else len(lap.inputs)
+        rows = 1 if lap.kind in (LapKind.PREFILL, LapKind.REPLAY) else len(lap.inputs)
         return [RunHead(lap.lap_id, lap.question_id, rows)]
 
     def _end_lap(self, lap: _Lap, stale: bool, kept: int = 0) -> list:
@@ -313,7 +336,7 @@ class HostScheduler:
         if not ev.predictions:
             return self._abort(f"the output head returned no prediction for lap {lap.lap_id}")
         lap.predictions = tuple(ev.predictions)
-        if lap.kind == LapKind.PREFILL:
+        if lap.kind in (LapKind.PREFILL, LapKind.REPLAY):
             cmds = self._end_lap(lap, stale=False, kept=1)
             cmds += self._commit(q, [lap.predictions[-1]])
             return cmds + self._after_commit(q)
@@ -458,30 +481,104 @@ class HostScheduler:
         return cmds + self._next_question()
 
     def _lost(self, ev: DeviceLost) -> list:
-        in_chain = ev.device == self.host or ev.device in self.workers
-        cmds: list = []
+        dev = ev.device
+        if dev in self.lost:
+            return []
+        in_chain = dev == self.host or dev in self.workers
+        if in_chain and dev != self.host and self.redeal is not None and self.stopped is None:
+            try:
+                new = self.redeal(self.deal, frozenset(self.lost | {dev}))
+                self._check_redeal(new, frozenset(self.lost | {dev}))
+            except ValueError as e:
+                self.lost.add(dev)
+                return self._stop(f"{dev} left the room and the others cannot take its layers: {e}")
+            self.lost.add(dev)
+            return self._recover(dev, new)
+        self.lost.add(dev)
         if in_chain:
-            self.stopped = f"{ev.device} left the room; the model must be re-dealt"
-            if self.active is not None:
-                cmds.append(Refuse(self.active.question_id, self.active.device, self.stopped))
-                self.active = None
-            while self.queue:
-                w = self.queue.popleft()
-                cmds.append(Refuse(w.question_id, w.device, self.stopped))
-            cmds += self._drop_inflight()
-            for lap in self.laps.values():
-                lap.stale = True
-            return cmds
+            return self._stop(f"{dev} left the room; the model must be re-dealt")
+        cmds: list = []
         keep: deque[QuestionAsked] = deque()
         for w in self.queue:
-            if w.device == ev.device:
-                cmds.append(Refuse(w.question_id, w.device, f"{ev.device} left the room"))
+            if w.device == dev:
+                cmds.append(Refuse(w.question_id, w.device, f"{dev} left the room"))
             else:
                 keep.append(w)
         self.queue = keep
-        if self.active is not None and self.active.device == ev.device:
-            cmds += self._abort(f"{ev.device} left the room")
+        if self.active is not None and self.active.device == dev:
+            cmds += self._abort(f"{dev} left the room")
         return cmds
+
+    def _stop(self, reason: str) -> list:
+        """Refuse the active question and every waiting one; take no more."""
+        self.stopped = reason
+        cmds: list = []
+        if self.active is not None:
+            cmds.append(Refuse(self.active.question_id, self.active.device, reason))
+            self.active = None
+        while self.queue:
+            w = self.queue.popleft()
+            cmds.append(Refuse(w.question_id, w.device, reason))
+        cmds += self._drop_inflight()
+        for lap in self.laps.values():
+            lap.stale = True
+        return cmds
+
+    def _check_redeal(self, new: Deal, lost: frozenset[str]) -> None:
+        """Raise ValueError unless ``new`` keeps this host, leaves every lost device
+        out and tiles the same layers as the chain before."""
+        if new.host != self.host:
+            raise ValueError(f"the re-deal moved the model host to {new.host}")
+        held = sorted(lost & {s.device for s in new.stages})
+        if held:
+            raise ValueError(f"the re-deal gives layers to {', '.join(held)}, which left")
+        old_end = max((s.end for s in self.deal.stages), default=0)
+        at = 0
+        for s in sorted(new.stages, key=lambda s: s.start):
+            if s.start != at or s.end < s.start:
+                raise ValueError(f"the re-deal does not tile the layers at layer {at + 1}")
+            at = s.end
+        if at != old_end:
+            raise ValueError(f"the re-deal holds {at} layers, the model has {old_end}")
+
+    def _recover(self, dev: str, new: Deal) -> list:
+        """``dev`` left the chain; ``new`` is the re-deal over the rest (see class doc)."""
+        cmds: list = []
+        keep: deque[QuestionAsked] = deque()
+        for w in self.queue:  # the lost device's own questions cannot be answered to it
+            if w.device == dev:
+                cmds.append(Refuse(w.question_id, w.device, f"{dev} left the room"))
+            else:
+                keep.append(w)
+        self.queue = keep
+        for lap in sorted(self.laps.values(), key=lambda lap: lap.lap_id):  # every lap in flight is lost
+            lap.stale = True
+            cmds += self._end_lap(lap, stale=True)
+        self.inflight.clear()
+        self._set_deal(new)
+        self.recovering = self._next_lap
+        q = self.active
+        if q is not None and q.device == dev:
+            cmds.append(Refuse(q.question_id, q.device, f"{dev} left the room"))
+            self.active = q = None
+        if q is not None:
+            q.assumed.clear()
+            q.drafting = None
+            q.next_chunk = 0
+            q.fill_len = len(q.seq)
+        stages = tuple((s.device, s.start, s.end) for s in new.stages)
+        cmds.append(Redeal(dev, self.host, stages, self.recovering, q.question_id if q else None,
+                           len(q.seq) if q else 0))
+        return cmds
+
+    def _chain_ready(self, ev: ChainReady) -> list:
+        if self.recovering is None or ev.first_lap != self.recovering:
+            return []
+        self.recovering = None
+        q = self.active
+        if q is not None:
+            return self._launch_prefill_chunk(q)
+        return self._next_question()
 
 
 class WorkerMachine:
@@ -490,11 +587,13 @@ class WorkerMachine:
     ``handle(event, now_s) -> list[command]``. Keeps the KV length of the question it
     serves; a frame of a new question starts from an empty cache, a frame whose first
     position is before the cache's end rolls the cache back to it (RollbackKV), and one
-    whose first position lies beyond the cache's end is stale and dropped (DropFrame).
+    whose first position lies beyond the cache's end is stale and dropped (DropFrame),
+    as is any frame of a lap before ``first_lap`` (a lap of the chain before a re-deal).
     Raises ValueError if ``device`` holds no stage of ``deal``.
     """
 
-    def __init__(self, device: str, deal: Deal, return_path: ReturnPath | str = ReturnPath.DIRECT):
+    def __init__(self, device: str, deal: Deal, return_path: ReturnPath | str = ReturnPath.DIRECT,
+                 first_lap: int = 0):
         stages = [s.device for s in deal.stages]
         if device not in stages or device == deal.host:
             raise ValueError(f"{device} is not a worker of this deal")
@@ -504,6 +603,7 @@ class WorkerMachine:
         self.next = stages[i + 1] if i + 1 < len(stages) else None
         self.prev = stages[i - 1] if i > 0 else deal.host
         self.return_path = ReturnPath(return_path)
+        self.first_lap = first_lap
         self.question_id: int | None = None
         self.kv_len = 0
         self.pending: dict[int, FrameHeader] = {}
@@ -517,6 +617,8 @@ class WorkerMachine:
         return []
 
     def _frame(self, h: FrameHeader) -> list:
+        if h.lap_id < self.first_lap:
+            return [DropFrame(self.device, h, f"lap {h.lap_id} is from before the re-deal")]
         if h.kind == FrameKind.RETURN:
             return [SendFrame(self.device, self.prev, h)]
         if h.kind not in (FrameKind.PREFILL, FrameKind.DECODE):

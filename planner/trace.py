@@ -35,6 +35,11 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _tuples(v: Any) -> Any:
+    """JSON lists back to (nested) tuples, as the frozen dataclasses hold them."""
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
 def to_record(t_s: float, obj: Any) -> dict:
     """``(t_s, event-or-command)`` as a flat JSON-ready dict."""
     rec = {"t": t_s, "name": type(obj).__name__}
@@ -59,7 +64,7 @@ def from_record(rec: dict) -> tuple[float, Any]:
                 v = FrameHeader(FrameKind[v["kind"]], v["question_id"], v["lap_id"], v["first_pos"], v["tokens"],
                                 v["hidden"], DType[v["dtype"]], v["returns"])
             elif isinstance(v, list):
-                v = tuple(v)
+                v = _tuples(v)
             kwargs[f.name] = v
         return t, cls(**kwargs)
     except TraceError:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
-from planner.protocol import (AnswerDone, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, LapEnded,
-                              QuestionAsked, Refuse, RunHead, RunStage, SendFrame, StageFinished)
+from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
+                              HeadFinished, LapEnded, QuestionAsked, Redeal, Refuse, RunHead, RunStage, SendFrame,
+                              StageFinished)
 from planner.chain import Chain
 from planner.scheduler import SchedulerConfig
 
@@ -25,11 +26,16 @@ def truth(pos: int) -> int:
 class Harness:
     """Drives a room's :class:`planner.chain.Chain` with instant, reorderable work.
 
-    ``accept(k) -> int`` says how many leading drafts of a k-token draft are right.
+    ``accept(k) -> int`` says how many leading drafts of a k-token draft are right;
+    ``redeal`` is the chain's re-deal rule (None: a lost device ends the room). After a
+    ``Redeal`` the new chain's readiness (``ChainReady``) waits on its own channel, so
+    it may come before or after frames of the old chain still in flight.
     """
 
-    def __init__(self, deal, config: SchedulerConfig, accept: Callable[[int], int] = lambda k: 0):
-        self.chain = Chain(deal, config)
+    def __init__(self, deal, config: SchedulerConfig, accept: Callable[[int], int] = lambda k: 0,
+                 redeal=None):
+        self.chain = Chain(deal, config, redeal=redeal)
+        self.dead: set[str] = set()
         self.host = self.chain.host
         self.channels: dict[tuple, deque] = {}
         self.accept = accept
@@ -77,7 +83,20 @@ class Harness:
             self.log.append(c)
             self.execute(c)
 
+    def lose(self, device: str, deliver_sent: bool = False) -> None:
+        """``device`` dies now: its queued compute and the frames on their way to it are
+        gone, and so are the frames it sent unless ``deliver_sent``; then the host hears
+        DeviceLost (at once: detection delay is the drivers' business)."""
+        self.dead.add(device)
+        for key in list(self.channels):
+            if key == ("dev", device) or (key[0] == "link" and (key[2] == device
+                                                               or (key[1] == device and not deliver_sent))):
+                del self.channels[key]
+        self.dispatch(DeviceLost(device, "test"))
+
     def _put(self, key: tuple, ev) -> None:
+        if (key[0] == "dev" and key[1] in self.dead) or (key[0] == "link" and key[2] in self.dead):
+            return  # work for, or a frame to, a device that is gone
         self.channels.setdefault(key, deque()).append(ev)
 
     def execute(self, c) -> None:
@@ -97,6 +116,8 @@ class Harness:
             a = min(max(self.accept(c.k), 0), c.k)
             toks = tuple(truth(j + i) if i < a else truth(j + i) + 1 for i in range(c.k))
             self._put(("dev", host), DraftReady(c.draft_id, toks))
+        elif isinstance(c, Redeal):
+            self._put(("ready",), ChainReady(c.first_lap))
 
     # -- what happened -------------------------------------------------------------
 

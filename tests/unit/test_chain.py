@@ -1,0 +1,134 @@
+"""planner/chain.py: the one router, the re-deal rules, and recovery after a lost worker
+(zero-time harness, hand-worked examples)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.chain import Chain, deal_of, merge_lost, redeal_rule
+from planner.deal import Deal, DealError, Stage
+from planner.frames import FrameHeader, FrameKind
+from planner.model import lookup
+from planner.protocol import (ChainReady, DeviceLost, DropFrame, EmitToken, FrameArrived, LapKind, QuestionAsked,
+                              Redeal, Refuse, RunStage, SendFrame, StageFinished)
+from planner.room import DealOptions, Device
+from planner.scheduler import SchedulerConfig
+from tests.harness import Harness, truth
+
+
+def pinned(host, *stages):
+    return Deal(host=host, split="pinned", stages=tuple(Stage(*s) for s in stages), guests=(), fits=True, notes=())
+
+
+DEAL = pinned("h", ("h", 0, 2), ("w1", 2, 4), ("w2", 4, 6))
+CFG = SchedulerConfig(hidden=4, prefill_chunk=4)
+
+
+def test_routing_worker_events_to_workers_and_the_rest_to_the_host():
+    chain = Chain(DEAL, CFG)
+    assert set(chain.workers) == {"w1", "w2"} and chain.host is not None
+    cmds = chain.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    assert isinstance(cmds[-1], RunStage) and cmds[-1].device == "h"
+    h = FrameHeader(FrameKind.PREFILL, 0, 0, 0, 2, 4, returns=True)
+    assert chain.handle(FrameArrived("w1", "h", h), 0.0) == [RunStage("w1", 0, 0, 0, 2)]
+    assert chain.handle(StageFinished("w1", 0), 0.0) == [SendFrame("w1", "w2", h)]
+
+
+def test_a_chain_that_runs_one_worker_ignores_the_rest():
+    chain = Chain(DEAL, CFG, runs={"w2"})
+    assert chain.host is None and set(chain.workers) == {"w2"}
+    assert chain.handle(QuestionAsked(0, "h", (7,), 3), 0.0) == []
+    h = FrameHeader(FrameKind.PREFILL, 0, 0, 0, 1, 4, returns=True)
+    assert chain.handle(FrameArrived("w1", "h", h), 0.0) == []  # not this process's device
+    assert chain.handle(FrameArrived("w2", "w1", h), 0.0) == [RunStage("w2", 0, 0, 0, 1)]
+    with pytest.raises(ValueError, match="neither the host nor a worker"):
+        Chain(DEAL, CFG, runs={"x"})
+
+
+def test_merge_lost_gives_a_lost_range_to_the_stage_before_it():
+    assert merge_lost(DEAL, frozenset({"w1"})).stages == (Stage("h", 0, 4), Stage("w2", 4, 6))
+    assert merge_lost(DEAL, frozenset({"w2"})).stages == (Stage("h", 0, 2), Stage("w1", 2, 6))
+    assert merge_lost(DEAL, frozenset({"w1", "w2"})).stages == (Stage("h", 0, 6),)
+    coord = pinned("c", ("a", 0, 3), ("b", 3, 6))  # a coordinator host: the first stage's layers go on
+    assert merge_lost(coord, frozenset({"a"})).stages == (Stage("b", 0, 6),)
+    with pytest.raises(DealError):
+        merge_lost(coord, frozenset({"a", "b"}))
+
+
+def test_the_planner_rule_deals_again_over_the_devices_left_keeping_the_host():
+    model = lookup("smollm2-135m")
+    gib = 1 << 30
+    devices = [Device("h", lends_bytes=gib), Device("w1", lends_bytes=gib), Device("w2", lends_bytes=gib)]
+    from planner.deal import deal
+    first = deal(devices, model, DealOptions(host="h", split="memory"))
+    rule = redeal_rule(devices, model, DealOptions(host="h", split="memory"))
+    new = rule(first, frozenset({"w1"}))
+    assert new.host == "h" and {s.device for s in new.stages} <= {"h", "w2"}
+    assert sum(s.layers for s in new.stages) == 30 and new.stages[0].device == "h"
+    mib = 1 << 20  # without w1, h (200 MiB) and w2 (1 MiB) cannot hold the ~425 MB of layers
+    tiny = [Device("h", lends_bytes=200 * mib), Device("w1", lends_bytes=600 * mib), Device("w2", lends_bytes=mib)]
+    with pytest.raises(DealError, match="cannot hold"):
+        redeal_rule(tiny, model, DealOptions(host="h"))(deal(tiny, model, DealOptions(host="h")),
+                                                         frozenset({"w1"}))
+
+
+def run_until_emitted(h: Harness, n: int) -> None:
+    while sum(isinstance(x, EmitToken) for x in h.log) < n:
+        assert h.step(0)
+
+
+def test_a_worker_lost_mid_answer_the_answer_goes_on_token_for_token():
+    prompt, max_new = 5, 6
+    h = Harness(DEAL, CFG, redeal=redeal_rule([], lookup("smollm2-135m"), DealOptions()))
+    h.ask(0, "h", prompt, max_new)
+    h.ask(1, "g", 3, 2)  # waits in the queue while question 0 is answered and recovered
+    run_until_emitted(h, 3)
+    h.lose("w1")
+    redeals = [x for x in h.log if isinstance(x, Redeal)]
+    # by hand: w1's layers 2-4 go to h (the stage before it); 5 prompt + 3 answer tokens replay
+    assert redeals == [Redeal("w1", "h", (("h", 0, 4), ("w2", 4, 6)), redeals[0].first_lap, 0, 8)]
+    assert deal_of(redeals[0]).stages == (Stage("h", 0, 4), Stage("w2", 4, 6))
+    h.run()
+    assert h.ended() == {0: "answered", 1: "answered"}
+    assert h.answers() == {0: [truth(prompt + i) for i in range(max_new)], 1: [truth(3), truth(4)]}
+    first = redeals[0].first_lap
+    replay = [(c.device, c.first_pos, c.tokens) for c in h.log
+              if isinstance(c, RunStage) and c.lap_id >= first and c.question_id == 0 and c.first_pos < 8]
+    # chunks of 4: [0, 4) and [4, 8) through h then w2, and nothing through w1
+    assert sorted(replay) == [("h", 0, 4), ("h", 4, 4), ("w2", 0, 4), ("w2", 4, 4)]
+    assert {x.kind for x in h.laps() if x.lap_id >= first and x.question_id == 0 and not x.stale} \
+        >= {LapKind.REPLAY}
+    assert not any(isinstance(c, (RunStage, SendFrame)) and "w1" in (getattr(c, "device", None),
+                                                                     getattr(c, "dst", None))
+                   for c in h.log[h.log.index(redeals[0]):])
+
+
+def test_frames_of_laps_before_the_redeal_are_dropped_by_the_new_chain():
+    chain = Chain(DEAL, CFG, redeal=lambda d, lost: merge_lost(d, lost))
+    chain.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    cmds = chain.handle(DeviceLost("w1"), 0.0)
+    r = next(c for c in cmds if isinstance(c, Redeal))
+    assert r.first_lap == 1 and r.replay_tokens == 2 and set(chain.workers) == {"w2"}
+    old = FrameHeader(FrameKind.PREFILL, 0, 0, 0, 2, 4, returns=True)
+    out = chain.handle(FrameArrived("w2", "w1", old), 0.0)
+    assert len(out) == 1 and isinstance(out[0], DropFrame)
+    assert chain.handle(ChainReady(r.first_lap + 5), 0.0) == []  # not this re-deal's
+    replay = chain.handle(ChainReady(r.first_lap), 0.0)
+    assert replay[-1] == RunStage("h", 1, 0, 0, 2, (7, 8))
+
+
+def test_without_a_rule_or_when_the_host_is_lost_the_room_ends_with_reasons():
+    h = Harness(DEAL, CFG)
+    h.ask(0, "h", 4, 5)
+    run_until_emitted(h, 1)
+    h.lose("w2")
+    h.run()
+    assert h.ended()[0].startswith("refused: w2 left the room")
+    h2 = Harness(pinned("c", ("a", 0, 3), ("b", 3, 6)), CFG, redeal=lambda d, lost: merge_lost(d, lost))
+    h2.ask(0, "g", 4, 5)
+    h2.lose("a")
+    h2.lose("b")  # nothing of the chain is left
+    h2.run()
+    assert h2.ended()[0].startswith("refused: b left the room and the others cannot take its layers")
+    refusals = [x for x in h2.log if isinstance(x, Refuse)]
+    assert len(refusals) == 1
