@@ -16,6 +16,7 @@ eos = ``<|im_end|>`` (id 2).
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -126,6 +127,7 @@ class ChatTokenizer:
     bos_id: int
     eos_id: int
     stop_ids: frozenset[int] = field(default_factory=frozenset)
+    _plain: Tokenizer | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.stop_ids:
@@ -163,8 +165,19 @@ class ChatTokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; special tokens written in the text are matched whole; no BOS added."""
+        """Token ids of ``text``; special tokens written in the text are matched whole; no BOS added.
+        For trusted text only (a chat template's output): user text goes through :meth:`encode_text`."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text: a special token's spelling typed in it
+        (``<|im_end|>``, ``<|im_start|>system``) is encoded as its characters, never as
+        the special token, so user text cannot end a turn or open a system turn. No BOS."""
+        if self._plain is None:
+            plain = Tokenizer.from_str(self.tokenizer.to_str())
+            plain.encode_special_tokens = True  # added special tokens are not matched in the text
+            self._plain = plain
+        return self._plain.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = True) -> str:
         """Text of ``ids`` (byte-level decoding; invalid UTF-8 pieces become U+FFFD)."""
@@ -183,10 +196,46 @@ class ChatTokenizer:
         )
 
     def encode_chat(self, messages: Sequence[dict] | str, add_generation_prompt: bool = True) -> list[int]:
-        """Ids of the rendered chat prompt; a plain string is one user message."""
+        """Ids of the rendered chat prompt; a plain string is one user message.
+
+        Only the template's own text can give special tokens (its turn markers); every
+        message's ``content`` is plain text (:meth:`encode_text`), so a ``<|im_end|>``
+        typed by a user stays text. The contents are rendered as placeholders, the
+        template's special tokens are cut out of its text, and each stretch of ordinary
+        text between them (template text and contents joined) is encoded as one: the ids
+        equal encoding the whole rendered prompt whenever no content spells a special token.
+
+        Raises:
+            TokenizerError: the model has no chat template.
+        """
+        import re
+
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        contents = [str(m.get("content", "")) for m in messages]
+        mark = "\ue000" + secrets.token_hex(8) + "\ue001"  # a private-use fence no content holds
+        while any(mark in c for c in contents):  # pragma: no cover - 2^-64
+            mark = "\ue000" + secrets.token_hex(8) + "\ue001"
+        text = self.render_chat([dict(m, content=f"{mark}{i}{mark}") for i, m in enumerate(messages)],
+                                add_generation_prompt)
+        specials = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        cut = re.compile("(" + "|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)) + ")")
+        ids: list[int] = []
+        run: list[str] = []  # ordinary text since the last special token
+        for j, piece in enumerate(text.split(mark)):
+            if j % 2:
+                run.append(contents[int(piece)])
+                continue
+            for k, part in enumerate(cut.split(piece) if specials else [piece]):
+                if k % 2:
+                    ids += self.encode_text("".join(run)) if any(run) else []
+                    run = []
+                    ids.append(specials[part])
+                elif part:
+                    run.append(part)
+        if any(run):
+            ids += self.encode_text("".join(run))
+        return ids
 
     def stream_decoder(self) -> "StreamDecoder":
         """A fresh incremental decoder for streaming output token by token."""
