@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from planner.deal import Deal, holds_layers
 from planner.model import ModelSpec
+from planner.privacy import TAIL_SUFFIX
 from planner.room import DealOptions, Device, Price
 
 HOURS_PER_YEAR = 8766.0  # 365.25 days x 24 h
@@ -87,7 +88,9 @@ def token_cost(deal: Deal, devices: tuple[Device, ...] | list[Device], tokens: i
     serving devices of ``deal`` (host + stages). USD per million is None when no serving
     device has a price or nothing was delivered."""
     by_id = {d.id: d for d in devices}
-    serving = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
+    # a host's virtual tail device (privacy ends_local) is the host itself: not paid twice
+    serving = [deal.host] + [s.device for s in deal.stages
+                             if s.device != deal.host and not s.device.endswith(TAIL_SUFFIX)]
     per = {i: device_usd_per_hour(by_id[i], electricity_usd_per_kwh) for i in serving}
     unpriced = tuple(i for i in serving if per[i] is None)
     room = sum(v for v in per.values() if v is not None)

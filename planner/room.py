@@ -226,6 +226,8 @@ class Scenario:
     measured_head_s_per_row: float | None = None
     #: electricity, USD per kWh, for devices bought with ``watts`` (None: planner.cost's default)
     electricity_usd_per_kwh: float | None = None
+    #: privacy ends_local: (first, last) layers the host keeps (planner/privacy.py); None: off
+    ends_local: tuple[int, int] | None = None
     #: a calibration profile (``splitroom calibrate``): measured cost curves the
     #: simulator uses instead of rooflines for the devices, drafters and transport it has
     profile: Profile | None = None

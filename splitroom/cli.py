@@ -151,6 +151,13 @@ def plan(scenario: str = typer.Argument(..., help="Scenario YAML file."),
                  "splitroom run --real --calibration FILE writes one)")
         scn = scn.with_measured()
     d = deal_scenario(scn, scenario)
+    if scn.ends_local is not None:  # privacy: show the split the room will run
+        from planner.deal import DealError
+        from splitroom.privacy_run import ends_local_scenario
+        try:
+            scn, d = ends_local_scenario(scn)
+        except DealError as e:
+            fail(f"{scenario}: {e}")
     if redeal:
         import dataclasses
         d = dataclasses.replace(d, notes=d.notes + ("re-deal to put the layers on the fastest devices, "
@@ -217,9 +224,22 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     check_output(plot, "--plot")
     check_simulable(scn, scenario)
     d = deal_scenario(scn, scenario)
+    plain_scn, plain_deal = scn, d
+    if scn.ends_local is not None:  # privacy: the host keeps its ends; compared with the plain deal below
+        from planner.deal import DealError
+        from splitroom.privacy_run import ends_local_scenario
+        try:
+            scn, d = ends_local_scenario(scn)
+        except DealError as e:
+            fail(f"{scenario}: {e}")
     from splitroom.report import run_simulation
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)
     check_answered(result.metrics, scenario, result.trace)
+    privacy = None
+    if scn.ends_local is not None:
+        from splitroom.privacy_run import privacy_summary
+        plain = run_simulation(plain_scn, plain_deal, show_progress=False)
+        privacy = privacy_summary(scn, result.metrics, plain.metrics)
     try:
         if trace:
             from splitroom.report import write_trace
@@ -233,13 +253,18 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     cost = room_cost(scn, d, result.metrics) if has_prices(scn) else None
     if as_json:
         m = {k: v for k, v in result.metrics.items()}
-        print(json.dumps({"plan": d.to_json(), "metrics": m, **({"cost": cost} if cost else {})}, indent=2))
+        print(json.dumps({"plan": d.to_json(), "metrics": m, **({"cost": cost} if cost else {}),
+                          **({"privacy": privacy} if privacy else {})}, indent=2))
         return
     out.print(deal_table(d, scn))
     out.print(metrics_table(result.metrics))
     out.print(breakdown_table(result.metrics))
     if cost:
         out.print(cost_table(cost))
+    if privacy:
+        out.print(f"privacy ends_local (first {privacy['ends_local']['first']}, last {privacy['ends_local']['last']}): "
+                  f"{privacy['tokens_per_s']:.2f} tok/s against {privacy['plain_tokens_per_s']:.2f} for the plain "
+                  f"deal ({privacy['change_pct']:+.1f}%)", highlight=False)
     if plot:
         out.print(f"picture written to {plot}")
 

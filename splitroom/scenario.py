@@ -250,6 +250,15 @@ class MeasuredIn(_Strict):
     head_per_row: Time | None = None  # the host's output head + sampling per row of a lap
 
 
+class EndsLocalIn(_Strict):
+    first: int = Field(ge=1)  # layers the host keeps at the start
+    last: int = Field(ge=1)   # layers the host keeps at the end
+
+
+class PrivacyIn(_Strict):
+    ends_local: EndsLocalIn | None = None
+
+
 class ScenarioIn(_Strict):
     name: str = ""
     seed: int = Field(default=1, ge=0, le=2**64 - 1)
@@ -267,6 +276,7 @@ class ScenarioIn(_Strict):
     decoding: DecodingIn = DecodingIn()
     measured: MeasuredIn | None = None
     electricity: ElectricityPrice | None = None  # USD per kWh for bought devices' watts
+    privacy: PrivacyIn | None = None
     calibration: str | None = None  # a YAML file holding a `measured:` mapping (path relative to the scenario)
 
 
@@ -403,6 +413,8 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
     return Scenario(name=s.name, seed=s.seed, model=model, devices=devices, options=options, network=network,
                     workload=workload, decoding=decoding, measured_s_per_layer=measured,
                     electricity_usd_per_kwh=s.electricity,
+                    ends_local=(s.privacy.ends_local.first, s.privacy.ends_local.last)
+                    if s.privacy is not None and s.privacy.ends_local is not None else None,
                     measured_head_s_per_row=s.measured.head_per_row if s.measured is not None else None)
 
 
