@@ -17,6 +17,15 @@ where ``SDP`` is ``{"type": "offer" | "answer", "sdp": "v=0\\r\\n..."}``: only S
 lines (``x=...``), only the session/media/attribute lines WebRTC data channels use
 (see ``_SDP_ATTRIBUTES``), at most ``MAX_MESSAGE_BYTES``.
 
+SDP content is checked, not only line names (:func:`check_sdp`): every line and
+attribute value must match what ICE and DTLS put there (a session name of ``-``, a
+candidate field by field, an ICE password of the ICE alphabet, a fingerprint of hex), so
+no free text crosses. Limits: a socket that says no hello within
+``HELLO_TIMEOUT_S`` is closed; at most ``MAX_ROOM_CLIENTS`` devices per room and
+``MAX_CLIENTS_PER_ADDRESS`` open websockets per remote address (HTTP 429 beyond); the
+audit log and rejections keep the last ``MAX_AUDIT`` entries; the relay writes at most
+``LOG_LINES_PER_S`` log lines a second and never a traceback for a client's message.
+
 Everything else is rejected: the relay closes that client's websocket with code
 1008 (policy violation) or 1009 (too big) and a reason, and logs one line. A
 message type other than hello/signal, a signal whose data is not an SDP offer or
@@ -49,18 +58,58 @@ MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest device or room id, characters.
 MAX_ID_CHARS = 64
 _ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-#: SDP line types allowed (RFC 8866 section 5): version, origin, session name, info,
-#: connection, bandwidth, timing, attribute, media.
-_SDP_LINE_RE = re.compile(r"^[vosicbtam]=[\x20-\x7e]*$")
-#: Attribute names allowed in ``a=`` lines: what aiortc and browsers put into a
-#: data-channel-only offer/answer (JSEP, RFC 8829; SCTP over DTLS, RFC 8841; ICE,
-#: RFC 8839). Anything else (a free-form attribute could carry text) is rejected.
-_SDP_ATTRIBUTES = frozenset({
-    "group", "msid-semantic", "mid", "sctp-port", "max-message-size", "sctpmap",
-    "candidate", "end-of-candidates", "ice-ufrag", "ice-pwd", "ice-options",
-    "ice-lite", "fingerprint", "setup", "tls-id", "extmap-allow-mixed",
-    "sendrecv", "sendonly", "recvonly", "inactive",
-})
+#: The largest SDP forwarded, characters, and its most lines and candidates: a data
+#: channel offer from aiortc or a browser is 1-3 KB, some 20 lines, a few candidates.
+MAX_SDP_CHARS = 16 * 1024
+MAX_SDP_LINES = 100
+MAX_CANDIDATES = 32
+
+_ADDR = (r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f:]{2,39}(?:%\d{1,5})?"
+         r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\.local)")
+_ICE_CHAR = r"[A-Za-z0-9+/]"
+#: The value each SDP line may hold (RFC 8866 section 5), for a data-channel-only
+#: session. No line type holds free text: the session name is ``-``, the origin's user
+#: name ``-`` (Firefox: its fixed SDPARTA name), and ``i=`` (session information),
+#: ``u=``, ``e=``, ``p=``, ``z=``, ``k=`` and ``r=`` lines are refused.
+_SDP_LINES = {
+    "v": r"0",
+    "o": rf"(?:-|mozilla\.\.\.THIS_IS_SDPARTA-[0-9.]{{1,16}}) \d{{1,20}} \d{{1,20}} IN IP[46] {_ADDR}",
+    "s": r"-? ?",
+    "t": r"\d{1,20} \d{1,20}",
+    "c": rf"IN IP[46] {_ADDR}(?:/\d{{1,3}})?",
+    "b": r"(?:AS|CT|TIAS|RS|RR):\d{1,10}",
+    "m": r"application \d{1,5} (?:UDP/DTLS/SCTP|DTLS/SCTP|UDP/TLS/RTP/SAVPF) (?:webrtc-datachannel|\d{1,5})",
+}
+#: Attributes allowed in ``a=`` lines and the value each may hold (None: no value): what
+#: aiortc and browsers put into a data-channel-only offer/answer (JSEP, RFC 8829; SCTP
+#: over DTLS, RFC 8841; ICE, RFC 8839; DTLS fingerprints, RFC 8122). The ICE password
+#: and user fragment are held to 32 characters of the ICE alphabet (aiortc writes 22 and
+#: 4, browsers 24 and 4-16) and a candidate to its grammar, so no attribute can carry text.
+_SDP_ATTRIBUTES: dict[str, str | None] = {
+    "group": r"BUNDLE(?: [A-Za-z0-9_-]{1,16}){0,8}",
+    "msid-semantic": r" ?WMS(?: [A-Za-z0-9*_-]{1,64})?",
+    "mid": r"[A-Za-z0-9_-]{1,16}",
+    "sctp-port": r"\d{1,5}",
+    "max-message-size": r"\d{1,12}",
+    "sctpmap": r"\d{1,5} webrtc-datachannel \d{1,6}",
+    "candidate": (rf"{_ICE_CHAR}{{1,32}} \d{{1,3}} (?:udp|tcp|UDP|TCP) \d{{1,10}} {_ADDR} \d{{1,5}} "
+                  rf"typ (?:host|srflx|prflx|relay)(?: raddr {_ADDR} rport \d{{1,5}})?"
+                  r"(?: tcptype (?:active|passive|so))?(?: generation \d{1,10})?"
+                  rf"(?: ufrag {_ICE_CHAR}{{4,32}})?(?: network-id \d{{1,5}})?(?: network-cost \d{{1,5}})?"),
+    "end-of-candidates": None,
+    "ice-ufrag": rf"{_ICE_CHAR}{{4,32}}",
+    "ice-pwd": rf"{_ICE_CHAR}{{22,32}}",
+    "ice-options": r"(?:trickle|ice2|renomination)(?: (?:trickle|ice2|renomination)){0,2}",
+    "ice-lite": None,
+    "fingerprint": r"(?:sha-1|sha-224|sha-256|sha-384|sha-512) [0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){19,63}",
+    "setup": r"(?:actpass|active|passive|holdconn)",
+    "tls-id": r"[A-Za-z0-9+/=_-]{1,64}",
+    "extmap-allow-mixed": None,
+    "sendrecv": None, "sendonly": None, "recvonly": None, "inactive": None,
+}
+_LINE_RES = {k: re.compile(v) for k, v in _SDP_LINES.items()}
+_ATTR_RES = {k: (re.compile(v) if v is not None else None) for k, v in _SDP_ATTRIBUTES.items()}
+_FINGERPRINT_BYTES = {"sha-1": 20, "sha-224": 28, "sha-256": 32, "sha-384": 48, "sha-512": 64}
 
 #: aiohttp application key under which the :class:`Relay` is stored.
 RELAY_KEY: web.AppKey["Relay"] = web.AppKey("splitroom_relay", object)  # type: ignore[arg-type]
@@ -78,10 +127,16 @@ class RelayReject(Exception):
 def check_sdp(data: Any) -> dict:
     """Return ``data`` if it is an SDP offer/answer the relay may forward.
 
-    Raises RelayReject naming the first problem: not a dict of exactly
-    ``{"type", "sdp"}``, a type other than offer/answer, an SDP that does not start
-    with ``v=0``, a line that is not an SDP line, or an attribute not in
-    ``_SDP_ATTRIBUTES``.
+    Only what ICE and DTLS need crosses: every line must be one of the line types in
+    ``_SDP_LINES`` holding a value of its grammar, and every ``a=`` line an attribute of
+    ``_SDP_ATTRIBUTES`` with a value of its grammar (a candidate line field by field, a
+    fingerprint whose length fits its hash); at most ``MAX_SDP_CHARS`` characters,
+    ``MAX_SDP_LINES`` lines and ``MAX_CANDIDATES`` candidates.
+
+    Raises RelayReject naming the first problem: not a dict of exactly ``{"type",
+    "sdp"}``, a type other than offer/answer, an SDP that does not start with ``v=0``,
+    or a line that breaks the rules above (the reason names the line type or attribute,
+    never the line's content).
     """
     if not isinstance(data, dict) or set(data) != {"type", "sdp"}:
         raise RelayReject("signal data must be exactly {type, sdp}")
@@ -90,15 +145,39 @@ def check_sdp(data: Any) -> dict:
     sdp = data["sdp"]
     if not isinstance(sdp, str) or not sdp.startswith("v=0"):
         raise RelayReject("signal data is not an SDP (must start with v=0)")
-    for line in sdp.replace("\r\n", "\n").split("\n"):
-        if not line:
+    if len(sdp) > MAX_SDP_CHARS:
+        raise RelayReject(f"SDP over {MAX_SDP_CHARS} characters")
+    lines = [ln for ln in sdp.replace("\r\n", "\n").split("\n") if ln]
+    if len(lines) > MAX_SDP_LINES:
+        raise RelayReject(f"SDP over {MAX_SDP_LINES} lines")
+    candidates = 0
+    for line in lines:
+        kind, eq, value = line[:1], line[1:2], line[2:]
+        if eq != "=" or not (kind in _LINE_RES or kind == "a"):
+            raise RelayReject("signal data has a line that is not an allowed SDP line"
+                              + (f" ({kind!r}=)" if eq == "=" and kind.isascii() and kind.isalpha() else ""))
+        if kind != "a":
+            if not _LINE_RES[kind].fullmatch(value):
+                raise RelayReject(f"SDP {kind}= line does not hold what WebRTC puts there")
             continue
-        if not _SDP_LINE_RE.match(line):
-            raise RelayReject("signal data has a line that is not an SDP line")
-        if line.startswith("a="):
-            name = line[2:].split(":", 1)[0]
-            if name not in _SDP_ATTRIBUTES:
-                raise RelayReject(f"SDP attribute {name[:30]!r} is not allowed")
+        name, colon, rest = value.partition(":")
+        if name not in _ATTR_RES:
+            raise RelayReject(f"SDP attribute {name[:30]!r} is not allowed")
+        rule = _ATTR_RES[name]
+        if rule is None:
+            if colon:
+                raise RelayReject(f"SDP attribute {name!r} takes no value")
+            continue
+        if not colon or not rule.fullmatch(rest):
+            raise RelayReject(f"SDP attribute {name!r} does not hold what WebRTC puts there")
+        if name == "candidate":
+            candidates += 1
+            if candidates > MAX_CANDIDATES:
+                raise RelayReject(f"SDP over {MAX_CANDIDATES} candidates")
+        elif name == "fingerprint":
+            algo, _, hexes = rest.partition(" ")
+            if len(hexes.split(":")) != _FINGERPRINT_BYTES[algo]:
+                raise RelayReject(f"SDP fingerprint is not the length of a {algo} digest")
     return data
 
 
@@ -108,6 +187,41 @@ class _Client:
     ws: web.WebSocketResponse
 
 
+#: Seconds a new websocket has to say hello before the relay closes it.
+HELLO_TIMEOUT_S = 10.0
+#: Devices in one room at once.
+MAX_ROOM_CLIENTS = 64
+#: Open websockets from one remote address at once (hello said or not).
+MAX_CLIENTS_PER_ADDRESS = 32
+#: Entries kept in the audit log and in the rejections (the oldest are dropped).
+MAX_AUDIT = 10_000
+#: Log lines the relay writes per second at most (more are counted, then summarised).
+LOG_LINES_PER_S = 20
+
+
+class _LogBudget:
+    """At most ``per_s`` log lines a second; the rest are counted and reported in one
+    line when the budget returns, so a flood of bad clients cannot flood the log."""
+
+    def __init__(self, per_s: int):
+        self.per_s = per_s
+        self.window = 0
+        self.used = 0
+        self.suppressed = 0
+
+    def __call__(self, level: int, fmt: str, *args) -> None:
+        now = int(time.monotonic())
+        if now != self.window:
+            if self.suppressed:
+                log.warning("relay: %d log lines suppressed (over %d a second)", self.suppressed, self.per_s)
+            self.window, self.used, self.suppressed = now, 0, 0
+        if self.used >= self.per_s:
+            self.suppressed += 1
+            return
+        self.used += 1
+        log.log(level, fmt, *args)
+
+
 @dataclass
 class Relay:
     """Rooms of connected clients and the audit log.
@@ -115,23 +229,46 @@ class Relay:
     ``audit``: one dict per message that crossed the relay, in order:
     ``{"t": unix seconds, "room", "direction": "in" | "out", "device": the client it
     came from or went to, "message": the JSON object}``. ``rejections``: one dict per
-    rejected client message ``{"t", "room", "device", "reason"}``.
+    rejected client message ``{"t", "room", "device", "reason"}``. Both keep the last
+    ``max_audit`` entries; ``dropped`` counts the ones let go.
+
+    Limits (attributes, defaults from the module constants): ``hello_timeout_s``
+    (a socket that says nothing is closed, 1008), ``max_room_clients`` (a hello into a
+    full room is refused), ``max_clients_per_address`` (more websockets from one address
+    get HTTP 429 before any upgrade), ``max_audit``, ``log_lines_per_s``.
     """
 
     rooms: dict[str, dict[str, _Client]] = field(default_factory=dict)
     audit: list[dict] = field(default_factory=list)
     rejections: list[dict] = field(default_factory=list)
+    hello_timeout_s: float = HELLO_TIMEOUT_S
+    max_room_clients: int = MAX_ROOM_CLIENTS
+    max_clients_per_address: int = MAX_CLIENTS_PER_ADDRESS
+    max_audit: int = MAX_AUDIT
+    log_lines_per_s: int = LOG_LINES_PER_S
+    dropped: int = 0
+    connections: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._log = _LogBudget(self.log_lines_per_s)
+
+    def _keep(self, entries: list, entry: dict) -> None:
+        entries.append(entry)
+        if len(entries) > self.max_audit:
+            n = len(entries) - self.max_audit
+            del entries[:n]
+            self.dropped += n
 
     def _record(self, room: str, direction: str, device: str | None, message: dict) -> None:
-        self.audit.append({"t": time.time(), "room": room, "direction": direction, "device": device,
-                           "message": message})
+        self._keep(self.audit, {"t": time.time(), "room": room, "direction": direction, "device": device,
+                                "message": message})
 
     async def _send(self, room: str, client: _Client, message: dict) -> None:
         self._record(room, "out", client.device, message)
         try:
             await client.ws.send_str(json.dumps(message))
         except (ConnectionError, RuntimeError) as e:  # client went away meanwhile
-            log.info("relay: room %s: could not send to %s: %s", room, client.device, e)
+            self._log(logging.INFO, "relay: room %s: could not send to %s: %s", room, client.device, e)
 
     async def _announce(self, room: str) -> None:
         clients = self.rooms.get(room, {})
@@ -139,17 +276,42 @@ class Relay:
         for c in list(clients.values()):
             await self._send(room, c, msg)
 
-    async def handle(self, request: web.Request) -> web.WebSocketResponse:
-        """The websocket endpoint ``/room/{room}`` (see module doc)."""
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The websocket endpoint ``/room/{room}`` (see module doc). Never raises: a
+        client's misbehaviour closes that client's socket with one log line."""
+        addr = request.remote or "?"
+        if self.connections.get(addr, 0) >= self.max_clients_per_address:
+            self._log_reject(str(request.match_info.get("room", ""))[:64], None,
+                             f"over {self.max_clients_per_address} connections from one address")
+            return web.Response(status=429, text="too many connections from this address\n")
+        self.connections[addr] = self.connections.get(addr, 0) + 1
+        try:
+            return await self._session(request)
+        except Exception as e:  # a bug or a broken socket: one line, never a traceback per message
+            self._log(logging.WARNING, "relay: connection from %s ended by %s: %s", addr, type(e).__name__,
+                      str(e)[:200])
+            return web.Response(status=500)
+        finally:
+            self.connections[addr] -= 1
+            if not self.connections[addr]:
+                del self.connections[addr]
+
+    async def _session(self, request: web.Request) -> web.WebSocketResponse:
         room = request.match_info["room"]
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=None, autoping=True)
         await ws.prepare(request)
         if not _ID_RE.match(room):
-            await self._reject(ws, room, None, RelayReject("bad room id"))
+            await self._reject(ws, room[:64], None, RelayReject("bad room id"))
             return ws
         me: _Client | None = None
         try:
-            async for msg in ws:
+            while True:
+                try:
+                    msg = await ws.receive(timeout=self.hello_timeout_s if me is None else None)
+                except asyncio.TimeoutError:
+                    raise RelayReject(f"no hello within {self.hello_timeout_s:g} s") from None
+                if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
                 if msg.type == WSMsgType.ERROR:
                     exc = ws.exception()
                     too_big = "too big" in str(exc).lower() or "size" in str(exc).lower()
@@ -162,7 +324,7 @@ class Relay:
                     raise RelayReject(f"message over {MAX_MESSAGE_BYTES} bytes", WSCloseCode.MESSAGE_TOO_BIG)
                 try:
                     obj = json.loads(msg.data)
-                except ValueError:
+                except (ValueError, RecursionError):
                     raise RelayReject("message is not JSON") from None
                 if not isinstance(obj, dict):
                     raise RelayReject("message is not a JSON object")
@@ -176,10 +338,12 @@ class Relay:
                     clients = self.rooms.setdefault(room, {})
                     if device in clients:
                         raise RelayReject(f"device {device!r} is already in room {room!r}")
+                    if len(clients) >= self.max_room_clients:
+                        raise RelayReject(f"room {room!r} is full ({self.max_room_clients} devices)")
                     self._record(room, "in", device, obj)
                     me = _Client(device, ws)
                     clients[device] = me
-                    log.info("relay: room %s: %s joined (%d devices)", room, device, len(clients))
+                    self._log(logging.INFO, "relay: room %s: %s joined (%d devices)", room, device, len(clients))
                     await self._announce(room)
                 elif kind == "signal":
                     if me is None:
@@ -190,8 +354,8 @@ class Relay:
                     to = obj["to"]
                     target = self.rooms.get(room, {}).get(to) if isinstance(to, str) else None
                     if target is None:
-                        log.info("relay: room %s: signal from %s to absent device %r dropped", room, me.device,
-                                 str(to)[:64])
+                        self._log(logging.INFO, "relay: room %s: signal from %s to absent device %r dropped", room,
+                                  me.device, str(to)[:64])
                         continue
                     await self._send(room, target, {"type": "signal", "from": me.device, "data": data})
                 else:
@@ -201,20 +365,25 @@ class Relay:
         finally:
             if me is not None and self.rooms.get(room, {}).get(me.device) is me:
                 del self.rooms[room][me.device]
-                log.info("relay: room %s: %s left", room, me.device)
+                self._log(logging.INFO, "relay: room %s: %s left", room, me.device)
                 if self.rooms[room]:
                     await self._announce(room)
                 else:
                     del self.rooms[room]
+        if not ws.closed:
+            await ws.close()
         return ws
 
     def _log_reject(self, room: str, device: str | None, reason: str) -> None:
-        self.rejections.append({"t": time.time(), "room": room, "device": device, "reason": reason})
-        log.warning("relay: room %s: rejected %s: %s", room, device or "(no hello yet)", reason)
+        self._keep(self.rejections, {"t": time.time(), "room": room, "device": device, "reason": reason})
+        self._log(logging.WARNING, "relay: room %s: rejected %s: %s", room, device or "(no hello yet)", reason)
 
     async def _reject(self, ws: web.WebSocketResponse, room: str, device: str | None, e: RelayReject) -> None:
         self._log_reject(room, device, e.reason)
-        await ws.close(code=e.code, message=e.reason.encode()[:120])
+        try:
+            await ws.close(code=e.code, message=e.reason.encode()[:120])
+        except (ConnectionError, RuntimeError):  # the client is already gone
+            pass
 
     async def close_all(self) -> None:
         """Close every client connection (code 1001, going away)."""
@@ -237,14 +406,15 @@ def make_app(relay: Relay | None = None) -> web.Application:
     return app
 
 
-async def run_relay(host: str = "127.0.0.1", port: int = 0) -> tuple[web.AppRunner, str]:
-    """Start a relay on ``host:port`` (port 0: a free one) in the running event loop.
+async def run_relay(host: str = "127.0.0.1", port: int = 0, relay: Relay | None = None) -> tuple[web.AppRunner, str]:
+    """Start a relay on ``host:port`` (port 0: a free one) in the running event loop;
+    ``relay`` gives one with other limits (a default :class:`Relay` otherwise).
 
     Returns ``(runner, url)`` with ``url`` like ``ws://127.0.0.1:43121`` (append
     ``/room/NAME``); stop it with ``await runner.cleanup()``. The Relay (audit log)
     is ``runner.app[RELAY_KEY]``. Raises OSError when the address cannot be bound.
     """
-    runner = web.AppRunner(make_app(), handle_signals=False, access_log=None)
+    runner = web.AppRunner(make_app(relay), handle_signals=False, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -266,7 +436,15 @@ def main(host: str = "127.0.0.1", port: int = 8765) -> None:
     """Run a relay in the foreground until interrupted (``splitroom relay``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
+    budget = _LogBudget(LOG_LINES_PER_S)
+
+    def _one_line(loop, context: dict) -> None:  # e.g. accept() out of file descriptors: no traceback
+        exc = context.get("exception")
+        budget(logging.WARNING, "relay: %s%s", context.get("message", "error"),
+               f": {type(exc).__name__}: {str(exc)[:200]}" if exc else "")
+
     async def _serve() -> None:
+        asyncio.get_running_loop().set_exception_handler(_one_line)
         runner, url = await run_relay(host, port)
         print(f"splitroom relay listening on {url}/room/ROOM", flush=True)
         try:
