@@ -21,8 +21,9 @@ import numpy as np
 from planner.deal import Deal, Stage as DealStage
 from planner.model import lookup
 from planner.room import Decoding, Scenario, Speculative
-from planner.protocol import Draft, DropFrame, EmitToken, FrameArrived, QuestionAsked, RollbackKV, RunHead, RunStage, SendFrame
-from planner.chain import Chain
+from planner.protocol import (ChainReady, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived, QuestionAsked, Redeal,
+                              RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
+from planner.chain import Chain, RedealRule, deal_of
 from planner.scheduler import SchedulerConfig
 
 from .backends.base import Stage
@@ -40,11 +41,19 @@ class LocalRoom:
         deal: who hosts and which range each device holds (ranges must match the stages).
         config: scheduler settings (``eos_token`` 2 for SmolLM2).
         drafter: ``(context ids, k) -> k ids``; :func:`ngram_draft` by default.
-    Raises ValueError when a stage's range differs from the deal's.
+        redeal: the chain's re-deal rule (:func:`planner.chain.redeal_rule`); with
+            ``make_stage`` the room survives a lost worker (see :meth:`lose`).
+        make_stage: ``(device, start, end, is_host) -> Stage`` loads a re-dealt range.
+    Raises ValueError when a stage's range differs from the deal's, or ``redeal`` comes
+    without ``make_stage``.
     """
 
     def __init__(self, stages: Mapping[str, Stage], deal: Deal, config: SchedulerConfig,
-                 drafter: Callable[[Sequence[int], int], list[int]] = ngram_draft):
+                 drafter: Callable[[Sequence[int], int], list[int]] = ngram_draft,
+                 redeal: RedealRule | None = None,
+                 make_stage: Callable[[str, int, int, bool], Stage] | None = None):
+        if redeal is not None and make_stage is None:
+            raise ValueError("a re-deal rule needs make_stage to load the re-dealt ranges")
         for s in deal.stages:
             st = stages[s.device]
             if (st.start, st.end) != (s.start, s.end):
@@ -53,7 +62,12 @@ class LocalRoom:
         self.deal = deal
         self.config = config
         self.drafter = drafter
-        self.chain = Chain(deal, config)
+        self.chain = Chain(deal, config, redeal=redeal)
+        self.make_stage = make_stage
+        self.dead: set[str] = set()
+        self.faults: list[tuple[int, str]] = []  # (answer tokens emitted, device to lose then)
+        self.emitted = 0
+        self.redeals: list[Redeal] = []
         self.queue: deque = deque()
         self.trace: list = []
         self.residual: dict[tuple[str, int], np.ndarray] = {}  # (device, lap) -> residual there
@@ -67,10 +81,28 @@ class LocalRoom:
         self.answers[question_id] = []
         self.queue.append(QuestionAsked(question_id, device or self.deal.host, tuple(prompt), max_new_tokens))
 
+    def lose_after(self, device: str, tokens: int) -> None:
+        """Lose ``device`` once ``tokens`` answer tokens (all questions) have been emitted."""
+        self.faults.append((tokens, device))
+        self.faults.sort()
+
+    def lose(self, device: str) -> None:
+        """``device`` dies now: its stage, its queued work and the frames to and from it
+        are gone; the chain hears DeviceLost (and re-deals, with a rule)."""
+        self.dead.add(device)
+        self.stages.pop(device, None)
+        self.queue = deque(ev for ev in self.queue if not (
+            (type(ev) is FrameArrived and device in (ev.device, ev.src))
+            or (type(ev) is StageFinished and ev.device == device)))
+        self.residual = {k: v for k, v in self.residual.items() if k[0] != device}
+        self._dispatch(DeviceLost(device, "lost"))
+
     def run(self) -> dict[int, list[int]]:
         """Work until every question has ended; returns the answer ids per question."""
         while self.queue:
             self._dispatch(self.queue.popleft())
+            while self.faults and self.emitted >= self.faults[0][0]:
+                self.lose(self.faults.pop(0)[1])
         return self.answers
 
     def _dispatch(self, ev) -> None:
@@ -96,6 +128,9 @@ class LocalRoom:
             if event is not None:
                 self.queue.append(event)
         elif cls is SendFrame:
+            if c.dst in self.dead:
+                self.residual.pop((c.src, c.header.lap_id), None)
+                return
             x = self.residual.pop((c.src, c.header.lap_id))
             h, payload = decode_frame(encode_frame(c.header, x))
             self.residual[(c.dst, h.lap_id)] = payload
@@ -103,8 +138,24 @@ class LocalRoom:
         elif cls is DropFrame:
             self.residual.pop((c.device, c.header.lap_id), None)
         elif cls is EmitToken:
+            self.emitted += 1
             self.answers[c.question_id].append(c.token)
             self.context[c.question_id].append(c.token)
+        elif cls is Redeal:
+            self._redeal(c)
+
+    def _redeal(self, r: Redeal) -> None:
+        """Load every re-dealt range (a stage whose range is unchanged keeps its weights;
+        its KV cache is rebuilt by the replay, which starts at position 0), forget the
+        residuals of the old laps, then report the new chain ready."""
+        self.redeals.append(r)
+        for d, a, b in r.stages:
+            st = self.stages.get(d)
+            if st is None or (st.start, st.end) != (a, b):
+                self.stages[d] = self.make_stage(d, a, b, d == r.host)
+        self.deal = deal_of(r)
+        self.residual.clear()
+        self.queue.append(ChainReady(r.first_lap))
 
 
 def chain_deal(host: str, ranges: Sequence[tuple[str, int, int]]) -> Deal:

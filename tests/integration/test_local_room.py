@@ -79,3 +79,27 @@ def test_ngram_drafter_proposes_the_continuation_of_the_latest_match():
     assert ngram_draft([1, 2, 3], 2) == [3, 3]  # nothing repeats: the last token
     # longest suffix [9, 4, 9] matches at 0; what follows is [4, 9], padded with its last
     assert ngram_draft([9, 4, 9, 4, 9], 3) == [4, 9, 9]
+
+
+@pytest.mark.parametrize("cuts,lose,after,cfg", [
+    ((9, 21), "w1", 5, {}),  # mid-answer of the first question: w1's layers go to the host
+    ((9, 21), "w2", 20, {"draft_tokens": 3, "async_laps": 2}),  # in the second answer, laps in flight
+    ((13,), "w1", 0, {}),  # during the first prefill: the host ends up holding every layer
+])
+def test_a_lost_worker_is_re_dealt_and_the_answers_stay_token_for_token(model_dir, prompts, reference, cuts, lose,
+                                                                        after, cfg):
+    from planner.chain import merge_lost
+    plain = room(model_dir, cuts, **cfg)
+    r = LocalRoom(plain.stages, plain.deal, plain.config, redeal=lambda d, lost: merge_lost(d, lost),
+                  make_stage=lambda d, a, b, host: make_stage("numpy", model_dir, StageSpec(a, b, host=host)))
+    r.lose_after(lose, after)
+    for qid, ids in enumerate(prompts[:3]):
+        r.ask(qid, ids, MAX_NEW, device=f"asker{qid}")
+    answers = r.run()
+    assert [answers[q] for q in range(3)] == reference[:3]
+    assert len(r.redeals) == 1 and lose not in {d for d, _, _ in r.redeals[0].stages}
+    # the replay rebuilt exactly the positions so far: prompt + the tokens emitted before the loss
+    rd = r.redeals[0]
+    done_before = sum(1 for _, x in r.trace[:[x for _, x in r.trace].index(rd)] if type(x).__name__ == "EmitToken"
+                      and x.question_id == rd.question_id)
+    assert rd.replay_tokens == len(prompts[rd.question_id]) + done_before
