@@ -9,7 +9,7 @@ API::
     m = make_manifest(model_dir, start, end, with_embedding, with_head)   # dict, see below
     server = serve_weights(transport, model_dir, holds=None)              # answers requests
     path = await fetch_range(transport, peer, start, end, with_embedding, with_head,
-                             dest_dir, expected_manifest=None)            # -> dest_dir/model.safetensors
+                             dest_dir, expected_manifest)                 # -> dest_dir/model.safetensors
     load_range(dest_dir, start, end, with_embedding, with_head)           # runtime.weights, as is
 
 Layer ranges are 0-based half-open ``[start, end)`` as in :mod:`runtime.weights`.
@@ -239,14 +239,29 @@ def encode(kind: int, header: dict, payload: bytes | memoryview = b"") -> bytes:
     return _HDR.pack(kind, len(h)) + h + bytes(payload)
 
 
+#: Largest JSON header of a weights message, bytes.
+MAX_HEADER_BYTES = 64 * 1024
+
+
+def _req_int(req: dict, key: str) -> int:
+    """``req[key]`` if it is an integer (not a bool, a float, Infinity or text); else ValueError."""
+    v = req[key]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"{key} must be an integer, got {str(v)[:20]}")
+    return v
+
+
 def decode(data: bytes) -> tuple[int, dict, memoryview]:
     """Inverse of :func:`encode`. Raises ValueError when malformed."""
     if len(data) < _HDR.size:
         raise ValueError("message shorter than its header")
     kind, n = _HDR.unpack_from(data, 0)
-    if kind not in (_REQ, _REP) or _HDR.size + n > len(data):
+    if kind not in (_REQ, _REP) or _HDR.size + n > len(data) or n > MAX_HEADER_BYTES:
         raise ValueError("bad kind or header length")
-    header = json.loads(bytes(data[_HDR.size:_HDR.size + n]))
+    try:
+        header = json.loads(bytes(data[_HDR.size:_HDR.size + n]))
+    except RecursionError:
+        raise ValueError("header nested too deep") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     return kind, header, memoryview(data)[_HDR.size + n:]
@@ -296,6 +311,8 @@ class WeightsServer:
     def _refuse(self, src: str, rid: Any, why: str) -> bytes:
         self.stats["refused"] += 1
         self.refusals.append((src, why))
+        if len(self.refusals) > 1000:  # keep the last 1000
+            del self.refusals[:-1000]
         log.info("%s: refused a weights request from %s: %s", getattr(self.transport, "device", "?"), src, why)
         return encode(_REP, {"id": rid, "ok": False, "error": why})
 
@@ -309,7 +326,7 @@ class WeightsServer:
         op = req.get("op")
         try:
             if op == "manifest":
-                start, end = int(req["start"]), int(req["end"])
+                start, end = _req_int(req, "start"), _req_int(req, "end")
                 host = bool(req.get("host", False))
                 emb = bool(req.get("embedding", host))
                 head = bool(req.get("head", host))
@@ -324,9 +341,9 @@ class WeightsServer:
                 return encode(_REP, {"id": rid, "ok": True, "op": "manifest"}, _canonical(m))
             if op == "tensor":
                 name = str(req["name"])
-                off, length = int(req["offset"]), int(req["length"])
+                off, length = _req_int(req, "offset"), _req_int(req, "length")
                 if name not in self.held:
-                    return self._refuse(src, rid, f"does not hold tensor {name}")
+                    return self._refuse(src, rid, f"does not hold tensor {name[:100]}")
                 _, _, a, b = self.tf.entries[name]
                 if off < 0 or length <= 0 or length > MAX_PART_BYTES or off + length > b - a:
                     return self._refuse(src, rid, f"bad slice {off}+{length} of {name} ({b - a} bytes)")
@@ -338,23 +355,31 @@ class WeightsServer:
             if op == "file":
                 name = str(req["name"])
                 if name not in CONFIG_FILES + HOST_FILES or not (self.model_dir / name).is_file():
-                    return self._refuse(src, rid, f"does not serve file {name!r}")
+                    return self._refuse(src, rid, f"does not serve file {name[:100]!r}")
                 data = (self.model_dir / name).read_bytes()
                 self.stats["bytes"] += len(data)
                 return encode(_REP, {"id": rid, "ok": True, "op": "file", "name": name}, data)
-            return self._refuse(src, rid, f"unknown op {op!r}")
-        except (KeyError, TypeError, ValueError) as e:
-            return self._refuse(src, rid, f"malformed request: {e!r}")
+            return self._refuse(src, rid, f"unknown op {str(op)[:20]!r}")
         except _weights.WeightsError as e:
             return self._refuse(src, rid, str(e))
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            return self._refuse(src, rid, f"malformed request: {type(e).__name__}: {str(e)[:100]}")
+
+    def _safe_reply(self, src: str, data: bytes) -> bytes:
+        """:meth:`_reply`, and a refusal for anything it did not foresee: a request never
+        ends the serving task."""
+        try:
+            return self._reply(src, data)
+        except Exception as e:
+            return self._refuse(src, None, f"request failed: {type(e).__name__}")
 
     async def _answer(self, src: str, data: bytes) -> None:
         if b'"manifest"' in bytes(data[:256]):
             # hashing a range takes ~0.3 s per 100 MB the first time: off the event loop,
             # so this device's residuals keep moving meanwhile
-            msg = await asyncio.get_running_loop().run_in_executor(None, self._reply, src, data)
+            msg = await asyncio.get_running_loop().run_in_executor(None, self._safe_reply, src, data)
         else:
-            msg = self._reply(src, data)
+            msg = self._safe_reply(src, data)
         try:
             await self.transport.send(src, CHANNEL, msg)
         except Exception as e:  # the peer left: nothing to answer
@@ -419,7 +444,8 @@ class _Client:
                 if not f.done():
                     f.set_exception(WeightsError(f"malformed reply from {src}: {e}"))
             return
-        f = self.waiting.pop(h.get("id"), None)
+        rid = h.get("id")
+        f = self.waiting.pop(rid, None) if _is_int(rid) else None
         if f is not None and not f.done():
             f.set_result((h, payload))
 
@@ -444,27 +470,94 @@ class _Client:
         return h, payload
 
 
+#: Largest tensor a manifest may describe, and largest range a client holds in memory
+#: while it checks it, bytes (SmolLM2-135M's largest tensor is 113 MB, its whole model 540 MB).
+MAX_TENSOR_BYTES = 8 << 30
+MAX_RANGE_BYTES = 64 << 30
+#: Most dimensions of one tensor, and most tensors in one range's manifest.
+MAX_DIMS = 8
+MAX_TENSORS = 100_000
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_sha(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX64
+
+
+def expected_sha256(expected: Any) -> str:
+    """The manifest sha256 a copy must match: ``expected`` is that 64-character lower-case
+    hex string, or a manifest dict holding it under ``sha256`` (e.g. the model host's own
+    manifest, or the model's published digest). It must come from somewhere the peer
+    serving the weights does not control.
+
+    Raises:
+        WeightsError: ``expected`` is None or not such a hash (nothing is fetched then).
+    """
+    want = expected.get("sha256") if isinstance(expected, dict) else expected
+    if not _is_sha(want):
+        raise WeightsError("an expected manifest sha256 (64 hex characters, from the model host's manifest or "
+                           "the model's published digest) is required to copy weights from a peer")
+    return want
+
+
 def _check_manifest(m: Any, start: int, end: int, emb: bool, head: bool, expected: Any) -> dict:
+    """``m`` if it is a well-formed manifest of the range whose sha256 is ``expected``.
+
+    Raises WeightsError (never another error) for anything else: not a mapping, another
+    range, a hash that does not match, no tensors, a tensor name, dtype, shape (negative,
+    too many dimensions, more than ``MAX_TENSOR_BYTES``), byte count or sha256 that is
+    not what it claims, more than ``MAX_RANGE_BYTES`` in all, or an unexpected file.
+    """
+    want = expected_sha256(expected)
     if not isinstance(m, dict) or not isinstance(m.get("tensors"), dict) or not isinstance(m.get("files"), dict):
         raise WeightsError("the manifest is malformed")
-    if (m.get("start"), m.get("end"), m.get("embedding"), m.get("head")) != (start, end, emb, head):
-        raise WeightsError(f"the manifest is for another range: {m.get('start')}-{m.get('end')}")
-    got = manifest_sha256(m)
+    if (m.get("start"), m.get("end"), m.get("embedding"), m.get("head")) != (start, end, emb, head) \
+            or not all(_is_int(m.get(k)) for k in ("start", "end")):
+        raise WeightsError(f"the manifest is for another range: {str(m.get('start'))[:20]}-{str(m.get('end'))[:20]}")
+    try:
+        got = manifest_sha256(m)
+    except (TypeError, ValueError, RecursionError) as e:  # NaN/Infinity, keys that are not text
+        raise WeightsError(f"the manifest is malformed: {type(e).__name__}") from None
     if m.get("sha256") != got:
         raise WeightsError(f"the manifest's sha256 does not match its contents ({got[:12]}...)")
-    if expected is not None:
-        want = expected.get("sha256") if isinstance(expected, dict) else str(expected)
-        if want != got:
-            raise WeightsError(f"manifest sha256 {got[:12]}... is not the expected {str(want)[:12]}...")
+    if want != got:
+        raise WeightsError(f"manifest sha256 {got[:12]}... is not the expected {want[:12]}...")
+    if not m["tensors"]:
+        raise WeightsError("the manifest lists no tensors")
+    if len(m["tensors"]) > MAX_TENSORS:
+        raise WeightsError(f"the manifest lists over {MAX_TENSORS} tensors")
+    total = 0
     for n, e in m["tensors"].items():
-        if e.get("dtype") not in _NP_DTYPES:
-            raise WeightsError(f"tensor {n} has an unsupported dtype {e.get('dtype')!r}")
-        want_n = int(np.prod(e["shape"], dtype=np.int64)) * np.dtype(_NP_DTYPES[e["dtype"]]).itemsize
-        if want_n != e.get("nbytes"):
-            raise WeightsError(f"tensor {n}: {e.get('nbytes')} bytes do not fit shape {e['shape']}")
-    for fn in m["files"]:
+        if not isinstance(n, str) or not n or len(n) > 256 or not isinstance(e, dict):
+            raise WeightsError(f"the manifest has a malformed tensor entry {str(n)[:60]!r}")
+        if not isinstance(e.get("dtype"), str) or e["dtype"] not in _NP_DTYPES:
+            raise WeightsError(f"tensor {n} has an unsupported dtype {str(e.get('dtype'))[:20]!r}")
+        shape = e.get("shape")
+        if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(d) and d >= 0 for d in shape):
+            raise WeightsError(f"tensor {n}: shape {str(shape)[:60]} is not a list of at most {MAX_DIMS} "
+                               "non-negative integers")
+        count = 1
+        for d in shape:
+            count *= d  # Python ints: no overflow
+        want_n = count * np.dtype(_NP_DTYPES[e["dtype"]]).itemsize
+        if want_n > MAX_TENSOR_BYTES:
+            raise WeightsError(f"tensor {n}: shape {shape} is {want_n} bytes, over {MAX_TENSOR_BYTES}")
+        if not _is_int(e.get("nbytes")) or want_n != e["nbytes"]:
+            raise WeightsError(f"tensor {n}: {str(e.get('nbytes'))[:30]} bytes do not fit shape {shape}")
+        if not _is_sha(e.get("sha256")):
+            raise WeightsError(f"tensor {n}: sha256 is not 64 hex characters")
+        total += want_n
+    if total > MAX_RANGE_BYTES:
+        raise WeightsError(f"the manifest's tensors hold {total} bytes, over {MAX_RANGE_BYTES}")
+    for fn, e in m["files"].items():
         if fn not in CONFIG_FILES + HOST_FILES or "/" in fn:
-            raise WeightsError(f"the manifest names an unexpected file {fn!r}")
+            raise WeightsError(f"the manifest names an unexpected file {str(fn)[:60]!r}")
+        if not isinstance(e, dict) or not _is_sha(e.get("sha256")):
+            raise WeightsError(f"file {fn}: sha256 is not 64 hex characters")
     return m
 
 
@@ -483,7 +576,7 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
 
 
 async def fetch_range(transport, peer: str, start: int, end: int, with_embedding: bool, with_head: bool,
-                      dest_dir: Path | str, expected_manifest: Any = None, *, timeout_s: float = 30.0,
+                      dest_dir: Path | str, expected_manifest: Any, *, timeout_s: float = 30.0,
                       part_bytes: int = PART_BYTES, window: int = WINDOW) -> Path:
     """Copy layers ``[start, end)`` (0-based, half-open; plus embedding/head when asked)
     from ``peer`` and write them to ``dest_dir``.
@@ -491,8 +584,10 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
     Asks for the manifest, then every tensor in slices of ``part_bytes`` (``window``
     slices requested at a time) and the config/tokenizer files, checks every sha256
     (each tensor, each file, the manifest's own hash, and the manifest hash against
-    ``expected_manifest`` when given: a manifest dict or its sha256 hex string, e.g.
-    sent by the model host), and only then writes ``dest_dir/model.safetensors`` (only
+    ``expected_manifest``, which is required: a manifest dict or its sha256 hex string
+    from a source the peer does not control, e.g. the model host's manifest or the
+    model's published digest; see :func:`expected_sha256`), refuses a hostile manifest
+    (:func:`_check_manifest`), and only then writes ``dest_dir/model.safetensors`` (only
     that range's tensors), the files and ``dest_dir/weights-manifest.json``, each to a
     temporary name renamed into place (the tensors last). ``dest_dir`` is then a model
     directory for that range: ``runtime.weights.load_range(dest_dir, ...)`` and
@@ -504,11 +599,12 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
     Returns:
         The path of the written ``model.safetensors``.
     Raises:
-        WeightsError: refused, timed out, malformed, or a sha256 mismatch; nothing is
-            written then. ValueError: bad ``part_bytes`` or ``window``.
+        WeightsError: no expected hash, refused, timed out, malformed, or a sha256
+            mismatch; nothing is written then. ValueError: bad ``part_bytes`` or ``window``.
     """
     if not (0 < part_bytes <= MAX_PART_BYTES) or window < 1:
         raise ValueError(f"part_bytes must be in (0, {MAX_PART_BYTES}] and window >= 1")
+    expected_sha256(expected_manifest)  # required, before anything is asked
     emb, head = bool(with_embedding), bool(with_head)
     dest = Path(dest_dir)
     cl = _Client(transport, peer, timeout_s)
@@ -517,8 +613,8 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
         _, payload = await cl.ask({"op": "manifest", "start": start, "end": end, "embedding": emb, "head": head})
         try:
             m = json.loads(bytes(payload))
-        except ValueError as e:
-            raise WeightsError(f"the manifest from {peer} is not JSON: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise WeightsError(f"the manifest from {peer} is not JSON: {str(e)[:200]}") from None
         m = _check_manifest(m, start, end, emb, head, expected_manifest)
 
         files: dict[str, bytes] = {}

@@ -119,7 +119,8 @@ def test_a_byte_corrupted_in_transit_is_caught_and_nothing_is_written(kind, mode
 
             s.send = corrupting_send
             with pytest.raises(WeightsError, match=f"{victim}.*sha256 mismatch"):
-                await fetch_range(c, "server", start, end, emb, head, tmp_path / "copy")
+                await fetch_range(c, "server", start, end, emb, head, tmp_path / "copy",
+                                  make_manifest(model_dir, start, end, emb, head))
             srv.close()
             return flipped
 
@@ -133,7 +134,8 @@ def test_a_range_the_peer_does_not_hold_is_refused(kind, model_dir, tmp_path):
         async with pair(kind) as (s, c):
             srv = serve_weights(s, model_dir, holds=(0, 15, True, True))
             with pytest.raises(WeightsError, match=r"refused: does not hold layers \[20, 25\)"):
-                await fetch_range(c, "server", 20, 25, False, False, tmp_path / "copy")
+                await fetch_range(c, "server", 20, 25, False, False, tmp_path / "copy",
+                                  make_manifest(model_dir, 20, 25, False, False))
             # asking tensor by tensor outside what it holds is refused too
             from runtime.weights_share import _Client
             cl = _Client(c, "server", 10.0)
