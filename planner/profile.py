@@ -261,10 +261,12 @@ class TransportProfile:
 
     @property
     def fit(self) -> tuple[float, float]:
-        """``(fixed_s, s_per_byte)`` of the least-squares line through the points,
-        each clamped at 0."""
-        a, b = fit_line(self.one_way_s.xs, self.one_way_s.ys)
-        return max(a, 0.0), max(b, 0.0)
+        """``(fixed_s, s_per_byte)``: the slope of the least-squares line through the
+        points, and the intercept that puts the line through the smallest frame (the
+        decode frame, by far the most frequent hop); both clamped at 0."""
+        _, b = fit_line(self.one_way_s.xs, self.one_way_s.ys)
+        b = max(b, 0.0)
+        return max(self.one_way_s.ys[0] - b * self.one_way_s.xs[0], 0.0), b
 
     def to_mapping(self) -> dict:
         fixed, per_byte = self.fit

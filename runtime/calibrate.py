@@ -78,7 +78,7 @@ def _median_time(fn: Callable[[], object], reps: int) -> float:
 
 def measure_passes(model_dir: str, backend: str = "numpy", tokens: Sequence[int] = PASS_TOKENS,
                    contexts: Sequence[int] = PASS_CONTEXTS, layer_counts: Sequence[int] | None = None,
-                   reps: int = 5, log: Log = lambda s: None) -> PassCurve:
+                   reps: int = 3, log: Log = lambda s: None) -> PassCurve:
     """Time forward passes and fit ``pass_s = fixed_s + layers * per_layer_s`` per grid point.
 
     Args:
@@ -298,7 +298,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
         prompts, max_new, kinds, ks, n_frames = CALIBRATION_PROMPTS[:1], 16, ("ngram",), (1, 4), 15
     else:
         stage = measure_passes(model_dir, backend, log=log)
-        prompts, max_new, kinds, ks, n_frames = CALIBRATION_PROMPTS, 64, ("ngram", "early_exit", "model"), DRAFT_KS, 60
+        prompts, max_new, kinds, ks, n_frames = CALIBRATION_PROMPTS, 64, ("ngram",), DRAFT_KS, 60
     head = measure_head(model_dir, backend)
     log("head: timed on " + ", ".join(f"{int(r)}" for r in head.xs) + " rows")
     answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id,
@@ -306,6 +306,9 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     log(f"drafters: greedy answers to {len(prompts)} calibration prompts "
         f"({sum(len(a) for _, a in answers)} tokens)")
     drafters = measure_drafters(model_dir, answers, kinds=kinds, ks=ks, log=log)
+    if not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
+        drafters.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:2]],
+                                         kinds=("early_exit", "model"), ks=(2, 4), log=log))
     transport = measure_transport(cfg.hidden, n=n_frames)
     cells = ", ".join(f"{int(b)} B {s * 1e3:.2f} ms" for b, s in zip(transport.one_way_s.xs, transport.one_way_s.ys))
     log(f"transport: one-way {cells}")

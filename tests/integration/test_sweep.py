@@ -1,0 +1,60 @@
+"""splitroom sweep: combinations, parallel runs equal serial ones, best first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from splitroom.cli import app
+from splitroom.sweep import SweepError, combinations, run_sweep
+
+
+def test_combinations_are_the_cartesian_product_in_order():
+    c = combinations(["network.rtt=0ms,20ms", "decoding.speculative={drafter: ngram, draft_tokens: 4},null"])
+    assert c == [(("network.rtt", "0ms"), ("decoding.speculative", "{drafter: ngram, draft_tokens: 4}")),
+                 (("network.rtt", "0ms"), ("decoding.speculative", "null")),
+                 (("network.rtt", "20ms"), ("decoding.speculative", "{drafter: ngram, draft_tokens: 4}")),
+                 (("network.rtt", "20ms"), ("decoding.speculative", "null"))]
+
+
+@pytest.mark.parametrize("bad", ["rtt", "=1,2", "a=1,,2", "a=1,2 --vary"])
+def test_bad_vary_specs(bad):
+    if bad == "a=1,2 --vary":
+        with pytest.raises(SweepError):
+            combinations(["a=1", "a=2"])
+        return
+    with pytest.raises(SweepError):
+        combinations([bad])
+
+
+def test_parallel_sweep_equals_serial_sweep():
+    combos = combinations(["network.rtt=1ms,40ms", "decoding.async_laps=1,2"])
+    base = ["decoding.speculative={drafter: ngram, draft_tokens: 3, acceptance: 0.6}"]
+    serial = run_sweep("scenarios/home.yaml", base, combos, jobs=1)
+    parallel = run_sweep("scenarios/home.yaml", base, combos, jobs=2)
+    assert serial == parallel
+    assert all(r["error"] is None and r["answered"] == r["questions"] for r in serial)
+
+
+def test_cli_sweep_sorts_best_first_and_marks_it(tmp_path):
+    png = tmp_path / "s.png"
+    args = ["sweep", "scenarios/home.yaml", "--vary", "network.rtt=0ms,20ms,80ms", "--vary",
+            "decoding.speculative.draft_tokens=1,4", "--set",
+            "decoding.speculative={drafter: ngram, acceptance: 0.7}", "--jobs", "1"]
+    r = CliRunner().invoke(app, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert len(rows) == 6
+    tps = [x["tokens_per_s"] for x in rows]
+    assert tps == sorted(tps, reverse=True)
+    # the best of the six is at loopback: more RTT can only slow a lap down
+    assert dict(map(tuple, rows[0]["values"]))["network.rtt"] == "0ms"
+    r = CliRunner().invoke(app, args + ["--plot", str(png)])
+    assert r.exit_code == 0 and "best" in r.output and png.stat().st_size > 1000
+
+
+def test_cli_sweep_rejects_a_bad_value_before_running_anything():
+    r = CliRunner().invoke(app, ["sweep", "scenarios/home.yaml", "--vary", "network.rtt=1ms,fast"])
+    assert r.exit_code == 2 and "network.rtt" in r.output

@@ -1,0 +1,82 @@
+"""planner/profile.py: interpolation, the file mapping, errors (values by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.profile import (PROFILE_VERSION, Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError,
+                             TransportProfile, fit_line)
+
+
+def _curve():
+    # fixed_s[context][tokens], per_layer_s[context][tokens]
+    return PassCurve(tokens=(1, 5), contexts=(100, 300),
+                     fixed_s=((0.001, 0.002), (0.003, 0.004)),
+                     per_layer_s=((0.010, 0.020), (0.030, 0.040)))
+
+
+def test_pass_time_is_bilinear_between_grid_points():
+    c = _curve()
+    assert c.pass_s(2, 1, 100) == pytest.approx(0.001 + 2 * 0.010)
+    # tokens 3 is halfway from 1 to 5; context 200 halfway from 100 to 300
+    fixed = (0.0015 + 0.0035) / 2
+    per_layer = (0.015 + 0.035) / 2
+    assert c.pass_s(4, 3, 200) == pytest.approx(fixed + 4 * per_layer)
+
+
+def test_pass_time_extrapolates_beyond_and_clamps_below_the_grid():
+    c = _curve()
+    # 9 tokens: the last segment's slope continues (per layer +0.0025 a token)
+    assert c.pass_s(1, 9, 100) == pytest.approx(0.003 + 0.030)
+    # context 0: clamped to the first context
+    assert c.pass_s(1, 1, 0) == pytest.approx(0.011)
+    # context 500: the context slope continues (+0.02 per 200 positions per layer)
+    assert c.pass_s(1, 1, 500) == pytest.approx(0.005 + 0.050)
+    assert c.pass_s(3, 0, 100) == 0.0
+    with pytest.raises(ValueError):
+        c.pass_s(-1, 1, 0)
+
+
+def test_fit_line_by_hand_and_transport_fit_through_the_decode_frame():
+    a, b = fit_line([0, 1, 2], [1, 3, 5])
+    assert (a, b) == pytest.approx((1, 2))
+    tr = TransportProfile(Curve((1000.0, 2000.0, 4000.0), (0.002, 0.004, 0.006)))
+    # least-squares slope over the three points: 1.2857e-6 s/B; through (1000, 0.002)
+    slope = fit_line([1000, 2000, 4000], [0.002, 0.004, 0.006])[1]
+    assert tr.fit == pytest.approx((0.002 - slope * 1000, slope))
+
+
+def test_accepted_lengths_come_from_the_next_larger_k_capped():
+    d = DrafterProfile(Curve((2.0, 8.0), (0.001, 0.004)), {2: (0, 2, 1), 8: (8, 0, 5)})
+    assert d.accepted_lengths(2) == (0, 2, 1)
+    assert d.accepted_lengths(4) == (4, 0, 4)  # measured at k=8, capped at 4
+    assert d.accepted_lengths(1) == (0, 1, 1)
+    assert d.accepted_lengths(12) == (8, 0, 5)
+    assert d.draft_s(5) == pytest.approx(0.0025)
+    assert d.draft_s(0) == 0.0
+
+
+def test_a_profile_round_trips_through_its_mapping():
+    p = Profile({"a": DeviceProfile(_curve(), Curve((1.0, 4.0), (0.01, 0.02)), 3.0)},
+                {"ngram": DrafterProfile(Curve((1.0,), (1e-5,)), {4: (0, 1, 4)})},
+                TransportProfile(Curve((100.0, 200.0), (0.001, 0.002)), 11600.0), {"machine": "test"})
+    q = Profile.from_mapping(p.to_mapping())
+    assert q == p
+    assert q.devices["a"].stage.scaled(2).pass_s(1, 1, 100) == pytest.approx(2 * 0.011)
+
+
+@pytest.mark.parametrize("mapping, words", [
+    ({}, "not a splitroom calibration profile"),
+    ({"splitroom_profile": PROFILE_VERSION + 1}, "not supported"),
+    ({"splitroom_profile": PROFILE_VERSION, "devices": {"a": {"stage": {"tokens": [1]}}}}, "devices.a"),
+    ({"splitroom_profile": PROFILE_VERSION, "devices": {"a": {
+        "stage": {"tokens": [2, 1], "contexts": [1], "fixed_s": [[0, 0]], "per_layer_s": [[0, 0]]},
+        "head_s": {1: 0.1}}}}, "increasing"),
+    ({"splitroom_profile": PROFILE_VERSION, "drafters": {"ngram": {"call_s": {1: 1e-5}, "accepted": {2: [3]}}}},
+     "drafters.ngram.accepted.2"),
+    ({"splitroom_profile": PROFILE_VERSION, "transport": {"one_way_s": {"x": 1}}}, "transport.one_way_s"),
+    ({"splitroom_profile": PROFILE_VERSION, "devices": {"a": {"stage": {}, "head_s": {1: -1.0}}}}, "devices.a"),
+])
+def test_malformed_profiles_name_the_key(mapping, words):
+    with pytest.raises(ProfileError, match=words.replace(".", r"\.")):
+        Profile.from_mapping(mapping)
