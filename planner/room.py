@@ -207,6 +207,22 @@ class Decoding:
     wake: bool = True
 
 
+#: A device silent this long (no heartbeat on the control channel) is lost, seconds.
+HEARTBEAT_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A device that dies during a run (scenario key ``faults``): once ``at_token``
+    answer tokens (all questions, counted from 1) have been emitted, or at ``at_s``
+    seconds. The room notices ``detect_s`` seconds later (heartbeat timeout)."""
+
+    device: str
+    at_token: int | None = None
+    at_s: float | None = None
+    detect_s: float = HEARTBEAT_TIMEOUT_S
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A whole scenario: room, model, deal options, network, workload, decoding."""
@@ -224,6 +240,8 @@ class Scenario:
     measured_s_per_layer: dict = field(default_factory=dict)
     #: the host's measured output head + sampling, seconds per row of a lap
     measured_head_s_per_row: float | None = None
+    #: devices that die during the run (simulated and, in ``run --real``, killed)
+    faults: tuple[Fault, ...] = ()
     #: electricity, USD per kWh, for devices bought with ``watts`` (None: planner.cost's default)
     electricity_usd_per_kwh: float | None = None
     #: privacy ends_local: (first, last) layers the host keeps (planner/privacy.py); None: off

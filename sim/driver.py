@@ -28,10 +28,11 @@ import simpy
 from planner.deal import Deal, deal as make_deal
 from planner.frames import frame_bytes
 from planner.metrics import compute as compute_metrics
-from planner.protocol import (AnswerDone, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished, QuestionAsked,
-                              Refuse, RunHead, RunStage, SendFrame, StageFinished, Wake)
+from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
+                              HeadFinished, QuestionAsked, Redeal, Refuse, RunHead, RunStage, SendFrame,
+                              StageFinished, Wake)
 from planner.room import Scenario
-from planner.chain import Chain
+from planner.chain import Chain, redeal_rule
 from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
 from sim.devices import DeviceModel
@@ -71,7 +72,11 @@ class Simulation:
         seeds = np.random.SeedSequence(scn.seed)
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
         self.config = SchedulerConfig.from_scenario(scn)
-        self.chain = Chain(self.deal, self.config)
+        self.chain = Chain(self.deal, self.config,
+                           redeal=redeal_rule(scn.devices, scn.model, scn.options) if scn.faults else None)
+        self.dead: set[str] = set()  # devices killed by a scenario fault
+        self.first_deal = self.deal  # self.deal follows re-deals; the result reports the deal the room began with
+        self.recoveries: list[dict] = []  # per fault: when lost, detected, re-dealt, ready, next token
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
         prof = scn.profile
         self.devices = {d.id: DeviceModel(d, scn.model, profile=prof.devices.get(d.id) if prof else None,
@@ -97,6 +102,8 @@ class Simulation:
     def dispatch(self, event) -> None:
         """Record ``event`` and feed it to the machine it concerns; run the commands."""
         now = self.env.now
+        if self.dead and type(event) in (FrameArrived, StageFinished) and event.device in self.dead:
+            return  # work for, or a frame to, a device that died
         self.trace.append((now, event))
         for c in self.chain.handle(event, now):
             self.trace.append((now, c))
@@ -130,8 +137,17 @@ class Simulation:
             self._occupy(self.deal.host, lambda start: cost, DraftReady(c.draft_id, self._draft_tokens(c)))
         elif cls is Wake:
             self.devices[c.device].wake(env.now, env.now + c.max_s)
+        elif cls is Redeal:
+            self._redeal(c)
         elif cls is EmitToken:
             self.tokens_done += 1
+            for r in self.recoveries:
+                if r["next_token_at_s"] is None and r.get("ready_at_s") is not None:
+                    r["next_token_at_s"] = env.now
+                    r["recovery_s"] = env.now - r["lost_at_s"]
+            for f in self.scn.faults:
+                if f.at_token == self.tokens_done:
+                    self._kill(f)
             if self.progress is not None and self.tokens_done % 64 == 0:
                 self.progress(self.tokens_done, self.tokens_total)
         elif cls is AnswerDone or cls is Refuse:
@@ -204,15 +220,72 @@ class Simulation:
         self._prompt_len[qid] = len(prompt)
         self.dispatch(QuestionAsked(qid, who, prompt, w.answer_tokens))
 
+    # -- faults ---------------------------------------------------------------------
+
+    def _kill(self, f) -> None:
+        """Fault ``f`` (planner.room.Fault): its device dies now; the room hears
+        DeviceLost ``f.detect_s`` later (the heartbeat timeout)."""
+        if f.device in self.dead:
+            return
+        self.dead.add(f.device)
+        self.recoveries.append({"device": f.device, "lost_at_s": self.env.now,
+                                "detected_at_s": self.env.now + f.detect_s, "copy_s": None, "ready_at_s": None,
+                                "next_token_at_s": None, "recovery_s": None})
+        self._at(self.env.now + f.detect_s, DeviceLost(f.device, "heartbeat timeout"))
+
+    def _kill_at(self, f):
+        yield self.env.timeout(f.at_s)
+        self._kill(f)
+
+    def _redeal(self, r: Redeal) -> None:
+        """The new chain loads its ranges: every device that gained layers copies their
+        weights from the model host over their link (bytes / bandwidth + rtt/2); the
+        host itself reads from its disk at its copy speed (instant when not given). All
+        copy at once; then ChainReady, and the host replays."""
+        old = {s.device: (s.start, s.end) for s in self.deal.stages}
+        self.deal = self.chain.deal
+        self.stage_layers = {s.device: s.layers for s in self.deal.stages}
+        model, host = self.scn.model, self.deal.host
+        copy_s = 0.0
+        for d, a, b in r.stages:
+            oa, ob = old.get(d, (0, 0))
+            lo, hi = max(a, oa), min(b, ob)
+            nbytes = model.weight_bytes(a, b) - (model.weight_bytes(lo, hi) if hi > lo else 0)
+            if nbytes <= 0:
+                continue
+            if d == host:
+                speed = self.scn.device(d).copy_speed_Bps
+                t = nbytes / speed if speed else 0.0
+            else:
+                spec = self.links.get(host, d).spec
+                t = nbytes / spec.bandwidth_Bps + spec.rtt_s / 2
+            copy_s = max(copy_s, t)
+        for rec in self.recoveries:
+            if rec["device"] == r.lost and rec["ready_at_s"] is None:
+                rec["copy_s"], rec["ready_at_s"] = copy_s, self.env.now + copy_s
+                rec["replay_tokens"] = r.replay_tokens
+        self._at(self.env.now + copy_s, ChainReady(r.first_lap))
+
     # -- run ------------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        """Ask the workload's questions one after another and simulate until all end."""
+        """Ask the workload's questions one after another and simulate until all end.
+        With scenario faults, ``metrics["recovery"]`` lists each one's timeline (lost,
+        detected, weights copied, ready, next token; ``recovery_s`` from the loss to
+        the next answer token) and ``metrics["recovery_s"]`` is the longest."""
         self.env.process(self._ask_next())
+        for f in self.scn.faults:
+            if f.at_s is not None:
+                self.env.process(self._kill_at(f))
         self.env.run()
         if self.progress is not None:
             self.progress(self.tokens_done, self.tokens_total)
-        return SimResult(self.deal, self.trace, compute_metrics(self.trace))
+        metrics = compute_metrics(self.trace)
+        if self.scn.faults:
+            metrics["recovery"] = list(self.recoveries)
+            done = [r["recovery_s"] for r in self.recoveries if r["recovery_s"] is not None]
+            metrics["recovery_s"] = max(done) if done else None
+        return SimResult(self.first_deal, self.trace, metrics)
 
 
 def simulate(scn: Scenario, deal: Deal | None = None,

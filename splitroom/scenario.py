@@ -21,8 +21,8 @@ from planner import model as catalog_mod
 from planner.deal import DEFAULT_HEADROOM
 from planner.model import Architecture, ModelSpec, spec_from_architecture
 from planner.room import Price as PriceSpec
-from planner.room import (DealOptions, Decoding, Device, Episodes, Jitter, LinkSpec, Network,
-                          PinnedStage, Scenario, Speculative, Workload)
+from planner.room import (HEARTBEAT_TIMEOUT_S, DealOptions, Decoding, Device, Episodes, Fault, Jitter, LinkSpec,
+                          Network, PinnedStage, Scenario, Speculative, Workload)
 from splitroom import units
 
 
@@ -259,6 +259,15 @@ class PrivacyIn(_Strict):
     ends_local: EndsLocalIn | None = None
 
 
+class FaultIn(_Strict):
+    device: str
+    at: str | float  # "token 20" (answer tokens emitted, all questions) or a time ("3 s"; a number is seconds)
+    detect: Time = HEARTBEAT_TIMEOUT_S
+
+
+_AT_TOKEN = re.compile(r"^\s*token\s+(\d+)\s*$")
+
+
 class ScenarioIn(_Strict):
     name: str = ""
     seed: int = Field(default=1, ge=0, le=2**64 - 1)
@@ -278,6 +287,7 @@ class ScenarioIn(_Strict):
     electricity: ElectricityPrice | None = None  # USD per kWh for bought devices' watts
     privacy: PrivacyIn | None = None
     calibration: str | None = None  # a YAML file holding a `measured:` mapping (path relative to the scenario)
+    faults: list[FaultIn] = Field(default=[], max_length=64)
 
 
 _DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16, "q8": 8.5, "q4": 4.5}
@@ -404,6 +414,24 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                 raise _KeyProblem("decoding.speculative", f"accepted length {a} outside 0..draft_tokens")
     decoding = Decoding(prefill_chunk=s.decoding.prefill_chunk, speculative=spec, async_laps=s.decoding.async_laps,
                         return_path=s.decoding.return_, wake=s.decoding.wake)
+    faults = []
+    for i, f in enumerate(s.faults):
+        if f.device not in ids:
+            raise _KeyProblem(f"faults[{i}].device", f"{units.show(f.device)} is not a device")
+        m = _AT_TOKEN.match(f.at) if isinstance(f.at, str) else None
+        if m:
+            if int(m.group(1)) < 1:
+                raise _KeyProblem(f"faults[{i}].at", "the first answer token is token 1")
+            faults.append(Fault(f.device, at_token=int(m.group(1)), detect_s=f.detect))
+            continue
+        try:
+            at_s = float(f.at) if not isinstance(f.at, str) else units.parse(f.at, "time")
+        except (units.QuantityError, ValueError):
+            raise _KeyProblem(f"faults[{i}].at",
+                              f"expected 'token N' or a time like '3 s', got {units.show(str(f.at))}") from None
+        if not at_s >= 0 or at_s == float("inf"):
+            raise _KeyProblem(f"faults[{i}].at", "a fault time must be >= 0 and finite")
+        faults.append(Fault(f.device, at_s=at_s, detect_s=f.detect))
     measured = {}
     if s.measured is not None:
         for dev, v in s.measured.ms_per_layer.items():
@@ -411,7 +439,7 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                 raise _KeyProblem(f"measured.ms_per_layer.{dev}", f"{units.show(dev)} is not a device")
             measured[dev] = v
     return Scenario(name=s.name, seed=s.seed, model=model, devices=devices, options=options, network=network,
-                    workload=workload, decoding=decoding, measured_s_per_layer=measured,
+                    workload=workload, decoding=decoding, measured_s_per_layer=measured, faults=tuple(faults),
                     electricity_usd_per_kwh=s.electricity,
                     ends_local=(s.privacy.ends_local.first, s.privacy.ends_local.last)
                     if s.privacy is not None and s.privacy.ends_local is not None else None,
