@@ -308,3 +308,364 @@ def try_cli(path: Path, sets: list[str], limit_s: float = HANG_S) -> Outcome:
         return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
     o.detail += f" ({time.perf_counter() - t0:.2f} s)" if o.kind == "crash" else ""
     return o
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _frame_bytes(kind: int, qid: int, lap: int, first: int, tokens: int, hidden: int, dtype: int, flags: int,
+                 payload_field: int | None, body: bytes, version: int = 1, magic: bytes = b"SRFM") -> bytes:
+    import struct
+    pf = len(body) if payload_field is None else payload_field
+    return struct.pack("<4sBBBBIIIIII", magic, version, kind, dtype, flags, qid, lap, first, tokens, hidden,
+                       pf) + body
+
+
+U32 = st.one_of(st.integers(0, 64), st.sampled_from([0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**24, 2047, 2048, 2049]),
+                st.integers(0, 2**32 - 1))
+
+
+@st.composite
+def frames(draw) -> bytes:
+    """Residual frames: random bytes, headers with any field values (claimed payloads up
+    to 4 GiB), well-formed frames of any kind/position/length, truncated or padded."""
+    kind = draw(st.sampled_from(["bytes", "header", "wellformed", "wellformed", "cut"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "header":
+        return _frame_bytes(draw(st.integers(0, 255)), draw(U32), draw(U32), draw(U32), draw(U32), draw(U32),
+                            draw(st.integers(0, 255)), draw(st.integers(0, 255)), draw(U32),
+                            draw(st.binary(max_size=64)), version=draw(st.sampled_from([1, 1, 1, 0, 2, 255])),
+                            magic=draw(st.sampled_from([b"SRFM"] * 5 + [b"SRFX", b"\x00" * 4])))
+    tokens = draw(st.integers(0, 80))
+    hidden = draw(st.sampled_from([576, 576, 576, 0, 1, 575]))
+    dtype = draw(st.sampled_from([0, 0, 1]))
+    body = bytes(tokens * hidden * (4 if dtype == 0 else 2))
+    if draw(st.booleans()):
+        import numpy as np
+        body = np.frombuffer(draw(st.binary(min_size=len(body), max_size=len(body))) if len(body) < 4096
+                             else body, dtype=np.uint8).tobytes()
+    data = _frame_bytes(draw(st.sampled_from([1, 2, 3, 4, 5, 6, 0, 7])), draw(st.integers(0, 5)),
+                        draw(st.integers(0, 50)), draw(st.one_of(st.integers(0, 3000), U32)), tokens, hidden, dtype,
+                        draw(st.integers(0, 3)), None, body)
+    if kind == "cut":
+        return data[:draw(st.integers(0, len(data)))] + draw(st.binary(max_size=8))
+    return data
+
+
+class _NullTransport:
+    device = "w1"
+    handler = None
+
+    def set_handler(self, fn):
+        self.handler = fn
+
+    async def send(self, dst, channel, data):
+        pass
+
+
+def worker_node():
+    """A worker Node (no stage: nothing is computed) of a two-device chain, hidden 576,
+    a 2048-position context: what a device process's frame handler sees."""
+    from runtime.control import NodeConfig
+    from runtime.room import Node
+    cfg = NodeConfig.model_validate({
+        "device": "w1", "host": "host", "stages": [["host", 0, 15], ["w1", 15, 30]],
+        "scheduler": {"hidden": 576, "context": 2048}, "model_dir": "/nonexistent"})
+    return Node(cfg, None, _NullTransport())
+
+
+def try_frame(node, data: bytes) -> Outcome:
+    """Decode ``data`` and hand it to a worker node's frame handler. ``refused``: the
+    decoder raised FrameError or the node counted it rejected; ``ok``: accepted (queued
+    for compute or dropped as stale by the scheduler); anything raised is a crash."""
+    from planner.frames import FrameError
+    from runtime.codec import decode_frame
+    try:
+        with time_limit(HANG_S):
+            try:
+                decode_frame(data)
+                decoded = True
+            except FrameError:
+                decoded = False
+            before = node.rejected_frames
+            node._on_message("host", "residual", data)
+            while not node.work.empty():  # nothing computes here: forget queued work
+                node.work.get_nowait()
+            node.residual.clear()
+            if len(node.trace) > 1000:
+                node.trace.clear()
+    except Hang:
+        return Outcome("hang", f"over {HANG_S:g} s")
+    except Exception as e:
+        import traceback
+        return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
+    if decoded and node.rejected_frames > before:
+        return Outcome("refused", "rejected by the node")
+    return Outcome("ok" if decoded else "refused")
+
+
+# --------------------------------------------------------------------------- control messages
+
+
+@st.composite
+def control_messages(draw) -> bytes:
+    """Control-plane JSON: valid messages with fields replaced, random JSON, random bytes."""
+    import json
+    base = draw(st.sampled_from([
+        {"type": "hello", "device": "w1", "host": False, "layers": [15, 30], "lends": 1000},
+        {"type": "plan", "host": "host", "stages": [["host", 0, 15], ["w1", 15, 30]],
+         "scheduler": {"hidden": 576, "prefill_chunk": 16, "draft_tokens": 2, "async_laps": 2, "eos_token": 2},
+         "max_new_tokens": 8},
+        {"type": "abort", "reason": "x"}, {"type": "bye"}]))
+    kind = draw(st.sampled_from(["mutate", "mutate", "mutate", "json", "bytes"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "json":
+        try:
+            return json.dumps(draw(VALUES)).encode()
+        except ValueError:
+            return b"null"
+    import copy
+    m = copy.deepcopy(base)
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(["type", "device", "host", "layers", "lends", "stages", "stages[0]",
+                                     "stages[1]", "stages[0][1]", "scheduler", "scheduler.hidden",
+                                     "scheduler.context", "scheduler.draft_tokens", "scheduler.return_path",
+                                     "scheduler.dtype", "scheduler.phones", "max_new_tokens", "reason", "extra"]))
+        set_path(m, path.replace("][", "].["), draw(st.one_of(PLAUSIBLE, VALUES)))
+    try:
+        return json.dumps(m, allow_nan=draw(st.booleans())).encode()
+    except ValueError:
+        return json.dumps(m, default=str).encode()
+
+
+def try_control(data: bytes) -> Outcome:
+    """Parse a control message as a device does, and for a plan build the deal, the
+    scheduler settings and the device's chain. ControlError / ValueError is a refusal."""
+    from planner.chain import Chain
+    from runtime.control import ControlError, Plan, parse_control
+    try:
+        with time_limit(HANG_S):
+            msg = parse_control(data)
+            if isinstance(msg, Plan):
+                deal = msg.deal()
+                cfg = msg.scheduler.config()
+                for dev in {s[0] for s in msg.stages} | {msg.host}:
+                    Chain(deal, cfg, runs={dev})
+    except Hang:
+        return Outcome("hang", f"over {HANG_S:g} s")
+    except (ControlError, ValueError):
+        return Outcome("refused")
+    except Exception as e:
+        import traceback
+        return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
+    return Outcome("ok")
+
+
+# --------------------------------------------------------------------------- relay
+
+
+SDP_GOOD = "\r\n".join([
+    "v=0", "o=- 4005022537 4005022537 IN IP4 0.0.0.0", "s=-", "t=0 0", "a=group:BUNDLE 0",
+    "a=msid-semantic:WMS *", "m=application 36726 UDP/DTLS/SCTP webrtc-datachannel", "c=IN IP4 192.0.2.2",
+    "a=mid:0", "a=sctp-port:5000", "a=max-message-size:262144",
+    "a=candidate:f957a2332b1715da3b0ef8ba684454eb 1 udp 2130706431 192.0.2.2 36726 typ host",
+    "a=end-of-candidates", "a=ice-ufrag:IdK4", "a=ice-pwd:ti0cfhuodlxbceIR01Tf5V",
+    "a=fingerprint:sha-256 " + ":".join(["AB"] * 32), "a=setup:actpass", ""])
+
+
+@st.composite
+def sdps(draw) -> str:
+    """SDP text: the good offer with lines replaced, inserted, cut, or random text."""
+    lines = SDP_GOOD.split("\r\n")
+    kind = draw(st.sampled_from(["edit", "edit", "edit", "text"]))
+    if kind == "text":
+        return draw(st.text(max_size=300))
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["replace", "insert", "append", "delete"]))
+        prefix = draw(st.sampled_from(["v=", "o=", "s=", "i=", "c=", "b=", "t=", "m=", "a=", "a=candidate:",
+                                       "a=ice-pwd:", "a=ice-ufrag:", "a=fingerprint:sha-256 ", "a=mid:", "x=", ""]))
+        new = prefix + draw(st.one_of(st.text(max_size=60), st.from_regex(r"[A-Za-z0-9+/ :.-]{0,60}",
+                                                                          fullmatch=True)))
+        if op == "replace":
+            lines[i] = new
+        elif op == "insert":
+            lines.insert(i, new)
+        elif op == "append":
+            lines[i] += new
+        elif len(lines) > 1:
+            del lines[i]
+    return draw(st.sampled_from(["\r\n", "\n", "\r"])).join(lines)
+
+
+def try_sdp(text) -> Outcome:
+    """check_sdp on an offer holding ``text``: ok, or RelayReject; anything else a crash.
+    An accepted SDP must hold only allowed line types (checked again here)."""
+    from runtime.relay import RelayReject, check_sdp
+    try:
+        with time_limit(HANG_S):
+            check_sdp({"type": "offer", "sdp": text})
+    except Hang:
+        return Outcome("hang", f"over {HANG_S:g} s")
+    except RelayReject:
+        return Outcome("refused")
+    except Exception as e:
+        import traceback
+        return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
+    for line in filter(None, text.replace("\r\n", "\n").split("\n")):
+        if line[:2] not in ("v=", "o=", "s=", "t=", "c=", "b=", "m=", "a="):
+            return Outcome("crash", f"accepted a line {line[:60]!r}")
+    return Outcome("ok")
+
+
+@st.composite
+def relay_sessions(draw) -> list:
+    """What one websocket client sends: text (JSON or not), binary, hellos, signals with
+    fuzzed SDPs, a close at some point."""
+    import json
+    out = []
+    for _ in range(draw(st.integers(0, 4))):
+        k = draw(st.sampled_from(["hello", "hello", "signal", "signal", "json", "text", "binary"]))
+        if k == "hello":
+            out.append(json.dumps({"type": "hello", "device": draw(st.one_of(
+                st.sampled_from(["a", "b", "fz", "y"]), st.text(max_size=70), st.integers(), st.none()))}))
+        elif k == "signal":
+            out.append(json.dumps({"type": "signal", "to": draw(st.sampled_from(["y", "fz", "nobody", 3])),
+                                   "data": {"type": draw(st.sampled_from(["offer", "answer", "x"])),
+                                            "sdp": draw(sdps())}}))
+        elif k == "json":
+            try:
+                out.append(json.dumps(draw(VALUES)))
+            except ValueError:
+                out.append("{}")
+        elif k == "text":
+            out.append(draw(st.text(max_size=100)))
+        else:
+            out.append(draw(st.binary(max_size=100)))
+    return out
+
+
+class RelayFuzzer:
+    """One relay on 127.0.0.1 (port 0) in its own event loop, fed session after session;
+    a device ``y`` stays connected and must only ever receive peers lists and checked
+    SDP signals, and a fresh device must be able to join after every session."""
+
+    def __init__(self):
+        import asyncio
+        from runtime.relay import Relay, run_relay
+        self.loop = asyncio.new_event_loop()
+        self.relay = Relay(hello_timeout_s=5.0, max_clients_per_address=1000)
+        self.runner, self.url = self.loop.run_until_complete(run_relay("127.0.0.1", 0, self.relay))
+        self.session = None
+        self.y = None
+
+    async def _ensure(self):
+        import aiohttp
+        if self.session is None:
+            self.session = aiohttp.ClientSession()
+        if self.y is None or self.y.closed:
+            self.y = await self.session.ws_connect(f"{self.url}/room/fz")
+            await self.y.send_json({"type": "hello", "device": "y"})
+            await self.y.receive_json()
+
+    async def _feed(self, msgs: list) -> str | None:
+        import asyncio
+
+        import aiohttp
+
+        from runtime.relay import check_sdp
+        await self._ensure()
+        async with self.session.ws_connect(f"{self.url}/room/fz") as w:
+            for m in msgs:
+                if w.closed:
+                    break
+                if isinstance(m, bytes):
+                    await w.send_bytes(m)
+                else:
+                    await w.send_str(m)
+        while True:  # what reached y
+            try:
+                m = await asyncio.wait_for(self.y.receive(), 0.02)
+            except asyncio.TimeoutError:
+                break
+            if m.type != aiohttp.WSMsgType.TEXT:
+                return f"y received {m.type}"
+            obj = __import__("json").loads(m.data)
+            if obj.get("type") == "signal":
+                check_sdp(obj["data"])
+            elif obj.get("type") != "peers":
+                return f"y received {obj}"
+        async with self.session.ws_connect(f"{self.url}/room/fz") as ok:
+            await ok.send_json({"type": "hello", "device": "probe"})
+            got = await asyncio.wait_for(ok.receive_json(), 5)
+            if "probe" not in got.get("devices", []):
+                return f"a fresh device could not join: {got}"
+        return None
+
+    def feed(self, msgs: list) -> Outcome:
+        import asyncio
+        try:
+            problem = self.loop.run_until_complete(asyncio.wait_for(self._feed(msgs), HANG_S))
+        except asyncio.TimeoutError:
+            return Outcome("hang", f"over {HANG_S:g} s")
+        except Exception as e:
+            import traceback
+            return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
+        return Outcome("crash", problem) if problem else Outcome("ok")
+
+    def close(self) -> None:
+        async def _close():
+            if self.y is not None:
+                await self.y.close()
+            if self.session is not None:
+                await self.session.close()
+            await self.runner.cleanup()
+        self.loop.run_until_complete(_close())
+        self.loop.close()
+
+
+# --------------------------------------------------------------------------- weights requests
+
+
+@st.composite
+def weights_requests(draw) -> bytes:
+    """Weights-channel requests: fields of the three ops replaced by anything
+    (Infinity, NaN, huge ranges, lists), random headers, random bytes."""
+    import json
+    import struct
+    kind = draw(st.sampled_from(["op", "op", "op", "bytes", "header"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=100))
+    if kind == "header":
+        return struct.pack("<BI", ord("Q"), draw(U32)) + draw(st.binary(max_size=100))
+    req = draw(st.sampled_from([
+        {"id": 1, "op": "manifest", "start": 29, "end": 30, "embedding": False, "head": False},
+        {"id": 2, "op": "tensor", "name": "model.layers.29.mlp.up_proj.weight", "offset": 0, "length": 64},
+        {"id": 3, "op": "file", "name": "config.json"}]))
+    for _ in range(draw(st.integers(1, 2))):
+        key = draw(st.sampled_from(["id", "op", "start", "end", "embedding", "head", "host", "name", "offset",
+                                    "length"]))
+        req[key] = draw(st.one_of(PLAUSIBLE, VALUES, st.sampled_from([float("inf"), float("nan"), -1, 2**70,
+                                                                       10**30, "0", True]),
+                                  st.integers(-2**40, 2**40)))
+    h = json.dumps(req).encode()
+    return struct.pack("<BI", ord("Q"), len(h)) + h
+
+
+def try_weights_request(server, data: bytes) -> Outcome:
+    """The server's answer to one request: a refusal or an answer, never an exception."""
+    from runtime.weights_share import decode
+    try:
+        with time_limit(HANG_S):
+            reply = server._safe_reply("fuzzer", data)
+            _, h, _ = decode(reply)
+    except Hang:
+        return Outcome("hang", f"over {HANG_S:g} s")
+    except Exception as e:
+        import traceback
+        return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
+    if h.get("error", "").startswith("request failed"):  # the catch-all: something unforeseen
+        return Outcome("crash", h["error"])
+    return Outcome("ok" if h.get("ok") else "refused")

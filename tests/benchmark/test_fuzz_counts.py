@@ -61,3 +61,42 @@ def test_fuzz_set_values(tmp_path):
     f = tmp_path / "room.yaml"
     f.write_text(fuzzing._dump(fuzzing.BASE))
     _run("--set values", fuzzing.set_options(), lambda sets: fuzzing.try_cli(f, sets))
+
+
+def test_fuzz_frames():
+    node = fuzzing.worker_node()
+    _run("residual frames", fuzzing.frames(), lambda data: fuzzing.try_frame(node, data))
+
+
+def test_fuzz_control_messages():
+    _run("control messages", fuzzing.control_messages(), fuzzing.try_control)
+
+
+def test_fuzz_sdps():
+    _run("relay SDP check", fuzzing.sdps(), fuzzing.try_sdp)
+
+
+def test_fuzz_relay_sessions():
+    rf = fuzzing.RelayFuzzer()
+    try:
+        _run("relay sessions", fuzzing.relay_sessions(), rf.feed)
+    finally:
+        rf.close()
+
+
+def test_fuzz_weights_requests():
+    import asyncio
+
+    from runtime.transport import LoopbackHub
+    from runtime.weights import ensure_safetensors
+    from runtime.weights_share import serve_weights
+
+    async def make():
+        return serve_weights(LoopbackHub().transport("server"), ensure_safetensors(), holds=(29, 30, False, False))
+    loop = asyncio.new_event_loop()
+    srv = loop.run_until_complete(make())
+    try:
+        _run("weights requests", fuzzing.weights_requests(), lambda data: fuzzing.try_weights_request(srv, data))
+    finally:
+        srv.close()
+        loop.close()

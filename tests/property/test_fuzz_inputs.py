@@ -54,3 +54,81 @@ def test_a_known_crash_counts_as_one():
     from tests.fuzzing import _cli
     assert _cli(["plan", "/nonexistent/x.yaml"]).kind == "refused"
     assert _cli(["no-such-command"]).kind == "crash"  # click's usage error: exit 2, several lines
+
+
+# --- frames, control messages, relay, weights requests (the device and relay surfaces) ---
+
+from tests import fuzzing  # noqa: E402
+
+
+@FAST
+@given(data=fuzzing.frames())
+def test_frames_never_crash_a_worker(data):
+    check(fuzzing.try_frame(fuzzing.worker_node(), data))
+
+
+@FAST
+@given(data=fuzzing.control_messages())
+def test_control_messages_never_crash(data):
+    check(fuzzing.try_control(data))
+
+
+@FAST
+@given(text=fuzzing.sdps())
+def test_sdps_are_accepted_or_refused(text):
+    check(fuzzing.try_sdp(text))
+
+
+def test_relay_sessions_leave_the_relay_serving():
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _settings
+    rf = fuzzing.RelayFuzzer()
+    try:
+        @_settings(max_examples=int(os.environ.get("SPLITROOM_FUZZ_EXAMPLES", "30")), deadline=None,
+                   database=None, suppress_health_check=list(HealthCheck))
+        @given(msgs=fuzzing.relay_sessions())
+        def go(msgs):
+            check(rf.feed(msgs))
+        go()
+    finally:
+        rf.close()
+
+
+def test_weights_requests_are_answered_or_refused():
+    import asyncio
+
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _settings
+
+    from runtime.transport import LoopbackHub
+    from runtime.weights import ensure_safetensors
+    from runtime.weights_share import serve_weights
+
+    async def make():
+        return serve_weights(LoopbackHub().transport("server"), ensure_safetensors(), holds=(29, 30, False, False))
+    loop = asyncio.new_event_loop()
+    srv = loop.run_until_complete(make())
+    try:
+        @_settings(max_examples=int(os.environ.get("SPLITROOM_FUZZ_EXAMPLES", "30")), deadline=None,
+                   database=None, suppress_health_check=list(HealthCheck))
+        @given(data=fuzzing.weights_requests())
+        def go(data):
+            check(fuzzing.try_weights_request(srv, data))
+        go()
+    finally:
+        srv.close()
+        loop.close()
+
+
+def test_the_frame_classifier_sees_a_good_frame_and_a_long_one():
+    """A well-formed decode frame is accepted; a prefill frame past the 2048-position
+    context is refused by the node (counted), not passed on."""
+    import numpy as np
+
+    from planner.frames import FrameHeader, FrameKind
+    from runtime.codec import encode_frame
+    node = fuzzing.worker_node()
+    ok = encode_frame(FrameHeader(FrameKind.PREFILL, 1, 1, 0, 4, 576), np.zeros((4, 576), np.float32))
+    assert fuzzing.try_frame(node, ok).kind == "ok"
+    long = encode_frame(FrameHeader(FrameKind.PREFILL, 2, 2, 0, 2100, 576), np.zeros((2100, 576), np.float32))
+    assert fuzzing.try_frame(node, long).kind == "refused" and node.rejected_frames == 1
