@@ -25,9 +25,11 @@ chosen as above with the mean layer size, then the cuts for that order are found
 exactly by a dynamic program over cut points with each range's own bytes (capacity)
 and time (bytes over the mean). Exact in the cuts, not in the order.
 
-More than :data:`EXACT_MAX_DEVICES` devices: a heuristic. For each host, the sets are
-the host plus the k fastest other devices (k = 0, 1, ...); each is ordered by nearest
-neighbour and improved by 2-opt. The deal's notes give its gap to a lower bound:
+More than :data:`EXACT_MAX_DEVICES` devices: a heuristic. For each of the
+:data:`HEURISTIC_HOSTS` hosts with the smallest lower bound, the sets are the host plus
+the k fastest other devices (k = 0, 1, ...); each is ordered by nearest neighbour and
+improved by 2-opt. A 40-device room takes about 1 s, 100 devices some 10 s (2-core
+development machine). The deal's notes give its gap to a lower bound:
 ``min over hosts of head + the cheapest compute with every device available and no
 one-layer minimum + (two cheapest hops out of and into the host when it cannot hold
 the model alone)``.
@@ -48,6 +50,8 @@ from planner.room import DealOptions, Device, Network
 #: Exact search (Held-Karp over subsets) up to this many eligible devices; above, the
 #: heuristic. 12 devices: 12 hosts x 2^11 subsets x 11^2 transitions, under 1 s.
 EXACT_MAX_DEVICES = 12
+#: Heuristic: only this many hosts are tried, those whose lap lower bound is smallest.
+HEURISTIC_HOSTS = 8
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,15 @@ def search(devices: Sequence[Device], model: ModelSpec, options: DealOptions, co
     exact = len(devs) <= exact_max
     best: tuple[float, str, tuple] | None = None
     bound = float("inf")
+    memo: dict = {}
+
+    def hop(a: str, b: str) -> float:
+        v = memo.get((a, b))
+        if v is None:
+            v = memo[(a, b)] = cost.hop_s(a, b)
+        return v
+    min_pair = min((hop(a.id, b.id) for a in devs for b in devs if a is not b), default=0.0)
+    per_host = []
     for h in hosts:
         if cap_h[h.id] < 1:
             continue
@@ -215,21 +228,38 @@ def search(devices: Sequence[Device], model: ModelSpec, options: DealOptions, co
         cap = dict(cap_w)
         cap[h.id] = cap_h[h.id]
         head = cost.head_s(h.id)
-        # lower bound for this host: every device available, no one-layer minimum
+        # lower bound for this host: every device available, no one-layer minimum, and
+        # the fewest devices that can hold the model joined by the cheapest hops
         left, lb = L, 0.0
         for d in by_speed:
             take = min(cap[d.id], left)
             lb += take * s[d.id]
             left -= take
-        if left == 0:
-            hop_lb = 0.0
-            if cap[h.id] < L and others:
-                hop_lb = min(cost.hop_s(h.id, d.id) for d in others) + min(cost.hop_s(d.id, h.id) for d in others)
-            bound = min(bound, head + lb + hop_lb)
+        if left:
+            continue  # this host and everyone else cannot hold the model
+        k_min, held = 0, cap[h.id]
+        for c in sorted((cap[d.id] for d in others), reverse=True):
+            if held >= L:
+                break
+            held, k_min = held + c, k_min + 1
+        hop_lb = 0.0
+        if k_min:
+            out_in = min(hop(h.id, d.id) for d in others) + min(hop(d.id, h.id) for d in others)
+            hop_lb = max(out_in + (k_min - 1) * min_pair, (k_min + 1) * min_pair)
+        host_lb = head + lb + hop_lb
+        bound = min(bound, host_lb)
+        per_host.append((host_lb, h, others, cap, head, lb))
+    per_host.sort(key=lambda x: (x[0], x[1].id))
+    if not exact:
+        per_host = per_host[:HEURISTIC_HOSTS]  # the hosts with the smallest lower bounds
+    for host_lb, h, others, cap, head, lb in per_host:
+        if best is not None and model.uniform and host_lb >= best[0]:
+            continue  # no ring from this host can beat the best found
         if exact:
             cand = _exact_for_host(h.id, others, s, cap, L, head, cost, best[0] if best else float("inf"))
         else:
-            cand = _heuristic_for_host(h.id, others, s, cap, L, head, cost)
+            cand = _heuristic_for_host(h.id, others, s, cap, L, head, hop, min_pair, lb,
+                                       best[0] if best else float("inf"))
         if cand is not None and not model.uniform:
             cand = _cut_by_bytes(h.id, [x[0] for x in cand[1]], by_speed, model, options, cost)
         if cand is not None and (best is None or cand[0] < best[0] - 1e-15):
@@ -287,45 +317,54 @@ def _exact_for_host(h: str, others: list[Device], s: dict, cap: dict, L: int, he
     return best
 
 
-def _heuristic_for_host(h: str, others: list[Device], s: dict, cap: dict, L: int, head: float, cost: LapCost):
+def _heuristic_for_host(h: str, others: list[Device], s: dict, cap: dict, L: int, head: float, hop,
+                        min_pair: float, compute_lb: float, incumbent: float):
+    """Host ``h`` plus its k fastest others, k = 0, 1, ...; rings by nearest neighbour +
+    2-opt. A k is skipped when even its cheapest possible ring cannot beat the best lap,
+    and the loop stops when no larger k can (hops grow by at least ``min_pair`` each)."""
     best = None
     for k in range(len(others) + 1):
+        limit = min(incumbent, best[0] if best else float("inf"))
+        if k and head + compute_lb + (k + 1) * min_pair >= limit:
+            break
+        if k + 1 > L:
+            break
         chosen = [d.id for d in others[:k]]
         members = sorted([h] + chosen, key=lambda x: (s[x], x))
         counts = _greedy_counts(members, s, cap, L)
         if counts is None:
-            if k + 1 > L:
-                break
             continue
-        order = _nn_two_opt(h, chosen, cost)
-        stages = _layout(h, order, counts)
-        lap = cost.lap_s(h, stages)
+        compute = sum(counts[x] * s[x] for x in members)
+        if k and head + compute + (k + 1) * min_pair >= limit:
+            continue
+        order = _nn_two_opt(h, chosen, hop)
+        lap = head + compute + _ring_cost(h, order, hop)
         if best is None or lap < best[0] - 1e-15:
-            best = (lap, stages)
+            best = (lap, _layout(h, order, counts))
     return best
 
 
-def _ring_cost(h: str, order: list[str], cost: LapCost) -> float:
+def _ring_cost(h: str, order: list[str], hop) -> float:
     ring = [h] + order + [h]
-    return sum(cost.hop_s(a, b) for a, b in zip(ring, ring[1:]) if a != b)
+    return sum(hop(a, b) for a, b in zip(ring, ring[1:]) if a != b)
 
 
-def _nn_two_opt(h: str, nodes: list[str], cost: LapCost) -> list[str]:
+def _nn_two_opt(h: str, nodes: list[str], hop) -> list[str]:
     """Nearest-neighbour ring from ``h`` through ``nodes``, improved by 2-opt (segment
-    reversal) until no move helps (at most 50 passes)."""
+    reversal) until no move helps (at most 10 passes)."""
     left, order, cur = list(nodes), [], h
     while left:
-        nxt = min(left, key=lambda v: (cost.hop_s(cur, v), v))
+        nxt = min(left, key=lambda v: (hop(cur, v), v))
         order.append(nxt)
         left.remove(nxt)
         cur = nxt
-    best = _ring_cost(h, order, cost)
-    for _ in range(50):
+    best = _ring_cost(h, order, hop)
+    for _ in range(10):
         improved = False
         for i in range(len(order) - 1):
             for j in range(i + 1, len(order)):
                 cand = order[:i] + order[i:j + 1][::-1] + order[j + 1:]
-                c = _ring_cost(h, cand, cost)
+                c = _ring_cost(h, cand, hop)
                 if c < best - 1e-15:
                     order, best, improved = cand, c, True
         if not improved:
