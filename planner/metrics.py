@@ -17,6 +17,10 @@ Definitions (seconds, tokens):
 * ``breakdown``: mean seconds per judged lap spent in each part: each device's stage
   compute (RunStage -> StageFinished), each hop (SendFrame -> FrameArrived), the
   host's head (RunHead -> HeadFinished) and drafting (Draft -> DraftReady).
+* ``recovery``: per re-deal after a lost device, ``lost_at_s`` (when it was last heard
+  from, else when it was noticed), ``detected_at_s`` (DeviceLost), ``ready_at_s`` (the
+  new chain ready: ChainReady), ``next_token_at_s`` (the first answer token after it)
+  and ``recovery_s`` = next token - lost; ``recovery_s`` is the longest (None: none).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from planner.protocol import (AnswerDone, BeginAnswer, Draft, DraftReady, EmitToken, FrameArrived, HeadFinished,
-                              LapEnded, QuestionAsked, Refuse, RunHead, RunStage, SendFrame, StageFinished)
+from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, DeviceLost, Draft, DraftReady, EmitToken,
+                              FrameArrived, HeadFinished, LapEnded, QuestionAsked, Redeal, Refuse, RunHead, RunStage,
+                              SendFrame, StageFinished)
 
 
 def _pcts(xs: list[float]) -> dict:
@@ -45,6 +50,7 @@ def compute(trace: Iterable[tuple[float, Any]]) -> dict:
     p99,max}, lap_s{mean,p50,p99}`` and ``questions, answered, refused, tokens, laps,
     stale_laps, queue_wait_s, breakdown[{part, kind, mean_s}], duration_s``.
     """
+    trace = list(trace)
     asked: dict[int, float] = {}
     begin: dict[int, float] = {}
     emits: dict[int, list[float]] = defaultdict(list)
@@ -145,7 +151,11 @@ def compute(trace: Iterable[tuple[float, Any]]) -> dict:
     order = {"stage": 0, "hop": 1, "head": 2, "draft": 3}
     breakdown.sort(key=lambda r: (order[r["kind"]], r["part"]))
     lap_arr = np.asarray(lap_durations) if lap_durations else np.zeros(1)
+    recs = recoveries(trace)
+    done = [r["recovery_s"] for r in recs if r["recovery_s"] is not None]
     return {
+        "recovery": recs,
+        "recovery_s": max(done) if done else None,
         "tokens_per_s": tok_sum / span_sum if span_sum > 0 else 0.0,
         "ttft_s": float(np.mean(ttfts)) if ttfts else 0.0,
         "tokens_per_lap": sum(k for _, _, k in laps) / len(laps) if laps else 0.0,
@@ -162,3 +172,31 @@ def compute(trace: Iterable[tuple[float, Any]]) -> dict:
         "breakdown": breakdown,
         "duration_s": (t_last - t_first) if t_first is not None else 0.0,
     }
+
+
+def recoveries(trace: Iterable[tuple[float, Any]]) -> list[dict]:
+    """The timeline of every re-deal after a lost device (see module doc, ``recovery``)."""
+    out: list[dict] = []
+    lost: dict[str, tuple[float, float]] = {}  # device -> (lost at, detected at)
+    ready: dict[int, dict] = {}  # first lap -> its record
+    waiting: list[dict] = []  # ready, no token yet
+    for t, o in trace:
+        cls = type(o)
+        if cls is DeviceLost:
+            lost.setdefault(o.device, (o.silent_since_s if o.silent_since_s is not None else t, t))
+        elif cls is Redeal:
+            at, seen = lost.get(o.lost, (t, t))
+            rec = {"device": o.lost, "lost_at_s": at, "detected_at_s": seen, "ready_at_s": None,
+                   "next_token_at_s": None, "recovery_s": None, "replay_tokens": o.replay_tokens}
+            out.append(rec)
+            ready[o.first_lap] = rec
+        elif cls is ChainReady and o.first_lap in ready:
+            rec = ready.pop(o.first_lap)
+            rec["ready_at_s"] = t
+            waiting.append(rec)
+        elif cls is EmitToken and waiting:
+            for rec in waiting:
+                rec["next_token_at_s"] = t
+                rec["recovery_s"] = t - rec["lost_at_s"]
+            waiting.clear()
+    return out

@@ -91,10 +91,13 @@ class DraftReady:
 
 @dataclass(frozen=True)
 class DeviceLost:
-    """``device`` left the room (connection closed, timed out)."""
+    """``device`` left the room (connection closed, timed out). ``silent_since_s``: when
+    it was last heard from (driver clock, seconds), when known: the loss happened then,
+    and was noticed now (a heartbeat timeout later)."""
 
     device: str
     reason: str = ""
+    silent_since_s: float | None = None
 
 
 @dataclass(frozen=True)

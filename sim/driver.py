@@ -36,6 +36,7 @@ from planner.chain import Chain, redeal_rule
 from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
 from sim.devices import DeviceModel
+from sim.engines import engine
 from sim.link import Links
 
 
@@ -46,6 +47,17 @@ def truth(pos: int) -> int:
 
 def _wrong(pos: int) -> int:
     return truth(pos) + 1
+
+
+def _device_model(d, scn: Scenario, prof, host: str) -> DeviceModel:
+    """The cost model of device ``d``: its profile when the scenario has one, its
+    engine preset's efficiency and overheads (sim/engines.py) when it names one."""
+    eng = engine(d.engine) if d.engine else None
+    return DeviceModel(d, scn.model, profile=prof.devices.get(d.id) if prof else None,
+                       drafters=prof.drafters if prof else None, self_wake=scn.decoding.wake and d.id == host,
+                       efficiency=eng.efficiency if eng else 1.0,
+                       pass_overhead_s=eng.pass_overhead_s if eng else 0.0,
+                       layer_overhead_s=eng.layer_overhead_s if eng else 0.0)
 
 
 @dataclass
@@ -76,13 +88,10 @@ class Simulation:
                            redeal=redeal_rule(scn.devices, scn.model, scn.options) if scn.faults else None)
         self.dead: set[str] = set()  # devices killed by a scenario fault
         self.first_deal = self.deal  # self.deal follows re-deals; the result reports the deal the room began with
-        self.recoveries: list[dict] = []  # per fault: when lost, detected, re-dealt, ready, next token
+        self._copy_s: dict[str, float] = {}  # lost device -> seconds the re-dealt weights took to copy
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
         prof = scn.profile
-        self.devices = {d.id: DeviceModel(d, scn.model, profile=prof.devices.get(d.id) if prof else None,
-                                          drafters=prof.drafters if prof else None,
-                                          self_wake=scn.decoding.wake and d.id == self.deal.host)
-                        for d in scn.devices}
+        self.devices = {d.id: _device_model(d, scn, prof, self.deal.host) for d in scn.devices}
         self._free_at: dict[str, float] = {}
         self.links = Links(self.env, scn.network, np.random.default_rng(link_seed))
         spec = scn.decoding.speculative
@@ -141,10 +150,6 @@ class Simulation:
             self._redeal(c)
         elif cls is EmitToken:
             self.tokens_done += 1
-            for r in self.recoveries:
-                if r["next_token_at_s"] is None and r.get("ready_at_s") is not None:
-                    r["next_token_at_s"] = env.now
-                    r["recovery_s"] = env.now - r["lost_at_s"]
             for f in self.scn.faults:
                 if f.at_token == self.tokens_done:
                     self._kill(f)
@@ -228,10 +233,8 @@ class Simulation:
         if f.device in self.dead:
             return
         self.dead.add(f.device)
-        self.recoveries.append({"device": f.device, "lost_at_s": self.env.now,
-                                "detected_at_s": self.env.now + f.detect_s, "copy_s": None, "ready_at_s": None,
-                                "next_token_at_s": None, "recovery_s": None})
-        self._at(self.env.now + f.detect_s, DeviceLost(f.device, "heartbeat timeout"))
+        self._at(self.env.now + f.detect_s, DeviceLost(f.device, f"no heartbeat for {f.detect_s:g} s",
+                                                       silent_since_s=self.env.now))
 
     def _kill_at(self, f):
         yield self.env.timeout(f.at_s)
@@ -260,10 +263,7 @@ class Simulation:
                 spec = self.links.get(host, d).spec
                 t = nbytes / spec.bandwidth_Bps + spec.rtt_s / 2
             copy_s = max(copy_s, t)
-        for rec in self.recoveries:
-            if rec["device"] == r.lost and rec["ready_at_s"] is None:
-                rec["copy_s"], rec["ready_at_s"] = copy_s, self.env.now + copy_s
-                rec["replay_tokens"] = r.replay_tokens
+        self._copy_s[r.lost] = copy_s
         self._at(self.env.now + copy_s, ChainReady(r.first_lap))
 
     # -- run ------------------------------------------------------------------------
@@ -271,8 +271,9 @@ class Simulation:
     def run(self) -> SimResult:
         """Ask the workload's questions one after another and simulate until all end.
         With scenario faults, ``metrics["recovery"]`` lists each one's timeline (lost,
-        detected, weights copied, ready, next token; ``recovery_s`` from the loss to
-        the next answer token) and ``metrics["recovery_s"]`` is the longest."""
+        detected, ``copy_s`` the weights took, ready, next token; ``recovery_s`` from
+        the loss to the next answer token, planner.metrics) and ``metrics["recovery_s"]``
+        is the longest."""
         self.env.process(self._ask_next())
         for f in self.scn.faults:
             if f.at_s is not None:
@@ -281,10 +282,8 @@ class Simulation:
         if self.progress is not None:
             self.progress(self.tokens_done, self.tokens_total)
         metrics = compute_metrics(self.trace)
-        if self.scn.faults:
-            metrics["recovery"] = list(self.recoveries)
-            done = [r["recovery_s"] for r in self.recoveries if r["recovery_s"] is not None]
-            metrics["recovery_s"] = max(done) if done else None
+        for rec in metrics["recovery"]:
+            rec["copy_s"] = self._copy_s.get(rec["device"])
         return SimResult(self.first_deal, self.trace, metrics)
 
 

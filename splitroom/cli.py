@@ -259,6 +259,12 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     out.print(deal_table(d, scn))
     out.print(metrics_table(result.metrics))
     out.print(breakdown_table(result.metrics))
+    for rec in result.metrics.get("recovery", ()):  # scenario faults: the predicted recovery, part by part
+        nxt = (f"next token {rec['next_token_at_s']:.2f} s: {rec['recovery_s']:.2f} s from the loss"
+               if rec["recovery_s"] is not None else "no token after it")
+        out.print(f"{rec['device']} lost at {rec['lost_at_s']:.2f} s: noticed {rec['detected_at_s']:.2f} s, "
+                  f"weights copied in {rec.get('copy_s') or 0.0:.2f} s, ready {rec['ready_at_s'] or 0.0:.2f} s, "
+                  f"replay of {rec['replay_tokens']} tokens, {nxt}", highlight=False)
     if cost:
         out.print(cost_table(cost))
     if privacy:
