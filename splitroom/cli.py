@@ -337,6 +337,10 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     """Run a real room (one process per device, WebRTC between them) and print measured beside predicted."""
     if not real:
         fail("splitroom run needs --real (to predict without running, use splitroom simulate)")
+    if backend not in ("numpy", "wgpu"):
+        fail(f"--backend {backend}: choose numpy or wgpu")
+    if not timeout > 0:
+        fail(f"--timeout {timeout:g}: must be more than 0 seconds")
     scn = load_scenario(scenario, set_)
     check_output(write_measured, "--write-measured")
     profile = None

@@ -232,3 +232,13 @@ def test_simulate_questions_that_just_fit_are_answered(tmp_path):
     assert r.exit_code == 0, r.stderr
     m = json.loads(r.stdout)["metrics"]
     assert (m["answered"], m["refused"]) == (2, 0)
+
+
+@pytest.mark.parametrize("args, parts", [
+    (["--backend", "cuda"], ["--backend cuda", "numpy or wgpu"]),
+    (["--timeout", "-1"], ["--timeout -1", "more than 0"]),
+    (["--timeout", "nan"], ["--timeout nan", "more than 0"]),
+])
+def test_run_real_options_are_checked_before_anything_starts(tmp_path, args, parts):
+    f = write(tmp_path, ONE)
+    one_line_exit_2(invoke("run", f, "--real", *args), *parts)
