@@ -50,6 +50,7 @@ class Device:
         price_usd_per_h: rent, USD per hour (the older ``price: 1.20 USD/h`` form).
         price: rent or purchase (:class:`Price`); planner/cost.py prices a token with it.
         emulate_slowdown: a real run pads this device's compute to this factor.
+        engine: a named engine preset (sim/engines.py) scaling its roofline, or None.
         clocks_down: whether its GPU clocks down when idle (None: phones do, computers
             do not); a real run on one machine has no clock-down to predict.
     """
@@ -66,6 +67,7 @@ class Device:
     price_usd_per_h: float | None = None
     emulate_slowdown: float | None = None
     clocks_down: bool | None = None
+    engine: str | None = None
     price: Price | None = None
 
 

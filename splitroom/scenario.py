@@ -122,6 +122,8 @@ class DeviceIn(_Strict):
                      Discriminator(lambda v: "PriceIn" if isinstance(v, (dict, PriceIn)) else "str")] | None = None
     emulate: EmulateIn | None = None
     clocks_down: bool | None = None
+    # sim/engines.py ENGINES: a named engine's efficiency and overheads for the roofline
+    engine: Literal["roofline", "llama.cpp-metal", "llama.cpp-cpu"] | None = None
 
 
 class JitterIn(_Strict):
@@ -354,7 +356,8 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                s_per_layer=d.ms_per_layer, price_usd_per_h=None if isinstance(d.price, PriceIn) else d.price,
                price=PriceSpec(per_hour=d.price.per_hour, buy=d.price.buy, years=d.price.years,
                                watts=d.price.watts) if isinstance(d.price, PriceIn) else None,
-               emulate_slowdown=d.emulate.slowdown if d.emulate else None, clocks_down=d.clocks_down)
+               emulate_slowdown=d.emulate.slowdown if d.emulate else None, clocks_down=d.clocks_down,
+               engine=d.engine)
         for d in s.devices)
     pins = None
     if s.stages is not None:

@@ -106,3 +106,21 @@ def test_unknown_drafter_is_refused(tmp_path):
     scn = _scenario(tmp_path, [{"id": "a", "lends": "2 GB"}], "decoding: {speculative: {drafter: bogus}}")
     r = CliRunner().invoke(app, ["simulate", str(scn)])
     assert r.exit_code == 2 and "drafter" in r.output
+
+
+def test_an_engine_preset_scales_the_roofline_by_its_efficiency(tmp_path):
+    from sim.engines import ENGINES
+    plain = _simulate(_scenario(tmp_path, [{"id": "a", "lends": "2 GB", "memory_bandwidth": "50 GB/s"}]))
+    metal = _simulate(_scenario(tmp_path, [{"id": "a", "lends": "2 GB", "memory_bandwidth": "50 GB/s",
+                                            "engine": "llama.cpp-metal"}]))
+    # decode here is memory bound: stages and head read at 55.5% of 50 GB/s; the
+    # embedding row, sampling (0.1 ms) are not scaled
+    eff = ENGINES["llama.cpp-metal"].efficiency
+    assert eff == pytest.approx(7.16e9 * 62.05 / 800e9, rel=0.01)  # the cited figure
+    sample = 1e-4
+    t_plain = 1 / plain["tokens_per_s"] - sample
+    t_metal = 1 / metal["tokens_per_s"] - sample
+    assert t_metal == pytest.approx(t_plain / eff, rel=1e-3)
+    r = CliRunner().invoke(app, ["simulate", str(_scenario(tmp_path, [{"id": "a", "lends": "2 GB",
+                                                                      "engine": "vllm-magic"}]))])
+    assert r.exit_code == 2 and "engine" in r.output
