@@ -224,3 +224,24 @@ def test_plan_json_and_table_report_max_context():
     assert j["max_context"] >= 8192  # the scenario's context fits
     r = CliRunner().invoke(app, ["plan", str(root / "scenarios" / "gb10_m5.yaml")])
     assert "max context" in r.output and "at most" in r.output
+
+
+@pytest.mark.parametrize("devices, want", [
+    # issue 12: "--set host=fast predicts 26.25" (measured 1 ms / 5 ms per layer)
+    ([{"id": "fast", "lends": "1 GB", "ms_per_layer": "1 ms"},
+      {"id": "slow", "lends": "2 GB", "ms_per_layer": "5 ms"}], 26.25),
+    # issue 12: "With bandwidths instead (800 vs 50 GB/s) ... 92 vs 1,294 tok/s"
+    ([{"id": "fast", "lends": "1 GB", "memory_bandwidth": "800 GB/s"},
+      {"id": "slow", "lends": "2 GB", "memory_bandwidth": "50 GB/s"}], 1294),
+])
+def test_the_issue_rooms_now_predict_the_fast_host_rates(tmp_path, devices, want):
+    scn = {"model": "smollm2-135m", "context": 2048, "devices": devices,
+           "network": {"rtt": "1 ms", "hop_overhead": "5 ms"},
+           "workload": {"questions": 1, "prompt_tokens": 32, "answer_tokens": 64}}
+    f = tmp_path / "fs.yaml"
+    f.write_text(json.dumps(scn))
+    r = CliRunner().invoke(app, ["simulate", str(f), "--json", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.output)
+    assert j["plan"]["host"] == "fast"
+    assert j["metrics"]["tokens_per_s"] == pytest.approx(want, rel=0.005)
