@@ -370,10 +370,13 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
                           "network": res.network, "emulated": res.emulated,
                           "predicted_from_profile": res.profile_predicted,
                           "error_pct_from_profile": res.profile_error_pct}, indent=2))
+        report_unanswered(res)
         return
     out.print(deal_table(d, scn))
     for i, a in enumerate(res.answers):
-        out.print(f"[bold]answer {i + 1}:[/] {a['text']}", highlight=False)
+        how = a.get("ended", "answered")
+        status = "" if how == "answered" else f" [yellow]({escape(how)}; partial)[/]"
+        out.print(f"[bold]answer {i + 1}:[/] {escape(a['text'])}{status}", highlight=False)
     out.print(compare_table(res))
     cal = res.calibration
     t = Table(title="measured per device and hop", title_justify="left")
@@ -386,6 +389,17 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     out.print(f"network: {res.network}")
     for e_ in res.emulated:
         out.print(f"emulated: {e_}")
+    report_unanswered(res)
+
+
+def report_unanswered(res) -> None:
+    """After a real run's report: one line on stderr per question that was not answered
+    (refused or lost, with the reason), then exit with status 1 if there was any."""
+    missing = res.unanswered
+    for i, how in missing:
+        err.print(f"question {i + 1}: {escape(one_line(how))}", highlight=False, soft_wrap=True)
+    if missing:
+        raise typer.Exit(1)
 
 
 @app.command()

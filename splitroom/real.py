@@ -65,6 +65,14 @@ class RealResult:
     emulated: list
     profile_predicted: dict | None = None
     profile_error_pct: dict | None = None
+    #: per question, in asking order: "answered", "refused: REASON" or "lost: REASON"
+    #: (``answers`` is aligned with it; a question that ended without an answer has "")
+    ended: list = dataclasses.field(default_factory=list)
+
+    @property
+    def unanswered(self) -> list[tuple[int, str]]:
+        """``(question index, how it ended)`` of every question that was not answered."""
+        return [(i, e) for i, e in enumerate(self.ended) if e != "answered"]
 
 
 def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backend: str) -> list:
@@ -297,16 +305,40 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
              log=print, profile=None) -> RealResult:
     """Run the room for real and predict it; see the module doc. With ``profile`` (a
     :class:`planner.profile.Profile`) the room is also predicted from it before it
-    runs (``RealResult.profile_predicted``).
+    runs (``RealResult.profile_predicted``). ``RealResult.ended`` says how each
+    question ended (answered, or refused/lost with the reason).
+
+    The work folder (device configs, traces, logs) is a temporary directory removed
+    when the run ends, failed or not (``SPLITROOM_KEEP_WORKDIR=1`` keeps it).
 
     Raises RealRunError when the scenario's model is not the bundled SmolLM2-135M, a
-    device process fails, or the run exceeds ``timeout_s`` seconds.
+    device process fails (with the last line of its log), or the run exceeds
+    ``timeout_s`` seconds.
     """
+    import shutil
+    workdir = Path(tempfile.mkdtemp(prefix="splitroom-real-"))
+    try:
+        return _run_real(scn, deal, backend, netns, timeout_s, log, profile, workdir)
+    finally:
+        if os.environ.get("SPLITROOM_KEEP_WORKDIR") != "1":
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _last_log_line(workdir: Path, name: str) -> str:
+    """The last non-empty line of WORKDIR/NAME.log (at most 300 characters), or ""."""
+    try:
+        lines = [ln for ln in (workdir / f"{name}.log").read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: float, log, profile,
+              workdir: Path) -> RealResult:
     if scn.model.id != "smollm2-135m":
         raise RealRunError(f"real runs serve the bundled smollm2-135m, not {scn.model.id!r}")
     from runtime.weights import ensure_safetensors
     model_dir = str(ensure_safetensors())
-    workdir = Path(tempfile.mkdtemp(prefix="splitroom-real-"))
     cfgs = node_configs(scn, deal, model_dir, workdir, backend)
     room = "r" + secrets.token_hex(4)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -362,7 +394,8 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
         except subprocess.TimeoutExpired:
             raise RealRunError(f"the room did not finish within {timeout_s:.0f} s") from None
         if rc != 0:
-            raise RealRunError(f"the model host exited with status {rc} (logs in {workdir})")
+            last = _last_log_line(workdir, deal.host)
+            raise RealRunError(f"the model host exited with status {rc}" + (f": {last}" if last else ""))
     finally:
         for dev, p in procs.items():
             if p.poll() is None:
@@ -391,6 +424,11 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     measured = compute_metrics(trace)
     info = json.loads(Path(cfgs[0].trace_path + ".answers.json").read_text())
     answers = [info["answers"][k] for k in sorted(info["answers"], key=int)]
+    asked = len(cfgs[0].prompts)
+    how = info.get("ended", {})
+    ended = [how.get(str(i), "lost: the model host ended without answering or refusing it") for i in range(asked)]
+    aligned = [dict(info["answers"].get(str(i), {"text": "", "token_ids": []}), ended=ended[i])
+               for i in range(asked)]
     cal = calibrate(trace, deal)
     prompt_lens = [o.prompt_tokens for _, o in trace if type(o).__name__ == "BeginAnswer"]
     n_ans = [len(a["token_ids"]) for a in answers] or [1]
@@ -401,8 +439,9 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     cal["wall_s"] = wall
     emulated = [f"{c.device}: compute padded {c.slowdown:g}x" for c in cfgs if c.slowdown > 1]
     _check_answered(predicted, "the same-run prediction")
-    return RealResult(measured, predicted, _error_pct(measured, predicted), answers, cal, network, emulated,
-                      profile_predicted, _error_pct(measured, profile_predicted) if profile_predicted else None)
+    return RealResult(measured, predicted, _error_pct(measured, predicted), aligned, cal, network, emulated,
+                      profile_predicted, _error_pct(measured, profile_predicted) if profile_predicted else None,
+                      ended)
 
 
 def _logs(workdir: Path, name: str) -> dict:

@@ -1,0 +1,52 @@
+"""`splitroom run --real` reports every question it did not answer (issue 11): a
+question longer than the room's context is refused with its lengths, the next is
+answered, the command prints one line per unanswered question and exits with status 1,
+and its temporary work folder is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+
+import pytest
+from typer.testing import CliRunner
+
+from runtime.tokenizer import ChatTokenizer
+from runtime.weights import ensure_safetensors
+from splitroom.cli import app
+
+pytestmark = pytest.mark.slow
+
+LONG = "Tell me everything about " + "the history of every city in Europe, " * 12
+SHORT = "What is the capital of France?"
+ANSWER = 8
+
+
+def test_a_refused_question_is_reported_with_its_reason_and_status_1(monkeypatch):
+    tok = ChatTokenizer.from_dir(ensure_safetensors())
+    long_len, short_len = len(tok.encode_chat(LONG)), len(tok.encode_chat(SHORT))
+    context = short_len + ANSWER  # the short question fits exactly, the long one does not
+    made = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def recording_mkdtemp(*a, **kw):
+        made.append(real_mkdtemp(*a, **kw))
+        return made[-1]
+    monkeypatch.setattr("splitroom.real.tempfile.mkdtemp", recording_mkdtemp)
+    sets = ["workload.questions=2", f"workload.answer_tokens={ANSWER}", f"context={context}",
+            f"workload.prompts={json.dumps([LONG, SHORT])}", "devices[1].lends=400 MB", "devices[2].lends=0 B"]
+    args = ["run", "scenarios/home.yaml", "--real", "--loopback", "--json", "--timeout", "120"]
+    r = CliRunner().invoke(app, args + [a for s in sets for a in ("--set", s)])
+    assert r.exit_code == 1, (r.exit_code, r.stderr[-2000:], r.exception)
+    out = json.loads(r.stdout)
+    ended = [a["ended"] for a in out["answers"]]
+    assert ended[0] == (f"refused: does not fit the context: a prompt of {long_len} tokens + {ANSWER} "
+                        f"answer tokens > {context} positions")
+    assert ended[1] == "answered" and "Paris" in out["answers"][1]["text"]
+    assert out["answers"][0]["token_ids"] == []
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("question ")]
+    assert lines == [f"question 1: {ended[0]}"]
+    assert "Traceback" not in r.stderr
+    assert len(made) == 1 and made[0].split("/")[-1].startswith("splitroom-real-")
+    import os
+    assert not os.path.exists(made[0])
