@@ -59,8 +59,8 @@ HOST_MIN_LENDS_RATIO = 0.5
 DEFAULT_HEADROOM = 0.05
 
 
-#: Deal modes beyond the product page's, by name: ``f(devices, model, options, network)
-#: -> Deal``. planner/optimal.py registers ``optimal`` (it imports this module, so this
+#: Deal modes beyond the product page's, by name: ``f(devices, model, options, network,
+#: return_path) -> Deal``. planner/optimal.py registers ``optimal`` (it imports this module, so this
 #: module cannot import it; planner/__init__.py imports it so the mode is always there).
 SPLITS: dict = {}
 
@@ -380,13 +380,14 @@ def _speed_estimates(devices: Sequence[Device]) -> dict[str, float]:
 # --- the deal ---------------------------------------------------------------------
 
 def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None,
-         network: Network | None = None) -> Deal:
+         network: Network | None = None, return_path: str = "direct") -> Deal:
     """Deal ``model``'s layers over ``devices`` by the product's rules (module doc).
 
     Returns a :class:`Deal`; it does not depend on the order ``devices`` are listed in.
     ``split: optimal`` goes to :func:`planner.optimal.optimal_deal` (through
     :data:`SPLITS`), which uses ``network`` (per-link RTT and hop overhead; room
-    defaults when None).
+    defaults when None) and ``return_path`` (``direct`` | ``via_stages``: the hops a lap
+    pays on the way back).
     Raises DealError when the room has no devices, device ids repeat, the forced host
     is unknown, the host has no WebGPU or lends nothing, a pinned deal is not a
     contiguous cover, or no device can hold even one layer (the message then names
@@ -400,7 +401,7 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise DealError(f"duplicate device id: {', '.join(dup)}")
     if options.split in SPLITS and options.stages is None:
-        return SPLITS[options.split](devices, model, options, network)
+        return SPLITS[options.split](devices, model, options, network, return_path)
     host_id, notes = pick_host(devices, options.host)
     by_id = {d.id: d for d in devices}
     host = by_id[host_id]

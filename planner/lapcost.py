@@ -22,6 +22,10 @@ order, so it does not change which deal is best).
   come from ``Network.links`` (symmetric ``between`` or directed ``from``/``to``), else
   the room's defaults. Jitter, stall episodes and congestion windows are the
   simulator's business (sim/), not this model's.
+* ``return_path``: ``direct`` (the last stage sends the result to the host) or
+  ``via_stages`` (it travels back through every stage: each forward hop ``a -> b`` is
+  matched by a return hop ``b -> a``, and the last stage's hop to the host by the first
+  stage's).
 
 Defaults for devices that give neither bandwidth nor compute are the simulator's
 (sim/devices.py, duplicated here because planner/ must not import sim/): 100 GB/s and
@@ -56,11 +60,13 @@ class LapCost:
         devices: the room's devices (bandwidth, compute, measured ``s_per_layer``).
         model: the model (active bytes and FLOPs per layer, head bytes, residual size).
         network: link defaults and per-pair overrides.
+        return_path: ``direct`` or ``via_stages`` (module doc).
     """
 
     devices: Sequence[Device]
     model: ModelSpec
     network: Network = field(default_factory=Network)
+    return_path: str = "direct"
 
     def __post_init__(self) -> None:
         by_id = {d.id: d for d in self.devices}
@@ -113,16 +119,25 @@ class LapCost:
 
         ``stages``: ``(device, start, end)`` in chain order; the host need not be first
         (a coordinator host holds no layers). Hops: host -> first stage (when the first
-        stage is not the host), stage to stage, last stage -> host (when not the host).
+        stage is not the host), stage to stage, then back: last stage -> host
+        (``direct``), or back through every stage to the host (``via_stages``).
         """
         t = self.head_s(host)
-        ring = [host] + [s[0] for s in stages] + [host]
         for dev, start, end in stages:
             t += self.stage_s(dev, start, end)
-        for a, b in zip(ring, ring[1:]):
-            if a != b:
-                t += self.hop_s(a, b)
-        return t
+        return t + self.hops_s(host, [s[0] for s in stages])
+
+    def hops_s(self, host: str, chain: Sequence[str]) -> float:
+        """Seconds of every hand-off of one lap through ``chain`` (device ids in order)
+        from and back to ``host``, by ``return_path``."""
+        path = [host] + list(chain)
+        if self.return_path == "via_stages":
+            back = path[::-1]
+            hops = list(zip(path, path[1:])) + list(zip(back, back[1:]))
+        else:
+            ring = path + [host]
+            hops = list(zip(ring, ring[1:]))
+        return sum(self.hop_s(a, b) for a, b in hops if a != b)
 
 
 def _link_table(links: Sequence[LinkSpec]) -> dict[tuple[str, str], LinkSpec]:

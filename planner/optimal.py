@@ -214,10 +214,13 @@ def search(devices: Sequence[Device], model: ModelSpec, options: DealOptions, co
     bound = float("inf")
     memo: dict = {}
 
+    via = cost.return_path == "via_stages"
+
     def hop(a: str, b: str) -> float:
+        """One forward hop (``direct``), or the hop and its return (``via_stages``)."""
         v = memo.get((a, b))
         if v is None:
-            v = memo[(a, b)] = cost.hop_s(a, b)
+            v = memo[(a, b)] = cost.hop_s(a, b) + (cost.hop_s(b, a) if via else 0.0)
         return v
     min_pair = min((hop(a.id, b.id) for a in devs for b in devs if a is not b), default=0.0)
     per_host = []
@@ -243,7 +246,9 @@ def search(devices: Sequence[Device], model: ModelSpec, options: DealOptions, co
                 break
             held, k_min = held + c, k_min + 1
         hop_lb = 0.0
-        if k_min:
+        if k_min and via:  # a path of k_min edges from the host, each paid both ways
+            hop_lb = min(hop(h.id, d.id) for d in others) + (k_min - 1) * min_pair
+        elif k_min:
             out_in = min(hop(h.id, d.id) for d in others) + min(hop(d.id, h.id) for d in others)
             hop_lb = max(out_in + (k_min - 1) * min_pair, (k_min + 1) * min_pair)
         host_lb = head + lb + hop_lb
@@ -259,7 +264,7 @@ def search(devices: Sequence[Device], model: ModelSpec, options: DealOptions, co
             cand = _exact_for_host(h.id, others, s, cap, L, head, cost, best[0] if best else float("inf"))
         else:
             cand = _heuristic_for_host(h.id, others, s, cap, L, head, hop, min_pair, lb,
-                                       best[0] if best else float("inf"))
+                                       best[0] if best else float("inf"), via)
         if cand is not None and not model.uniform:
             cand = _cut_by_bytes(h.id, [x[0] for x in cand[1]], by_speed, model, options, cost)
         if cand is not None and (best is None or cand[0] < best[0] - 1e-15):
@@ -292,6 +297,8 @@ def _exact_for_host(h: str, others: list[Device], s: dict, cap: dict, L: int, he
     w_out = np.array([cost.hop_s(h, v) for v in ids])
     w_in = np.array([cost.hop_s(v, h) for v in ids])
     w = np.array([[cost.hop_s(u, v) if u != v else np.inf for v in ids] for u in ids]) if m else np.zeros((0, 0))
+    if cost.return_path == "via_stages":  # every hop is paid both ways; the path ends where it turns back
+        w_out, w, w_in = w_out + w_in, w + w.T, np.zeros(m)
     cycle, P = _held_karp(m, w_out, w, w_in) if m else (np.zeros(1), None)
     # the host and `others` are sorted fastest first; members of a mask keep that order
     h_rank = sum(1 for d in others if (s[d.id], d.id) < (s[h], h))
@@ -318,14 +325,15 @@ def _exact_for_host(h: str, others: list[Device], s: dict, cap: dict, L: int, he
 
 
 def _heuristic_for_host(h: str, others: list[Device], s: dict, cap: dict, L: int, head: float, hop,
-                        min_pair: float, compute_lb: float, incumbent: float):
+                        min_pair: float, compute_lb: float, incumbent: float, via: bool = False):
     """Host ``h`` plus its k fastest others, k = 0, 1, ...; rings by nearest neighbour +
     2-opt. A k is skipped when even its cheapest possible ring cannot beat the best lap,
     and the loop stops when no larger k can (hops grow by at least ``min_pair`` each)."""
     best = None
     for k in range(len(others) + 1):
         limit = min(incumbent, best[0] if best else float("inf"))
-        if k and head + compute_lb + (k + 1) * min_pair >= limit:
+        edges = k if via else k + 1  # hops of a path there and back / of a ring
+        if k and head + compute_lb + edges * min_pair >= limit:
             break
         if k + 1 > L:
             break
@@ -335,21 +343,23 @@ def _heuristic_for_host(h: str, others: list[Device], s: dict, cap: dict, L: int
         if counts is None:
             continue
         compute = sum(counts[x] * s[x] for x in members)
-        if k and head + compute + (k + 1) * min_pair >= limit:
+        if k and head + compute + edges * min_pair >= limit:
             continue
-        order = _nn_two_opt(h, chosen, hop)
-        lap = head + compute + _ring_cost(h, order, hop)
+        order = _nn_two_opt(h, chosen, hop, via)
+        lap = head + compute + _ring_cost(h, order, hop, via)
         if best is None or lap < best[0] - 1e-15:
             best = (lap, _layout(h, order, counts))
     return best
 
 
-def _ring_cost(h: str, order: list[str], hop) -> float:
-    ring = [h] + order + [h]
+def _ring_cost(h: str, order: list[str], hop, via: bool = False) -> float:
+    """Hop seconds of the ring ``h -> order -> h``; with ``via`` the path ``h -> order``
+    only (``hop`` then already counts each hop's return)."""
+    ring = [h] + order + ([] if via else [h])
     return sum(hop(a, b) for a, b in zip(ring, ring[1:]) if a != b)
 
 
-def _nn_two_opt(h: str, nodes: list[str], hop) -> list[str]:
+def _nn_two_opt(h: str, nodes: list[str], hop, via: bool = False) -> list[str]:
     """Nearest-neighbour ring from ``h`` through ``nodes``, improved by 2-opt (segment
     reversal) until no move helps (at most 10 passes)."""
     left, order, cur = list(nodes), [], h
@@ -358,13 +368,13 @@ def _nn_two_opt(h: str, nodes: list[str], hop) -> list[str]:
         order.append(nxt)
         left.remove(nxt)
         cur = nxt
-    best = _ring_cost(h, order, hop)
+    best = _ring_cost(h, order, hop, via)
     for _ in range(10):
         improved = False
         for i in range(len(order) - 1):
             for j in range(i + 1, len(order)):
                 cand = order[:i] + order[i:j + 1][::-1] + order[j + 1:]
-                c = _ring_cost(h, cand, hop)
+                c = _ring_cost(h, cand, hop, via)
                 if c < best - 1e-15:
                     order, best, improved = cand, c, True
         if not improved:
@@ -373,7 +383,7 @@ def _nn_two_opt(h: str, nodes: list[str], hop) -> list[str]:
 
 
 def optimal_deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions,
-                 network: Network | None = None) -> Deal:
+                 network: Network | None = None, return_path: str = "direct") -> Deal:
     """The deal of :func:`search`, as a :class:`Deal` (``split="optimal"``) whose notes
     say what was chosen and why, and how much faster than the ``speed`` deal it is
     predicted to decode (both by :class:`planner.lapcost.LapCost`); ``Deal.predicted``
@@ -385,13 +395,13 @@ def optimal_deal(devices: Sequence[Device], model: ModelSpec, options: DealOptio
     ids = [d.id for d in devices]
     if len(set(ids)) != len(ids):
         raise DealError(f"duplicate device id: {', '.join(sorted({i for i in ids if ids.count(i) > 1}))}")
-    cost = LapCost(devices, model, network or Network())
+    cost = LapCost(devices, model, network or Network(), return_path)
     plan = search(devices, model, options, cost)
     stages = tuple(Stage(d, a, e) for d, a, e in plan.stages)
     compute = sum(cost.stage_s(d, a, e) for d, a, e in plan.stages)
     head = cost.head_s(plan.host)
     ring_ids = [plan.host] + [s.device for s in stages[1:]] + [plan.host]
-    hops = sum(cost.hop_s(a, b) for a, b in zip(ring_ids, ring_ids[1:]) if a != b)
+    hops = cost.hops_s(plan.host, [s.device for s in stages])
     ring = " -> ".join(ring_ids) if len(stages) > 1 else f"{plan.host} alone"
     notes = [f"split optimal: {plan.host} hosts, ring {ring}: predicted lap {plan.lap_s * 1e3:.2f} ms "
              f"(layers {compute * 1e3:.2f} ms, hops {hops * 1e3:.2f} ms, head {head * 1e3:.2f} ms), "

@@ -111,7 +111,7 @@ def deal_scenario(scn, source: str):
     """Deal a scenario's room or exit 2 naming the problem."""
     from planner.deal import DealError, deal
     try:
-        return deal(scn.devices, scn.model, scn.options, scn.network)
+        return deal(scn.devices, scn.model, scn.options, scn.network, scn.decoding.return_path)
     except DealError as e:
         fail(f"{source}: cannot deal the room: {e}")
 

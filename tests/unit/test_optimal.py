@@ -65,8 +65,9 @@ def best_cut(total: int, caps: list[int], s: list[float], spent: float, best: fl
     return best
 
 
-def brute_force(devs: list[Device], hop: dict, L: int) -> float:
-    """Least lap over every host, ordered set of other devices and cut."""
+def brute_force(devs: list[Device], hop: dict, L: int, via: bool = False) -> float:
+    """Least lap over every host, ordered set of other devices and cut. ``via``: the
+    result returns back through every stage (each hop paid again in reverse)."""
     best = float("inf")
     s = {d.id: d.s_per_layer for d in devs}
     cap = {d.id: d.lends_bytes // GiB for d in devs}  # no extras, no KV, no headroom
@@ -75,33 +76,42 @@ def brute_force(devs: list[Device], hop: dict, L: int) -> float:
         for k in range(len(others) + 1):
             for order in itertools.permutations(others, k):
                 chain = [h.id, *order]
-                ring = chain + [h.id]
-                hops = sum(hop[(a, b)] for a, b in zip(ring, ring[1:]) if a != b)
+                if via:
+                    hops = sum(hop[(a, b)] + hop[(b, a)] for a, b in zip(chain, chain[1:]))
+                else:
+                    ring = chain + [h.id]
+                    hops = sum(hop[(a, b)] for a, b in zip(ring, ring[1:]) if a != b)
                 if SAMPLE_S + hops + L * min(s.values()) >= best:
                     continue
                 best = best_cut(L, [cap[c] for c in chain], [s[c] for c in chain], SAMPLE_S + hops, best)
     return best
 
 
-def lap_of(d, hop: dict, devs: list[Device]) -> float:
+def lap_of(d, hop: dict, devs: list[Device], via: bool = False) -> float:
     s = {x.id: x.s_per_layer for x in devs}
-    ring = [d.host] + [st.device for st in d.stages if st.device != d.host] + [d.host]
-    return SAMPLE_S + sum(hop[(a, b)] for a, b in zip(ring, ring[1:]) if a != b) + \
-        sum(st.layers * s[st.device] for st in d.stages)
+    chain = [d.host] + [st.device for st in d.stages if st.device != d.host]
+    if via:
+        hops = sum(hop[(a, b)] + hop[(b, a)] for a, b in zip(chain, chain[1:]))
+    else:
+        ring = chain + [d.host]
+        hops = sum(hop[(a, b)] for a, b in zip(ring, ring[1:]) if a != b)
+    return SAMPLE_S + hops + sum(st.layers * s[st.device] for st in d.stages)
 
 
+@pytest.mark.parametrize("via", [False, True], ids=["direct", "via_stages"])
 @pytest.mark.parametrize("n, L, seeds", [(2, 24, 10), (3, 24, 10), (4, 24, 6), (5, 12, 6), (6, 8, 5), (5, 24, 5), (6, 24, 5)])
-def test_optimal_matches_brute_force(n, L, seeds):
+def test_optimal_matches_brute_force(n, L, seeds, via):
+    rp = "via_stages" if via else "direct"
     for seed in range(seeds):
         rng = random.Random(1000 * n + L + seed)
         devs, net, hop = random_room(rng, n, L)
         if sum(d.lends_bytes for d in devs) < L * GiB:
             with pytest.raises(DealError):
-                optimal_deal(devs, toy(L), DealOptions(), net)
+                optimal_deal(devs, toy(L), DealOptions(), net, rp)
             continue
-        want = brute_force(devs, hop, L)
-        d = optimal_deal(devs, toy(L), DealOptions(), net)
-        got = lap_of(d, hop, devs)
+        want = brute_force(devs, hop, L, via)
+        d = optimal_deal(devs, toy(L), DealOptions(), net, rp)
+        got = lap_of(d, hop, devs, via)
         assert got == pytest.approx(want, rel=1e-9, abs=1e-12), (seed, d.stages)
         assert d.predicted["lap_s"] == pytest.approx(got, rel=1e-9)
         assert d.predicted["exact"] is True
@@ -140,12 +150,14 @@ def test_optimal_leaves_out_a_far_device_and_orders_the_ring():
     assert [s.device for s in d.stages] == ["a", "c", "b"]
 
 
-def test_heuristic_beyond_exact_limit_reports_a_gap():
+@pytest.mark.parametrize("rp", ["direct", "via_stages"])
+def test_heuristic_beyond_exact_limit_reports_a_gap(rp):
     rng = random.Random(5)
     devs, net, hop = random_room(rng, EXACT_MAX_DEVICES + 2, 40)
     devs = [Device(d.id, lends_bytes=8 * GiB, s_per_layer=d.s_per_layer) for d in devs]
-    d = optimal_deal(devs, toy(40), DealOptions(), net)
+    d = optimal_deal(devs, toy(40), DealOptions(), net, rp)
     assert d.predicted["exact"] is False
+    assert d.predicted["lap_s"] == pytest.approx(lap_of(d, hop, devs, rp == "via_stages"), rel=1e-9)
     assert d.predicted["bound_lap_s"] <= d.predicted["lap_s"] + 1e-12
     assert any("lower bound" in n for n in d.notes)
     assert d.stages[-1].end == 40
