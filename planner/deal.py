@@ -19,8 +19,9 @@ Rules reproduced from the product page "How layers are split" (shared/seeds/000)
 * Memory per layer = weights + the layer's KV share at the room's context (int8 KV
   halves the KV part). Layers may differ in size (``ModelSpec.layer_sizes``): then
   what a device holds depends on where its range starts, and the deal is repeated
-  with each device's capacity at its own position until it settles. The host's own share is what it lends minus embedding, output
-  head and draft layer. The host always keeps at least one layer.
+  with each device's capacity at its own position until it settles. The host's own
+  share is what it lends minus embedding, output head and draft layer. The host always
+  keeps at least one layer.
 * ``speed``: devices ordered by measured time per layer, fastest first; unmeasured,
   the host and the biggest computers first, an unmeasured phone counting 20x slower
   than an unmeasured computer. Each is filled up to what it holds until the model is

@@ -108,6 +108,17 @@ class ChainReady:
     first_lap: int
 
 
+@dataclass(frozen=True)
+class QuestionWithdrawn:
+    """The asker of ``question_id`` no longer wants its answer (it went away, or its
+    answer reached one of its stop sequences). A waiting question leaves the queue
+    (:class:`Refuse`, "withdrawn by the asker"); the question being answered ends now
+    (:class:`AnswerDone` with reason ``withdrawn``, its laps in flight dropped) and the
+    next one begins. An unknown or finished question: nothing."""
+
+    question_id: int
+
+
 # --- commands ---------------------------------------------------------------------
 
 
@@ -224,7 +235,8 @@ class LapEnded:
 
 @dataclass(frozen=True)
 class AnswerDone:
-    """``question_id`` is answered (``tokens`` answer tokens, ``reason`` eos|length)."""
+    """``question_id`` is answered (``tokens`` answer tokens, ``reason`` eos|length, or
+    withdrawn: the asker withdrew it mid-answer, see :class:`QuestionWithdrawn`)."""
 
     question_id: int
     device: str
@@ -270,13 +282,15 @@ class Computed:
     seconds: float
 
 
-EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady)
+EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
+          QuestionWithdrawn)
 RECORDS = (Computed,)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
             LapEnded, AnswerDone, Refuse, Redeal)
 
 #: Anything a driver feeds to :meth:`planner.chain.Chain.handle` (or a machine).
-Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady]
+Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
+              QuestionWithdrawn]
 #: Anything a machine returns for a driver to carry out.
 Command = Union[BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
                 LapEnded, AnswerDone, Refuse, Redeal]

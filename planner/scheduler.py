@@ -40,8 +40,9 @@ from planner.deal import Deal
 from planner.frames import DType, FrameHeader, FrameKind
 from planner.room import Scenario
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DropFrame,
-                              EmitToken, Event, FrameArrived, HeadFinished, LapEnded, LapKind, QuestionAsked, Redeal,
-                              Refuse, ReturnPath, RollbackKV, RunHead, RunStage, SendFrame, StageFinished, Wake)
+                              EmitToken, Event, FrameArrived, HeadFinished, LapEnded, LapKind, QuestionAsked,
+                              QuestionWithdrawn, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage, SendFrame,
+                              StageFinished, Wake)
 
 #: Product page 001: "Up to 10 questions wait in the host's queue, at most two per device."
 MAX_WAITING = 10

@@ -99,7 +99,8 @@ def lap_of(d, hop: dict, devs: list[Device], via: bool = False) -> float:
 
 
 @pytest.mark.parametrize("via", [False, True], ids=["direct", "via_stages"])
-@pytest.mark.parametrize("n, L, seeds", [(2, 24, 10), (3, 24, 10), (4, 24, 6), (5, 12, 6), (6, 8, 5), (5, 24, 5), (6, 24, 5)])
+@pytest.mark.parametrize("n, L, seeds", [(2, 24, 10), (3, 24, 10), (4, 24, 6), (5, 12, 6), (6, 8, 5),
+                                         (5, 24, 5), (6, 24, 5)])
 def test_optimal_matches_brute_force(n, L, seeds, via):
     rp = "via_stages" if via else "direct"
     for seed in range(seeds):

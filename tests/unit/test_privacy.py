@@ -29,10 +29,11 @@ def toy(layers: int = 40) -> ModelSpec:
 
 
 def test_host_keeps_both_ends_and_the_middle_goes_round():
-    # host lends 30 GiB (the memory pick), b 30 GiB. first 3, last 2: host holds 1-3 and
-    # 39-40 (its virtual tail); the 35 middle layers go to b (the only other device,
-    # which holds 30) ... 30 < 35, so c (20 GiB) takes the rest: b 4-33, c 34-38.
-    room = [Device("host", lends_bytes=30 * GiB), Device("b", lends_bytes=30 * GiB), Device("c", lends_bytes=20 * GiB)]
+    # host (forced) lends 30 GiB, b 30 GiB, c 20 GiB. first 3, last 2: host holds 1-3 and
+    # 39-40 (its virtual tail); the 35 middle layers go to b first (lends the most, holds
+    # 30: layers 4-33), c takes the other 5 (34-38).
+    room = [Device("host", lends_bytes=30 * GiB), Device("b", lends_bytes=30 * GiB),
+            Device("c", lends_bytes=20 * GiB)]
     net = Network(rtt_s=2e-3, links=(LinkSpec(between=("host", "c"), rtt_s=9e-3),))
     devs, net2, d = ends_local(room, toy(), DealOptions(host="host"), net, 3, 2)
     tail = "host" + TAIL_SUFFIX
@@ -93,7 +94,8 @@ def test_simulate_json_reports_the_price_of_privacy(tmp_path):
     assert r.exit_code == 0, r.output
     p = json.loads(r.output)["privacy"]
     assert p["ends_local"] == {"first": 2, "last": 3}
-    assert p["change_pct"] == pytest.approx(100 * (p["tokens_per_s"] - p["plain_tokens_per_s"]) / p["plain_tokens_per_s"])
+    plain = p["plain_tokens_per_s"]
+    assert p["change_pct"] == pytest.approx(100 * (p["tokens_per_s"] - plain) / plain)
     # the plain deal: b hosts (lends the most; a lends less than half as much) and holds
     # all 30 layers alone, no hop. Ends-local must send the middle to a and back: two
     # 3 ms hops (2 ms half-RTT + 1 ms overhead) a lap, so it is slower.
