@@ -25,7 +25,8 @@ What the model host does per question (product pages 001 and 002):
   lap launched before a rejection).
 * **Return path**: ``direct`` (the last stage sends to the host) or ``via_stages``.
 * **Queue**: one question answered at a time; up to 10 wait, at most 2 per device
-  (product page 001); the 11th or a device's 3rd is refused with a reason.
+  (product page 001); the 11th or a device's 3rd is refused with a reason. An asker
+  that withdraws a question (QuestionWithdrawn: it went away) frees its place.
 * **Phone GPU wake**: at the start of each lap the host tells every phone that holds
   layers that a frame is coming (at most 50 ms of busy-keeping; product page 001).
 """
@@ -212,6 +213,8 @@ class HostScheduler:
             return self._lost(event)
         if isinstance(event, ChainReady):
             return self._chain_ready(event)
+        if isinstance(event, QuestionWithdrawn):
+            return self._withdrawn(event)
         return []
 
     @property
@@ -246,6 +249,20 @@ class HostScheduler:
             self.queue.append(ev)
             return []
         return self._begin(ev)
+
+    def _withdrawn(self, ev: QuestionWithdrawn) -> list:
+        """The asker withdrew ``ev.question_id``: a waiting one leaves the queue (its
+        place is free), the active one ends now and the next begins."""
+        for w in self.queue:
+            if w.question_id == ev.question_id:
+                self.queue.remove(w)
+                return [Refuse(w.question_id, w.device, "withdrawn by the asker")]
+        q = self.active
+        if q is None or q.question_id != ev.question_id:
+            return []
+        q.done = True
+        q.reason = "withdrawn"
+        return self._finish(q)
 
     def _begin(self, ev: QuestionAsked) -> list:
         q = _Question(ev.question_id, ev.device, list(ev.prompt), len(ev.prompt), ev.max_new_tokens,
