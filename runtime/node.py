@@ -68,7 +68,8 @@ def stop_on_signals() -> asyncio.Event:
 
 async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optional[asyncio.Event] = None,
                      until: Sequence[Awaitable] = (), loaded=None,
-                     on_start: Optional[Callable[[Node], None]] = None) -> tuple[Node, int]:
+                     on_start: Optional[Callable[[Node], None]] = None,
+                     keep_open: bool = False) -> tuple[Node, int]:
     """The one device loop (``python -m runtime.node`` and ``splitroom join``).
 
     Builds a :class:`runtime.room.Node` over ``transport`` (``send``/``set_handler``,
@@ -80,13 +81,16 @@ async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optiona
     Args:
         loaded: ``(stage, tokenizer, drafter)`` already loaded; :func:`load_device` when None.
         on_start: called with the started node (e.g. to stream its answers).
+        keep_open: the host keeps taking questions (``Node.ask``, e.g. from an HTTP
+            server) once its configured prompts are answered, until ``stop``, an
+            ``until`` waiter or the timeout.
     Returns:
         ``(node, status)``: status 0 done, 4 timed out, 5 lost the model host. An
         exception raised by an ``until`` waiter propagates after the node is stopped.
     """
     stage, tokenizer, drafter = loaded if loaded is not None else load_device(cfg)
     kwargs = {"drafter": drafter} if drafter is not None else {}
-    node = Node(cfg, stage, transport, tokenizer, **kwargs)
+    node = Node(cfg, stage, transport, tokenizer, keep_open=keep_open, **kwargs)
     is_host = cfg.device == cfg.host
     node.start()
     if on_start is not None:

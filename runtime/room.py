@@ -43,6 +43,8 @@ log = logging.getLogger("splitroom.room")
 
 RESIDUAL = "residual"
 REPLY = "reply"
+#: trace records a ``keep_open`` node keeps (the latest; older ones are dropped)
+OPEN_TRACE_RECORDS = 200_000
 
 
 class Node:
@@ -55,11 +57,18 @@ class Node:
         tokenizer: the host's ChatTokenizer (None elsewhere).
         drafter: the host's drafter ``(context ids, k) -> k ids``.
         clock: seconds, for the trace (``time.time`` by default).
+        keep_open: the host keeps taking questions (:meth:`ask`) after its configured
+            prompts: :attr:`done` is never set by running out of them, and the trace
+            keeps only its last :data:`OPEN_TRACE_RECORDS` records (a long-lived room).
+    Attributes:
+        observers: callables given every event and command, in order, after the node
+            carried it out (e.g. an HTTP server streaming answers); an observer that
+            raises is logged and the node goes on.
     """
 
     def __init__(self, config: NodeConfig, stage: Stage | None, transport, tokenizer=None,
                  drafter: Callable[[Sequence[int], int], list[int]] = ngram_draft,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, keep_open: bool = False):
         self.cfg = config
         self.stage = stage
         self.transport = transport
@@ -85,6 +94,12 @@ class Node:
         self.lost_host = asyncio.Event()  # a worker lost the model host: nothing more will come
         self.rejected_frames = 0
         self._next_q = 0
+        self.keep_open = keep_open
+        self.observers: list[Callable[[Any], None]] = []
+        self._asked_here = 0  # questions asked with ask()
+        if keep_open:
+            import collections
+            self.trace = collections.deque(maxlen=OPEN_TRACE_RECORDS)  # type: ignore[assignment]
         transport.set_handler(self._on_message)
         if hasattr(transport, "set_lost_handler"):
             transport.set_lost_handler(self._on_lost)
@@ -135,9 +150,19 @@ class Node:
         """Feed one event to this node's machine and carry out its commands."""
         now = self.clock()
         self.trace.append((now, event))
+        self._notify(event)
         for c in self.chain.handle(event, now):
             self.trace.append((now, c))
             self._execute(c)
+            self._notify(c)
+
+    def _notify(self, obj) -> None:
+        for fn in self.observers:
+            try:
+                fn(obj)
+            except Exception as e:  # an observer's bug never stops the room
+                log.warning("%s: observer failed on %s: %s: %s", self.cfg.device, type(obj).__name__,
+                            type(e).__name__, e)
 
     # -- commands out ---------------------------------------------------------------
 
@@ -210,7 +235,8 @@ class Node:
         if not self.is_host:
             return
         if self._next_q >= len(self.cfg.prompts):
-            self.done.set()
+            if not self.keep_open:
+                self.done.set()
             return
         qid = self._next_q
         self._next_q += 1
@@ -218,6 +244,38 @@ class Node:
         self.context[qid] = list(ids)
         asyncio.get_event_loop().call_soon(
             self.handle, QuestionAsked(qid, self.cfg.device, tuple(ids), self.cfg.max_new_tokens))
+
+    def ask(self, prompt_ids: Sequence[int], max_new_tokens: int, device: str) -> int:
+        """Ask a question while the room runs (the model host; see ``keep_open``).
+
+        ``prompt_ids``: the prompt's token ids (chat template applied); ``max_new_tokens``:
+        the answer's cap, tokens; ``device``: who asks (the scheduler's queue limits count
+        per asker). The question reaches the scheduler on the next turn of the event loop,
+        so an observer keyed on the returned id sees all of it: BeginAnswer or Refuse,
+        EmitToken..., AnswerDone. Returns the question id (never one of the configured
+        prompts' ids). Raises RuntimeError on a node that is not the model host.
+        """
+        if not self.is_host:
+            raise RuntimeError(f"{self.cfg.device} is not the model host; only the host takes questions")
+        qid = len(self.cfg.prompts) + self._asked_here
+        self._asked_here += 1
+        self.context[qid] = list(prompt_ids)
+        asyncio.get_running_loop().call_soon(
+            self.handle, QuestionAsked(qid, device, tuple(int(t) for t in prompt_ids), int(max_new_tokens)))
+        return qid
+
+    def withdraw(self, question_id: int) -> None:
+        """The asker no longer wants ``question_id`` (it went away, or a stop sequence
+        ended its answer): a waiting question frees its place, the active one ends now
+        (:class:`planner.protocol.QuestionWithdrawn`, on the next turn of the loop)."""
+        from planner.protocol import QuestionWithdrawn
+        asyncio.get_running_loop().call_soon(self.handle, QuestionWithdrawn(question_id))
+
+    def forget(self, question_id: int) -> None:
+        """Drop what this node keeps of an ended question (its context, answer, how it
+        ended): a long-lived host calls it once the answer was delivered."""
+        for d in (self.context, self.answers, self.ended):
+            d.pop(question_id, None)
 
     def start(self) -> None:
         """Begin asking (host) and computing."""
