@@ -574,7 +574,8 @@ class HostScheduler:
             cmds += self._end_lap(lap, stale=True)
         self.inflight.clear()
         self._set_deal(new)
-        self.recovering = self._next_lap
+        self.recovering = self._next_lap  # a lap id of its own, so each re-deal's ChainReady is told apart
+        self._next_lap += 1
         q = self.active
         if q is not None and q.device == dev:
             cmds.append(Refuse(q.question_id, q.device, f"{dev} left the room"))

@@ -10,6 +10,13 @@ transport message, told apart by ``"type"``:
 * :class:`Plan`   host -> every peer: the chain, the scheduler settings, the answer cap.
 * :class:`Abort`  anyone -> every peer: the room cannot run, with a reason.
 * :class:`Bye`    host -> every peer: the host is done; workers exit.
+* :class:`Heartbeat` every device -> every peer, every 0.25 s: "still here"; a peer
+  silent for the heartbeat timeout (1 s) after its first heartbeat is lost.
+* :class:`Replan` host -> the devices of a re-dealt chain (after a lost worker): load
+  your new range, empty your KV cache, drop frames of laps before ``first_lap``.
+* :class:`Ready`  a device of the new chain -> host: done loading for ``first_lap``.
+* :class:`Crash`  host -> one device, only where fault injection is on (a scenario's
+  ``faults:`` in ``run --real``): exit at once, as a killed process would.
 
 :class:`NodeConfig` is everything one device process needs (written as JSON by
 ``splitroom run --real`` for ``python -m runtime.node``, built from a Plan by
@@ -129,11 +136,46 @@ class Bye(_Model):
     type: Literal["bye"] = "bye"
 
 
-ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye], Field(discriminator="type")]
+class Heartbeat(_Model):
+    """Still here."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+
+
+class Replan(_Model):
+    """The chain after ``lost`` left: ``stages`` (host first), frames of laps before
+    ``first_lap`` are stale. Each device of ``stages`` answers :class:`Ready`."""
+
+    type: Literal["replan"] = "replan"
+    lost: DEVICE_ID
+    host: DEVICE_ID
+    stages: tuple[StageRow, ...] = Field(min_length=1)
+    first_lap: int = Field(ge=0)
+
+    def deal(self) -> Deal:
+        """The new chain as a pinned Deal."""
+        return chain_deal(self.host, self.stages)
+
+
+class Ready(_Model):
+    """This device holds its range of the chain of ``first_lap``, KV cache empty."""
+
+    type: Literal["ready"] = "ready"
+    first_lap: int = Field(ge=0)
+
+
+class Crash(_Model):
+    """Fault injection: exit now without a goodbye (honoured only when enabled)."""
+
+    type: Literal["crash"] = "crash"
+
+
+ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Ready, Crash],
+                           Field(discriminator="type")]
 _CONTROL = TypeAdapter(ControlMessage)
 
 
-def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye:
+def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye | Heartbeat | Replan | Ready | Crash:
     """One control message from its JSON bytes. Raises ControlError (one line) for
     anything that is not exactly one of the four messages."""
     try:
@@ -142,7 +184,7 @@ def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye:
         raise _one_line(e, "control message") from None
 
 
-def encode_control(msg: Hello | Plan | Abort | Bye) -> bytes:
+def encode_control(msg: _Model) -> bytes:
     """A control message as JSON bytes (what :func:`parse_control` reads)."""
     return msg.model_dump_json().encode()
 
@@ -165,6 +207,15 @@ class NodeConfig(BaseModel):
         peers: every other device of the room.
         drafter: the host's drafter (``ngram``, ``early_exit``, ``model``).
         early_exit_layers: layers the early_exit drafter runs.
+        recover: the host re-deals a lost worker's layers over the chain left (the lost
+            range goes to the stage before it, loaded from this machine's model
+            directory) and replays; False: a lost device ends the room.
+        heartbeat_s: seconds between heartbeats to every peer (0: none).
+        heartbeat_timeout_s: a peer silent this long after its first heartbeat is lost
+            (0: only the transport notices).
+        crash_at_token: the host's fault injection, ``[(device, N), ...]``: once N answer
+            tokens (all questions) are emitted, tell ``device`` to crash.
+        crashable: obey a Crash message (exit at once, status 9).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -182,6 +233,11 @@ class NodeConfig(BaseModel):
     peers: list[DEVICE_ID] = Field(default_factory=list)
     drafter: Literal["ngram", "early_exit", "model"] = "ngram"
     early_exit_layers: int = Field(8, ge=1)
+    recover: bool = True
+    heartbeat_s: float = Field(0.25, ge=0.0)
+    heartbeat_timeout_s: float = Field(1.0, ge=0.0)
+    crash_at_token: list[tuple[DEVICE_ID, Annotated[int, Field(ge=1)]]] = Field(default_factory=list)
+    crashable: bool = False
 
     def deal(self) -> Deal:
         """The chain as a pinned :class:`planner.deal.Deal`."""

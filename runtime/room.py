@@ -14,12 +14,22 @@ frames that arrive meanwhile wait. ``slowdown`` pads every compute step to that 
 Every event and command is appended to the node's trace with the wall-clock time
 (``time.time()``, shared by every process of one machine), so the traces of all nodes
 merge into one and :mod:`planner.metrics` computes the measured numbers.
+
+Liveness and recovery: every node sends each peer a heartbeat on the ``reply``
+channel (runtime.control) every ``heartbeat_s``; a peer silent for
+``heartbeat_timeout_s`` after it was first heard is lost (DeviceLost, naming it), as is
+one whose connection fails. With ``recover`` the host's chain re-deals a lost worker's
+layers (to the stage before it), sends the new chain a Replan, loads its own new range,
+waits for every device's Ready, then feeds ChainReady and the scheduler replays the
+answer so far. A worker that gets a Replan loads its new range from the model
+directory (its own disk) in the compute thread and answers Ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -27,15 +37,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.frames import FrameError, FrameHeader, FrameKind
-from planner.protocol import (AnswerDone, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
-                              QuestionAsked, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
+from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
+                              QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               Wake)
-from planner.chain import Chain
+from planner.chain import Chain, merge_lost
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-from .control import NodeConfig
+from .control import (ControlError, Crash, Heartbeat, NodeConfig, Ready, Replan, encode_control,
+                      parse_control)
 from .drafters import ngram_draft
 from .work import consumes_residual, run_work
 
@@ -83,7 +94,13 @@ class Node:
             self.sched_cfg = dataclasses.replace(self.sched_cfg, context=cap)
         self.compute_errors = 0
         self.is_host = config.device == config.host
-        self.chain = Chain(self.deal, self.sched_cfg, runs={config.device})
+        self.chain = Chain(self.deal, self.sched_cfg, runs={config.device},
+                           redeal=(lambda d, lost: merge_lost(d, lost)) if config.recover else None)
+        self.last_heard: dict[str, float] = {}  # peer -> time.monotonic() it was last heard from
+        self.lost_peers: set[str] = set()
+        self.awaiting: dict[int, set[str]] = {}  # host: re-deal first lap -> devices not ready yet
+        self.emitted = 0
+        self._tasks: list[asyncio.Future] = []
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -107,6 +124,12 @@ class Node:
     # -- events in ------------------------------------------------------------------
 
     def _on_message(self, src: str, channel: str, data: bytes) -> None:
+        if src in self.lost_peers:
+            return  # a lost device is gone for good: late frames from it are ignored
+        self.last_heard[src] = time.monotonic()
+        if channel == REPLY:
+            self._on_control(src, data)
+            return
         if channel != RESIDUAL:
             return
         try:
@@ -131,14 +154,35 @@ class Node:
         self.residual[h.lap_id] = x
         self.handle(FrameArrived(self.cfg.device, src, h))
 
-    def _on_lost(self, peer: str, reason: str) -> None:
-        """A peer's connection failed: the scheduler hears DeviceLost (the host refuses
-        what it cannot answer and stops taking questions); a worker that lost the model
-        host sets :attr:`lost_host` (its device loop then ends with a clear status)."""
+    def _on_control(self, src: str, data: bytes) -> None:
+        try:
+            msg = parse_control(data)
+        except ControlError as e:
+            log.warning("%s: control message from %s ignored: %s", self.cfg.device, src, e)
+            return
+        if isinstance(msg, Replan) and not self.is_host and src == self.cfg.host:
+            self._tasks.append(asyncio.ensure_future(self._replan(msg)))
+        elif isinstance(msg, Ready) and self.is_host:
+            self._ready(src, msg.first_lap)
+        elif isinstance(msg, Crash) and self.cfg.crashable and src == self.cfg.host:
+            log.warning("%s: crashing now (fault injection)", self.cfg.device)
+            os._exit(9)
+        # Heartbeat: being heard is all it says; hello/plan/bye belong to the join handshake
+
+    def _on_lost(self, peer: str, reason: str, silent_since_s: float | None = None) -> None:
+        """A peer is gone (its connection failed or it fell silent): the scheduler hears
+        DeviceLost once (the host re-deals and replays, or refuses what it cannot answer
+        and stops); a worker that lost the model host sets :attr:`lost_host` (its device
+        loop then ends with a clear status)."""
+        if peer in self.lost_peers:
+            return
+        self.lost_peers.add(peer)
         log.warning("%s: lost %s: %s", self.cfg.device, peer, reason)
         if peer == self.cfg.host and not self.is_host:
             self.lost_host.set()
-        self.handle(DeviceLost(peer, reason))
+        self.handle(DeviceLost(peer, reason, silent_since_s))
+        for first in list(self.awaiting):  # a device that was to load a re-dealt range is not coming
+            self._ready(peer, first)
 
     async def _send(self, dst: str, channel: str, data: bytes) -> None:
         try:
@@ -184,6 +228,12 @@ class Node:
         elif cls is EmitToken:
             self.answers.setdefault(c.question_id, []).append(c.token)
             self.context.setdefault(c.question_id, []).append(c.token)
+            self.emitted += 1
+            for dev, n in self.cfg.crash_at_token:  # fault injection (run --real with faults:)
+                if n == self.emitted:
+                    asyncio.ensure_future(self._send(dev, REPLY, encode_control(Crash())))
+        elif cls is Redeal:
+            self._tasks.append(asyncio.ensure_future(self._host_redeal(c)))
         elif cls is AnswerDone or cls is Refuse:
             self.ended[c.question_id] = "answered" if cls is AnswerDone else f"refused: {c.reason}"
             if cls is AnswerDone:  # the answered question's laps are over (a refusal may be of a waiting one)
@@ -220,6 +270,79 @@ class Node:
                                                           time.perf_counter() - t0)))
             if event is not None:
                 self.handle(event)
+
+    # -- recovery -------------------------------------------------------------------
+
+    def _load(self, start: int, end: int) -> Stage:
+        from .backends import StageSpec, make_stage
+        return make_stage(self.cfg.backend, self.cfg.model_dir, StageSpec(start, end, host=self.is_host),
+                          max_ctx=getattr(self.stage, "max_ctx", 2048))
+
+    async def _take_range(self, stages, first_lap: int) -> None:
+        """Forget the old chain's work and residuals; load this device's new range (from
+        the model directory, in the compute thread, after the compute already queued)."""
+        keep = [c for c in _drain(self.work) if getattr(c, "lap_id", first_lap) >= first_lap
+                and type(c) is not RollbackKV]
+        for c in keep:
+            self.work.put_nowait(c)
+        self.residual = {lap: x for lap, x in self.residual.items() if lap >= first_lap}
+        mine = [(a, b) for d, a, b in stages if d == self.cfg.device]
+        a, b = mine[0] if mine else (0, 0)
+        if self.stage is not None and (self.stage.start, self.stage.end) != (a, b):
+            loop = asyncio.get_running_loop()
+            self.stage = await loop.run_in_executor(self._pool, self._load, a, b)
+
+    async def _host_redeal(self, r: Redeal) -> None:
+        self.deal = self.chain.deal
+        others = [d for d, _, _ in r.stages if d != self.cfg.device]
+        self.awaiting[r.first_lap] = set(others) | {self.cfg.device}
+        msg = encode_control(Replan(lost=r.lost, host=r.host, stages=r.stages, first_lap=r.first_lap))
+        for d in others:
+            await self._send(d, REPLY, msg)
+        try:
+            await self._take_range(r.stages, r.first_lap)
+        except Exception as e:  # the weights cannot be loaded here: nothing can be answered
+            log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
+            self.handle(DeviceLost(self.cfg.device, f"the model host cannot load its re-dealt range: {e}"))
+            return
+        self._ready(self.cfg.device, r.first_lap)
+
+    async def _replan(self, msg: Replan) -> None:
+        deal = msg.deal()
+        self.chain.adopt(deal, msg.first_lap)
+        self.deal = deal
+        try:
+            await self._take_range(msg.stages, msg.first_lap)
+        except Exception as e:  # say nothing: the host notices this device is missing
+            log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
+            return
+        if any(d == self.cfg.device for d, _, _ in msg.stages):
+            await self._send(self.cfg.host, REPLY, encode_control(Ready(first_lap=msg.first_lap)))
+
+    def _ready(self, device: str, first_lap: int) -> None:
+        waiting = self.awaiting.get(first_lap)
+        if waiting is None:
+            return
+        waiting.discard(device)
+        if not waiting:
+            del self.awaiting[first_lap]
+            self.handle(ChainReady(first_lap))
+
+    async def _heartbeats(self) -> None:
+        """Tell every peer this device is here; declare lost a peer silent too long."""
+        beat = encode_control(Heartbeat())
+        timeout = self.cfg.heartbeat_timeout_s
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            now = time.monotonic()
+            for p in self.cfg.peers:
+                if p in self.lost_peers:
+                    continue
+                seen = self.last_heard.get(p)
+                if timeout > 0 and seen is not None and now - seen > timeout:
+                    self._on_lost(p, f"no heartbeat for {now - seen:.1f} s", self.clock() - (now - seen))
+                    continue
+                asyncio.ensure_future(self._send(p, REPLY, beat))
 
     def _compute(self, c):
         lap = getattr(c, "lap_id", None)
@@ -281,21 +404,34 @@ class Node:
         """Begin asking (host) and computing."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compute-{self.cfg.device}")
         self._task = asyncio.ensure_future(self.compute_loop())
+        if self.cfg.heartbeat_s > 0:
+            self._tasks.append(asyncio.ensure_future(self._heartbeats()))
         if self.is_host:
             self._ask_next()
 
     async def stop(self) -> None:
-        """Stop the compute task."""
-        self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        """Stop the compute, heartbeat and re-deal tasks."""
+        for t in [self._task, *self._tasks]:
+            t.cancel()
+        for t in [self._task, *self._tasks]:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+            except Exception as e:  # a re-deal task that failed: already logged where it could be
+                log.warning("%s: %s", self.cfg.device, e)
         self._pool.shutdown(wait=True)
 
     def trace_records(self) -> list[dict]:
         """This node's trace as JSON records."""
         return [to_record(t, o) for t, o in self.trace]
+
+
+def _drain(q: asyncio.Queue) -> list:
+    out = []
+    while not q.empty():
+        out.append(q.get_nowait())
+    return out
 
 
 def merge_traces(record_lists: Sequence[Sequence[dict]]) -> list[tuple[float, Any]]:

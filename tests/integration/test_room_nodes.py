@@ -25,6 +25,7 @@ class Hub:
     def __init__(self):
         self.handlers = {}
         self.sent = []
+        self.dead = set()  # killed devices: what they send and what is sent to them vanishes
 
     def transport(self, device):
         hub = self
@@ -34,6 +35,8 @@ class Hub:
                 hub.handlers[device] = fn
 
             async def send(self, dst, channel, data):
+                if device in hub.dead or dst in hub.dead:
+                    return
                 hub.sent.append((device, dst, channel, len(data)))
                 asyncio.get_running_loop().call_soon(hub.handlers[dst], device, channel, bytes(data))
 
@@ -93,8 +96,10 @@ def test_room_answers_equal_single_process_greedy(model_dir, tokenizer, referenc
     host = nodes[0]
     assert [host.answers[i] for i in range(len(PROMPTS))] == reference
     assert all(v == "answered" for v in host.ended.values())
-    # every residual hand-off went on the residual channel, as encoded frames
-    assert hub.sent and all(ch == "residual" for _, _, ch, _ in hub.sent)
+    # residual hand-offs went on the residual channel as encoded frames; only control (heartbeats) on reply
+    assert hub.sent and {ch for _, _, ch, _ in hub.sent} <= {"residual", "reply"}
+    assert all(n == 32 + 576 * 4 * k for _, _, ch, n in hub.sent if ch == "residual"
+               for k in [(n - 32) // (576 * 4)])
     trace = merge_traces([n.trace_records() for n in nodes])
     from planner.metrics import compute
     m = compute(trace)
@@ -120,7 +125,8 @@ def test_a_worker_lost_mid_answer_ends_the_room_with_refusals(model_dir, tokeniz
     nodes = []
     for n, a, b in chain:
         cfg = NodeConfig(device=n, host="host", stages=chain, scheduler=sc, model_dir=str(model_dir),
-                         prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW, peers=["w1" if n == "host" else "host"])
+                         prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW,
+                         peers=["w1" if n == "host" else "host"], recover=False)
         nodes.append(Node(cfg, make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host"))),
                           hub.transport(n), tokenizer if n == "host" else None))
     host_t = nodes[0].transport
@@ -144,3 +150,44 @@ def test_a_worker_lost_mid_answer_ends_the_room_with_refusals(model_dir, tokeniz
     ended = nodes[0].ended
     assert set(ended) == {0, 1}
     assert all(v.startswith("refused: w1 left the room") for v in ended.values())
+
+
+@pytest.mark.parametrize("lose,after", [("w1", 4), ("w2", 15)])
+def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_token(model_dir, tokenizer,
+                                                                                      reference, lose, after):
+    """host 1-9, w1 10-21, w2 22-30; after ``after`` answer tokens ``lose`` falls silent (as a
+    killed process: no goodbye). The heartbeats notice within about a second, the host
+    re-deals (the lost range to the stage before it), the new chain loads from disk and
+    the replay continues: both answers equal single-process greedy decoding."""
+    chain = [["host", 0, 9], ["w1", 9, 21], ["w2", 21, 30]]
+    sc = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
+    hub = Hub()
+    nodes = []
+    for n, a, b in chain:
+        cfg = NodeConfig(device=n, host="host", stages=chain, scheduler=sc, model_dir=str(model_dir),
+                         prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW,
+                         peers=[m for m, _, _ in chain if m != n], heartbeat_s=0.1, heartbeat_timeout_s=1.0)
+        nodes.append(Node(cfg, make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host"))),
+                          hub.transport(n), tokenizer if n == "host" else None))
+    host = nodes[0]
+
+    async def go():
+        for node in nodes:
+            node.start()
+        while host.emitted < after:
+            await asyncio.sleep(0.005)
+        hub.dead.add(lose)
+        await asyncio.wait_for(host.done.wait(), 120)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    assert all(v == "answered" for v in host.ended.values())
+    trace = merge_traces([n.trace_records() for n in nodes])
+    from planner.metrics import compute
+    (rec,) = compute(trace)["recovery"]
+    assert rec["device"] == lose and 1.0 <= rec["detected_at_s"] - rec["lost_at_s"] < 2.0
+    assert rec["recovery_s"] is not None and rec["next_token_at_s"] > rec["ready_at_s"] >= rec["detected_at_s"]
+    redeal = next(o for _, o in trace if type(o).__name__ == "Redeal")
+    want = [("host", 0, 21), ("w2", 21, 30)] if lose == "w1" else [("host", 0, 9), ("w1", 9, 30)]
+    assert [tuple(s) for s in redeal.stages] == want

@@ -114,7 +114,7 @@ def test_frames_of_laps_before_the_redeal_are_dropped_by_the_new_chain():
     assert len(out) == 1 and isinstance(out[0], DropFrame)
     assert chain.handle(ChainReady(r.first_lap + 5), 0.0) == []  # not this re-deal's
     replay = chain.handle(ChainReady(r.first_lap), 0.0)
-    assert replay[-1] == RunStage("h", 1, 0, 0, 2, (7, 8))
+    assert replay[-1] == RunStage("h", r.first_lap + 1, 0, 0, 2, (7, 8))  # the re-deal keeps lap 1 for itself
 
 
 def test_without_a_rule_or_when_the_host_is_lost_the_room_ends_with_reasons():
