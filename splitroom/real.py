@@ -342,22 +342,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     cfgs = node_configs(scn, deal, model_dir, workdir, backend)
     room = "r" + secrets.token_hex(4)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    net = None
-    network = "loopback"
-    rtt_s = 0.0
-    if netns:
-        try:
-            from runtime import netem
-            ok, why = netem.available()
-        except ImportError as e:  # pragma: no cover
-            ok, why = False, str(e)
-        if ok:
-            rtt_s = scn.network.rtt_s
-            net = netem.EmulatedNetwork([c.device for c in cfgs], rtt_s=rtt_s,
-                                        jitter_s=scn.network.jitter.scale_s if scn.network.jitter else 0.0)
-            network = f"network namespaces, {rtt_s * 1000:.0f} ms RTT applied to packets"
-        else:
-            network = f"loopback (no network emulation: {why})"
+    net, network, rtt_s = plan_network(scn, [c.device for c in cfgs], netns)
     profile_predicted = None
     if profile is not None:
         profile_predicted = predict_real_run(scn, deal, profile, rtt_s,
@@ -370,23 +355,10 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     try:
         if net is not None:
             net.__enter__()
-            host_addr = net.address(deal.host)
-            relay = net.run_in(deal.host, _relay_argv(host_addr, 8765), env=env, **_logs(workdir, "relay"))
-            url = f"ws://{host_addr}:8765"
-        else:
-            port = _free_port()
-            relay = subprocess.Popen(_relay_argv("127.0.0.1", port), env=env, **_logs(workdir, "relay"))
-            url = f"ws://127.0.0.1:{port}"
-        time.sleep(1.0)
-        if relay.poll() is not None:
-            raise RealRunError("the signalling relay did not start")
+        relay, url = start_relay(net, deal.host, workdir, env)
         for c in cfgs:
-            p = workdir / f"{c.device}.json"
-            p.write_text(c.to_json())
-            argv = [sys.executable, "-m", "runtime.node", str(p), url, room, str(timeout_s)]
-            io = _logs(workdir, c.device)
-            procs[c.device] = (net.run_in(c.device, argv, env=env, **io) if net is not None
-                               else subprocess.Popen(argv, env=env, **io))
+            argv = device_argv(write_config(c, workdir), url, room, timeout_s)
+            procs[c.device] = start_process(net, c.device, argv, workdir, env)
         log(f"room {room}: {len(procs)} device processes on {network}")
         host = procs[deal.host]
         try:
@@ -397,22 +369,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
             last = _last_log_line(workdir, deal.host)
             raise RealRunError(f"the model host exited with status {rc}" + (f": {last}" if last else ""))
     finally:
-        for dev, p in procs.items():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for dev, p in procs.items():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if relay is not None and relay.poll() is None:
-            relay.terminate()
-            try:
-                relay.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                relay.kill()
-        if net is not None:
-            net.__exit__(None, None, None)
+        stop_room(procs, relay, net)
     wall = time.time() - t_start
     from runtime.room import merge_traces
     records = []
@@ -459,3 +416,89 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+# -- starting and ending a room's processes (shared by run --real and splitroom serve) --
+
+
+def plan_network(scn: Scenario, devices: Sequence[str], netns: bool) -> tuple[object | None, str, float]:
+    """How a room of ``devices`` runs on this machine: ``(network, description, rtt_s)``.
+
+    With ``netns`` and what runtime/netem.py needs (root, ip, iptables, NetfilterQueue),
+    ``network`` is a :class:`runtime.netem.EmulatedNetwork` (not entered yet: enter it
+    before :func:`start_relay`) applying the scenario's round trip ``rtt_s`` seconds and
+    jitter; otherwise None (loopback, ``rtt_s`` 0) and the description says why."""
+    if not netns:
+        return None, "loopback", 0.0
+    try:
+        from runtime import netem
+        ok, why = netem.available()
+    except ImportError as e:  # pragma: no cover
+        ok, why = False, str(e)
+    if not ok:
+        return None, f"loopback (no network emulation: {why})", 0.0
+    rtt_s = scn.network.rtt_s
+    net = netem.EmulatedNetwork(list(devices), rtt_s=rtt_s,
+                                jitter_s=scn.network.jitter.scale_s if scn.network.jitter else 0.0)
+    return net, f"network namespaces, {rtt_s * 1000:.0f} ms RTT applied to packets", rtt_s
+
+
+def start_process(net, device: str, argv: Sequence[str], workdir: Path, env: dict, **popen) -> subprocess.Popen:
+    """Start ``argv`` as ``device``'s process: in its namespace of ``net`` (an entered
+    EmulatedNetwork), or on this machine when ``net`` is None; its output goes to
+    WORKDIR/DEVICE.log. ``popen``: more :class:`subprocess.Popen` arguments (pass_fds).
+    Raises OSError when the process cannot be started."""
+    io = _logs(workdir, device)
+    if net is not None:
+        return net.run_in(device, list(argv), env=env, **io, **popen)
+    return subprocess.Popen(list(argv), env=env, **io, **popen)
+
+
+def start_relay(net, host: str, workdir: Path, env: dict) -> tuple[subprocess.Popen, str]:
+    """Start the signalling relay (in ``host``'s namespace when ``net`` is entered, else
+    on 127.0.0.1 at a free port); returns ``(process, ws:// URL)`` after a second, once
+    it is still running. Raises RealRunError when it exited (its log is WORKDIR/relay.log)."""
+    if net is not None:
+        addr, port = net.address(host), 8765
+        relay = net.run_in(host, _relay_argv(addr, port), env=env, **_logs(workdir, "relay"))
+    else:
+        addr, port = "127.0.0.1", _free_port()
+        relay = subprocess.Popen(_relay_argv(addr, port), env=env, **_logs(workdir, "relay"))
+    time.sleep(1.0)
+    if relay.poll() is not None:
+        raise RealRunError("the signalling relay did not start")
+    return relay, f"ws://{addr}:{port}"
+
+
+def write_config(cfg, workdir: Path) -> Path:
+    """Write a device's NodeConfig as WORKDIR/DEVICE.json; returns the path."""
+    p = workdir / f"{cfg.device}.json"
+    p.write_text(cfg.to_json())
+    return p
+
+
+def device_argv(config_path: Path, relay_url: str, room: str, timeout_s: float) -> list[str]:
+    """The command line of one device process (``python -m runtime.node``)."""
+    return [sys.executable, "-m", "runtime.node", str(config_path), relay_url, room, str(timeout_s)]
+
+
+def stop_room(procs: dict, relay, net, grace_s: float = 20.0) -> None:
+    """End a room's processes: SIGTERM every device process still running, wait up to
+    ``grace_s`` seconds for each (then SIGKILL), end the relay, and leave the emulated
+    network (which ends what is left in its namespaces and deletes them). Never raises
+    for a process that already exited."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs.values():
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+    if relay is not None and relay.poll() is None:
+        relay.terminate()
+        try:
+            relay.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+    if net is not None:
+        net.__exit__(None, None, None)
