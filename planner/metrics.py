@@ -20,7 +20,8 @@ Definitions (seconds, tokens):
 * ``recovery``: per re-deal after a lost device, ``lost_at_s`` (when it was last heard
   from, else when it was noticed), ``detected_at_s`` (DeviceLost), ``ready_at_s`` (the
   new chain ready: ChainReady), ``next_token_at_s`` (the first answer token after it)
-  and ``recovery_s`` = next token - lost; ``recovery_s`` is the longest (None: none).
+  and ``recovery_s`` = next token - lost; ``into_run_s`` is when it was lost counted from
+  the trace's first record; ``recovery_s`` is the longest (None: none).
 """
 
 from __future__ import annotations
@@ -180,13 +181,16 @@ def recoveries(trace: Iterable[tuple[float, Any]]) -> list[dict]:
     lost: dict[str, tuple[float, float]] = {}  # device -> (lost at, detected at)
     ready: dict[int, dict] = {}  # first lap -> its record
     waiting: list[dict] = []  # ready, no token yet
+    t_first = None
     for t, o in trace:
+        t_first = t if t_first is None else t_first
         cls = type(o)
         if cls is DeviceLost:
             lost.setdefault(o.device, (o.silent_since_s if o.silent_since_s is not None else t, t))
         elif cls is Redeal:
             at, seen = lost.get(o.lost, (t, t))
-            rec = {"device": o.lost, "lost_at_s": at, "detected_at_s": seen, "ready_at_s": None,
+            rec = {"device": o.lost, "lost_at_s": at, "into_run_s": at - t_first, "detected_at_s": seen,
+                   "ready_at_s": None,
                    "next_token_at_s": None, "recovery_s": None, "replay_tokens": o.replay_tokens}
             out.append(rec)
             ready[o.first_lap] = rec

@@ -216,6 +216,8 @@ class NodeConfig(BaseModel):
         crash_at_token: the host's fault injection, ``[(device, N), ...]``: once N answer
             tokens (all questions) are emitted, tell ``device`` to crash.
         crashable: obey a Crash message (exit at once, status 9).
+        redeals: the host's re-deal per lost worker, planned with the planner's rules
+            (``run --real`` fills it from the scenario; see :meth:`redeal_rule`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -238,6 +240,24 @@ class NodeConfig(BaseModel):
     heartbeat_timeout_s: float = Field(1.0, ge=0.0)
     crash_at_token: list[tuple[DEVICE_ID, Annotated[int, Field(ge=1)]]] = Field(default_factory=list)
     crashable: bool = False
+    redeals: dict[DEVICE_ID, list[StageRow]] = Field(default_factory=dict)
+
+    def redeal_rule(self):
+        """The host's re-deal rule: the chain :attr:`redeals` gives for the loss of one
+        worker (``[]``: the rest cannot hold the model), else the lost ranges merged into
+        their neighbours (:func:`planner.chain.merge_lost`). Raises ValueError (DealError)
+        when the room cannot go on."""
+        from planner.chain import merge_lost
+        from planner.deal import DealError
+
+        def rule(current: Deal, lost: frozenset[str]) -> Deal:
+            if len(lost) == 1 and next(iter(lost)) in self.redeals:
+                stages = self.redeals[next(iter(lost))]
+                if not stages:
+                    raise DealError("the devices left cannot hold the model")
+                return chain_deal(self.host, stages)
+            return merge_lost(current, lost)
+        return rule
 
     def deal(self) -> Deal:
         """The chain as a pinned :class:`planner.deal.Deal`."""

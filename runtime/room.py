@@ -40,7 +40,7 @@ from planner.frames import FrameError, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
                               QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               Wake)
-from planner.chain import Chain, merge_lost
+from planner.chain import Chain
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
@@ -95,7 +95,7 @@ class Node:
         self.compute_errors = 0
         self.is_host = config.device == config.host
         self.chain = Chain(self.deal, self.sched_cfg, runs={config.device},
-                           redeal=(lambda d, lost: merge_lost(d, lost)) if config.recover else None)
+                           redeal=config.redeal_rule() if config.recover else None)
         self.last_heard: dict[str, float] = {}  # peer -> time.monotonic() it was last heard from
         self.lost_peers: set[str] = set()
         self.awaiting: dict[int, set[str]] = {}  # host: re-deal first lap -> devices not ready yet

@@ -259,12 +259,9 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     out.print(deal_table(d, scn))
     out.print(metrics_table(result.metrics))
     out.print(breakdown_table(result.metrics))
-    for rec in result.metrics.get("recovery", ()):  # scenario faults: the predicted recovery, part by part
-        nxt = (f"next token {rec['next_token_at_s']:.2f} s: {rec['recovery_s']:.2f} s from the loss"
-               if rec["recovery_s"] is not None else "no token after it")
-        out.print(f"{rec['device']} lost at {rec['lost_at_s']:.2f} s: noticed {rec['detected_at_s']:.2f} s, "
-                  f"weights copied in {rec.get('copy_s') or 0.0:.2f} s, ready {rec['ready_at_s'] or 0.0:.2f} s, "
-                  f"replay of {rec['replay_tokens']} tokens, {nxt}", highlight=False)
+    from splitroom.report import recovery_lines
+    for line in recovery_lines(result.metrics):  # scenario faults: the predicted recovery, part by part
+        out.print(line, highlight=False)
     if cost:
         out.print(cost_table(cost))
     if privacy:
@@ -378,6 +375,9 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         status = "" if how == "answered" else f" [yellow]({escape(how)}; partial)[/]"
         out.print(f"[bold]answer {i + 1}:[/] {escape(a['text'])}{status}", highlight=False)
     out.print(compare_table(res))
+    from splitroom.report import recovery_lines
+    for line in recovery_lines(res.measured, "measured: ") + recovery_lines(res.predicted, "predicted: "):
+        out.print(line, highlight=False)  # scenario faults: the recovery, measured beside predicted
     cal = res.calibration
     t = Table(title="measured per device and hop", title_justify="left")
     t.add_column("part")

@@ -86,6 +86,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
     prompts = real_prompts(scn)
+    crash, redeals = _faults(scn, deal)
     out = []
     for dev in members:
         d = scn.device(dev)
@@ -95,8 +96,40 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               max_new_tokens=scn.workload.answer_tokens,
                               trace_path=str(workdir / f"{dev}.trace.jsonl"),
                               peers=[m for m in members if m != dev],
-                              drafter=spec.drafter if spec else "ngram"))
+                              drafter=spec.drafter if spec else "ngram",
+                              crash_at_token=crash if dev == deal.host else [],
+                              crashable=any(f.device == dev for f in scn.faults),
+                              redeals=redeals if dev == deal.host else {}))
     return out
+
+
+def _faults(scn: Scenario, deal: Deal) -> tuple[list, dict]:
+    """The host's fault injection ``[(device, token N)]`` for a scenario's ``faults:`` and
+    the re-deal the planner's rules give for the loss of each worker of the chain, over
+    the devices that run a process (the chain; the prediction re-deals over the same).
+    Raises RealRunError for a fault the real room cannot inject: on the model host, on a
+    device outside the chain, or at a time."""
+    if not scn.faults:
+        return [], {}
+    from planner.chain import redeal_rule
+    chain = {s.device for s in deal.stages} - {deal.host}
+    crash = []
+    for f in scn.faults:
+        if f.device == deal.host or f.device not in chain:
+            raise RealRunError(f"faults: {f.device} is not a worker of the chain; run --real can only kill a worker")
+        if f.at_token is None:
+            raise RealRunError("faults: run --real injects faults at 'token N' only (a time depends on loading)")
+        crash.append((f.device, f.at_token))
+    rule = redeal_rule([d for d in scn.devices if d.id in chain | {deal.host}], scn.model, scn.options)
+    redeals = {}
+    for dev in sorted(chain):
+        try:
+            new = rule(deal, frozenset({dev}))
+        except ValueError:  # the rest cannot hold the model: the host will refuse, with the reason
+            redeals[dev] = []
+            continue
+        redeals[dev] = [(s.device, s.start, s.end) for s in new.stages]
+    return crash, redeals
 
 
 def calibrate(trace: list, deal: Deal) -> dict:
@@ -392,6 +425,9 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     pred_scn = calibrated_scenario(scn, cal, rtt_s, int(np.mean(prompt_lens)) if prompt_lens else 1,
                                    int(round(np.mean(n_ans))), len(answers) or 1)
     from sim.driver import simulate
+    if scn.faults:  # only the devices that run a process can take a lost range, as in the real room
+        pred_scn = dataclasses.replace(pred_scn, devices=tuple(
+            d for d in pred_scn.devices if d.id == deal.host or any(s.device == d.id for s in deal.stages)))
     predicted = simulate(pred_scn, deal).metrics
     cal["wall_s"] = wall
     emulated = [f"{c.device}: compute padded {c.slowdown:g}x" for c in cfgs if c.slowdown > 1]

@@ -38,3 +38,20 @@ def read_trace(path: str | Path) -> list:
             if line.strip():
                 out.append(from_record(json.loads(line)))
     return out
+
+
+def recovery_lines(metrics: dict, label: str = "") -> list[str]:
+    """One line per recovery in ``metrics["recovery"]`` (planner.metrics): when the
+    device was lost, noticed, the new chain ready (weights copied: ``copy_s`` when the
+    simulator predicted it), the replay, and the next token, in seconds."""
+    out = []
+    for rec in metrics.get("recovery") or ():
+        nxt = (f"next token +{rec['recovery_s']:.2f} s after the loss" if rec["recovery_s"] is not None
+               else "no token after it")
+        copy = f", weights copied in {rec['copy_s']:.2f} s" if rec.get("copy_s") is not None else ""
+        ready = (f", new chain ready +{rec['ready_at_s'] - rec['lost_at_s']:.2f} s" if rec["ready_at_s"] is not None
+                 else ", new chain never ready")
+        out.append(f"{label}{rec['device']} lost {rec['into_run_s']:.2f} s into the run: noticed "
+                   f"+{rec['detected_at_s'] - rec['lost_at_s']:.2f} s{copy}{ready}, replay of "
+                   f"{rec['replay_tokens']} tokens, {nxt}")
+    return out

@@ -1,0 +1,47 @@
+"""`splitroom run --real` with a fault: the worker process is told to crash at answer
+token 5 (it exits at once, no goodbye); the host notices by heartbeat, re-deals the
+lost range (pinned room: to the stage before it), loads it from disk and replays. The
+answer is token for token the single-process answer, and the recovery is measured
+beside the simulator's prediction."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.deal import deal
+from runtime.backends import StageSpec, make_stage
+from runtime.generate import generate_greedy
+from runtime.tokenizer import ChatTokenizer
+from runtime.weights import ensure_safetensors
+from splitroom.real import RealRunError, run_real
+from splitroom.scenario import load
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "What is the capital of France?"
+SETS = ["devices[0].lends=1 GB", "stages=[{device: desktop, layers: '1-20'}, {device: laptop, layers: '21-30'}]",
+        "workload.questions=1", "workload.answer_tokens=16", f"workload.prompts=['{PROMPT}']"]
+
+
+def test_a_worker_killed_mid_answer_the_real_room_answers_like_one_process():
+    md = ensure_safetensors()
+    ids = ChatTokenizer.from_dir(md).encode_chat(PROMPT)
+    want = [t for t in generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, 16).ids if t != 2]
+    scn = load("scenarios/home.yaml", SETS + ["faults=[{device: laptop, at: token 5}]"])
+    d = deal(scn.devices, scn.model, scn.options)
+    res = run_real(scn, d, netns=False, timeout_s=120, log=lambda s: None)
+    assert res.answers[0]["token_ids"] == want and res.answers[0]["ended"] == "answered"
+    (m,) = res.measured["recovery"]
+    (p,) = res.predicted["recovery"]
+    assert m["device"] == p["device"] == "laptop"
+    assert m["replay_tokens"] == p["replay_tokens"] == len(ids) + 5  # prompt + the 5 tokens before the loss
+    assert 0.9 <= m["detected_at_s"] - m["lost_at_s"] < 2.5  # heartbeat timeout 1 s, beats every 0.25 s
+    assert m["recovery_s"] < 5.0  # the issue's goal on loopback
+
+
+def test_faults_the_real_room_cannot_inject_are_one_line_errors():
+    for bad, msg in [("faults=[{device: desktop, at: token 3}]", "only kill a worker"),
+                     ("faults=[{device: laptop, at: 2 s}]", "'token N' only")]:
+        scn = load("scenarios/home.yaml", SETS + [bad])
+        with pytest.raises(RealRunError, match=msg):
+            run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=30, log=lambda s: None)
