@@ -24,7 +24,8 @@ import yaml
 from planner.profile import DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
 from planner.room import Scenario
 
-__all__ = ["CalibrationError", "apply_profile", "build_profile", "load_profile", "measure", "save_profile"]
+__all__ = ["CalibrationError", "apply_profile", "build_profile", "load_profile", "measure", "profiled_s_per_layer",
+           "save_profile"]
 
 
 class CalibrationError(RuntimeError):
@@ -123,3 +124,13 @@ def apply_profile(scn: Scenario, profile: Profile) -> Scenario:
                                   window_bytes=net.window_bytes if net.window_bytes is not None
                                   else profile.transport.window_bytes)
     return dataclasses.replace(scn, profile=profile, network=net)
+
+
+def profiled_s_per_layer(profile: Profile) -> dict[str, float]:
+    """Each profiled device's decode seconds per layer (one token, the smallest
+    context measured): what ``plan --redeal`` deals by."""
+    out = {}
+    for dev, dp in profile.devices.items():
+        c = dp.stage.contexts[0]
+        out[dev] = dp.stage.pass_s(1, 1, c) - dp.stage.pass_s(0, 1, c)
+    return out

@@ -7,6 +7,7 @@ and ``--json``. Bad input prints one line to stderr and exits with status 2.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import List, Optional
@@ -142,13 +143,18 @@ def deal_table(deal_, scn) -> Table:
 def plan(scenario: str = typer.Argument(..., help="Scenario YAML file."),
          set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
          redeal: bool = typer.Option(False, "--redeal", help="Use the measured ms per layer (a `measured:` "
-                                     "section or `calibration:` file) to put layers on the fastest devices.")):
+                                     "section, a calibration profile) to put layers on the fastest devices."),
+         calibration: Optional[str] = CalibrationOpt):
     """Deal the model over the room: who hosts, who holds which layers, and why."""
-    scn = load_scenario(scenario, set_)
+    scn = with_profile(load_scenario(scenario, set_), calibration)
     if redeal:
+        if scn.profile is not None:
+            from splitroom.calibration import profiled_s_per_layer
+            scn = dataclasses.replace(scn, measured_s_per_layer={**profiled_s_per_layer(scn.profile),
+                                                                 **scn.measured_s_per_layer})
         if not scn.measured_s_per_layer:
-            fail(f"{scenario}: --redeal needs measured ms per layer (a `measured:` section or `calibration:` file; "
-                 "splitroom run --real --calibration FILE writes one)")
+            fail(f"{scenario}: --redeal needs measured ms per layer (a calibration profile from splitroom "
+                 "calibrate, or a `measured:` section)")
         scn = scn.with_measured()
     d = deal_scenario(scn, scenario)
     if scn.ends_local is not None:  # privacy: show the split the room will run
@@ -159,9 +165,8 @@ def plan(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         except DealError as e:
             fail(f"{scenario}: {e}")
     if redeal:
-        import dataclasses
         d = dataclasses.replace(d, notes=d.notes + ("re-deal to put the layers on the fastest devices, "
-                                                    "measured on the answers so far",))
+                                                    "as measured (decode time per layer)",))
     if as_json:
         print(json.dumps(d.to_json(), indent=2))
         return

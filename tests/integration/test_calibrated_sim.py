@@ -124,3 +124,21 @@ def test_an_engine_preset_scales_the_roofline_by_its_efficiency(tmp_path):
     r = CliRunner().invoke(app, ["simulate", str(_scenario(tmp_path, [{"id": "a", "lends": "2 GB",
                                                                       "engine": "vllm-magic"}]))])
     assert r.exit_code == 2 and "engine" in r.output
+
+
+def test_plan_redeal_deals_by_the_profiled_decode_time(tmp_path):
+    slow = dict(FLAT, per_layer_s=[[0.0015, 0.0015], [0.0015, 0.0015]])
+    prof = {"splitroom_profile": 1, "devices": {
+        "a": {"stage": FLAT, "head_s": {1: 0.004}}, "b": {"stage": slow, "head_s": {1: 0.004}}}}
+    p = tmp_path / "prof.yaml"
+    p.write_text(yaml.safe_dump(prof))
+    # each lends enough for 20 of the 30 layers (14.2 MB each) and no more
+    devs = [{"id": "a", "lends": "420 MB"}, {"id": "b", "lends": "420 MB"}]
+    scn = _scenario(tmp_path, devs, "split: speed\nhost: b")
+    r = CliRunner().invoke(app, ["plan", str(scn), "--json", "--redeal", "--calibration", str(p)])
+    assert r.exit_code == 0, r.output
+    stages = {s["device"]: s["end"] - s["start"] for s in json.loads(r.stdout)["stages"]}
+    # a is 3x faster per layer: a speed deal gives it as many layers as it can hold
+    assert stages["a"] > stages["b"]
+    r = CliRunner().invoke(app, ["plan", str(scn), "--redeal"])
+    assert r.exit_code == 2 and "calibration profile" in r.output
