@@ -408,6 +408,32 @@ def report_unanswered(res) -> None:
 
 
 @app.command()
+def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
+          port: int = typer.Option(8000, "--port", help="TCP port of the API (0: any free port)."),
+          bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on (0.0.0.0 for a LAN)."),
+          set_: Optional[List[str]] = SetOpt,
+          backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
+          netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces.")):
+    """Start the room (one process per device, WebRTC between them) and serve an OpenAI-compatible API
+    on the model host (/v1/chat/completions, /v1/models, /metrics, /health) until Ctrl-C."""
+    if not 0 <= port <= 65535:
+        fail(f"--port {port}: expected a TCP port 0-65535")
+    if backend not in ("numpy", "wgpu"):
+        fail(f"--backend {backend}: choose numpy or wgpu")
+    scn = load_scenario(scenario, set_)
+    d = deal_scenario(scn, scenario)
+    from runtime.netem import NetemError
+    from splitroom.real import RealRunError
+    from splitroom.serve_cmd import ServeError, serve_room
+    try:
+        code = serve_room(scn, d, port=port, bind=bind, backend=backend, netns=netns,
+                          log=lambda s: err.print(escape(s), highlight=False, soft_wrap=True))
+    except (ServeError, RealRunError, NetemError) as e:
+        fail(f"{scenario}: {e}")
+    raise typer.Exit(code)
+
+
+@app.command()
 def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whose devices to profile."),
               out_path: str = typer.Option(..., "--out", help="Write the profile here (YAML)."),
               set_: Optional[List[str]] = SetOpt,

@@ -1,0 +1,430 @@
+"""The model host's HTTP server (aiohttp): an OpenAI-compatible chat API over the room.
+
+Endpoints:
+
+* ``POST /v1/chat/completions``: messages through the model's chat template,
+  ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``stream`` (server-sent events,
+  one chunk per answer token, then ``[DONE]``), ``usage``, ``finish_reason``
+  (``stop``: end of answer or a stop sequence; ``length``: the cap). Anything the room
+  cannot honour: 400 naming the parameter (:mod:`runtime.serve.api`).
+* ``GET /v1/models``: the model, only while the room is ready (every stage loaded its
+  weights and connected, none lost); an empty list otherwise.
+* ``GET /metrics``: Prometheus text (prometheus_client, a registry of its own).
+* ``GET /health``: always 200 while the process lives, with ``ready`` and the reason.
+
+Readiness: until the host's node is attached (its layers loaded and every device's data
+channels open) and while its scheduler is stopped (a device lost for good) or re-dealing,
+a chat request gets 503 at once, with the reason and ``Retry-After``.
+
+The queue is the scheduler's (one answer at a time, 10 waiting, 2 per asker): each
+request is asked as a question whose asker is its client, ``api:key-<sha256 of the API
+key, 16 hex>`` when it sends ``Authorization: Bearer KEY``, else ``api:<address>``. The
+scheduler's refusal "queue full" or "already has 2 waiting" becomes 429 with
+``Retry-After`` (waiting answers x the mean answer time so far). A client that goes away
+(disconnects, or never reads) withdraws its question: its place is freed and the answer
+being computed for it, if any, stops.
+
+Every wait is bounded: a question waits at most ``queue_timeout_s`` for its turn and at
+most ``stall_timeout_s`` between two tokens of its answer (then 503 and withdrawn); a
+write to a client that does not read for ``write_timeout_s`` counts as a disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from aiohttp import web
+
+from planner.protocol import (AnswerDone, BeginAnswer, DeviceLost, EmitToken, FrameArrived, LapEnded,
+                              QuestionAsked, Refuse, SendFrame)
+
+from .api import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, StopMatcher, chunk_body, completion_body,
+                  error_body, parse_chat_request, usage)
+
+log = logging.getLogger("splitroom.serve")
+
+#: seconds a client is told to wait while the room starts / after it lost a device
+RETRY_STARTING_S = 5
+RETRY_LOST_S = 30
+#: mean answer time assumed before any was measured, seconds (for 429's Retry-After)
+DEFAULT_ANSWER_S = 10.0
+
+
+@dataclass
+class _Ticket:
+    """One HTTP request's question, fed by the node's observer."""
+
+    question_id: int
+    client: str
+    items: asyncio.Queue = field(default_factory=asyncio.Queue)
+    refused: Optional[str] = None
+    ended: bool = False
+
+
+class RoomServer:
+    """The HTTP side of a served room (see module doc).
+
+    Args:
+        model_id: the id clients ask for (``model``) and ``/v1/models`` lists.
+        room_info: JSON-ready facts about the room for ``/health`` and the room page
+            (devices, the deal, the predicted tokens per second), or None.
+        default_max_tokens: the answer cap when a request gives none (tokens; lowered to
+            what the context leaves).
+        queue_timeout_s: longest wait for a question's turn, seconds.
+        stall_timeout_s: longest wait between two answer tokens, seconds.
+        write_timeout_s: longest wait for a client to take a streamed chunk, seconds.
+    Attributes:
+        app: the aiohttp application.
+        node: the host's :class:`runtime.room.Node` once :meth:`attach` ed, else None.
+    """
+
+    def __init__(self, model_id: str, room_info: Optional[dict] = None, *,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, queue_timeout_s: float = 900.0,
+                 stall_timeout_s: float = 120.0, write_timeout_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.model_id = model_id
+        self.room_info = dict(room_info or {})
+        self.default_max_tokens = default_max_tokens
+        self.queue_timeout_s = queue_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.clock = clock
+        self.node = None
+        self.tokenizer = None
+        self.phase = "starting"
+        self.phase_reason = "the room is starting"
+        self.lost: list[str] = []
+        self.tickets: dict[int, _Ticket] = {}
+        self._answer_s: list[float] = []  # recent answer durations, seconds
+        self._begun: dict[int, float] = {}
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._count: dict[int, int] = {}
+        self._lap_sent: dict[int, float] = {}
+        self._metrics()
+        self.app = web.Application(client_max_size=1 << 20)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/metrics", self.metrics)
+        self.app.router.add_get("/health", self.health)
+
+    # -- state ------------------------------------------------------------------------
+
+    def _metrics(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        r = self.registry = CollectorRegistry()
+        self.m_ready = Gauge("splitroom_ready", "1 when every stage is loaded and connected and none is lost",
+                             registry=r)
+        self.m_waiting = Gauge("splitroom_queue_waiting", "questions waiting for their turn", registry=r)
+        self.m_waiting.set_function(lambda: len(self._host().queue) if self._host() is not None else 0)
+        self.m_answering = Gauge("splitroom_answering", "1 while a question is being answered", registry=r)
+        self.m_answering.set_function(lambda: 1 if self._host() is not None and self._host().busy else 0)
+        self.m_questions = Counter("splitroom_questions", "questions that ended, by outcome", ["outcome"],
+                                   registry=r)
+        self.m_tokens = Counter("splitroom_tokens", "answer tokens emitted", registry=r)
+        self.m_tps = Gauge("splitroom_tokens_per_second", "decode rate of the last answer (tokens after the "
+                           "first / seconds between first and last)", registry=r)
+        self.m_ttft = Histogram("splitroom_time_to_first_token_seconds", "question begun to first answer token",
+                                registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60))
+        self.m_laps = Counter("splitroom_laps", "laps judged by the host (stale ones included)", registry=r)
+        self.m_lap_s = Histogram("splitroom_lap_seconds", "host sends a lap's frame to the first worker until "
+                                 "it comes back (every hop and worker stage of one lap)", registry=r,
+                                 buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2))
+        self.m_http = Counter("splitroom_http_requests", "HTTP requests by endpoint and status",
+                              ["endpoint", "status"], registry=r)
+        self.m_lost = Counter("splitroom_devices_lost", "devices the room lost", registry=r)
+
+    def _host(self):
+        node = self.node
+        return node.chain.host if node is not None else None
+
+    def set_phase(self, phase: str, reason: str) -> None:
+        """Before the node is attached: ``phase`` (``loading``, ``connecting``,
+        ``stopping``, ``failed``) and the reason a chat request is told."""
+        self.phase, self.phase_reason = phase, reason
+        self.m_ready.set(1 if self.readiness()[0] else 0)
+
+    def attach(self, node) -> None:
+        """The host's node runs (layers loaded, every device connected): serve it."""
+        self.node = node
+        self.tokenizer = node.tokenizer
+        node.observers.append(self._observe)
+        self.phase, self.phase_reason = "serving", ""
+        self.m_ready.set(1 if self.readiness()[0] else 0)
+
+    def readiness(self) -> tuple[bool, str, int]:
+        """``(ready, reason when not, seconds to suggest in Retry-After)``."""
+        host = self._host()
+        if self.phase != "serving" or host is None:
+            return False, self.phase_reason, RETRY_STARTING_S
+        if host.stopped:
+            return False, f"the room lost a device and stopped: {host.stopped}", RETRY_LOST_S
+        if host.recovering is not None:
+            who = ", ".join(self.lost) or "a device"
+            return False, f"re-dealing the layers after {who} left", RETRY_STARTING_S
+        return True, "", 0
+
+    def _observe(self, obj: Any) -> None:
+        cls = type(obj)
+        if cls is EmitToken:
+            self.m_tokens.inc()
+            now = self.clock()
+            self._first.setdefault(obj.question_id, now)
+            self._last[obj.question_id] = now
+            self._count[obj.question_id] = self._count.get(obj.question_id, 0) + 1
+            if obj.index == 0 and obj.question_id in self._begun:
+                self.m_ttft.observe(now - self._begun[obj.question_id])
+            t = self.tickets.get(obj.question_id)
+            if t is not None:
+                t.items.put_nowait(("token", obj.token))
+        elif cls is SendFrame:
+            if obj.src == getattr(self.node.cfg, "host", None) and obj.header.lap_id not in self._lap_sent:
+                if len(self._lap_sent) > 1000:
+                    self._lap_sent.clear()
+                self._lap_sent[obj.header.lap_id] = self.clock()
+        elif cls is FrameArrived:
+            t0 = self._lap_sent.pop(obj.header.lap_id, None)
+            if t0 is not None and obj.device == self.node.cfg.host:
+                self.m_lap_s.observe(self.clock() - t0)
+        elif cls is LapEnded:
+            self.m_laps.inc()
+        elif cls is QuestionAsked:
+            t = self.tickets.get(obj.question_id)
+            if t is not None:
+                t.items.put_nowait(("asked", None))
+        elif cls is BeginAnswer:
+            self._begun[obj.question_id] = self.clock()
+            t = self.tickets.get(obj.question_id)
+            if t is not None:
+                t.items.put_nowait(("begin", None))
+        elif cls is AnswerDone:
+            self._ended(obj.question_id, "withdrawn" if obj.reason == "withdrawn" else "answered")
+            t = self.tickets.get(obj.question_id)
+            if t is not None:
+                t.ended = True
+                t.items.put_nowait(("done", obj.reason))
+        elif cls is Refuse:
+            self._ended(obj.question_id, "withdrawn" if obj.reason == "withdrawn by the asker" else "refused")
+            t = self.tickets.get(obj.question_id)
+            if t is not None:
+                t.ended = True
+                t.refused = obj.reason
+                t.items.put_nowait(("refused", obj.reason))
+        elif cls is DeviceLost:
+            self.m_lost.inc()
+            self.lost.append(obj.device)
+        self.m_ready.set(1 if self.readiness()[0] else 0)
+
+    def _ended(self, qid: int, outcome: str) -> None:
+        self.m_questions.labels(outcome).inc()
+        begun = self._begun.pop(qid, None)
+        first, last, n = self._first.pop(qid, None), self._last.pop(qid, None), self._count.pop(qid, 0)
+        if outcome == "answered" and begun is not None:
+            self._answer_s = (self._answer_s + [self.clock() - begun])[-20:]
+            if n > 1 and last > first:
+                self.m_tps.set((n - 1) / (last - first))
+
+    def _retry_after_full(self) -> float:
+        host = self._host()
+        waiting = len(host.queue) if host is not None else 0
+        mean = sum(self._answer_s) / len(self._answer_s) if self._answer_s else DEFAULT_ANSWER_S
+        return max(1.0, mean * max(waiting, 1) / 2)
+
+    # -- HTTP ---------------------------------------------------------------------------
+
+    @staticmethod
+    def client_id(request: web.Request) -> str:
+        """Who asks, for the queue's per-asker limit: ``api:key-<16 hex of sha256(KEY)>``
+        for ``Authorization: Bearer KEY`` (the key itself is never kept), else
+        ``api:<peer address>``."""
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer " and auth[7:].strip():
+            return "api:key-" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:16]
+        return f"api:{request.remote or 'unknown'}"
+
+    def _error(self, endpoint: str, e: ApiError) -> web.Response:
+        self.m_http.labels(endpoint, str(e.status)).inc()
+        return web.json_response(e.body(), status=e.status, headers=e.headers())
+
+    async def models(self, request: web.Request) -> web.Response:
+        """``GET /v1/models``: the model while the room is ready, else an empty list."""
+        ready = self.readiness()[0]
+        data = [{"id": self.model_id, "object": "model", "created": 0, "owned_by": "splitroom"}] if ready else []
+        self.m_http.labels("models", "200").inc()
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        """``GET /health``: 200 with ``ready``, ``reason``, the queue and the room."""
+        ready, reason, _ = self.readiness()
+        host = self._host()
+        body = {"status": "ready" if ready else ("starting" if self.phase != "serving" else "unavailable"),
+                "ready": ready, "reason": reason or None, "model": self.model_id,
+                "queue": {"waiting": len(host.queue) if host is not None else 0,
+                          "answering": bool(host is not None and host.busy)},
+                "lost": list(self.lost), "room": self.room_info}
+        self.m_http.labels("health", "200").inc()
+        return web.json_response(body)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """``GET /metrics``: Prometheus text format."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        self.m_http.labels("metrics", "200").inc()
+        resp = web.Response(body=generate_latest(self.registry))
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions`` (see module doc)."""
+        try:
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                raise ApiError(400, "the request body is not valid JSON", None, "invalid_json") from None
+            req = parse_chat_request(body, self.model_id)
+            ready, reason, retry = self.readiness()
+            if not ready:
+                raise ApiError(503, f"the room is not ready: {reason}", None, "room_not_ready",
+                               "service_unavailable", retry)
+            ids = await self._encode(req)
+        except ApiError as e:
+            return self._error("chat", e)
+        except web.HTTPException:
+            raise
+        return await self._answer(request, req, ids)
+
+    async def _encode(self, req: ChatRequest) -> list[int]:
+        from runtime.tokenizer import TokenizerError
+        loop = asyncio.get_running_loop()
+        try:
+            ids = await loop.run_in_executor(None, self.tokenizer.encode_chat, list(req.messages))
+        except TokenizerError as e:
+            raise ApiError(400, f"the messages cannot be put through the chat template: {e}", "messages") from None
+        return ids
+
+    def _cap(self, req: ChatRequest, prompt_len: int) -> int:
+        ctx = self.node.sched_cfg.context
+        if req.max_tokens is not None:
+            return req.max_tokens
+        left = (ctx - prompt_len) if ctx is not None else self.default_max_tokens
+        if left < 1:
+            raise ApiError(400, f"the prompt is {prompt_len} tokens; the room's context holds {ctx}",
+                           "messages", "context_length_exceeded")
+        return min(self.default_max_tokens, left)
+
+    def _refusal(self, reason: str) -> ApiError:
+        """The scheduler's refusal as an HTTP error."""
+        if reason.startswith("queue full") or "questions waiting" in reason:
+            return ApiError(429, f"the room's queue is full: {reason}", None, "rate_limit_exceeded",
+                            "rate_limit_error", self._retry_after_full())
+        if "does not fit the context" in reason:
+            return ApiError(400, f"too long for the room's context: {reason}", "messages",
+                            "context_length_exceeded")
+        ready, why, retry = self.readiness()
+        if not ready:
+            return ApiError(503, f"the room cannot answer: {reason}", None, "room_not_ready",
+                            "service_unavailable", retry)
+        return ApiError(400, f"the room refused the question: {reason}", None, "refused")
+
+    async def _answer(self, request: web.Request, req: ChatRequest, ids: list[int]) -> web.StreamResponse:
+        node = self.node
+        try:
+            cap = self._cap(req, len(ids))
+        except ApiError as e:
+            return self._error("chat", e)
+        client = self.client_id(request)
+        qid = node.ask(ids, cap, client)
+        ticket = self.tickets[qid] = _Ticket(qid, client)
+        resp: Optional[web.StreamResponse] = None
+        try:
+            kind, _ = await asyncio.wait_for(ticket.items.get(), 30.0)  # "asked", on the loop's next turn
+            if ticket.refused is not None:
+                return self._error("chat", self._refusal(ticket.refused))
+            if req.stream:
+                resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                               "Cache-Control": "no-cache",
+                                                               "X-Accel-Buffering": "no"})
+                await resp.prepare(request)
+                await self._send(resp, chunk_body(req, {"role": "assistant", "content": ""}))
+            text, finish, n = await self._collect(req, ticket, resp)
+            self.m_http.labels("chat", "200").inc()
+            if resp is None:
+                return web.json_response(completion_body(req, text, finish, len(ids), n))
+            await self._send(resp, chunk_body(req, {}, finish))
+            if req.include_usage:
+                await self._send(resp, chunk_body(req, {}, usage_obj=usage(len(ids), n), no_choice=True))
+            await self._write(resp, b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        except ApiError as e:
+            if resp is None:
+                return self._error("chat", e)
+            self.m_http.labels("chat", f"{e.status}-in-stream").inc()
+            try:
+                await self._send(resp, e.body())
+                await resp.write_eof()
+            except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+                pass
+            return resp
+        except asyncio.TimeoutError:  # the "asked" echo never came: the node is not running
+            return self._error("chat", ApiError(503, "the room did not take the question", None, "room_not_ready",
+                                                "service_unavailable", RETRY_STARTING_S))
+        finally:
+            if not ticket.ended:
+                node.withdraw(qid)  # the client went away, timed out, or hit a stop sequence
+            self.tickets.pop(qid, None)
+            asyncio.get_running_loop().call_later(1.0, node.forget, qid)
+
+    async def _collect(self, req: ChatRequest, ticket: _Ticket,
+                       resp: Optional[web.StreamResponse]) -> tuple[str, str, int]:
+        """Wait for the answer's tokens; stream each as a chunk when ``resp``. Returns
+        ``(text, finish_reason, answer tokens)``. Raises ApiError (503) for a refusal
+        mid-answer or a wait past its bound."""
+        dec = self.tokenizer.stream_decoder()
+        stop_ids = getattr(self.tokenizer, "stop_ids", frozenset())
+        match = StopMatcher(req.stop)
+        parts: list[str] = []
+        n = 0
+        begun = False
+        while True:
+            timeout = self.stall_timeout_s if begun else self.queue_timeout_s
+            try:
+                kind, val = await asyncio.wait_for(ticket.items.get(), timeout)
+            except asyncio.TimeoutError:
+                what = "between two tokens" if begun else "for its turn"
+                raise ApiError(503, f"the room stalled: no progress in {timeout:.0f} s {what}", None,
+                               "room_stalled", "service_unavailable", RETRY_LOST_S) from None
+            if kind == "begin":
+                begun = True
+            elif kind == "token":
+                begun = True
+                n += 1
+                piece = dec.push(val) if val not in stop_ids else ""
+                out, stopped = match.push(piece)
+                parts.append(out)
+                if resp is not None:
+                    await self._send(resp, chunk_body(req, {"content": out}))
+                if stopped:
+                    return "".join(parts), "stop", n
+            elif kind == "done":
+                tail, _ = match.push(dec.flush())
+                tail += match.flush()
+                parts.append(tail)
+                if tail and resp is not None:
+                    await self._send(resp, chunk_body(req, {"content": tail}))
+                return "".join(parts), ("length" if val == "length" else "stop"), n
+            elif kind == "refused":
+                raise self._refusal(val) if not begun else ApiError(
+                    503, f"the answer was cut off: {val}", None, "room_not_ready", "service_unavailable",
+                    self.readiness()[2] or RETRY_LOST_S)
+
+    async def _send(self, resp: web.StreamResponse, obj: dict) -> None:
+        await self._write(resp, b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+    async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
+        await asyncio.wait_for(resp.write(data), self.write_timeout_s)

@@ -1,0 +1,175 @@
+"""``splitroom serve SCENARIO [--port 8000]``: start the room as ``run --real`` does and
+keep it up, serving an OpenAI-compatible API on the model host, until Ctrl-C or SIGTERM.
+
+What it starts (the pieces of :mod:`splitroom.real`): the signalling relay and one
+process per device that holds layers, each in its own network namespace with the
+scenario's round trip applied when it can (root and the tools; else on loopback, and it
+says so). The model host's process is ``python -m runtime.serve`` (runtime/serve/): it
+serves HTTP from the start (503 until every device has loaded its layers and connected)
+on a listening socket this process binds on ``BIND:PORT`` and hands down, so the API is
+on this machine's address even when the host runs in a namespace. The workers are
+``python -m runtime.node``.
+
+Ctrl-C (SIGINT) or SIGTERM ends every process it started (SIGTERM, then SIGKILL after a
+grace period), removes the network namespaces and the temporary work folder (device
+configurations and logs; ``SPLITROOM_KEEP_WORKDIR=1`` keeps it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Optional
+
+from planner.deal import Deal
+from planner.room import Scenario
+
+#: the device processes' own bound on a served room's life, seconds (30 days)
+LIFETIME_S = 30 * 86400.0
+
+
+class ServeError(RuntimeError):
+    """The room cannot be served: a model other than the bundled one, a port that
+    cannot be listened on, or a process that failed to start (with its log's last line)."""
+
+
+def room_info(scn: Scenario, deal: Deal) -> dict:
+    """Facts about the room for ``/health`` and the room page: its name, the model, the
+    devices (id, name, kind, bytes lent), the deal (stages 0-based half-open with their
+    1-based label, notes) and the simulator's predicted tokens per second (or None)."""
+    pred = None
+    try:
+        from sim.driver import simulate
+        pred = simulate(scn, deal).metrics.get("tokens_per_s")
+    except Exception:  # a prediction is a nicety: serving does not depend on it
+        pred = None
+    return {"name": scn.name, "model": {"id": scn.model.id, "name": scn.model.name, "layers": scn.model.layers},
+            "devices": [{"id": d.id, "name": d.name, "kind": d.kind, "lends_bytes": d.lends_bytes}
+                        for d in scn.devices],
+            "host": deal.host,
+            "stages": [{"device": s.device, "start": s.start, "end": s.end, "shown": s.shown} for s in deal.stages],
+            "notes": list(deal.notes), "predicted_tokens_per_s": pred}
+
+
+def _listen(bind: str, port: int) -> socket.socket:
+    try:
+        sock = socket.create_server((bind, port))
+    except OSError as e:
+        raise ServeError(f"cannot listen on {bind}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _health(url: str) -> Optional[dict]:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2.0) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0.1", backend: str = "numpy",
+               netns: bool = True, log: Callable[[str], None] = print,
+               should_stop: Optional[Callable[[], bool]] = None, open_timeout_s: float = 120.0) -> int:
+    """Serve the room until SIGINT/SIGTERM (or ``should_stop()`` returns True, polled
+    every 0.2 s); see the module doc. Returns 0 when stopped that way, 1 when the
+    model host's process ended by itself (its log's last line is logged).
+
+    Args:
+        port: TCP port of the API (0: any free port; the URL is logged).
+        bind: the address it listens on (``0.0.0.0`` for a LAN).
+        open_timeout_s: how long every device gets to load its layers and connect, seconds.
+    Raises:
+        ServeError: see the class; nothing is left running when it is raised.
+    """
+    if scn.model.id != "smollm2-135m":
+        raise ServeError(f"a served room runs the bundled smollm2-135m, not {scn.model.id!r}")
+    from runtime.weights import ensure_safetensors
+    from splitroom.real import (device_argv, node_configs, plan_network, start_process, start_relay, stop_room,
+                                write_config, _last_log_line)
+    sock = _listen(bind, port)
+    port = sock.getsockname()[1]
+    url = f"http://{'127.0.0.1' if bind in ('0.0.0.0', '') else bind}:{port}"
+    workdir = Path(tempfile.mkdtemp(prefix="splitroom-serve-"))
+    procs: dict[str, subprocess.Popen] = {}
+    relay = net = None
+    stopping = {"signal": None}
+    old = {}
+
+    def on_signal(signum, frame):
+        stopping["signal"] = signum
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread (tests): should_stop does it
+            pass
+    try:
+        model_dir = str(ensure_safetensors())
+        cfgs = [c.model_copy(update={"prompts": [], "trace_path": ""})
+                for c in node_configs(scn, deal, model_dir, workdir, backend)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        net, network, _ = plan_network(scn, [c.device for c in cfgs], netns)
+        room = "r" + secrets.token_hex(4)
+        if net is not None:
+            net.__enter__()
+        relay, relay_url = start_relay(net, deal.host, workdir, env)
+        info_path = workdir / "room.json"
+        info_path.write_text(json.dumps(room_info(scn, deal)))
+        for c in cfgs:
+            path = write_config(c, workdir)
+            if c.device == deal.host:
+                argv = [sys.executable, "-m", "runtime.serve", str(path), relay_url, room,
+                        "--listen-fd", str(sock.fileno()), "--model-id", scn.model.id,
+                        "--room-info", str(info_path), "--open-timeout", str(open_timeout_s),
+                        "--lifetime", str(LIFETIME_S)]
+                procs[c.device] = start_process(net, c.device, argv, workdir, env, pass_fds=(sock.fileno(),))
+            else:
+                procs[c.device] = start_process(net, c.device, device_argv(path, relay_url, room, LIFETIME_S),
+                                                workdir, env)
+        sock.close()  # the model host's process holds it now
+        log(f"room {room}: {len(procs)} device processes on {network}")
+        log(f"serving {scn.model.id} at {url}/v1 (OpenAI API; {url}/health, {url}/metrics); Ctrl-C ends the room")
+        host = procs[deal.host]
+        told_ready = False
+        gone: set[str] = set()
+        next_check = time.monotonic() + 1.0
+        while stopping["signal"] is None and not (should_stop is not None and should_stop()):
+            if host.poll() is not None:
+                last = _last_log_line(workdir, deal.host)
+                log(f"the model host's process ended (status {host.returncode})" + (f": {last}" if last else ""))
+                return 1
+            for dev, p in procs.items():
+                if dev not in gone and p.poll() is not None:
+                    gone.add(dev)
+                    last = _last_log_line(workdir, dev)
+                    log(f"{dev}'s process ended (status {p.returncode})" + (f": {last}" if last else ""))
+            if not told_ready and time.monotonic() >= next_check:
+                next_check = time.monotonic() + 1.0
+                h = _health(url)
+                if h is not None and h.get("ready"):
+                    told_ready = True
+                    log("ready: every device loaded its layers and connected")
+            time.sleep(0.2)
+        log("stopping the room")
+        return 0
+    finally:
+        try:
+            sock.close()
+        except OSError:
+            pass
+        stop_room(procs, relay, net)
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        if os.environ.get("SPLITROOM_KEEP_WORKDIR") != "1":
+            shutil.rmtree(workdir, ignore_errors=True)
