@@ -1,0 +1,82 @@
+"""``splitroom join`` on 127.0.0.1 with three devices: the worker holding the middle
+layers is killed (SIGKILL) while the host streams its answer. The host notices by
+heartbeat, gives the lost layers to the stage before them (itself), loads them from
+disk, replays, and the answer is token for token the single-process answer; the last
+worker follows the new plan and leaves when the host says bye."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.backends import StageSpec, make_stage
+from runtime.generate import generate_greedy
+from runtime.tokenizer import ChatTokenizer
+from runtime.weights import ensure_safetensors
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "List the numbers from 1 to 30, separated by commas."
+MAX_NEW = 60
+SPLITROOM = [sys.executable, "-c", "from splitroom.cli import main; main()"]
+
+
+def test_a_joined_worker_killed_mid_answer_the_host_answers_like_one_process(tmp_path: Path):
+    model_dir = ensure_safetensors()
+    tok = ChatTokenizer.from_dir(model_dir)
+    whole = make_stage("numpy", model_dir, StageSpec(0, 30, host=True))
+    want = [t for t in generate_greedy([whole], tok.encode_chat(PROMPT), MAX_NEW).ids if t != 2]
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs = []
+    relay = subprocess.Popen(SPLITROOM + ["relay", "--host", "127.0.0.1", "--port", "0"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs.append(relay)
+    try:
+        line = relay.stdout.readline()
+        assert "listening on" in line, line
+        url = line.split("listening on ")[1].strip().replace("/room/ROOM", "/room/recovery")
+        common = ["--address", "127.0.0.1", "--timeout", "90"]
+        w1 = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w1", "--layers", "11-20", "--peers", "h,w2"]
+                              + common, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        w2 = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w2", "--layers", "21-30", "--peers", "h,w1"]
+                              + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        answers = tmp_path / "answers.json"
+        host = subprocess.Popen(SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-10", "--peers",
+                                             "w1,w2", "--ask", PROMPT, "--max-tokens", str(MAX_NEW),
+                                             "--answers-json", str(answers)] + common,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs += [w1, w2, host]
+        out = ""
+        t0 = time.monotonic()
+        while "1, 2, 3" not in out:  # the answer is streaming: kill the middle worker now
+            ch = host.stdout.read(1)
+            assert ch, "the host ended before its answer streamed"
+            out += ch
+            assert time.monotonic() - t0 < 80
+        os.kill(w1.pid, signal.SIGKILL)
+        rest, h_err = host.communicate(timeout=90)
+        w2_out, w2_err = w2.communicate(timeout=15)
+        assert host.returncode == 0, h_err
+        assert w2.returncode == 0, w2_err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        if relay.stdout:
+            relay.stdout.close()
+    got = json.loads(answers.read_text())
+    (a,) = got["answers"]
+    assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"
+    assert "lost w1" in h_err
