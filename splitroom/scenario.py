@@ -136,6 +136,8 @@ class JitterIn(_Strict):
     def _empirical_has_samples(self):
         if self.distribution == "empirical" and not self.samples:
             raise ValueError("an empirical jitter needs samples: [...] of measured delays")
+        if self.distribution in ("pareto", "paretonormal") and self.shape is not None and not self.shape > 1:
+            raise ValueError(f"a {self.distribution} jitter needs shape > 1 (its tail index), got {self.shape}")
         return self
 
 

@@ -32,8 +32,8 @@ BASE = {
     "model": "smollm2-135m",
     "context": 256,
     "devices": [
-        {"id": "a", "lends": "1 GiB", "memory_bandwidth": "50 GB/s", "compute": "2 TFLOPS"},
-        {"id": "b", "kind": "phone", "lends": "200 MB", "ms_per_layer": "0.5 ms"},
+        {"id": "a", "lends": "300 MB", "memory_bandwidth": "50 GB/s", "compute": "2 TFLOPS"},
+        {"id": "b", "kind": "phone", "lends": "400 MB", "ms_per_layer": "0.5 ms"},
     ],
     "network": {"rtt": "2 ms", "jitter": {"distribution": "pareto", "scale": "0.2 ms"},
                 "bandwidth": "100 Mbit/s", "hop_overhead": "0.5 ms"},
@@ -90,6 +90,54 @@ PLAUSIBLE = st.one_of(
     st.builds(lambda d, k: {"drafter": d, "draft_tokens": k}, st.sampled_from(["ngram", "draft_layer", "x"]),
               st.integers(0, 70)),
 )
+
+def _q(lo: float, hi: float, *units: str):
+    return st.builds(lambda n, u: f"{n:g} {u}", st.floats(lo, hi), st.sampled_from(units))
+
+
+_IDS = st.sampled_from(["a", "b", "c"])
+#: Per key, values of the right kind and a plausible range (so most rooms are valid and
+#: get simulated: the simulator meets odd but legal settings).
+KEYED = {
+    "name": st.text(max_size=30), "seed": st.integers(0, 2**64 - 1), "context": st.integers(1, 5000),
+    "kv_cache": st.sampled_from(["f16", "q8"]), "split": st.sampled_from(["speed", "memory", "optimal"]),
+    "phone_layers": st.booleans(), "host": _IDS,
+    "devices[0].lends": _q(0, 2000, "MB"), "devices[0].compute": _q(0.001, 500, "TFLOPS"),
+    "devices[0].memory_bandwidth": _q(0.001, 3000, "GB/s"), "devices[0].copy_speed": _q(0.001, 3000, "GB/s"),
+    "devices[1].ms_per_layer": _q(0.0001, 500, "ms"), "devices[1].kind": st.sampled_from(["phone", "computer"]),
+    "devices[1].emulate": st.builds(lambda x: {"slowdown": x}, st.floats(1, 10)),
+    "devices[1].emulate.slowdown": st.floats(1, 100), "devices[0].webgpu": st.booleans(),
+    "devices[1].clocks_down": st.booleans(),
+    "network.rtt": _q(0, 2000, "ms"), "network.hop_overhead": _q(0, 100, "ms"),
+    "network.bandwidth": _q(0.001, 10000, "Mbit/s"), "network.window": _q(1, 10**6, "B"),
+    "network.jitter": st.builds(lambda d, sc, sh: {"distribution": d, "scale": f"{sc:g} ms", **sh},
+                                st.sampled_from(["none", "normal", "lognormal", "gamma", "pareto",
+                                                 "paretonormal"]), st.floats(0, 500),
+                                st.one_of(st.just({}), st.builds(lambda x: {"shape": x}, st.floats(1.0001, 20)))),
+    "network.jitter.scale": _q(0, 1000, "ms"), "network.jitter.shape": st.floats(1.0001, 50),
+    "network.jitter.samples": st.lists(_q(0, 100, "ms"), min_size=1, max_size=5),
+    "network.episodes": st.builds(lambda e, l, x: {"every": f"{e:g} s", "lasting": f"{min(l, e):g} s",
+                                                   "extra_rtt": f"{x:g} ms"},
+                                  st.floats(1e-6, 100), st.floats(0, 100), st.floats(0, 1000)),
+    "network.links": st.lists(st.builds(lambda a, b, r: {"between": [a, b], "rtt": f"{r:g} ms"}, _IDS, _IDS,
+                                        st.floats(0, 500)), max_size=3),
+    "workload.questions": st.integers(1, 4), "workload.prompt_tokens": st.integers(1, 60),
+    "workload.answer_tokens": st.integers(1, 40), "workload.asked_by": st.lists(_IDS, max_size=3),
+    "workload.prompts": st.lists(st.text(max_size=20), max_size=3),
+    "decoding.prefill_chunk": st.integers(1, 64), "decoding.async_laps": st.integers(1, 8),
+    "decoding.return": st.sampled_from(["direct", "via_stages"]), "decoding.wake": st.booleans(),
+    "decoding.speculative": st.one_of(st.none(), st.builds(
+        lambda d, k, a: {"drafter": d, "draft_tokens": k, "acceptance": a},
+        st.sampled_from(["ngram", "draft_layer", "early_exit", "model"]), st.integers(1, 8), st.floats(0, 1))),
+    "decoding.speculative.acceptance": st.floats(0, 1), "decoding.speculative.draft_tokens": st.integers(1, 16),
+    "decoding.speculative.accepted_lengths": st.lists(st.integers(0, 3), max_size=6),
+    "decoding.speculative.accepted_sequence": st.lists(st.integers(0, 3), max_size=6),
+    "decoding.speculative.draft_cost": _q(0, 100, "ms"),
+    "measured.ms_per_layer": st.dictionaries(_IDS, _q(0.0001, 100, "ms"), max_size=2),
+    "stages": st.lists(st.builds(lambda d, a, b: {"device": d, "layers": f"{a}-{b}"}, _IDS, st.integers(1, 30),
+                                 st.integers(1, 30)), max_size=3),
+}
+
 
 VALUES = st.recursive(st.one_of(PLAUSIBLE, PLAUSIBLE, SCALARS), lambda inner: st.one_of(st.lists(inner, max_size=5),
                                                         st.dictionaries(st.text(max_size=12), inner, max_size=5)),
@@ -151,9 +199,17 @@ def _dump(data) -> str:
 def scenario_files(draw) -> bytes:
     """Bytes of a scenario file: mostly BASE mutated, else an alias bomb in some key,
     deep nesting, random YAML, random bytes, or a valid file cut short."""
-    kind = draw(st.sampled_from(["mutated"] * 6 + ["bomb", "deep", "yaml", "bytes", "cut", "bigint"]))
+    kind = draw(st.sampled_from(["mutated"] * 4 + ["plausible"] * 4 + ["bomb", "deep", "yaml", "bytes", "cut",
+                                                                        "bigint"]))
     if kind == "mutated":
         return _dump(draw(mutated_scenarios())).encode()
+    if kind == "plausible":  # one key set to a value a user might write: mostly valid rooms, simulated
+        import copy
+        data = copy.deepcopy(BASE)
+        for _ in range(draw(st.integers(1, 3))):
+            path = draw(st.sampled_from(sorted(KEYED)))
+            set_path(data, path, draw(KEYED[path]))
+        return _dump(data).encode()
     if kind == "bomb":
         levels, width = draw(st.integers(1, 12)), draw(st.integers(2, 12))
         key = draw(st.sampled_from(["name", "devices", "workload.prompts", "model", "network.links"]))
@@ -189,8 +245,14 @@ def set_options(draw) -> list[str]:
     out = []
     for _ in range(draw(st.integers(1, 3))):
         key = draw(SET_KEYS)
-        kind = draw(st.sampled_from(["value"] * 6 + ["text", "bomb", "noeq"]))
-        if kind == "value":
+        kind = draw(st.sampled_from(["keyed"] * 5 + ["value"] * 4 + ["text", "bomb", "noeq"]))
+        if kind == "keyed":
+            key = draw(st.sampled_from(sorted(KEYED)))
+            v = yaml.safe_dump(draw(KEYED[key]), default_flow_style=True, width=10**9).strip()
+            if v.endswith("\n..."):
+                v = v[:-4].strip()
+            out.append(f"{key}={v}")
+        elif kind == "value":
             v = yaml.safe_dump(draw(st.one_of(PLAUSIBLE, VALUES)), default_flow_style=True, width=10**9).strip()
             if v.endswith("\n..."):
                 v = v[:-4].strip()

@@ -242,3 +242,9 @@ def test_simulate_questions_that_just_fit_are_answered(tmp_path):
 def test_run_real_options_are_checked_before_anything_starts(tmp_path, args, parts):
     f = write(tmp_path, ONE)
     one_line_exit_2(invoke("run", f, "--real", *args), *parts)
+
+
+@pytest.mark.parametrize("dist", ["pareto", "paretonormal"])
+def test_heavy_tail_shape_must_be_above_one(tmp_path, dist):
+    f = write(tmp_path, TWO + f"network: {{jitter: {{distribution: {dist}, scale: 1 ms, shape: 0.5}}}}\n")
+    one_line_exit_2(invoke("simulate", f), "room.yaml: network.jitter: ", "shape > 1", "0.5")
