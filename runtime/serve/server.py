@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter as Tally
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -260,13 +261,16 @@ class RoomServer:
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.Response:
-        """``GET /health``: 200 with ``ready``, ``reason``, the queue and the room."""
+        """``GET /health``: 200 with ``ready``, ``reason``, the queue (waiting, answering,
+        the most questions one asker has waiting) and the room."""
         ready, reason, _ = self.readiness()
         host = self._host()
         body = {"status": "ready" if ready else ("starting" if self.phase != "serving" else "unavailable"),
                 "ready": ready, "reason": reason or None, "model": self.model_id,
                 "queue": {"waiting": len(host.queue) if host is not None else 0,
-                          "answering": bool(host is not None and host.busy)},
+                          "answering": bool(host is not None and host.busy),
+                          "most_waiting_of_one_asker": max(Tally(q.device for q in host.queue).values(),
+                                                           default=0) if host is not None else 0},
                 "lost": list(self.lost), "room": self.room_info}
         self.m_http.labels("health", "200").inc()
         return web.json_response(body)
