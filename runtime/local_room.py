@@ -60,6 +60,10 @@ class LocalRoom:
                 raise ValueError(f"{s.device}: stage holds [{st.start}, {st.end}), the deal says [{s.start}, {s.end})")
         self.stages = dict(stages)
         self.deal = deal
+        caps = [st.max_ctx for st in stages.values() if getattr(st, "max_ctx", None) is not None]
+        if caps and (config.context is None or config.context > min(caps)):  # the smallest cache bounds questions
+            import dataclasses
+            config = dataclasses.replace(config, context=min(caps))
         self.config = config
         self.drafter = drafter
         self.chain = Chain(deal, config, redeal=redeal)

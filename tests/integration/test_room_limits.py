@@ -104,3 +104,22 @@ def test_a_worker_drops_a_frame_longer_than_its_cache_and_keeps_serving(model_di
     assert worker.compute_errors == 1
     assert host.ended == {0: "answered"}
     assert host.answers[0] == reference(model_dir, tokenizer, SHORT)
+
+
+def test_the_in_process_room_refuses_what_its_caches_cannot_hold(model_dir, tokenizer):
+    from planner.protocol import Refuse
+    from planner.scheduler import SchedulerConfig
+    from runtime.local_room import LocalRoom, chain_deal
+    short, long_ = tokenizer.encode_chat(SHORT), tokenizer.encode_chat(LONG)
+    cache = len(short) + MAX_NEW
+    stages = {n: make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host")), max_ctx=cache)
+              for n, a, b in CHAIN}
+    room = LocalRoom(stages, chain_deal("host", [tuple(c) for c in CHAIN]),
+                     SchedulerConfig(hidden=576, eos_token=2))  # no context given: the caches decide
+    room.ask(0, long_, MAX_NEW)
+    room.ask(1, short, MAX_NEW)
+    answers = room.run()
+    refused = [c for _, c in room.trace if isinstance(c, Refuse)]
+    assert [(r.question_id, r.reason) for r in refused] == [
+        (0, f"does not fit the context: a prompt of {len(long_)} tokens + {MAX_NEW} answer tokens > {cache} positions")]
+    assert answers[0] == [] and answers[1] == reference(model_dir, tokenizer, SHORT)
