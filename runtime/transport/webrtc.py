@@ -1,0 +1,341 @@
+"""WebRTC data channels (aiortc) and the relay signalling: :func:`connect_room`.
+
+``connect_room(relay_url, room, device, peers)`` joins the signalling relay
+(runtime/relay.py), builds one ``RTCPeerConnection`` per peer (full mesh; the
+lexicographically smaller device id makes the offer), with no STUN/TURN server
+(``RTCConfiguration(iceServers=[])``; ``None`` would add a public STUN server), and
+returns a :class:`RtcTransport` once every data channel to every peer is open. The relay
+sees only SDP; every message goes peer to peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from typing import Optional, Sequence
+
+from .base import Transport, TransportError
+from .framing import AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN, DEFAULT_REMOTE_MAX_MESSAGE_SIZE
+from .pacing import BULK_INFLIGHT_BYTES, BULK_PIECE_BYTES, _Link
+from .patches import _host_addresses, install_candidate_patch, tune_sctp
+
+log = logging.getLogger("splitroom.transport")
+
+def emulate_delay(transport: "Transport", one_way_s: float) -> None:
+    """Measurement aid: delay every packet this side sends by ``one_way_s`` seconds
+    (in process, order kept), on every peer connection of a WebRTC transport made by
+    connect_room. Apply it on both sides for an RTT of 2 x one_way_s. It wraps the ICE
+    transport's send, below DTLS and SCTP, so SCTP's windows and bursts see the delay.
+    Raises TypeError for a transport without WebRTC connections."""
+    if not isinstance(transport, RtcTransport):
+        raise TypeError("emulate_delay needs a transport from connect_room")
+    loop = asyncio.get_running_loop()
+    for link in transport._links.values():
+        ice = link.pc.sctp.transport.transport  # pc.sctp (SCTP) -> .transport (DTLS) -> .transport (ICE)
+        send = getattr(ice, "_splitroom_send", None) or ice._send
+        ice._splitroom_send = send
+        if one_way_s <= 0:
+            ice._send = send
+            continue
+
+        async def _late(data: bytes, _send=send) -> None:
+            try:
+                await _send(data)
+            except ConnectionError:  # closed while the packet was "in the air": lost
+                pass
+
+        async def delayed(data: bytes, _late=_late) -> None:
+            loop.call_later(one_way_s, lambda: asyncio.ensure_future(_late(data)))
+
+        ice._send = delayed
+
+
+
+_MAX_MSG_RE = re.compile(r"^a=max-message-size:(\d+)\s*$", re.M)
+
+
+def remote_max_message_size(sdp: str) -> int:
+    """The peer's largest accepted message from its SDP, bytes (RFC 8841 section 6:
+    64 KiB when absent; 0, "any size", becomes aiortc's 256 KiB here)."""
+    m = _MAX_MSG_RE.search(sdp)
+    if not m:
+        return DEFAULT_REMOTE_MAX_MESSAGE_SIZE
+    v = int(m.group(1))
+    return v if v > 0 else AIORTC_MAX_MESSAGE_SIZE
+
+
+class RtcTransport(Transport):
+    """A Transport over aiortc data channels; made by :func:`connect_room`."""
+
+    def __init__(self, device: str, peers: Sequence[str], max_message_bytes_in: int):
+        super().__init__(device, peers, max_message_bytes_in)
+        self._links: dict[str, _Link] = {p: _Link(p) for p in peers}
+
+    @property
+    def max_message_bytes(self) -> int:
+        return min((lk.max_message_bytes for lk in self._links.values()), default=AIORTC_MAX_MESSAGE_SIZE)
+
+    def _wire_limit(self, dst: str, channel: str) -> int:
+        lim = self._links[dst].max_message_bytes
+        return lim if channel == "residual" else min(lim, BULK_PIECE_BYTES)
+
+    def _link(self, dst: str) -> _Link:
+        lk = self._links[dst]
+        if lk.failed:
+            raise TransportError(f"{self.device}: connection to {dst!r} is down: {lk.failed}")
+        return lk
+
+    async def _send_wires(self, dst: str, channel: str, wires: list[bytes]) -> None:
+        lk = self._link(dst)
+        ch = lk.channels[channel]
+        if channel == "residual":
+            try:
+                for w in wires:
+                    ch.send(bytes(w))
+            except Exception as e:  # InvalidStateError, ConnectionError
+                raise TransportError(f"{self.device}: send to {dst!r} on {channel} failed: {e!r}") from e
+            return
+        fut = asyncio.get_running_loop().create_future()
+        lk.bulk.append((channel, wires, fut))
+        lk.bulk_wake.set()
+        await fut
+
+    async def _bulk_sender(self, lk: _Link) -> None:
+        """Hand reply/weights pieces to aiortc one at a time, only when it is idle;
+        replies go before weights."""
+        while True:
+            await lk.bulk_wake.wait()
+            lk.bulk_wake.clear()
+            while lk.bulk:
+                # replies first: take the first reply item if any, else the head
+                idx = next((i for i, it in enumerate(lk.bulk) if it[0] == "reply"), 0)
+                channel, wires, fut = lk.bulk[idx]
+                del lk.bulk[idx]
+                try:
+                    ch = lk.channels[channel]
+                    for w in wires:
+                        await lk.wait_sendable(ch)
+                        if lk.failed:
+                            raise TransportError(f"connection to {lk.peer!r} is down: {lk.failed}")
+                        ch.send(bytes(w))
+                except Exception as e:
+                    if not fut.done():
+                        fut.set_exception(e if isinstance(e, TransportError) else TransportError(
+                            f"{self.device}: send to {lk.peer!r} on {channel} failed: {e!r}"))
+                    continue
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for lk in self._links.values():
+            if lk.bulk_task is not None:
+                lk.bulk_task.cancel()
+                try:
+                    await lk.bulk_task
+                except (asyncio.CancelledError, Exception):
+                    pass
+            for _, _, fut in lk.bulk:
+                if not fut.done():
+                    fut.set_exception(TransportError(f"{self.device}: transport closed"))
+            lk.bulk.clear()
+            if lk.pc is not None:
+                try:
+                    await lk.pc.close()
+                except Exception as e:  # pragma: no cover - best effort
+                    log.info("%s: closing connection to %s: %r", self.device, lk.peer, e)
+
+
+class _Signalling:
+    """The relay websocket of one connect_room call."""
+
+    def __init__(self, device: str, peers: Sequence[str]):
+        self.device = device
+        self.present: set[str] = set()
+        self.changed = asyncio.Event()
+        self.inbox: dict[str, asyncio.Queue] = {p: asyncio.Queue() for p in peers}
+        self.closed_reason: Optional[str] = None
+        self.session = None
+        self.ws = None
+        self.reader: Optional[asyncio.Task] = None
+
+    async def open(self, relay_url: str, room: str) -> None:
+        import aiohttp
+
+        self.session = aiohttp.ClientSession()
+        url = f"{relay_url.rstrip('/')}/room/{room}"
+        try:
+            self.ws = await self.session.ws_connect(url, max_msg_size=64 * 1024, heartbeat=None)
+        except Exception as e:
+            await self.session.close()
+            raise TransportError(f"{self.device}: cannot reach the relay at {url}: {e!r}") from e
+        await self.ws.send_str(json.dumps({"type": "hello", "device": self.device}))
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        import aiohttp
+
+        async for msg in self.ws:
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            try:
+                obj = json.loads(msg.data)
+            except ValueError:
+                log.warning("%s: relay sent a non-JSON message; ignored", self.device)
+                continue
+            if obj.get("type") == "peers":
+                self.present = set(obj.get("devices", []))
+                self.changed.set()
+            elif obj.get("type") == "signal" and obj.get("from") in self.inbox:
+                self.inbox[obj["from"]].put_nowait(obj.get("data"))
+            else:
+                log.info("%s: relay message %r ignored", self.device, str(obj.get("type"))[:20])
+        self.closed_reason = f"relay closed the connection ({self.ws.close_code})"
+        self.changed.set()
+        for q in self.inbox.values():
+            q.put_nowait(None)
+
+    async def wait_present(self, peer: str) -> None:
+        while peer not in self.present:
+            if self.closed_reason:
+                raise TransportError(f"{self.device}: waiting for {peer!r}: {self.closed_reason}")
+            self.changed.clear()
+            await self.changed.wait()
+
+    async def signal(self, peer: str, desc) -> None:
+        await self.ws.send_str(json.dumps({"type": "signal", "to": peer,
+                                           "data": {"type": desc.type, "sdp": desc.sdp}}))
+
+    async def receive(self, peer: str, kind: str):
+        from aiortc import RTCSessionDescription
+
+        data = await self.inbox[peer].get()
+        if data is None:
+            raise TransportError(f"{self.device}: waiting for {kind} from {peer!r}: {self.closed_reason}")
+        if not isinstance(data, dict) or data.get("type") != kind or not isinstance(data.get("sdp"), str):
+            raise TransportError(f"{self.device}: expected an SDP {kind} from {peer!r}")
+        return RTCSessionDescription(sdp=data["sdp"], type=kind)
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+        if self.reader is not None:
+            try:
+                await asyncio.wait_for(self.reader, 2.0)
+            except (asyncio.TimeoutError, Exception):
+                self.reader.cancel()
+        if self.session is not None:
+            await self.session.close()
+
+
+async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[str], *,
+                       open_timeout_s: float = 20.0,
+                       max_message_bytes_in: int = DEFAULT_MAX_MESSAGE_BYTES_IN,
+                       host_addresses: Optional[Sequence[str]] = None,
+                       sctp_tuning: bool = True,
+                       bulk_inflight_bytes: int = BULK_INFLIGHT_BYTES) -> Transport:
+    """Join ``room`` on the relay at ``relay_url`` (``ws://host:port``) as ``device``,
+    open data channels to every device in ``peers`` and return the Transport.
+
+    Full mesh: one RTCPeerConnection per peer, no STUN/TURN servers; the smaller id
+    (string order) offers once the relay reports the other present. Each peer's
+    connection must have its three channels open within ``open_timeout_s`` seconds
+    (waiting for the peer to join, the SDP exchange, ICE, DTLS and SCTP included).
+    ``host_addresses``: the only addresses to offer as ICE host candidates (e.g.
+    ``["127.0.0.1"]`` or a namespace's veth address); default: every interface plus
+    127.0.0.1. ``max_message_bytes_in``: cap on one reassembled incoming message,
+    bytes. ``sctp_tuning``: apply :func:`tune_sctp` with its defaults (process-wide)
+    before connecting; False leaves aiortc's SCTP as it is set now.
+    ``bulk_inflight_bytes``: reply/weights pieces are handed to SCTP only while at
+    most this many bytes are unacknowledged (residual latency vs bulk throughput).
+
+    The relay websocket is closed once every channel is open: the relay sees the SDP
+    exchange and nothing after it.
+
+    Raises TransportError when the relay cannot be reached or closes the connection,
+    or a peer's channels do not open in time (the message names the peer); ValueError
+    for a peer list that contains ``device`` or duplicates.
+    """
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    peers = tuple(peers)
+    if device in peers or len(set(peers)) != len(peers):
+        raise ValueError(f"peers {peers!r} must be distinct and must not contain {device!r}")
+    install_candidate_patch()
+    if sctp_tuning:
+        tune_sctp()
+    token = _host_addresses.set(tuple(host_addresses) if host_addresses is not None else None)
+    transport = RtcTransport(device, peers, max_message_bytes_in)
+    for lk in transport._links.values():
+        lk.bulk_inflight_bytes = bulk_inflight_bytes
+    sig = _Signalling(device, peers)
+    try:
+        await sig.open(relay_url, room)
+        loop = asyncio.get_running_loop()
+
+        async def link(peer: str) -> None:
+            lk = transport._links[peer]
+            stage = ["creating the connection"]
+
+            async def build() -> None:
+                pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+                lk.pc = pc
+                opened = []
+                for i, name in enumerate(CHANNELS):
+                    ch = pc.createDataChannel(name, ordered=True, negotiated=True, id=i)
+                    ch.bufferedAmountLowThreshold = 0  # the paced sender waits for "bufferedamountlow"
+                    fut = loop.create_future()
+                    ch.on("open", lambda f=fut: f.done() or f.set_result(None))
+                    ch.on("message", lambda data, n=name: transport._on_wire(peer, n, data))
+                    lk.channels[name] = ch
+                    opened.append(fut)
+
+                @pc.on("connectionstatechange")
+                def _state() -> None:
+                    if pc.connectionState in ("failed", "closed") and not transport._closed:
+                        lk.failed = f"connection {pc.connectionState}"
+                        log.log(logging.WARNING if pc.connectionState == "failed" else logging.INFO,
+                                "%s: connection to %s %s", device, peer, pc.connectionState)
+                        transport._peer_lost(peer, lk.failed)
+
+                if device < peer:
+                    stage[0] = "waiting for the peer to join the relay"
+                    await sig.wait_present(peer)
+                    stage[0] = "making the offer"
+                    await pc.setLocalDescription(await pc.createOffer())
+                    await sig.signal(peer, pc.localDescription)
+                    stage[0] = "waiting for the answer"
+                    await pc.setRemoteDescription(await sig.receive(peer, "answer"))
+                else:
+                    stage[0] = "waiting for the offer"
+                    await pc.setRemoteDescription(await sig.receive(peer, "offer"))
+                    stage[0] = "making the answer"
+                    await pc.setLocalDescription(await pc.createAnswer())
+                    await sig.signal(peer, pc.localDescription)
+                lk.max_message_bytes = remote_max_message_size(pc.remoteDescription.sdp)
+                stage[0] = "opening the data channels (ICE, DTLS, SCTP)"
+                await asyncio.gather(*opened)
+
+            try:
+                await asyncio.wait_for(build(), open_timeout_s)
+            except asyncio.TimeoutError:
+                raise TransportError(f"{device}: channels to peer {peer!r} did not open within "
+                                     f"{open_timeout_s:g} s ({stage[0]})") from None
+            lk.bulk_task = asyncio.ensure_future(transport._bulk_sender(lk))
+
+        results = await asyncio.gather(*(link(p) for p in peers), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+    except BaseException:
+        await transport.close()
+        raise
+    finally:
+        _host_addresses.reset(token)
+        await sig.close()
+    log.info("%s: connected to %s", device, ", ".join(peers) or "(no peers)")
+    return transport
