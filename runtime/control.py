@@ -151,6 +151,9 @@ class Replan(_Model):
     host: DEVICE_ID
     stages: tuple[StageRow, ...] = Field(min_length=1)
     first_lap: int = Field(ge=0)
+    #: device -> sha256 of its new range's weights manifest: copy the range from the
+    #: host over the weights channel, verified against it (runtime/weights_share.py)
+    manifests: dict[DEVICE_ID, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(default_factory=dict)
 
     def deal(self) -> Deal:
         """The new chain as a pinned Deal."""
@@ -216,6 +219,9 @@ class NodeConfig(BaseModel):
         crash_at_token: the host's fault injection, ``[(device, N), ...]``: once N answer
             tokens (all questions) are emitted, tell ``device`` to crash.
         crashable: obey a Crash message (exit at once, status 9).
+        weights_from_peer: on a re-deal, a worker copies its new range from the host
+            over the weights channel (verified against the manifest hash the host puts
+            in the Replan) instead of reading its own model directory; the host serves.
         redeals: the host's re-deal per lost worker, planned with the planner's rules
             (``run --real`` fills it from the scenario; see :meth:`redeal_rule`).
     """
@@ -240,6 +246,7 @@ class NodeConfig(BaseModel):
     heartbeat_timeout_s: float = Field(1.0, ge=0.0)
     crash_at_token: list[tuple[DEVICE_ID, Annotated[int, Field(ge=1)]]] = Field(default_factory=list)
     crashable: bool = False
+    weights_from_peer: bool = False
     redeals: dict[DEVICE_ID, list[StageRow]] = Field(default_factory=dict)
 
     def redeal_rule(self):

@@ -101,6 +101,8 @@ class Node:
         self.awaiting: dict[int, set[str]] = {}  # host: re-deal first lap -> devices not ready yet
         self.emitted = 0
         self._tasks: list[asyncio.Future] = []
+        self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
+        self.loading = False  # loading a re-dealt range (heartbeat silence is not a loss then)
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -273,14 +275,20 @@ class Node:
 
     # -- recovery -------------------------------------------------------------------
 
-    def _load(self, start: int, end: int) -> Stage:
+    def _load(self, start: int, end: int, model_dir: str | None = None) -> Stage:
         from .backends import StageSpec, make_stage
-        return make_stage(self.cfg.backend, self.cfg.model_dir, StageSpec(start, end, host=self.is_host),
+        return make_stage(self.cfg.backend, model_dir or self.cfg.model_dir, StageSpec(start, end, host=self.is_host),
                           max_ctx=getattr(self.stage, "max_ctx", 2048))
 
-    async def _take_range(self, stages, first_lap: int) -> None:
+    def _manifest_sha(self, start: int, end: int) -> str:
+        from .weights_share import make_manifest, manifest_sha256
+        return manifest_sha256(make_manifest(self.cfg.model_dir, start, end, False, False))
+
+    async def _take_range(self, stages, first_lap: int, manifest_sha: str | None = None) -> None:
         """Forget the old chain's work and residuals; load this device's new range (from
-        the model directory, in the compute thread, after the compute already queued)."""
+        the model directory, in the compute thread, after the compute already queued;
+        or, with ``manifest_sha``, copied from the host over the weights channel first,
+        every byte checked against that manifest hash)."""
         keep = [c for c in _drain(self.work) if getattr(c, "lap_id", first_lap) >= first_lap
                 and type(c) is not RollbackKV]
         for c in keep:
@@ -289,14 +297,49 @@ class Node:
         mine = [(a, b) for d, a, b in stages if d == self.cfg.device]
         a, b = mine[0] if mine else (0, 0)
         if self.stage is not None and (self.stage.start, self.stage.end) != (a, b):
-            loop = asyncio.get_running_loop()
-            self.stage = await loop.run_in_executor(self._pool, self._load, a, b)
+            self.loading = True  # quiet is expected now: no peer is declared lost by silence
+            try:
+                await self._load_range(a, b, manifest_sha)
+            finally:
+                self.loading = False
+                now = time.monotonic()  # a fresh start for every peer's silence
+                self.last_heard = {p: now for p in self.last_heard}
+
+    async def _load_range(self, a: int, b: int, manifest_sha: str | None) -> None:
+        """Load layers ``[a, b)`` as this device's stage: from the model directory, or
+        copied from the host first when ``manifest_sha`` is given (the copy is shown as
+        a start and an end line; raises WeightsError when it fails a check)."""
+        loop = asyncio.get_running_loop()
+        src = None
+        if manifest_sha is not None:
+            import tempfile
+
+            from .weights_share import fetch_range
+            src = tempfile.mkdtemp(prefix=f"splitroom-{self.cfg.device}-layers-")
+            log.warning("%s: copying layers %d-%d from %s", self.cfg.device, a + 1, b, self.cfg.host)
+            await fetch_range(self.transport, self.cfg.host, a, b, False, False, src, manifest_sha)
+            log.warning("%s: layers %d-%d copied and verified", self.cfg.device, a + 1, b)
+        try:
+            self.stage = await loop.run_in_executor(self._pool, self._load, a, b, src)
+        finally:
+            if src is not None:  # the stage holds the tensors in memory now
+                import shutil
+                shutil.rmtree(src, ignore_errors=True)
 
     async def _host_redeal(self, r: Redeal) -> None:
         self.deal = self.chain.deal
         others = [d for d, _, _ in r.stages if d != self.cfg.device]
         self.awaiting[r.first_lap] = set(others) | {self.cfg.device}
-        msg = encode_control(Replan(lost=r.lost, host=r.host, stages=r.stages, first_lap=r.first_lap))
+        manifests = {}
+        if self.cfg.weights_from_peer:  # the workers whose range changed copy it from here
+            old = {s.device: (s.start, s.end) for s in self._deal_before}
+            loop = asyncio.get_running_loop()
+            for d, a, b in r.stages:
+                if d != self.cfg.device and old.get(d) != (a, b):
+                    manifests[d] = await loop.run_in_executor(None, self._manifest_sha, a, b)
+        self._deal_before = self.deal.stages
+        msg = encode_control(Replan(lost=r.lost, host=r.host, stages=r.stages, first_lap=r.first_lap,
+                                    manifests=manifests))
         for d in others:
             await self._send(d, REPLY, msg)
         try:
@@ -312,7 +355,7 @@ class Node:
         self.chain.adopt(deal, msg.first_lap)
         self.deal = deal
         try:
-            await self._take_range(msg.stages, msg.first_lap)
+            await self._take_range(msg.stages, msg.first_lap, msg.manifests.get(self.cfg.device))
         except Exception as e:  # say nothing: the host notices this device is missing
             log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
             return
@@ -324,6 +367,8 @@ class Node:
         if waiting is None:
             return
         waiting.discard(device)
+        if device in self.last_heard:
+            self.last_heard[device] = time.monotonic()  # its silence is counted again from now
         if not waiting:
             del self.awaiting[first_lap]
             self.handle(ChainReady(first_lap))
@@ -335,11 +380,13 @@ class Node:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
             now = time.monotonic()
+            quiet = {d for waiting in self.awaiting.values() for d in waiting}  # loading a re-dealt range
             for p in self.cfg.peers:
                 if p in self.lost_peers:
                     continue
                 seen = self.last_heard.get(p)
-                if timeout > 0 and seen is not None and now - seen > timeout:
+                if timeout > 0 and seen is not None and now - seen > timeout and not self.loading \
+                        and p not in quiet:
                     self._on_lost(p, f"no heartbeat for {now - seen:.1f} s", self.clock() - (now - seen))
                     continue
                 asyncio.ensure_future(self._send(p, REPLY, beat))
@@ -406,6 +453,9 @@ class Node:
         self._task = asyncio.ensure_future(self.compute_loop())
         if self.cfg.heartbeat_s > 0:
             self._tasks.append(asyncio.ensure_future(self._heartbeats()))
+        if self.is_host and self.cfg.recover and self.cfg.weights_from_peer:
+            from .weights_share import serve_weights
+            self._weights_server = serve_weights(self.transport, self.cfg.model_dir)
         if self.is_host:
             self._ask_next()
 

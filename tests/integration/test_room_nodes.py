@@ -34,6 +34,10 @@ class Hub:
             def set_handler(self, fn):
                 hub.handlers[device] = fn
 
+            @property
+            def handler(self):
+                return hub.handlers.get(device)
+
             async def send(self, dst, channel, data):
                 if device in hub.dead or dst in hub.dead:
                     return
@@ -152,13 +156,16 @@ def test_a_worker_lost_mid_answer_ends_the_room_with_refusals(model_dir, tokeniz
     assert all(v.startswith("refused: w1 left the room") for v in ended.values())
 
 
-@pytest.mark.parametrize("lose,after", [("w1", 4), ("w2", 15)])
+@pytest.mark.parametrize("lose,after,from_peer", [("w1", 4, False), ("w2", 15, False), ("w2", 6, True)])
 def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_token(model_dir, tokenizer,
-                                                                                      reference, lose, after):
+                                                                                      reference, lose, after,
+                                                                                      from_peer, caplog):
     """host 1-9, w1 10-21, w2 22-30; after ``after`` answer tokens ``lose`` falls silent (as a
-    killed process: no goodbye). The heartbeats notice within about a second, the host
-    re-deals (the lost range to the stage before it), the new chain loads from disk and
-    the replay continues: both answers equal single-process greedy decoding."""
+    killed process: no goodbye). The heartbeats notice within about two seconds, the host
+    re-deals (the lost range to the stage before it), the new chain loads from disk (or,
+    ``from_peer``, w1 copies layers 10-30 from the host over the weights channel, checked
+    against the manifest hash in the Replan) and the replay continues: both answers
+    equal single-process greedy decoding."""
     chain = [["host", 0, 9], ["w1", 9, 21], ["w2", 21, 30]]
     sc = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
     hub = Hub()
@@ -166,7 +173,8 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     for n, a, b in chain:
         cfg = NodeConfig(device=n, host="host", stages=chain, scheduler=sc, model_dir=str(model_dir),
                          prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW,
-                         peers=[m for m, _, _ in chain if m != n], heartbeat_s=0.1, heartbeat_timeout_s=1.0)
+                         peers=[m for m, _, _ in chain if m != n], heartbeat_s=0.1, heartbeat_timeout_s=2.0,
+                         weights_from_peer=from_peer)
         nodes.append(Node(cfg, make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host"))),
                           hub.transport(n), tokenizer if n == "host" else None))
     host = nodes[0]
@@ -186,8 +194,13 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     trace = merge_traces([n.trace_records() for n in nodes])
     from planner.metrics import compute
     (rec,) = compute(trace)["recovery"]
-    assert rec["device"] == lose and 1.0 <= rec["detected_at_s"] - rec["lost_at_s"] < 2.0
+    # 2 s here (three nodes share one event loop and two cores with numpy threads: a 1 s
+    # silence happens without a loss); the device processes of run --real and join use 1 s
+    assert rec["device"] == lose and 2.0 <= rec["detected_at_s"] - rec["lost_at_s"] < 3.0
     assert rec["recovery_s"] is not None and rec["next_token_at_s"] > rec["ready_at_s"] >= rec["detected_at_s"]
     redeal = next(o for _, o in trace if type(o).__name__ == "Redeal")
     want = [("host", 0, 21), ("w2", 21, 30)] if lose == "w1" else [("host", 0, 9), ("w1", 9, 30)]
     assert [tuple(s) for s in redeal.stages] == want
+    if from_peer:
+        assert "w1: layers 10-30 copied and verified" in caplog.text
+        assert any(ch == "weights" and src == "host" and dst == "w1" for src, dst, ch, _ in hub.sent)
