@@ -95,6 +95,10 @@ class Curve:
         """The same curve with every value times ``factor`` (> 0)."""
         return Curve(self.xs, tuple(y * factor for y in self.ys))
 
+    def shifted(self, seconds: float) -> "Curve":
+        """The same curve with ``seconds`` added to every value (kept >= 0)."""
+        return Curve(self.xs, tuple(max(y + seconds, 0.0) for y in self.ys))
+
     def to_mapping(self) -> dict:
         return {str(_num(x)): float(y) for x, y in zip(self.xs, self.ys)}
 
@@ -160,6 +164,11 @@ class PassCurve:
         """The same curve with every time times ``factor`` (a slowdown)."""
         return PassCurve(self.tokens, self.contexts, tuple(tuple(v * factor for v in r) for r in self.fixed_s),
                          tuple(tuple(v * factor for v in r) for r in self.per_layer_s))
+
+    def shifted(self, seconds: float) -> "PassCurve":
+        """The same curve with ``seconds`` more per pass (added to every fixed part)."""
+        return PassCurve(self.tokens, self.contexts, tuple(tuple(v + seconds for v in r) for r in self.fixed_s),
+                         self.per_layer_s)
 
     def to_mapping(self) -> dict:
         return {"tokens": list(self.tokens), "contexts": list(self.contexts),

@@ -67,9 +67,20 @@ CALIBRATION_PROMPTS = (
 Log = Callable[[str], None]
 
 
+#: a buffer larger than any CPU's last-level cache, read before each timed pass so that
+#: the pass finds its weights in memory, not in cache, as in a room where other stages
+#: (other processes) ran in between
+_FLUSH = np.ones(48 * 1024 * 1024 // 8, dtype=np.float64)
+
+
+def _flush_caches() -> None:
+    float(_FLUSH.sum())
+
+
 def _median_time(fn: Callable[[], object], reps: int) -> float:
     xs = []
     for _ in range(reps):
+        _flush_caches()
         t0 = time.perf_counter()
         fn()
         xs.append(time.perf_counter() - t0)

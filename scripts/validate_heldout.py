@@ -2,8 +2,9 @@
 """Held-out validation of the simulator (issue 9): calibrate once, predict rooms that
 were never run, then run them and compare.
 
-1. Calibrate this machine once (``splitroom calibrate``: no room runs, no scenario
-   workload; or take ``--profile``).
+1. Calibrate this machine once (``splitroom calibrate``: the parts measured alone,
+   then one small 2-device room on loopback, plain, on calibration prompts for what a
+   room adds; no held-out configuration, no scenario workload; or take ``--profile``).
 2. Predict every configuration below from that profile and write the predictions to
    a file (``--out``, JSON, with a timestamp) before any of them runs.
 3. Run each configuration for real (``splitroom run --real``: one process per device,
@@ -81,7 +82,8 @@ def main() -> int:
     a = ap.parse_args()
 
     from planner.deal import deal
-    from splitroom.calibration import build_profile, load_profile, measure, save_profile
+    from splitroom.calibration import (build_profile, load_profile, measure, measure_room_overheads, save_profile,
+                                       with_room_overheads)
     from splitroom.real import predict_real_run, prompt_token_counts, real_prompts, run_real
     from splitroom.scenario import load
     from runtime.weights import ensure_safetensors
@@ -94,7 +96,10 @@ def main() -> int:
     else:
         print("calibrating (no room runs) ...", flush=True)
         t0 = time.time()
-        profile = build_profile(load(SCENARIO), measure(quick=a.small, log=lambda s: print("  " + s, flush=True)))
+        base = load(SCENARIO)
+        profile = build_profile(base, measure(quick=a.small, log=lambda s: print("  " + s, flush=True)))
+        profile = with_room_overheads(profile, measure_room_overheads(
+            base, profile, log=lambda s: print("  " + s, flush=True), answer_tokens=12 if a.small else 32))
         save_profile(profile, out.with_suffix(".profile.yaml"))
         print(f"calibrated in {time.time() - t0:.0f} s -> {out.with_suffix('.profile.yaml')}", flush=True)
 

@@ -24,8 +24,8 @@ import yaml
 from planner.profile import DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
 from planner.room import Scenario
 
-__all__ = ["CalibrationError", "apply_profile", "build_profile", "load_profile", "measure", "profiled_s_per_layer",
-           "save_profile"]
+__all__ = ["CalibrationError", "apply_profile", "build_profile", "load_profile", "measure", "measure_room_overheads",
+           "profiled_s_per_layer", "save_profile", "with_room_overheads"]
 
 
 class CalibrationError(RuntimeError):
@@ -80,6 +80,84 @@ def build_profile(scn: Scenario, measured: dict) -> Profile:
     notes = dict(measured.get("notes", {}))
     notes["scenario"] = scn.name
     return Profile(devices, drafters, TransportProfile.from_mapping(tr, "transport") if tr else None, notes)
+
+
+def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str], None] = print,
+                           answer_tokens: int = 32) -> dict:
+    """What a real room adds to the parts measured alone, from one small room run.
+
+    The room: the scenario's first two devices that can hold layers, the layers split
+    in half, on loopback, plain decoding, two of the calibration prompts (not any
+    scenario's). From its trace: per decode stage, the measured compute beyond the
+    profile's pass time (the worker thread hand-off, the event loop, cold caches
+    between processes), per unit of slowdown; per decode hop, the median beyond the
+    transport's ping-pong one-way time; per head, beyond the measured head. The
+    held-out rooms (other device counts, round trips, drafters, laps, prompts) are
+    never run here. Returns ``{stage_s, hop_s, head_s, laps}`` in seconds.
+    Raises CalibrationError when the room cannot run.
+    """
+    from planner.deal import DealError, deal
+    from planner.room import PinnedStage
+    from runtime.calibrate import CALIBRATION_PROMPTS
+    from splitroom.real import RealRunError, prompt_token_counts, run_real
+    devs = [d for d in scn.devices if d.webgpu and d.id in profile.devices][:2]
+    if len(devs) < 2:
+        raise CalibrationError("the room run needs two devices that can hold layers")
+    half = scn.model.layers // 2
+    opts = dataclasses.replace(scn.options, host=devs[0].id, stages=(
+        PinnedStage(devs[0].id, 0, half), PinnedStage(devs[1].id, half, scn.model.layers)), headroom=0.0)
+    big = tuple(dataclasses.replace(d, lends_bytes=max(d.lends_bytes, 1 << 40)) for d in devs)
+    from planner.room import Jitter
+    room = dataclasses.replace(
+        scn, devices=big, options=opts,
+        network=dataclasses.replace(scn.network, rtt_s=0.0, jitter=Jitter(), episodes=None, links=()),
+        workload=dataclasses.replace(scn.workload, prompts=tuple(CALIBRATION_PROMPTS[:2]), questions=2,
+                                     answer_tokens=answer_tokens, asked_by=()),
+        decoding=dataclasses.replace(scn.decoding, speculative=None, async_laps=1))
+    try:
+        d = deal(room.devices, room.model, room.options)
+        log(f"room: {devs[0].id} layers 1-{half}, {devs[1].id} {half + 1}-{scn.model.layers}, loopback, plain")
+        res = run_real(room, d, netns=False, timeout_s=300, log=lambda s: None)
+    except (DealError, RealRunError) as e:
+        raise CalibrationError(f"the calibration room failed: {e}") from None
+    from runtime.weights import ensure_safetensors
+    ctx = int(sum(prompt_token_counts(str(ensure_safetensors()), room.workload.prompts)) / 2) + answer_tokens // 2
+    cal = res.calibration
+    extra = []
+    for st in d.stages:
+        s = cal["s_per_layer"].get(st.device)
+        if s is None:
+            continue
+        dp = profile.devices[st.device]
+        extra.append((s * st.layers - dp.stage.pass_s(st.layers, 1, ctx)) / dp.slowdown)
+    if not extra:
+        raise CalibrationError("the calibration room recorded no decode stage")
+    host = profile.devices[devs[0].id]
+    hop = (cal["hop_p50_s"] - profile.transport.one_way_s(profile.transport.one_way_s.xs[0])
+           if profile.transport is not None and cal["hops"] else 0.0)
+    head = (cal["head_s_per_row"] - host.head(1)) / host.slowdown if cal["head_s_per_row"] else 0.0
+    out = {"stage_s": sum(extra) / len(extra), "hop_s": hop, "head_s": head,
+           "laps": res.measured.get("laps", 0), "tokens_per_s": res.measured.get("tokens_per_s", 0.0)}
+    log(f"room: {out['laps']} laps; beyond the parts alone: stage {out['stage_s'] * 1e3:+.2f} ms, "
+        f"hop {hop * 1e3:+.2f} ms, head {head * 1e3:+.2f} ms")
+    return out
+
+
+def with_room_overheads(profile: Profile, room: dict) -> Profile:
+    """``profile`` with a room run's overheads folded in: every device's pass and head
+    curves get ``stage_s`` / ``head_s`` times its slowdown added, the transport's
+    one-way times ``hop_s``; the overheads are kept in the notes."""
+    devices = {k: DeviceProfile(v.stage.shifted(room["stage_s"] * v.slowdown),
+                                v.head.shifted(room["head_s"] * v.slowdown), v.slowdown)
+               for k, v in profile.devices.items()}
+    tr = profile.transport
+    if tr is not None:
+        tr = TransportProfile(tr.one_way_s.shifted(room["hop_s"]), tr.window_bytes)
+    notes = dict(profile.notes)
+    notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: per stage "
+                     f"{room['stage_s'] * 1e3:+.3f} ms, per hop {room['hop_s'] * 1e3:+.3f} ms, per head "
+                     f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (folded in above)")
+    return dataclasses.replace(profile, devices=devices, transport=tr, notes=notes)
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

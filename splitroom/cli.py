@@ -438,19 +438,27 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
               out_path: str = typer.Option(..., "--out", help="Write the profile here (YAML)."),
               set_: Optional[List[str]] = SetOpt,
               backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
-              quick: bool = typer.Option(False, "--quick", help="A small grid (seconds; for tests, not predictions).")):
+              quick: bool = typer.Option(False, "--quick", help="A small grid (seconds; for tests, not predictions)."),
+              room: bool = typer.Option(True, "--room/--no-room", help="Also run one small 2-device room on "
+                                        "loopback (plain, calibration prompts) to measure what a room adds to the "
+                                        "parts alone (thread hand-offs, event loop, cold caches).")):
     """Measure this machine once (compute by layers, tokens and context; the head; each drafter's cost
     and acceptance; the transport by frame size) and write a profile that simulate --calibration reads."""
     scn = load_scenario(scenario, set_)
     check_output(out_path, "--out")
     if backend not in ("numpy", "wgpu"):
         fail(f"--backend: expected numpy or wgpu, got {backend!r}")
-    from splitroom.calibration import CalibrationError, build_profile, measure, save_profile
+    from splitroom.calibration import (CalibrationError, build_profile, measure, measure_room_overheads,
+                                       save_profile, with_room_overheads)
     err.print(f"calibrating on this machine ({backend}); this takes {'a few seconds' if quick else 'about two minutes'}"
               " and runs no scenario workload", highlight=False)
     try:
         measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False))
         prof = build_profile(scn, measured)
+        if room:
+            prof = with_room_overheads(prof, measure_room_overheads(
+                scn, prof, log=lambda line: err.print(f"  {line}", highlight=False),
+                answer_tokens=12 if quick else 32))
         save_profile(prof, out_path)
     except CalibrationError as e:
         fail(f"{scenario}: calibrate: {e}")
