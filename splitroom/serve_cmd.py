@@ -36,6 +36,11 @@ from planner.room import Scenario
 
 #: the device processes' own bound on a served room's life, seconds (30 days)
 LIFETIME_S = 30 * 86400.0
+#: a served room declares a device lost after this long without a heartbeat, seconds
+#: (``run --real`` uses 1 s). A room that lives for days on shared machines meets
+#: pauses of more than a second (the CPU taken by other work), and a device declared
+#: lost is gone for good, so a served room waits longer before it says so.
+HEARTBEAT_TIMEOUT_S = 5.0
 
 
 class ServeError(RuntimeError):
@@ -116,7 +121,7 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
             pass
     try:
         model_dir = str(ensure_safetensors())
-        cfgs = [c.model_copy(update={"prompts": [], "trace_path": ""})
+        cfgs = [c.model_copy(update={"prompts": [], "trace_path": "", "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S})
                 for c in node_configs(scn, deal, model_dir, workdir, backend)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         net, network, _ = plan_network(scn, [c.device for c in cfgs], netns)
