@@ -93,7 +93,8 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
     between processes), per unit of slowdown; per decode hop, the median beyond the
     transport's ping-pong one-way time; per head, beyond the measured head. The
     held-out rooms (other device counts, round trips, drafters, laps, prompts) are
-    never run here. Returns ``{stage_s, hop_s, head_s, laps}`` in seconds.
+    never run here. Returns ``{stage_ratio, hop_s, head_s, laps, tokens_per_s}``:
+    the room's decode stage time over the profile's, and seconds.
     Raises CalibrationError when the room cannot run.
     """
     from planner.deal import DealError, deal
@@ -123,39 +124,42 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
     from runtime.weights import ensure_safetensors
     ctx = int(sum(prompt_token_counts(str(ensure_safetensors()), room.workload.prompts)) / 2) + answer_tokens // 2
     cal = res.calibration
-    extra = []
+    ratios = []
     for st in d.stages:
         s = cal["s_per_layer"].get(st.device)
         if s is None:
             continue
         dp = profile.devices[st.device]
-        extra.append((s * st.layers - dp.stage.pass_s(st.layers, 1, ctx)) / dp.slowdown)
-    if not extra:
+        alone = dp.stage.pass_s(st.layers, 1, ctx)
+        if alone > 0:
+            ratios.append(s * st.layers / alone)
+    if not ratios:
         raise CalibrationError("the calibration room recorded no decode stage")
     host = profile.devices[devs[0].id]
     hop = (cal["hop_p50_s"] - profile.transport.one_way_s(profile.transport.one_way_s.xs[0])
            if profile.transport is not None and cal["hops"] else 0.0)
     head = (cal["head_s_per_row"] - host.head(1)) / host.slowdown if cal["head_s_per_row"] else 0.0
-    out = {"stage_s": sum(extra) / len(extra), "hop_s": hop, "head_s": head,
+    out = {"stage_ratio": sum(ratios) / len(ratios), "hop_s": hop, "head_s": head,
            "laps": res.measured.get("laps", 0), "tokens_per_s": res.measured.get("tokens_per_s", 0.0)}
-    log(f"room: {out['laps']} laps; beyond the parts alone: stage {out['stage_s'] * 1e3:+.2f} ms, "
+    log(f"room: {out['laps']} laps; against the parts alone: stage x{out['stage_ratio']:.3f}, "
         f"hop {hop * 1e3:+.2f} ms, head {head * 1e3:+.2f} ms")
     return out
 
 
 def with_room_overheads(profile: Profile, room: dict) -> Profile:
-    """``profile`` with a room run's overheads folded in: every device's pass and head
-    curves get ``stage_s`` / ``head_s`` times its slowdown added, the transport's
-    one-way times ``hop_s``; the overheads are kept in the notes."""
-    devices = {k: DeviceProfile(v.stage.shifted(room["stage_s"] * v.slowdown),
+    """``profile`` with a room run's measurements folded in: every device's pass curve
+    times ``stage_ratio`` (the room's decode stage over the pass measured alone), its
+    head curve plus ``head_s`` times its slowdown, the transport's one-way times plus
+    ``hop_s``; kept in the notes."""
+    devices = {k: DeviceProfile(v.stage.scaled(room["stage_ratio"]),
                                 v.head.shifted(room["head_s"] * v.slowdown), v.slowdown)
                for k, v in profile.devices.items()}
     tr = profile.transport
     if tr is not None:
         tr = TransportProfile(tr.one_way_s.shifted(room["hop_s"]), tr.window_bytes)
     notes = dict(profile.notes)
-    notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: per stage "
-                     f"{room['stage_s'] * 1e3:+.3f} ms, per hop {room['hop_s'] * 1e3:+.3f} ms, per head "
+    notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: stage times x"
+                     f"{room['stage_ratio']:.4f}, per hop {room['hop_s'] * 1e3:+.3f} ms, per head "
                      f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (folded in above)")
     return dataclasses.replace(profile, devices=devices, transport=tr, notes=notes)
 
