@@ -94,7 +94,7 @@ def main() -> int:
         profile = load_profile(a.profile)
         print(f"profile: {a.profile}", flush=True)
     else:
-        print("calibrating (no room runs) ...", flush=True)
+        print("calibrating (the parts alone, then one 2-device room on loopback; no held-out room) ...", flush=True)
         t0 = time.time()
         base = load(SCENARIO)
         profile = build_profile(base, measure(quick=a.small, log=lambda s: print("  " + s, flush=True)))
