@@ -54,6 +54,10 @@ log = logging.getLogger("splitroom.room")
 
 RESIDUAL = "residual"
 REPLY = "reply"
+#: After a Replan, seconds during which no device is declared lost by silence: every
+#: device of the new chain may be loading weights then, its event loop starved of the
+#: CPU (the transport still reports a connection that fails).
+REDEAL_GRACE_S = 10.0
 #: trace records a ``keep_open`` node keeps (the latest; older ones are dropped)
 OPEN_TRACE_RECORDS = 200_000
 
@@ -103,6 +107,7 @@ class Node:
         self._tasks: list[asyncio.Future] = []
         self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
         self.loading = False  # loading a re-dealt range (heartbeat silence is not a loss then)
+        self.grace_until = 0.0  # time.monotonic() until which silence is not a loss (a re-deal)
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -126,8 +131,8 @@ class Node:
     # -- events in ------------------------------------------------------------------
 
     def _on_message(self, src: str, channel: str, data: bytes) -> None:
-        if src in self.lost_peers:
-            return  # a lost device is gone for good: late frames from it are ignored
+        if src in self.lost_peers and all(s.device != src for s in self.deal.stages):
+            return  # a lost device left the chain: late messages from it are ignored
         self.last_heard[src] = time.monotonic()
         if channel == REPLY:
             self._on_control(src, data)
@@ -296,7 +301,7 @@ class Node:
         self.residual = {lap: x for lap, x in self.residual.items() if lap >= first_lap}
         mine = [(a, b) for d, a, b in stages if d == self.cfg.device]
         a, b = mine[0] if mine else (0, 0)
-        if self.stage is not None and (self.stage.start, self.stage.end) != (a, b):
+        if (mine or self.is_host) and self.stage is not None and (self.stage.start, self.stage.end) != (a, b):
             self.loading = True  # quiet is expected now: no peer is declared lost by silence
             try:
                 await self._load_range(a, b, manifest_sha)
@@ -327,9 +332,10 @@ class Node:
                 shutil.rmtree(src, ignore_errors=True)
 
     async def _host_redeal(self, r: Redeal) -> None:
+        self.grace_until = time.monotonic() + REDEAL_GRACE_S
         self.deal = self.chain.deal
         others = [d for d, _, _ in r.stages if d != self.cfg.device]
-        self.awaiting[r.first_lap] = set(others) | {self.cfg.device}
+        self.awaiting = {r.first_lap: set(others) | {self.cfg.device}}  # an earlier re-deal is superseded
         manifests = {}
         if self.cfg.weights_from_peer:  # the workers whose range changed copy it from here
             old = {s.device: (s.start, s.end) for s in self._deal_before}
@@ -351,6 +357,7 @@ class Node:
         self._ready(self.cfg.device, r.first_lap)
 
     async def _replan(self, msg: Replan) -> None:
+        self.grace_until = time.monotonic() + REDEAL_GRACE_S
         deal = msg.deal()
         self.chain.adopt(deal, msg.first_lap)
         self.deal = deal
@@ -386,7 +393,7 @@ class Node:
                     continue
                 seen = self.last_heard.get(p)
                 if timeout > 0 and seen is not None and now - seen > timeout and not self.loading \
-                        and p not in quiet:
+                        and p not in quiet and now >= self.grace_until:
                     self._on_lost(p, f"no heartbeat for {now - seen:.1f} s", self.clock() - (now - seen))
                     continue
                 asyncio.ensure_future(self._send(p, REPLY, beat))
