@@ -51,7 +51,8 @@ class ServeError(RuntimeError):
 def room_info(scn: Scenario, deal: Deal) -> dict:
     """Facts about the room for ``/health`` and the room page: its name, the model, the
     devices (id, name, kind, bytes lent), the deal (stages 0-based half-open with their
-    1-based label, notes) and the simulator's predicted tokens per second (or None)."""
+    1-based label, each device's role, bytes used and why, notes) and the simulator's
+    predicted tokens per second (or None)."""
     pred = None
     try:
         from sim.driver import simulate
@@ -63,6 +64,8 @@ def room_info(scn: Scenario, deal: Deal) -> dict:
                         for d in scn.devices],
             "host": deal.host,
             "stages": [{"device": s.device, "start": s.start, "end": s.end, "shown": s.shown} for s in deal.stages],
+            "shares": [{"device": sh.device, "role": sh.role, "used_bytes": sh.used_bytes, "why": sh.why}
+                       for sh in deal.shares],
             "notes": list(deal.notes), "predicted_tokens_per_s": pred}
 
 

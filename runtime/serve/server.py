@@ -108,12 +108,19 @@ class RoomServer:
         self._last: dict[int, float] = {}
         self._count: dict[int, int] = {}
         self._lap_sent: dict[int, float] = {}
+        self._lap_sum_s = 0.0
+        self._lap_count = 0
+        #: decode rate of the last answer, tokens per second (None before one)
+        self.last_tokens_per_s: Optional[float] = None
         self._metrics()
         self.app = web.Application(client_max_size=1 << 20)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_get("/health", self.health)
+        from .page import RoomPage
+        self.page = RoomPage(self, clock)
+        self.page.add_routes(self.app)
 
     # -- state ------------------------------------------------------------------------
 
@@ -150,6 +157,7 @@ class RoomServer:
         ``stopping``, ``failed``) and the reason a chat request is told."""
         self.phase, self.phase_reason = phase, reason
         self.m_ready.set(1 if self.readiness()[0] else 0)
+        self.page.changed()
 
     def attach(self, node) -> None:
         """The host's node runs (layers loaded, every device connected): serve it."""
@@ -158,6 +166,7 @@ class RoomServer:
         node.observers.append(self._observe)
         self.phase, self.phase_reason = "serving", ""
         self.m_ready.set(1 if self.readiness()[0] else 0)
+        self.page.changed()
 
     def readiness(self) -> tuple[bool, str, int]:
         """``(ready, reason when not, seconds to suggest in Retry-After)``."""
@@ -189,10 +198,13 @@ class RoomServer:
                 if len(self._lap_sent) > 1000:
                     self._lap_sent.clear()
                 self._lap_sent[obj.header.lap_id] = self.clock()
+                self.page.lap_sent(obj.header.tokens)
         elif cls is FrameArrived:
             t0 = self._lap_sent.pop(obj.header.lap_id, None)
             if t0 is not None and obj.device == self.node.cfg.host:
                 self.m_lap_s.observe(self.clock() - t0)
+                self._lap_sum_s += self.clock() - t0
+                self._lap_count += 1
         elif cls is LapEnded:
             self.m_laps.inc()
         elif cls is QuestionAsked:
@@ -220,7 +232,10 @@ class RoomServer:
         elif cls is DeviceLost:
             self.m_lost.inc()
             self.lost.append(obj.device)
+        else:
+            return
         self.m_ready.set(1 if self.readiness()[0] else 0)
+        self.page.changed()
 
     def _ended(self, qid: int, outcome: str) -> None:
         self.m_questions.labels(outcome).inc()
@@ -229,7 +244,12 @@ class RoomServer:
         if outcome == "answered" and begun is not None:
             self._answer_s = (self._answer_s + [self.clock() - begun])[-20:]
             if n > 1 and last > first:
-                self.m_tps.set((n - 1) / (last - first))
+                self.last_tokens_per_s = (n - 1) / (last - first)
+                self.m_tps.set(self.last_tokens_per_s)
+
+    def lap_mean_s(self) -> Optional[float]:
+        """Mean lap time the host measured (frame out to its return), seconds, or None."""
+        return self._lap_sum_s / self._lap_count if self._lap_count else None
 
     def _retry_after_full(self) -> float:
         host = self._host()
@@ -342,6 +362,7 @@ class RoomServer:
         except ApiError as e:
             return self._error("chat", e)
         client = self.client_id(request)
+        self.page.client_seen(client)
         qid = node.ask(ids, cap, client)
         ticket = self.tickets[qid] = _Ticket(qid, client)
         resp: Optional[web.StreamResponse] = None

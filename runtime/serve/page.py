@@ -1,0 +1,213 @@
+"""The room page (``GET /``) and its live updates, on the model host.
+
+Plain HTML, CSS and JavaScript from ``runtime/serve/static/`` (no build step, nothing
+fetched from the internet). The page reads ``GET /api/room`` (a snapshot) and listens
+to ``GET /api/events`` (server-sent events): ``state`` (a new snapshot, at most every
+0.25 s after a change and every 2 s anyway) and ``pass`` (a lap left the host: every
+device of the chain flashes its dot). Its chat box posts to ``/v1/chat/completions``.
+
+What each device's screen says (product page 001), as the host knows it:
+
+* ``Standing by``: no model is running yet (a device of the scenario outside the chain).
+* ``Loading``: the room is starting and this device is loading its layers (the host
+  does not hear a percentage from the others, so none is shown).
+* ``Serving``: holds layers, e.g. "Layers 5-23 · 270 MB · SmolLM2-135M-Instruct".
+* ``Not holding layers``: in the room but dealt no layers.
+* ``Left the room``: the host lost it (with the reason). ``Re-dealing``: the host is
+  dealing a lost device's layers to the others. ``Room over``: the room stopped.
+
+While serving, each device of the chain shows the tokens it handled (positions of every
+lap that passed it) and the lap time the host measured (its frame out to its return:
+every hop and worker stage of one lap; the host cannot time single hops of the others).
+API clients show as "API client", with no layers, and are not counted as devices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from aiohttp import web
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .server import RoomServer
+
+STATIC = Path(__file__).parent / "static"
+#: live-update subscribers at once; more get 503
+MAX_SUBSCRIBERS = 64
+#: events queued for a slow subscriber before new ones are dropped
+SUBSCRIBER_QUEUE = 256
+#: an API client is shown for this long after its last request, seconds
+CLIENT_SHOWN_S = 300.0
+
+
+def _mb(n: Optional[int]) -> str:
+    if not n:
+        return "0 MB"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+class RoomPage:
+    """The page's routes and live state over a :class:`RoomServer`.
+
+    Args:
+        server: the room server whose observations feed the page.
+        clock: seconds (``time.monotonic``).
+    """
+
+    def __init__(self, server: "RoomServer", clock=time.monotonic):
+        self.server = server
+        self.clock = clock
+        self.subscribers: set[asyncio.Queue] = set()
+        self.tokens_handled: dict[str, int] = {}
+        self.passes: dict[str, int] = {}
+        self.clients: dict[str, dict] = {}
+        self._pending: Optional[asyncio.TimerHandle] = None
+        self._last_push = 0.0
+
+    def add_routes(self, app: web.Application) -> None:
+        """``/``, ``/room.js``, ``/room.css``, ``/api/room``, ``/api/events``."""
+        app.router.add_get("/", self.index)
+        app.router.add_get("/room.js", self.static("room.js", "application/javascript"))
+        app.router.add_get("/room.css", self.static("room.css", "text/css"))
+        app.router.add_get("/api/room", self.room)
+        app.router.add_get("/api/events", self.events)
+
+    # -- what the server tells the page ------------------------------------------------
+
+    def lap_sent(self, lap_tokens: int) -> None:
+        """A lap of ``lap_tokens`` positions left the host: every stage will handle it."""
+        node = self.server.node
+        if node is None:
+            return
+        chain = [s.device for s in node.chain.deal.stages]
+        for d in chain:
+            self.tokens_handled[d] = self.tokens_handled.get(d, 0) + lap_tokens
+            self.passes[d] = self.passes.get(d, 0) + 1
+        self._broadcast({"event": "pass", "data": {"devices": chain, "tokens": lap_tokens}})
+
+    def client_seen(self, client: str) -> None:
+        """An API client asked a question."""
+        c = self.clients.setdefault(client, {"questions": 0})
+        c["questions"] += 1
+        c["seen"] = self.clock()
+        self.changed()
+
+    def changed(self) -> None:
+        """Something the page shows changed: push a snapshot soon (at most every 0.25 s)."""
+        if not self.subscribers or self._pending is not None:
+            return
+        wait = max(0.0, 0.25 - (self.clock() - self._last_push))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._pending = loop.call_later(wait, self._push_state)
+
+    def _push_state(self) -> None:
+        self._pending = None
+        self._last_push = self.clock()
+        self._broadcast({"event": "state", "data": self.snapshot()})
+
+    def _broadcast(self, item: dict) -> None:
+        for q in list(self.subscribers):
+            if q.qsize() < SUBSCRIBER_QUEUE:
+                q.put_nowait(item)
+
+    # -- the snapshot ----------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """Everything the page shows, JSON-ready (see module doc)."""
+        srv = self.server
+        info = srv.room_info
+        ready, reason, _ = srv.readiness()
+        host = srv._host()
+        node = srv.node
+        model_name = (info.get("model") or {}).get("name", srv.model_id)
+        stages = ([(s.device, s.start, s.end) for s in node.chain.deal.stages] if node is not None
+                  else [(s["device"], s["start"], s["end"]) for s in info.get("stages", [])])
+        used = {sh["device"]: sh.get("used_bytes") for sh in info.get("shares", [])}
+        why = {sh["device"]: sh.get("why", "") for sh in info.get("shares", [])}
+        host_id = info.get("host")
+        lap_s = srv.lap_mean_s()
+        devices = []
+        for d in info.get("devices", []):
+            dev = d["id"]
+            mine = [(a, b) for x, a, b in stages if x == dev]
+            layers = f"{mine[0][0] + 1}-{mine[0][1]}" if mine else None
+            if dev in srv.lost:
+                status, title, detail = "lost", "Left the room", "the model host lost it"
+            elif srv.phase in ("stopping", "failed") or (host is not None and host.stopped):
+                status, title = "over", "Room over"
+                detail = reason or "the room stopped"
+            elif srv.phase != "serving":
+                status, title = ("loading", "Loading") if (mine or dev == host_id) else ("idle", "Standing by")
+                detail = f"layers {layers} · {_mb(used.get(dev))}" if mine else "no model is running yet"
+            elif host is not None and host.recovering is not None:
+                status, title, detail = "loading", "Re-dealing", reason
+            elif mine:
+                status, title = "serving", "Serving"
+                detail = f"Layers {layers} · {_mb(used.get(dev))} · {model_name}"
+            else:
+                status, title, detail = "idle", "Not holding layers", "the model runs on the other devices"
+            devices.append({"id": dev, "name": d.get("name") or dev, "kind": d.get("kind", "computer"),
+                            "lends": _mb(d.get("lends_bytes")), "role": "model host" if dev == host_id else
+                            ("worker" if mine else "guest"), "layers": layers, "status": status, "title": title,
+                            "detail": detail, "why": why.get(dev, ""),
+                            "tokens_handled": self.tokens_handled.get(dev, 0), "passes": self.passes.get(dev, 0),
+                            "lap_ms": lap_s * 1000 if (lap_s is not None and mine) else None})
+        now = self.clock()
+        clients = [{"id": c, "questions": v["questions"]} for c, v in sorted(self.clients.items())
+                   if now - v.get("seen", now) <= CLIENT_SHOWN_S]
+        return {"name": info.get("name"), "model": model_name, "model_id": srv.model_id, "ready": ready, "reason": reason or None,
+                "phase": srv.phase, "host": host_id, "devices": devices, "clients": clients,
+                "deal": {"stages": [{"device": x, "layers": f"{a + 1}-{b}"} for x, a, b in stages],
+                         "notes": info.get("notes", [])},
+                "predicted_tokens_per_s": info.get("predicted_tokens_per_s"),
+                "measured_tokens_per_s": srv.last_tokens_per_s,
+                "queue": {"waiting": len(host.queue) if host is not None else 0,
+                          "answering": bool(host is not None and host.busy)}}
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.Response:
+        """``GET /``: the room page."""
+        return web.Response(body=(STATIC / "room.html").read_bytes(), content_type="text/html", charset="utf-8")
+
+    def static(self, name: str, content_type: str):
+        """A handler serving ``static/NAME``."""
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(body=(STATIC / name).read_bytes(), content_type=content_type, charset="utf-8")
+        return handler
+
+    async def room(self, request: web.Request) -> web.Response:
+        """``GET /api/room``: the snapshot."""
+        return web.json_response(self.snapshot())
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """``GET /api/events``: server-sent events (module doc) until the client goes."""
+        if len(self.subscribers) >= MAX_SUBSCRIBERS:
+            return web.json_response({"error": "too many room pages open"}, status=503,
+                                     headers={"Retry-After": "30"})
+        q: asyncio.Queue = asyncio.Queue()
+        self.subscribers.add(q)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})
+        try:
+            await resp.prepare(request)
+            item = {"event": "state", "data": self.snapshot()}
+            while True:
+                data = f"event: {item['event']}\ndata: {json.dumps(item['data'], separators=(',', ':'))}\n\n"
+                await asyncio.wait_for(resp.write(data.encode()), 30.0)
+                try:
+                    item = await asyncio.wait_for(q.get(), 2.0)
+                except asyncio.TimeoutError:
+                    item = {"event": "state", "data": self.snapshot()}
+        except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+            return resp
+        finally:
+            self.subscribers.discard(q)
+

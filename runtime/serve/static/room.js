@@ -1,0 +1,153 @@
+// The room page: chips, device screens, the deal, live updates (server-sent events
+// from /api/events) and a chat box posting to /v1/chat/completions. No libraries.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const ICON = { computer: "\u{1F4BB}", phone: "\u{1F4F1}", client: "\u{1F50C}" };
+let state = null;
+let openCard = null;
+
+function el(tag, attrs, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v; else if (k === "onclick") e.onclick = v; else e.setAttribute(k, v);
+  }
+  for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return e;
+}
+
+function fmt(x, digits) { return x === null || x === undefined ? "-" : Number(x).toFixed(digits); }
+
+function render(s) {
+  state = s;
+  $("room-name").textContent = (s.name || "") + " · " + s.model;
+  const chips = $("chips");
+  chips.replaceChildren();
+  for (const d of s.devices) {
+    chips.append(el("span", { class: "chip", id: "chip-" + d.id, onclick: () => showCard(d.id) },
+      el("span", { class: "dot " + d.status, id: "dot-" + d.id }), ICON[d.kind] || ICON.computer, " ", d.name,
+      el("span", { class: "mem" }, d.lends)));
+  }
+  for (const c of s.clients) {
+    chips.append(el("span", { class: "chip client", onclick: () => showClient(c) },
+      el("span", { class: "dot idle" }), ICON.client, " API client", el("span", { class: "mem" }, "no layers")));
+  }
+  const screens = $("screens");
+  screens.replaceChildren();
+  for (const d of s.devices) {
+    const stats = el("div", { class: "stats" });
+    if (d.status === "serving") {
+      stats.append(el("span", { class: "dot serving", id: "hop-" + d.id }),
+        el("span", {}, fmt(s.measured_tokens_per_s, 1) + " tok/s"),
+        el("span", {}, d.tokens_handled + " tokens handled"),
+        el("span", {}, (d.lap_ms === null ? "-" : fmt(d.lap_ms, 1)) + " ms per lap"));
+    }
+    screens.append(el("div", { class: "screen", id: "screen-" + d.id },
+      el("h3", {}, (ICON[d.kind] || "") + " " + d.name + " · " + d.role),
+      el("div", { class: "title" }, d.title), el("div", { class: "detail" }, d.detail || ""), stats));
+  }
+  const st = $("status");
+  st.className = "panel " + (s.ready ? "ready" : "wait");
+  st.textContent = s.ready ? `Ready · ${s.queue.answering ? "answering" : "idle"} · ${s.queue.waiting} waiting`
+                           : "Not ready: " + (s.reason || s.phase);
+  const deal = $("deal");
+  deal.replaceChildren(...s.deal.stages.map((x) =>
+    el("li", {}, `${x.device}${x.device === s.host ? " (model host)" : ""}: layers ${x.layers}`)));
+  $("notes").replaceChildren(...s.deal.notes.map((n) => el("li", {}, n)));
+  $("predicted").textContent = fmt(s.predicted_tokens_per_s, 1);
+  $("measured").textContent = fmt(s.measured_tokens_per_s, 1);
+  if (openCard) showCard(openCard);
+}
+
+function showCard(id) {
+  const d = state.devices.find((x) => x.id === id);
+  if (!d) return;
+  openCard = id;
+  const card = $("card");
+  card.hidden = false;
+  card.replaceChildren(el("h2", {}, `${ICON[d.kind] || ""} ${d.name} (${d.id})`),
+    el("div", {}, `${d.role} · lends ${d.lends} · ${d.layers ? "layers " + d.layers : "no layers"}`),
+    el("div", {}, `${d.title}: ${d.detail || ""}`), el("div", { class: "notes" }, d.why || ""),
+    el("button", { onclick: () => { openCard = null; card.hidden = true; } }, "Close"));
+}
+
+function showClient(c) {
+  openCard = null;
+  const card = $("card");
+  card.hidden = false;
+  card.replaceChildren(el("h2", {}, "API client"), el("div", {}, c.id),
+    el("div", {}, `no layers · ${c.questions} questions asked · not counted as a device`),
+    el("button", { onclick: () => { card.hidden = true; } }, "Close"));
+}
+
+function flash(devices) {
+  for (const id of devices) {
+    for (const e of [$("dot-" + id), $("hop-" + id)]) {
+      if (!e) continue;
+      e.classList.add("flash");
+      setTimeout(() => e.classList.remove("flash"), 120);
+    }
+  }
+}
+
+function listen() {
+  const es = new EventSource("/api/events");
+  es.addEventListener("state", (ev) => render(JSON.parse(ev.data)));
+  es.addEventListener("pass", (ev) => flash(JSON.parse(ev.data).devices));
+  es.onerror = () => { $("status").textContent = "Host unreachable: reconnecting"; };
+}
+
+async function ask(question) {
+  const log = $("log");
+  log.append(el("div", { class: "q" }, "> " + question));
+  const a = el("div", { class: "a" });
+  log.append(a);
+  $("send").disabled = true;
+  try {
+    const r = await fetch("/v1/chat/completions", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ model: modelId, stream: true,
+                             messages: [{ role: "user", content: question }] }) });
+    if (!r.ok) {
+      const body = await r.json().catch(() => ({}));
+      const wait = r.headers.get("Retry-After");
+      a.className = "a err";
+      a.textContent = `${r.status}: ${(body.error && body.error.message) || r.statusText}` +
+                      (wait ? ` (try again in ${wait} s)` : "");
+      return;
+    }
+    const reader = r.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const line = buf.slice(0, i).trim();
+        buf = buf.slice(i + 2);
+        if (!line.startsWith("data: ")) continue;
+        const data = line.slice(6);
+        if (data === "[DONE]") return;
+        const obj = JSON.parse(data);
+        if (obj.error) { a.className = "a err"; a.textContent += " [" + obj.error.message + "]"; return; }
+        const ch = obj.choices && obj.choices[0];
+        if (ch && ch.delta && ch.delta.content) a.textContent += ch.delta.content;
+      }
+      log.scrollTop = log.scrollHeight;
+    }
+  } catch (e) {
+    a.className = "a err";
+    a.textContent += " [" + e + "]";
+  } finally {
+    $("send").disabled = false;
+  }
+}
+
+let modelId = "";
+$("ask").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const q = $("question").value.trim();
+  if (q) { $("question").value = ""; ask(q); }
+});
+fetch("/api/room").then((r) => r.json()).then((s) => { modelId = s.model_id; render(s); listen(); });
