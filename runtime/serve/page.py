@@ -28,12 +28,9 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from aiohttp import web
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .server import RoomServer
 
 STATIC = Path(__file__).parent / "static"
 #: live-update subscribers at once; more get 503
@@ -51,14 +48,15 @@ def _mb(n: Optional[int]) -> str:
 
 
 class RoomPage:
-    """The page's routes and live state over a :class:`RoomServer`.
+    """The page's routes and live state over a room server.
 
     Args:
-        server: the room server whose observations feed the page.
+        server: the :class:`runtime.serve.server.RoomServer` whose observations feed
+            the page (not imported here: the server imports this module).
         clock: seconds (``time.monotonic``).
     """
 
-    def __init__(self, server: "RoomServer", clock=time.monotonic):
+    def __init__(self, server, clock=time.monotonic):
         self.server = server
         self.clock = clock
         self.subscribers: set[asyncio.Queue] = set()
