@@ -71,6 +71,7 @@ ElectricityPrice = Annotated[float, _usd(r"USD\s*/\s*kWh", "a price like '0.17 U
 PosRate = Annotated[float, _positive("rate")]
 PosCompute = Annotated[float, _positive("compute")]
 PosTime = Annotated[float, _positive("time")]
+PosSize = Annotated[float, _positive("size")]
 
 #: Upper bounds on counts, so that a typo like ``questions: 1e9`` is an error, not a
 #: simulation that runs for days.
@@ -164,7 +165,7 @@ class LinkIn(_Strict):
     bandwidth: PosRate | None = None
     hop_overhead: Time | None = None
     episodes: EpisodesIn | None = None
-    window: Size | None = None
+    window: PosSize | None = None
 
     @model_validator(mode="after")
     def _ends(self):
@@ -183,7 +184,7 @@ class NetworkIn(_Strict):
     hop_overhead: Time = 0.0
     episodes: EpisodesIn | None = None
     links: list[LinkIn] = []
-    window: Size | None = None
+    window: PosSize | None = None
 
 
 class WorkloadIn(_Strict):

@@ -248,3 +248,11 @@ def test_run_real_options_are_checked_before_anything_starts(tmp_path, args, par
 def test_heavy_tail_shape_must_be_above_one(tmp_path, dist):
     f = write(tmp_path, TWO + f"network: {{jitter: {{distribution: {dist}, scale: 1 ms, shape: 0.5}}}}\n")
     one_line_exit_2(invoke("simulate", f), "room.yaml: network.jitter: ", "shape > 1", "0.5")
+
+
+@pytest.mark.parametrize("where", ["network: {window: 0 TB}\n",
+                                   "network: {links: [{between: [a, b], window: 0 B}]}\n"])
+def test_zero_transport_window(tmp_path, where):
+    """Found by the long fuzzing run: a zero congestion window was a simulator traceback."""
+    f = write(tmp_path, TWO + where)
+    one_line_exit_2(invoke("simulate", f), "room.yaml: network.", "window", "more than 0")
