@@ -342,6 +342,48 @@ def test_fifty_concurrent_clients_all_end_answered_429_or_503_and_the_limits_hol
     assert metric(url, "splitroom_tokens_total") > 0 and metric(url, "splitroom_laps_total") > 0
 
 
+def test_the_room_page_shows_chips_screens_the_deal_and_live_passes(room):
+    from planner.deal import deal
+    from splitroom.scenario import load
+    scn = load("scenarios/home.yaml", [])
+    d = deal(scn.devices, scn.model, scn.options, scn.network, scn.decoding.return_path)
+    html = _get(room.url + "/")
+    assert '<script src="/room.js">' in html and 'href="/room.css"' in html
+    for asset in (html, _get(room.url + "/room.js"), _get(room.url + "/room.css")):
+        assert "http://" not in asset and "https://" not in asset  # nothing fetched from the internet
+    snap = json.loads(_get(room.url + "/api/room"))
+    by = {x["id"]: x for x in snap["devices"]}
+    assert set(by) == {x.id for x in scn.devices} and snap["host"] == d.host
+    assert by[d.host]["role"] == "model host"
+    for st in d.stages:
+        dev = by[st.device]
+        assert dev["status"] == "serving" and dev["title"] == "Serving" and dev["layers"] == st.shown
+        assert dev["detail"].startswith(f"Layers {st.shown} · ") and dev["detail"].endswith("SmolLM2-135M-Instruct")
+    assert [x["layers"] for x in snap["deal"]["stages"]] == [st.shown for st in d.stages]
+    assert all(c["id"].startswith("api:") for c in snap["clients"]) and snap["clients"]  # earlier tests asked
+    assert snap["measured_tokens_per_s"] > 0 and snap["predicted_tokens_per_s"] > 0
+
+    async def live():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as h:
+            async with h.get(room.url + "/api/events") as r:
+                first = await asyncio.wait_for(r.content.readline(), 10)
+                assert first.decode().strip() == "event: state"
+                asking = asyncio.ensure_future(aclient(room.url).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": FRANCE}], max_tokens=2))
+                end = time.monotonic() + 40
+                while time.monotonic() < end:
+                    line = (await asyncio.wait_for(r.content.readline(), 10)).decode().strip()
+                    if line == "event: pass":
+                        data = json.loads((await asyncio.wait_for(r.content.readline(), 10)).decode()[6:])
+                        assert data["devices"] == [st.device for st in d.stages] and data["tokens"] >= 1
+                        break
+                else:
+                    raise AssertionError("no pass event")
+                await asyncio.wait_for(asking, 40)
+
+    asyncio.run(asyncio.wait_for(live(), 90))
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -358,6 +400,8 @@ def test_a_lost_device_makes_chat_503_at_once_never_a_hang(room, greedy):
     while time.monotonic() < end and "phone" not in room.health()["lost"]:
         time.sleep(0.1)
     assert "phone" in room.health()["lost"]
+    phone_screen = [x for x in json.loads(_get(room.url + "/api/room"))["devices"] if x["id"] == "phone"][0]
+    assert (phone_screen["status"], phone_screen["title"]) == ("lost", "Left the room")
     c = client(room.url)
     msgs = [{"role": "user", "content": FRANCE}]
     t0 = time.monotonic()
