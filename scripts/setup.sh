@@ -17,6 +17,9 @@ dpkg -s libvulkan1 >/dev/null 2>&1 || need_debs+=(libvulkan1)
 dpkg -s iproute2 >/dev/null 2>&1 || need_debs+=(iproute2)
 dpkg -s iptables >/dev/null 2>&1 || need_debs+=(iptables)
 dpkg -s libnetfilter-queue-dev >/dev/null 2>&1 || need_debs+=(libnetfilter-queue-dev)
+# headless chromium and its driver for the room page's browser test (tests/integration/test_serve_browser.py)
+dpkg -s chromium >/dev/null 2>&1 || need_debs+=(chromium)
+dpkg -s chromium-driver >/dev/null 2>&1 || need_debs+=(chromium-driver)
 if [ ${#need_debs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing Debian packages: ${need_debs[*]}"

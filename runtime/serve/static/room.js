@@ -2,7 +2,19 @@
 // from /api/events) and a chat box posting to /v1/chat/completions. No libraries.
 "use strict";
 const $ = (id) => document.getElementById(id);
-const ICON = { computer: "\u{1F4BB}", phone: "\u{1F4F1}", client: "\u{1F50C}" };
+// Icons drawn inline (no emoji font is needed, nothing is fetched).
+const SVG = {
+  computer: '<rect x="3" y="4" width="14" height="9" rx="1"/><path d="M1 15h18"/>',
+  phone: '<rect x="6" y="2" width="8" height="16" rx="2"/><path d="M9 15h2"/>',
+  client: '<path d="M7 2v5M13 2v5M5 7h10v3a5 5 0 0 1-10 0zM10 15v4"/>',
+};
+function icon(kind) {
+  const span = document.createElement("span");
+  span.className = "icon";
+  span.innerHTML = '<svg viewBox="0 0 20 20" width="16" height="16" fill="none" stroke="currentColor" ' +
+    'stroke-width="1.6" stroke-linecap="round" aria-hidden="true">' + (SVG[kind] || SVG.computer) + "</svg>";
+  return span;
+}
 let state = null;
 let openCard = null;
 
@@ -24,12 +36,12 @@ function render(s) {
   chips.replaceChildren();
   for (const d of s.devices) {
     chips.append(el("span", { class: "chip", id: "chip-" + d.id, onclick: () => showCard(d.id) },
-      el("span", { class: "dot " + d.status, id: "dot-" + d.id }), ICON[d.kind] || ICON.computer, " ", d.name,
+      el("span", { class: "dot " + d.status, id: "dot-" + d.id }), icon(d.kind), d.name,
       el("span", { class: "mem" }, d.lends)));
   }
   for (const c of s.clients) {
     chips.append(el("span", { class: "chip client", onclick: () => showClient(c) },
-      el("span", { class: "dot idle" }), ICON.client, " API client", el("span", { class: "mem" }, "no layers")));
+      el("span", { class: "dot idle" }), icon("client"), "API client", el("span", { class: "mem" }, "no layers")));
   }
   const screens = $("screens");
   screens.replaceChildren();
@@ -42,7 +54,7 @@ function render(s) {
         el("span", {}, (d.lap_ms === null ? "-" : fmt(d.lap_ms, 1)) + " ms per lap"));
     }
     screens.append(el("div", { class: "screen", id: "screen-" + d.id },
-      el("h3", {}, (ICON[d.kind] || "") + " " + d.name + " · " + d.role),
+      el("h3", {}, icon(d.kind), " " + d.name + " · " + d.role),
       el("div", { class: "title" }, d.title), el("div", { class: "detail" }, d.detail || ""), stats));
   }
   const st = $("status");
@@ -64,7 +76,7 @@ function showCard(id) {
   openCard = id;
   const card = $("card");
   card.hidden = false;
-  card.replaceChildren(el("h2", {}, `${ICON[d.kind] || ""} ${d.name} (${d.id})`),
+  card.replaceChildren(el("h2", {}, icon(d.kind), ` ${d.name} (${d.id})`),
     el("div", {}, `${d.role} · lends ${d.lends} · ${d.layers ? "layers " + d.layers : "no layers"}`),
     el("div", {}, `${d.title}: ${d.detail || ""}`), el("div", { class: "notes" }, d.why || ""),
     el("button", { onclick: () => { openCard = null; card.hidden = true; } }, "Close"));
