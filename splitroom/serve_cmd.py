@@ -140,7 +140,7 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
                 argv = [sys.executable, "-m", "runtime.serve", str(path), relay_url, room,
                         "--listen-fd", str(sock.fileno()), "--model-id", scn.model.id,
                         "--room-info", str(info_path), "--open-timeout", str(open_timeout_s),
-                        "--lifetime", str(LIFETIME_S)]
+                        "--lifetime", str(LIFETIME_S)] + (["--guests"] if net is None else [])
                 procs[c.device] = start_process(net, c.device, argv, workdir, env, pass_fds=(sock.fileno(),))
             else:
                 procs[c.device] = start_process(net, c.device, device_argv(path, relay_url, room, LIFETIME_S),

@@ -62,7 +62,7 @@ async def _unless_stopped(aw: Awaitable[T], stop: asyncio.Event) -> Optional[T]:
 async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.socket, model_id: str,
                      room_info: Optional[dict] = None, open_timeout_s: float = 120.0,
                      lifetime_s: float = DEFAULT_LIFETIME_S, stop: Optional[asyncio.Event] = None,
-                     server: Optional[RoomServer] = None) -> int:
+                     server: Optional[RoomServer] = None, guests: bool = False) -> int:
     """Run the model host of a served room until ``stop`` (default: SIGTERM/SIGINT).
 
     Args:
@@ -74,6 +74,8 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
         open_timeout_s: how long every device gets to load its layers and connect, seconds.
         lifetime_s: the room ends after this long, seconds.
         server: a RoomServer to use (tests); one is made otherwise.
+        guests: also take browser guests over WebRTC through the relay
+            (:class:`runtime.serve.guest.GuestDesk`; the relay must be reachable by them).
     Returns:
         the exit status (module doc).
     Raises:
@@ -91,6 +93,7 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
     stop = stop or stop_on_signals()
     loop = asyncio.get_running_loop()
     transport = None
+    desk = None
     status = DONE
     try:
         server.set_phase("loading", "the room is starting: the model host is loading its layers")
@@ -111,11 +114,22 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
         if transport is None:
             return DONE
         log.warning("%s: every device connected; serving", cfg.device)
+        if guests:
+            from .guest import GuestDesk
+            desk = GuestDesk(server, relay_url, room, f"{cfg.host}.desk")
+            try:
+                await asyncio.wait_for(desk.start(), 10.0)
+                server.guest_info = desk.info()
+            except Exception as e:  # the API still serves; only browser guests cannot join
+                log.error("%s: browser guests cannot join: %s", cfg.device, e)
+                desk = None
         _, status = await run_device(cfg, transport, lifetime_s, stop, loaded=loaded, on_start=server.attach,
                                      keep_open=True)
     finally:
         server.set_phase("stopping", "the room is shutting down")
         server.node = None
+        if desk is not None:
+            await desk.close()
         if transport is not None:
             await transport.close()
         await runner.cleanup()
@@ -136,6 +150,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--room-info", help="a JSON file of room facts for /health and the room page")
     p.add_argument("--open-timeout", type=float, default=120.0)
     p.add_argument("--lifetime", type=float, default=DEFAULT_LIFETIME_S)
+    p.add_argument("--guests", action="store_true", help="take browser guests over WebRTC through the relay")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     try:
@@ -155,4 +170,4 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"runtime.serve: {e}", file=sys.stderr)
         return BAD_CONFIG
     return asyncio.run(serve_host(cfg, args.relay_url, args.room, sock, args.model_id, info,
-                                  args.open_timeout, args.lifetime))
+                                  args.open_timeout, args.lifetime, guests=args.guests))

@@ -67,8 +67,10 @@ class RoomPage:
         self._last_push = 0.0
 
     def add_routes(self, app: web.Application) -> None:
-        """``/``, ``/room.js``, ``/room.css``, ``/api/room``, ``/api/events``."""
+        """``/`` (``/share.html``: the same page, asking as a browser guest over WebRTC),
+        ``/room.js``, ``/room.css``, ``/api/room``, ``/api/events``."""
         app.router.add_get("/", self.index)
+        app.router.add_get("/share.html", self.index)  # the same page, as a guest over WebRTC
         app.router.add_get("/room.js", self.static("room.js", "application/javascript"))
         app.router.add_get("/room.css", self.static("room.css", "text/css"))
         app.router.add_get("/api/room", self.room)
@@ -158,9 +160,11 @@ class RoomPage:
                             "tokens_handled": self.tokens_handled.get(dev, 0), "passes": self.passes.get(dev, 0),
                             "lap_ms": lap_s * 1000 if (lap_s is not None and mine) else None})
         now = self.clock()
-        clients = [{"id": c, "questions": v["questions"]} for c, v in sorted(self.clients.items())
+        clients = [{"id": c, "questions": v["questions"], "kind": "guest" if c.startswith("guest:") else "api"}
+                   for c, v in sorted(self.clients.items())
                    if now - v.get("seen", now) <= CLIENT_SHOWN_S]
-        return {"name": info.get("name"), "model": model_name, "model_id": srv.model_id, "ready": ready, "reason": reason or None,
+        return {"name": info.get("name"), "model": model_name, "model_id": srv.model_id, "guest": srv.guest_info,
+                "ready": ready, "reason": reason or None,
                 "phase": srv.phase, "host": host_id, "devices": devices, "clients": clients,
                 "deal": {"stages": [{"device": x, "layers": f"{a + 1}-{b}"} for x, a, b in stages],
                          "notes": info.get("notes", [])},

@@ -38,7 +38,7 @@ import logging
 import time
 from collections import Counter as Tally
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
@@ -102,6 +102,8 @@ class RoomServer:
         self.phase_reason = "the room is starting"
         self.lost: list[str] = []
         self.tickets: dict[int, _Ticket] = {}
+        #: where a browser guest connects (relay URL, room, desk id), or None
+        self.guest_info: Optional[dict] = None
         self._answer_s: list[float] = []  # recent answer durations, seconds
         self._begun: dict[int, float] = {}
         self._first: dict[int, float] = {}
@@ -402,6 +404,61 @@ class RoomServer:
         finally:
             if not ticket.ended:
                 node.withdraw(qid)  # the client went away, timed out, or hit a stop sequence
+            self.tickets.pop(qid, None)
+            asyncio.get_running_loop().call_later(1.0, node.forget, qid)
+
+    async def answer_guest(self, body: Any, guest: str, write: Callable[[bytes], Awaitable[None]]) -> None:
+        """A browser guest's question, asked over its WebRTC data channel (see
+        :mod:`runtime.serve.guest`): ``body`` is a chat-completions request (streamed
+        whatever it says) and ``guest`` the asker (the queue's limits count per guest).
+        Everything is written with ``write`` as the HTTP stream would carry it
+        (``data: {chunk}`` messages, then ``data: [DONE]``); a refusal or an error is one
+        ``data: {"error": {..., "status": N}}`` message. Never raises for a bad body."""
+        class _Target:  # what _send/_collect write to
+            async def write(self, data: bytes) -> None:
+                await write(data)
+        target = _Target()
+
+        async def fail(e: ApiError) -> None:
+            body_ = e.body()
+            body_["error"]["status"] = e.status
+            if e.retry_after_s is not None:
+                body_["error"]["retry_after"] = e.headers()["Retry-After"]
+            self.m_http.labels("guest", str(e.status)).inc()
+            await self._send(target, body_)
+
+        try:
+            req = parse_chat_request({**body, "stream": True} if isinstance(body, dict) else body, self.model_id)
+            ready, reason, retry = self.readiness()
+            if not ready:
+                raise ApiError(503, f"the room is not ready: {reason}", None, "room_not_ready",
+                               "service_unavailable", retry)
+            ids = await self._encode(req)
+            cap = self._cap(req, len(ids))
+        except ApiError as e:
+            await fail(e)
+            return
+        node = self.node
+        self.page.client_seen(guest)
+        qid = node.ask(ids, cap, guest)
+        ticket = self.tickets[qid] = _Ticket(qid, guest)
+        try:
+            await asyncio.wait_for(ticket.items.get(), 30.0)
+            if ticket.refused is not None:
+                raise self._refusal(ticket.refused)
+            await self._send(target, chunk_body(req, {"role": "assistant", "content": ""}))
+            _, finish, _ = await self._collect(req, ticket, target)
+            await self._send(target, chunk_body(req, {}, finish))
+            await self._write(target, b"data: [DONE]\n\n")
+            self.m_http.labels("guest", "200").inc()
+        except ApiError as e:
+            await fail(e)
+        except asyncio.TimeoutError:
+            await fail(ApiError(503, "the room did not take the question", None, "room_not_ready",
+                                "service_unavailable", RETRY_STARTING_S))
+        finally:
+            if not ticket.ended:
+                node.withdraw(qid)
             self.tickets.pop(qid, None)
             asyncio.get_running_loop().call_later(1.0, node.forget, qid)
 

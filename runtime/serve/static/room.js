@@ -41,7 +41,8 @@ function render(s) {
   }
   for (const c of s.clients) {
     chips.append(el("span", { class: "chip client", onclick: () => showClient(c) },
-      el("span", { class: "dot idle" }), icon("client"), "API client", el("span", { class: "mem" }, "no layers")));
+      el("span", { class: "dot idle" }), icon(c.kind === "guest" ? "phone" : "client"),
+      c.kind === "guest" ? "Guest" : "API client", el("span", { class: "mem" }, "no layers")));
   }
   const screens = $("screens");
   screens.replaceChildren();
@@ -86,7 +87,8 @@ function showClient(c) {
   openCard = null;
   const card = $("card");
   card.hidden = false;
-  card.replaceChildren(el("h2", {}, "API client"), el("div", {}, c.id),
+  card.replaceChildren(el("h2", {}, c.kind === "guest" ? "Guest (browser, WebRTC)" : "API client"),
+    el("div", {}, c.id),
     el("div", {}, `no layers · ${c.questions} questions asked · not counted as a device`),
     el("button", { onclick: () => { card.hidden = true; } }, "Close"));
 }
@@ -108,6 +110,78 @@ function listen() {
   es.onerror = () => { $("status").textContent = "Host unreachable: reconnecting"; };
 }
 
+// A browser guest: the question goes over WebRTC (this browser's RTCPeerConnection to
+// the model host's aiortc), signalled through the room's relay (SDP only). Used on
+// /share.html and with ?guest=1; elsewhere the page posts to the HTTP API.
+const GUEST = location.pathname.endsWith("share.html") || new URLSearchParams(location.search).has("guest");
+let channel = null;
+
+function withTimeout(p, ms, what) {
+  return Promise.race([p, new Promise((_, no) => setTimeout(() => no(new Error(what + " timed out")), ms))]);
+}
+
+async function guestChannel() {
+  if (channel && channel.readyState === "open") return channel;
+  const g = state && state.guest;
+  if (!g) throw new Error("this room takes no browser guests (serve it with --loopback on one machine)");
+  const me = "guest-" + Array.from(crypto.getRandomValues(new Uint8Array(6)), (b) => b.toString(16).padStart(2, "0")).join("");
+  const ws = new WebSocket(`${g.relay}/room/${g.room}`);
+  await withTimeout(new Promise((ok, no) => { ws.onopen = ok; ws.onerror = () => no(new Error("relay unreachable")); }),
+                    10000, "the relay");
+  ws.send(JSON.stringify({ type: "hello", device: me }));
+  const pc = new RTCPeerConnection({ iceServers: [] });
+  const ch = pc.createDataChannel("reply");
+  await pc.setLocalDescription(await pc.createOffer());
+  await withTimeout(new Promise((ok) => {
+    if (pc.iceGatheringState === "complete") ok();
+    pc.onicegatheringstatechange = () => { if (pc.iceGatheringState === "complete") ok(); };
+  }), 10000, "gathering candidates");
+  const answered = new Promise((ok) => {
+    ws.onmessage = async (ev) => {
+      const m = JSON.parse(ev.data);
+      if (m.type === "signal" && m.from === g.desk && m.data.type === "answer") {
+        await pc.setRemoteDescription({ type: "answer", sdp: m.data.sdp });
+        ok();
+      }
+    };
+  });
+  ws.send(JSON.stringify({ type: "signal", to: g.desk, data: { type: "offer", sdp: pc.localDescription.sdp } }));
+  await withTimeout(answered, 20000, "the host's answer");
+  await withTimeout(new Promise((ok) => { if (ch.readyState === "open") ok(); ch.onopen = ok; }), 30000,
+                    "the data channel");
+  ws.close();  // the relay saw the SDP exchange and nothing after it
+  channel = ch;
+  return ch;
+}
+
+function onData(a, data) {  // one "data: ..." message of an answer; true at its end
+  if (data === "[DONE]") return true;
+  const obj = JSON.parse(data);
+  if (obj.error) {
+    a.className = "a err";
+    a.textContent += `${obj.error.status || ""} ${obj.error.message}` +
+                     (obj.error.retry_after ? ` (try again in ${obj.error.retry_after} s)` : "");
+    return true;
+  }
+  const ch = obj.choices && obj.choices[0];
+  if (ch && ch.delta && ch.delta.content) a.textContent += ch.delta.content;
+  return false;
+}
+
+async function askGuest(question, a) {
+  const ch = await guestChannel();
+  await new Promise((ok, no) => {
+    ch.onmessage = (ev) => {
+      for (const part of String(ev.data).split("\n\n")) {
+        const line = part.trim();
+        if (line.startsWith("data: ") && onData(a, line.slice(6))) { ok(); return; }
+      }
+    };
+    ch.onclose = () => no(new Error("the host closed the connection"));
+    ch.send(JSON.stringify({ model: modelId, messages: [{ role: "user", content: question }] }));
+  });
+}
+
 async function ask(question) {
   const log = $("log");
   log.append(el("div", { class: "q" }, "> " + question));
@@ -115,6 +189,7 @@ async function ask(question) {
   log.append(a);
   $("send").disabled = true;
   try {
+    if (GUEST) { await askGuest(question, a); return; }
     const r = await fetch("/v1/chat/completions", {
       method: "POST", headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ model: modelId, stream: true,
@@ -139,18 +214,13 @@ async function ask(question) {
         const line = buf.slice(0, i).trim();
         buf = buf.slice(i + 2);
         if (!line.startsWith("data: ")) continue;
-        const data = line.slice(6);
-        if (data === "[DONE]") return;
-        const obj = JSON.parse(data);
-        if (obj.error) { a.className = "a err"; a.textContent += " [" + obj.error.message + "]"; return; }
-        const ch = obj.choices && obj.choices[0];
-        if (ch && ch.delta && ch.delta.content) a.textContent += ch.delta.content;
+        if (onData(a, line.slice(6))) return;
       }
       log.scrollTop = log.scrollHeight;
     }
   } catch (e) {
     a.className = "a err";
-    a.textContent += " [" + e + "]";
+    a.textContent += " [" + (e && e.message ? e.message : e) + "]";
   } finally {
     $("send").disabled = false;
   }
