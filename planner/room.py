@@ -252,6 +252,21 @@ class Scenario:
     #: simulator uses instead of rooflines for the devices, drafters and transport it has
     profile: Profile | None = None
 
+    def with_profile(self, profile: Profile) -> "Scenario":
+        """This scenario predicted with ``profile``: the simulator then takes each
+        profiled device's stage and head times, each profiled drafter's cost and
+        acceptance from it, and the transport's measured per-frame cost as the hop
+        overhead (fixed part) plus a cost per byte, replacing ``network.hop_overhead``;
+        the profile's congestion window applies unless ``network.window_bytes`` is set.
+        Devices the profile lacks keep their roofline."""
+        net = self.network
+        if profile.transport is not None:
+            fixed, per_byte = profile.transport.fit
+            net = replace(net, hop_overhead_s=fixed, hop_s_per_byte=per_byte,
+                          window_bytes=net.window_bytes if net.window_bytes is not None
+                          else profile.transport.window_bytes)
+        return replace(self, profile=profile, network=net)
+
     def with_measured(self) -> "Scenario":
         """This scenario with each measured device's ``s_per_layer`` set from the measurement."""
         devs = tuple(replace(d, s_per_layer=self.measured_s_per_layer.get(d.id, d.s_per_layer))

@@ -193,19 +193,8 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def apply_profile(scn: Scenario, profile: Profile) -> Scenario:
-    """``scn`` predicted with ``profile``: the simulator then takes each profiled
-    device's stage and head times, each profiled drafter's cost and acceptance from
-    it, and the transport's measured per-frame cost as the hop overhead (fixed part)
-    plus a cost per byte, replacing the scenario's ``hop_overhead`` guess; the
-    profile's congestion window applies unless the scenario sets ``network.window``.
-    Devices the profile lacks keep their roofline."""
-    net = scn.network
-    if profile.transport is not None:
-        fixed, per_byte = profile.transport.fit
-        net = dataclasses.replace(net, hop_overhead_s=fixed, hop_s_per_byte=per_byte,
-                                  window_bytes=net.window_bytes if net.window_bytes is not None
-                                  else profile.transport.window_bytes)
-    return dataclasses.replace(scn, profile=profile, network=net)
+    """``scn`` predicted with ``profile`` (see :meth:`planner.room.Scenario.with_profile`)."""
+    return scn.with_profile(profile)
 
 
 def profiled_s_per_layer(profile: Profile) -> dict[str, float]:

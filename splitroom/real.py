@@ -310,8 +310,7 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     :class:`planner.profile.Profile`), before the run. Raises RealRunError when the
     predicted room answers fewer questions than it is asked (never a silent 0.0)."""
     from sim.driver import simulate
-    from splitroom.calibration import apply_profile
-    pred_scn = apply_profile(real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens), profile)
+    pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens).with_profile(profile)
     m = simulate(pred_scn, deal).metrics
     _check_answered(m, "the prediction from the profile")
     return m
@@ -437,21 +436,6 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
                       ended)
 
 
-def _logs(workdir: Path, name: str) -> dict:
-    """Popen keyword arguments sending a child's output to WORKDIR/NAME.log."""
-    f = open(workdir / f"{name}.log", "wb")
-    return {"stdout": f, "stderr": subprocess.STDOUT}
-
-
-def _relay_argv(host: str, port: int) -> list[str]:
-    return [sys.executable, "-c", f"from runtime.relay import main; main({host!r}, {port})"]
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 # -- starting and ending a room's processes (shared by run --real and splitroom serve) --
 
 
@@ -538,3 +522,20 @@ def stop_room(procs: dict, relay, net, grace_s: float = 20.0) -> None:
             relay.kill()
     if net is not None:
         net.__exit__(None, None, None)
+
+
+def _logs(workdir: Path, name: str) -> dict:
+    """Popen keyword arguments sending a child's output to WORKDIR/NAME.log."""
+    f = open(workdir / f"{name}.log", "wb")
+    return {"stdout": f, "stderr": subprocess.STDOUT}
+
+
+def _relay_argv(host: str, port: int) -> list[str]:
+    return [sys.executable, "-c", f"from runtime.relay import main; main({host!r}, {port})"]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
