@@ -118,3 +118,14 @@ def test_stop_matcher_never_sends_a_stop_sequence(pieces, stops):
     assert stopped == any(s in text for s in stops)
     if not stopped:
         assert out == text
+
+
+def test_mdns_candidates_are_removed_from_a_browser_offer():
+    from runtime.serve.guest import strip_mdns_candidates
+    offer = ("v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n"
+             "a=candidate:1 1 udp 2113937151 0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0.local 54321 typ host generation 0 "
+             "network-cost 999\r\na=candidate:2 1 udp 2113937151 192.168.1.5 54322 typ host generation 0\r\n"
+             "a=ice-ufrag:abcd\r\n")
+    out = strip_mdns_candidates(offer)
+    assert ".local" not in out and "192.168.1.5 54322" in out and "a=ice-ufrag:abcd" in out
+    assert out.count("\r\n") == offer.count("\r\n") - 1
