@@ -590,13 +590,18 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
          address: Optional[List[str]] = typer.Option(None, "--address", help="Offer only this address to peers "
                                                      "(repeatable; default: every interface)."),
          timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
-         answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host).")):
+         answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host)."),
+         serve: Optional[int] = typer.Option(None, "--serve", help="Host: serve the OpenAI-compatible API and the "
+                                             "room page on this TCP port until Ctrl-C (instead of --ask)."),
+         serve_bind: str = typer.Option("127.0.0.1", "--serve-bind", help="Address for --serve (0.0.0.0: LAN).")):
     """Join a room on a LAN as one device: hold a layer range, and (--host) ask and stream answers."""
+    if serve is not None and not 0 <= serve <= 65535:
+        fail(f"--serve {serve}: expected a TCP port 0-65535")
     from splitroom.join_cmd import JoinError, JoinOptions, run_join
     opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
-                       timeout_s=timeout, answers_json=answers_json)
+                       timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind)
     try:
         code = run_join(opts)
     except JoinError as e:

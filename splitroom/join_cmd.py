@@ -276,6 +276,10 @@ class JoinOptions:
     answers_json: Optional[str] = None
     model_dir: Optional[str] = None
     answers: list = field(default_factory=list)
+    #: the host serves the OpenAI-compatible API on this TCP port (runtime/serve/) and
+    #: takes questions from it until Ctrl-C instead of asking ``asks``
+    serve_port: Optional[int] = None
+    serve_bind: str = "127.0.0.1"
 
 
 async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
@@ -363,8 +367,10 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         raise JoinError("--peers must name the other devices of the room (comma-separated ids)")
     if opts.device in peers:
         raise JoinError(f"--peers must not contain this device ({opts.device!r})")
-    if opts.host and not opts.asks:
-        raise JoinError("the host needs at least one --ask \"QUESTION\"")
+    if opts.serve_port is not None and not opts.host:
+        raise JoinError("only the model host (--host) serves the API (--serve PORT)")
+    if opts.host and not opts.asks and opts.serve_port is None:
+        raise JoinError("the host needs at least one --ask \"QUESTION\" (or --serve PORT)")
     if opts.asks and not opts.host:
         raise JoinError("only the host (--host) asks questions")
     if opts.backend not in BACKENDS:
@@ -386,11 +392,24 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         print(f"[{opts.device}] {line}", file=err, flush=True)
 
     say(f"joining room {room!r} at {relay_url} with {', '.join(peers)}")
+    api = None
+    if opts.serve_port is not None:  # up at once: 503 with the reason until the room is ready
+        import socket
+        from runtime.serve.host import start_api
+        try:
+            sock = socket.create_server((opts.serve_bind, opts.serve_port))
+        except OSError as e:
+            raise JoinError(f"--serve {opts.serve_port}: cannot listen on {opts.serve_bind}: {e.strerror or e}") from None
+        api = await start_api(sock, "smollm2-135m")
+        api[0].set_phase("connecting", f"the room is starting: waiting for {', '.join(peers)}")
+        say(f"serving the API at http://{opts.serve_bind}:{sock.getsockname()[1]}/v1")
     try:
         transport = await connect_room(relay_url, room, opts.device, peers,
                                        host_addresses=list(opts.addresses) or None,
                                        open_timeout_s=max(min(opts.timeout_s, 120.0), 1.0))
     except (TransportError, OSError, asyncio.TimeoutError) as e:
+        if api is not None:
+            await api[1].cleanup()
         raise JoinError(f"could not join room {room!r}: {e}", 3) from None
     mux = _Mux(transport)
     stop = stop_on_signals()
@@ -441,8 +460,13 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             printer.append(asyncio.ensure_future(_stream_answers(node, loaded[1], out, opts)))
 
         until = [] if is_host else [_next_control(mux, (Bye,), deadline, "the host's bye")]
-        node, status = await run_device(cfg, mux, deadline - time.monotonic(), stop, until=until, loaded=loaded,
-                                        on_start=stream if is_host else None)
+        if api is not None:
+            from runtime.serve.host import DEFAULT_LIFETIME_S
+            node, status = await run_device(cfg, mux, DEFAULT_LIFETIME_S, stop, loaded=loaded,
+                                            on_start=api[0].attach, keep_open=True)
+        else:
+            node, status = await run_device(cfg, mux, deadline - time.monotonic(), stop, until=until,
+                                            loaded=loaded, on_start=stream if is_host else None)
         if status == TIMED_OUT:
             raise JoinError(f"timed out after {opts.timeout_s:.0f} s", 4)
         if status == LOST_HOST:
@@ -465,6 +489,10 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         return 0
     finally:
         await transport.close()
+        if api is not None:
+            api[0].set_phase("stopping", "the room is shutting down")
+            api[0].node = None
+            await api[1].cleanup()
 
 
 def run_join(opts: JoinOptions) -> int:

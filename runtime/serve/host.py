@@ -59,6 +59,18 @@ async def _unless_stopped(aw: Awaitable[T], stop: asyncio.Event) -> Optional[T]:
     return None
 
 
+async def start_api(sock: socket.socket, model_id: str, room_info: Optional[dict] = None,
+                    server: Optional[RoomServer] = None) -> tuple[RoomServer, web.AppRunner]:
+    """Start the HTTP API on the listening ``sock`` at once (chat requests get 503 until
+    :meth:`RoomServer.attach`); returns ``(server, runner)``; ``await runner.cleanup()``
+    ends it. Used by :func:`serve_host` and ``splitroom join --host --serve PORT``."""
+    server = server or RoomServer(model_id, room_info)
+    runner = web.AppRunner(server.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+    return server, runner
+
+
 async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.socket, model_id: str,
                      room_info: Optional[dict] = None, open_timeout_s: float = 120.0,
                      lifetime_s: float = DEFAULT_LIFETIME_S, stop: Optional[asyncio.Event] = None,
@@ -85,11 +97,7 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
 
     if cfg.device != cfg.host:
         raise ValueError(f"{cfg.device} is not the model host ({cfg.host}); only the host serves HTTP")
-    server = server or RoomServer(model_id, room_info)
-    runner = web.AppRunner(server.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.SockSite(runner, sock)
-    await site.start()
+    server, runner = await start_api(sock, model_id, room_info, server)
     stop = stop or stop_on_signals()
     loop = asyncio.get_running_loop()
     transport = None
