@@ -441,6 +441,14 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             _, plan = await _next_control(mux, (Plan,), deadline, "the host's plan", peers)
         chain = [list(s) for s in plan.stages]
         host = plan.host
+        if api is not None:  # what the room page shows (the host's hellos and the plan)
+            api[0].room_info.update({
+                "name": room, "model": {"id": "smollm2-135m", "name": "SmolLM2-135M-Instruct",
+                                        "layers": mcfg.n_layers}, "host": host,
+                "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
+                            for d, h in hellos.items()],
+                "stages": [{"device": d, "start": a, "end": b, "shown": shown(a, b)} for d, a, b in chain],
+                "shares": [], "notes": [], "predicted_tokens_per_s": None})
         say("plan: " + ", ".join(f"{d} layers {shown(a, b)}{' (host)' if d == host else ''}" for d, a, b in chain))
         members = [s[0] for s in chain]
         if opts.device not in members:

@@ -66,6 +66,11 @@ def test_join_host_serves_the_api(greedy):  # noqa: F811
             time.sleep(0.25)
         r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": FRANCE}])
         assert r.choices[0].message.content == greedy.tok.decode(greedy(FRANCE))
+        import json
+        import urllib.request
+        with urllib.request.urlopen(api + "/api/room", timeout=10) as resp:  # the room page's data
+            screens = {d["id"]: (d["title"], d["layers"]) for d in json.loads(resp.read())["devices"]}
+        assert screens == {"h": ("Serving", "1-15"), "w": ("Serving", "16-30")}
         host.send_signal(signal.SIGINT)
         assert host.wait(timeout=30) == 0
         assert worker.wait(timeout=30) == 0  # the host's bye
