@@ -9,7 +9,8 @@ from splitroom.scenario import load
 def test_bench_wan_room_10k_tokens(benchmark):
     scn = load("scenarios/wan_glm.yaml", [
         "decoding.speculative={drafter: model, draft_tokens: 4, acceptance: 0.8, draft_cost: 13 ms}",
-        "decoding.async_laps=4", "decoding.return=direct", "workload.answer_tokens=10000"])
+        "decoding.async_laps=4", "decoding.return=direct", "workload.answer_tokens=10000",
+        "context=10240"])  # prompt 128 + 10,000 answer tokens must fit the context
     result = benchmark.pedantic(simulate, args=(scn,), rounds=3, iterations=1)
     assert result.metrics["tokens"] == 10000
     if benchmark.stats is not None:  # None when run with --benchmark-disable (the test suite)
