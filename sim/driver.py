@@ -35,7 +35,7 @@ from planner.room import Scenario
 from planner.chain import Chain, redeal_rule
 from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
-from sim.devices import DeviceModel
+from sim.devices import DECODE_MAX_TOKENS, DeviceModel
 from sim.engines import engine
 from sim.link import Links
 
@@ -200,7 +200,10 @@ class Simulation:
         dm = self.devices[c.device]
         # the stage reads the KV cache of the positions before this frame's first
         s = dm.stage_s(self.stage_layers.get(c.device, 0), c.tokens, now_s=start, context_tokens=c.first_pos,
-                       decode=c.first_pos >= self._prompt_len.get(c.question_id, 0))
+                       # a decode/verify pass: past the prompt and small (a replay after a
+                       # re-deal re-runs answer positions in prefill-sized chunks)
+                       decode=c.first_pos >= self._prompt_len.get(c.question_id, 0)
+                       and c.tokens <= DECODE_MAX_TOKENS)
         if c.inputs:  # the model host embeds its inputs first
             s += dm.embed_s(c.tokens)
         return s
