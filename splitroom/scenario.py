@@ -618,6 +618,8 @@ def _read_text(p: Path, name: str) -> str:
         raise ScenarioError(f"{name}: cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
         raise ScenarioError(f"{name}: not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x})") from None
+    except ValueError:  # a path holding a NUL character
+        raise ScenarioError(f"{name}: cannot read (not a file name)") from None
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> Scenario:

@@ -256,3 +256,9 @@ def test_zero_transport_window(tmp_path, where):
     """Found by the long fuzzing run: a zero congestion window was a simulator traceback."""
     f = write(tmp_path, TWO + where)
     one_line_exit_2(invoke("simulate", f), "room.yaml: network.", "window", "more than 0")
+
+
+def test_calibration_path_with_a_nul_character(tmp_path):
+    """Found by the long fuzzing run: open() raised ValueError (embedded null byte)."""
+    f = write(tmp_path, ONE + 'calibration: "a\\0b"\n')
+    one_line_exit_2(invoke("plan", f), "room.yaml: calibration", "not a file name")
