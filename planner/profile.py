@@ -291,6 +291,8 @@ class TransportProfile:
             w = None if w is None else float(w)
         except (TypeError, ValueError):
             raise ProfileError(f"{where}.window_bytes: expected a number of bytes") from None
+        if w is not None and not (math.isfinite(w) and w > 0):
+            raise ProfileError(f"{where}.window_bytes: expected more than 0 bytes (or null), got {w:g}")
         return cls(Curve.from_mapping(m["one_way_s"], f"{where}.one_way_s"), w)
 
 

@@ -24,7 +24,7 @@ import yaml
 from planner.profile import DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
 from planner.room import Scenario
 
-__all__ = ["CalibrationError", "apply_profile", "build_profile", "load_profile", "measure", "measure_room_overheads",
+__all__ = ["CalibrationError", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
            "profiled_s_per_layer", "save_profile", "with_room_overheads"]
 
 
@@ -192,8 +192,21 @@ def load_profile(path: str | Path) -> Profile:
         raise CalibrationError(f"{p.name}: {e}") from None
 
 
-def apply_profile(scn: Scenario, profile: Profile) -> Scenario:
-    """``scn`` predicted with ``profile`` (see :meth:`planner.room.Scenario.with_profile`)."""
+def check_covers(scn: Scenario, profile: Profile, name: str = "profile") -> None:
+    """Raise CalibrationError (one line starting with ``name``) when ``profile`` profiles
+    none of ``scn``'s devices that can hold layers: a profile of another scenario, whose
+    times would silently not be used (devices the profile lacks keep their roofline)."""
+    ids = [d.id for d in scn.devices if d.webgpu]
+    if ids and not any(i in profile.devices for i in ids):
+        has = ", ".join(sorted(profile.devices)) or "none"
+        raise CalibrationError(f"{name}: profiles none of this scenario's devices ({', '.join(ids)}; the profile "
+                               f"has: {has}); calibrate with this scenario (splitroom calibrate SCENARIO --out FILE)")
+
+
+def apply_profile(scn: Scenario, profile: Profile, name: str = "profile") -> Scenario:
+    """``scn`` predicted with ``profile`` (see :meth:`planner.room.Scenario.with_profile`).
+    Raises CalibrationError when the profile profiles none of the scenario's devices."""
+    check_covers(scn, profile, name)
     return scn.with_profile(profile)
 
 

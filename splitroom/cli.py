@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -92,7 +93,7 @@ def with_profile(scn, path: Optional[str]):
         return scn
     from splitroom.calibration import CalibrationError, apply_profile, load_profile
     try:
-        return apply_profile(scn, load_profile(path))
+        return apply_profile(scn, load_profile(path), Path(path).name)
     except CalibrationError as e:
         fail(f"--calibration {e}")
 
@@ -347,9 +348,10 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     check_output(write_measured, "--write-measured")
     profile = None
     if calibration:
-        from splitroom.calibration import CalibrationError, load_profile
+        from splitroom.calibration import CalibrationError, check_covers, load_profile
         try:
             profile = load_profile(calibration)
+            check_covers(scn, profile, Path(calibration).name)
         except CalibrationError as e:
             fail(f"--calibration {e}")
     elif scn.profile is not None:
@@ -510,8 +512,11 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         fail(f"--vary: {e}")
     base = list(set_ or [])
     # validate every combination before running any (one line, exit 2, for a bad value)
+    last = None
     for c in combos:
-        load_scenario(scenario, base + [f"{k}={v}" for k, v in c])
+        last = load_scenario(scenario, base + [f"{k}={v}" for k, v in c])
+    if calibration:  # the profile too: once here, not as a traceback in every worker
+        with_profile(last if last is not None else load_scenario(scenario, base), calibration)
     try:
         rows = run_sweep(scenario, base, combos, calibration, jobs=jobs,
                          progress=None if as_json else (lambda i, n: err.print(f"  {i}/{n} predicted",

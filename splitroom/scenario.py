@@ -640,8 +640,11 @@ def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
                 profile = Profile.from_mapping(cal)
             except ProfileError as e:
                 raise ScenarioError(f"{p.name}: {what}{e}") from None
-            from splitroom.calibration import apply_profile
-            return apply_profile(from_mapping(data, p.name, overrides), profile)
+            from splitroom.calibration import CalibrationError, apply_profile
+            try:
+                return apply_profile(from_mapping(data, p.name, overrides), profile, f"{p.name}: {what}".rstrip(": "))
+            except CalibrationError as e:
+                raise ScenarioError(str(e)) from None
         if not isinstance(cal, dict) or not isinstance(cal.get("measured"), dict):
             raise ScenarioError(f"{p.name}: calibration: {cal_path.name} is neither a profile "
                                 "(splitroom calibrate) nor a `measured:` mapping")

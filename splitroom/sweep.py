@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 __all__ = ["SweepError", "combinations", "predict_one", "run_sweep"]
@@ -74,16 +75,17 @@ def predict_one(args: tuple) -> dict:
     path, base, combo, calibration = args
     from planner.deal import DealError, deal
     from sim.driver import simulate
+    from splitroom.calibration import CalibrationError
     from splitroom.scenario import ScenarioError, load
     row = {"values": [list(kv) for kv in combo], "error": None}
     try:
         scn = load(path, list(base) + [f"{k}={v}" for k, v in combo]).with_measured()
         if calibration:
             from splitroom.calibration import apply_profile, load_profile
-            scn = apply_profile(scn, load_profile(calibration))
+            scn = apply_profile(scn, load_profile(calibration), Path(calibration).name)
         d = deal(scn.devices, scn.model, scn.options)
         m = simulate(scn, d).metrics
-    except (ScenarioError, DealError, ValueError) as e:
+    except (ScenarioError, DealError, ValueError, CalibrationError) as e:
         row["error"] = str(e)
         return row
     if m["questions"] and not m["answered"]:

@@ -142,3 +142,47 @@ def test_plan_redeal_deals_by_the_profiled_decode_time(tmp_path):
     assert stages["a"] > stages["b"]
     r = CliRunner().invoke(app, ["plan", str(scn), "--redeal"])
     assert r.exit_code == 2 and "calibration profile" in r.output
+
+
+def test_a_profile_of_another_scenario_is_one_line_and_exit_2(tmp_path):
+    """A profile naming none of the scenario's devices (calibrated for another
+    scenario) was silently ignored: every device kept its roofline. Now every command
+    that takes --calibration (and the scenario key) refuses it with one line."""
+    prof = _profile(tmp_path)  # devices a and b
+    scn = _scenario(tmp_path, [{"id": "x", "lends": "2 GB"}, {"id": "y", "lends": "2 GB"}])
+    for args in (["simulate", str(scn), "--calibration", str(prof)],
+                 ["plan", str(scn), "--redeal", "--calibration", str(prof)],
+                 ["sweep", str(scn), "--calibration", str(prof), "--vary", "network.rtt=0ms,5ms", "--jobs", "1"],
+                 ["run", "--real", str(scn), "--calibration", str(prof)]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "Traceback" not in r.output and "none of this scenario's devices (x, y" in r.output, r.output
+    keyed = _scenario(tmp_path, [{"id": "x", "lends": "2 GB"}], f"calibration: {prof.name}")
+    r = CliRunner().invoke(app, ["simulate", str(keyed)])
+    assert r.exit_code == 2 and "none of this scenario's devices" in r.output, r.output
+
+
+def test_sweep_with_a_bad_profile_is_one_line_and_exit_2(tmp_path):
+    """sweep loaded the profile only in its workers: a missing or malformed file was a
+    CalibrationError traceback with exit 1."""
+    scn = _scenario(tmp_path, [{"id": "a", "lends": "2 GB"}])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("splitroom_profile: 1\ndevices: {a: {stage: [1, 2\n")
+    for path in (bad, tmp_path / "missing.yaml"):
+        r = CliRunner().invoke(app, ["sweep", str(scn), "--calibration", str(path), "--vary", "network.rtt=0ms,5ms",
+                                     "--jobs", "1"])
+        assert r.exit_code == 2, r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+        assert path.name in r.output
+
+
+def test_a_profile_window_of_zero_or_less_is_one_line_and_exit_2(tmp_path):
+    """transport.window_bytes: -1 passed the profile reader and was a ValueError
+    traceback in the simulator's link."""
+    scn = _scenario(tmp_path, [{"id": "a", "lends": "2 GB"}])
+    for w in (-1, 0):
+        prof = _profile(tmp_path, transport={"one_way_s": {2336: 0.002, 36896: 0.004}, "window_bytes": w})
+        r = CliRunner().invoke(app, ["simulate", str(scn), "--calibration", str(prof)])
+        assert r.exit_code == 2, r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+        assert "transport.window_bytes" in r.output
