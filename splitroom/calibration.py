@@ -57,6 +57,10 @@ def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], No
         except subprocess.TimeoutExpired:
             proc.kill()
             raise CalibrationError(f"the measurement ran past {timeout_s:.0f} s") from None
+        finally:  # Ctrl-C, or SIGINT to this process alone: never leave the child measuring
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         if rc != 0 or not out.exists():
             raise CalibrationError(last or f"the measurement exited with status {rc}")
         return json.loads(out.read_text())
