@@ -207,7 +207,7 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
         if k in given:
             v = given[k]
             if not _is_int(v) or v < 1:
-                raise _bad(f"{k} must be an integer >= 1, got {str(v)[:40]}", k)
+                raise _bad(f"{k} must be an integer >= 1, got {(repr(v) if isinstance(v, str) else str(v))[:40]}", k)
             if cap is not None and v != cap:
                 raise _bad("max_tokens and max_completion_tokens disagree; give one", k)
             cap = v

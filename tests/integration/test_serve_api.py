@@ -129,3 +129,12 @@ def test_mdns_candidates_are_removed_from_a_browser_offer():
     out = strip_mdns_candidates(offer)
     assert ".local" not in out and "192.168.1.5 54322" in out and "a=ice-ufrag:abcd" in out
     assert out.count("\r\n") == offer.count("\r\n") - 1
+
+
+def test_a_max_tokens_string_is_shown_quoted():
+    """max_tokens "5" (a string) was refused with 'got 5', which reads as if 5 were
+    refused; the message quotes it."""
+    e = refused({"model": M, "messages": MSG, "max_tokens": "5"}, "max_tokens")
+    assert e.message == "max_tokens must be an integer >= 1, got '5'"
+    e = refused({"model": M, "messages": MSG, "max_tokens": 0}, "max_tokens")
+    assert e.message == "max_tokens must be an integer >= 1, got 0"
