@@ -5,9 +5,7 @@ token the single-process greedy answer."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +15,12 @@ from runtime.generate import generate_greedy
 from runtime.tokenizer import ChatTokenizer
 from runtime.weights import ensure_safetensors
 from splitroom.join_cmd import JoinError, parse_layers, parse_room_url, plan_room
+from tests.joinroom import SPLITROOM, relay_room
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "What is the capital of France?"
 MAX_NEW = 10
-SPLITROOM = [sys.executable, "-c", "from splitroom.cli import main; main()"]
 
 
 def test_people_write_layers_1_based_inclusive():
@@ -52,15 +50,7 @@ def test_two_joined_devices_answer_like_one_process(tmp_path: Path):
     whole = make_stage("numpy", model_dir, StageSpec(0, 30, host=True))
     want = [t for t in generate_greedy([whole], tok.encode_chat(PROMPT), MAX_NEW).ids if t != 2]
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    procs = []
-    relay = subprocess.Popen(SPLITROOM + ["relay", "--host", "127.0.0.1", "--port", "0"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    procs.append(relay)
-    try:
-        line = relay.stdout.readline()  # "splitroom relay listening on ws://127.0.0.1:PORT/room/ROOM"
-        assert "listening on" in line, line
-        url = line.split("listening on ")[1].strip().replace("/room/ROOM", "/room/jointest")
+    with relay_room("jointest") as (url, env, procs):
         common = ["--address", "127.0.0.1", "--timeout", "50"]
         worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
                                   + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -75,16 +65,6 @@ def test_two_joined_devices_answer_like_one_process(tmp_path: Path):
         w_out, w_err = worker.communicate(timeout=10)  # the host's bye ends the worker
         assert host.returncode == 0, h_err
         assert worker.returncode == 0, w_err
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        if relay.stdout:
-            relay.stdout.close()
     got = json.loads(answers.read_text())
     assert got["stages"] == [["h", 0, 15], ["w", 15, 30]]
     (a,) = got["answers"]

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,12 +19,12 @@ from runtime.backends import StageSpec, make_stage
 from runtime.generate import generate_greedy
 from runtime.tokenizer import ChatTokenizer
 from runtime.weights import ensure_safetensors
+from tests.joinroom import SPLITROOM, relay_room
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "List the numbers from 1 to 30, separated by commas."
 MAX_NEW = 60
-SPLITROOM = [sys.executable, "-c", "from splitroom.cli import main; main()"]
 
 
 def test_a_joined_worker_killed_mid_answer_the_host_answers_like_one_process(tmp_path: Path):
@@ -34,15 +33,7 @@ def test_a_joined_worker_killed_mid_answer_the_host_answers_like_one_process(tmp
     whole = make_stage("numpy", model_dir, StageSpec(0, 30, host=True))
     want = [t for t in generate_greedy([whole], tok.encode_chat(PROMPT), MAX_NEW).ids if t != 2]
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    procs = []
-    relay = subprocess.Popen(SPLITROOM + ["relay", "--host", "127.0.0.1", "--port", "0"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    procs.append(relay)
-    try:
-        line = relay.stdout.readline()
-        assert "listening on" in line, line
-        url = line.split("listening on ")[1].strip().replace("/room/ROOM", "/room/recovery")
+    with relay_room("recovery") as (url, env, procs):
         common = ["--address", "127.0.0.1", "--timeout", "90"]
         w1 = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w1", "--layers", "11-20", "--peers", "h,w2"]
                               + common, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -66,16 +57,6 @@ def test_a_joined_worker_killed_mid_answer_the_host_answers_like_one_process(tmp
         w2_out, w2_err = w2.communicate(timeout=15)
         assert host.returncode == 0, h_err
         assert w2.returncode == 0, w2_err
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        if relay.stdout:
-            relay.stdout.close()
     got = json.loads(answers.read_text())
     (a,) = got["answers"]
     assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"

@@ -4,21 +4,18 @@ gets the greedy answer, and Ctrl-C on the host ends the room (its bye ends the w
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import openai
 import pytest
 
 from tests.integration.test_serve_room import FRANCE, MODEL, client, greedy  # noqa: F401
+from tests.joinroom import SPLITROOM, relay_room
 
 pytestmark = pytest.mark.slow
-
-SPLITROOM = [sys.executable, "-c", "from splitroom.cli import main; main()"]
 
 
 def _free_port() -> int:
@@ -28,15 +25,7 @@ def _free_port() -> int:
 
 
 def test_join_host_serves_the_api(greedy):  # noqa: F811
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    procs = []
-    relay = subprocess.Popen(SPLITROOM + ["relay", "--host", "127.0.0.1", "--port", "0"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    procs.append(relay)
-    try:
-        line = relay.stdout.readline()
-        assert "listening on" in line, line
-        url = line.split("listening on ")[1].strip().replace("/room/ROOM", "/room/servejoin")
+    with relay_room("servejoin") as (url, env, procs):
         port = _free_port()
         api = f"http://127.0.0.1:{port}"
         common = ["--address", "127.0.0.1", "--timeout", "100"]
@@ -74,8 +63,3 @@ def test_join_host_serves_the_api(greedy):  # noqa: F811
         host.send_signal(signal.SIGINT)
         assert host.wait(timeout=30) == 0
         assert worker.wait(timeout=30) == 0  # the host's bye
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
