@@ -124,7 +124,7 @@ def measure_passes(model_dir: str, backend: str = "numpy", tokens: Sequence[int]
             for ti, n in enumerate(tokens):
                 x = (rng.standard_normal((n, cfg.hidden)) * 0.1).astype(np.float32)
 
-                def one(x=x, c=c):
+                def one(x=x, c=c, stage=stage):
                     stage.forward(x, c)
                     stage.rollback(c)
                 one()  # warm-up
@@ -266,16 +266,12 @@ def measure_transport(hidden: int, token_counts: Sequence[int] = (1, 5, 9, 16), 
     """One-way seconds (median of ``n`` ping-pongs / 2) of residual frames of
     ``token_counts`` positions (float32, ``hidden`` wide) between two processes on
     loopback, and the transport's initial congestion window."""
-    from runtime.transport import DEFAULT_INITIAL_CWND_CHUNKS
+    from runtime.transport import INITIAL_WINDOW_BYTES
     sizes = [frame_bytes(t, hidden) for t in token_counts]
     res = asyncio.run(_ping_pong(sizes, n, warmup))
     return TransportProfile(Curve(tuple(float(s) for s in sizes),
                                   tuple(float(statistics.median(res[s])) for s in sizes)),
-                            window_bytes=float(DEFAULT_INITIAL_CWND_CHUNKS * SCTP_CHUNK_BYTES))
-
-
-#: user data per SCTP DATA chunk in aiortc (runtime/transport.py, tune_sctp)
-SCTP_CHUNK_BYTES = 1160
+                            window_bytes=float(INITIAL_WINDOW_BYTES))
 
 
 def machine_notes(backend: str) -> dict[str, str]:

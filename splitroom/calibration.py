@@ -21,7 +21,7 @@ from typing import Callable
 
 import yaml
 
-from planner.profile import DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
+from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
 from planner.room import Scenario
 
 __all__ = ["CalibrationError", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
@@ -71,7 +71,6 @@ def build_profile(scn: Scenario, measured: dict) -> Profile:
     that can hold layers gets the measured pass and head curves times its
     ``emulate.slowdown`` (1 when none); drafters and transport as measured."""
     stage = PassCurve.from_mapping(measured["stage"], "stage")
-    from planner.profile import Curve
     head = Curve.from_mapping(measured["head_s"], "head_s")
     devices = {}
     for d in scn.devices:

@@ -37,9 +37,6 @@ from planner.deal import Deal
 from planner.metrics import compute as compute_metrics
 from planner.room import Scenario
 
-#: user data per SCTP DATA chunk in aiortc (runtime/transport.py, tune_sctp)
-SCTP_CHUNK_BYTES = 1160
-
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.")
 
 
@@ -262,9 +259,9 @@ def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: i
     devices = tuple(_calibrated_device(d, scn, cal) for d in scn.devices)
     from planner.room import Jitter
     overhead = max(cal["hop_s"] - rtt_s / 2, 0.0)
-    from runtime.transport import DEFAULT_INITIAL_CWND_CHUNKS
+    from runtime.transport import INITIAL_WINDOW_BYTES
     net = dataclasses.replace(scn.network, rtt_s=rtt_s, hop_overhead_s=overhead, jitter=Jitter(), episodes=None,
-                              links=(), window_bytes=DEFAULT_INITIAL_CWND_CHUNKS * SCTP_CHUNK_BYTES)
+                              links=(), window_bytes=INITIAL_WINDOW_BYTES)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(prompt_tokens, 1), answer_tokens=max(answer_tokens, 1),
                              questions=questions, asked_by=())
     dec = scn.decoding

@@ -68,12 +68,13 @@ from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYT
 from .loopback import LoopbackHub, LoopbackTransport
 from .pacing import BULK_INFLIGHT_BYTES, BULK_PIECE_BYTES
 from .patches import (AIORTC_BURST_CHUNKS, AIORTC_INITIAL_CWND_CHUNKS, DEFAULT_INITIAL_CWND_CHUNKS,
-                      DEFAULT_MAX_BURST_CHUNKS, install_candidate_patch, tune_sctp)
+                      DEFAULT_MAX_BURST_CHUNKS, INITIAL_WINDOW_BYTES, SCTP_CHUNK_BYTES, install_candidate_patch,
+                      tune_sctp)
 from .webrtc import RtcTransport, connect_room, emulate_delay, remote_max_message_size
 
 __all__ = ["AIORTC_BURST_CHUNKS", "AIORTC_INITIAL_CWND_CHUNKS", "AIORTC_MAX_MESSAGE_SIZE", "BULK_INFLIGHT_BYTES",
            "BULK_PIECE_BYTES", "CHANNELS", "DEFAULT_INITIAL_CWND_CHUNKS", "DEFAULT_MAX_BURST_CHUNKS",
-           "DEFAULT_MAX_MESSAGE_BYTES_IN", "DEFAULT_REMOTE_MAX_MESSAGE_SIZE", "PIECE_HEADER_BYTES", "ChunkError",
+           "DEFAULT_MAX_MESSAGE_BYTES_IN", "DEFAULT_REMOTE_MAX_MESSAGE_SIZE", "INITIAL_WINDOW_BYTES", "PIECE_HEADER_BYTES", "SCTP_CHUNK_BYTES", "ChunkError",
            "Handler", "LoopbackHub", "LoopbackTransport", "Reassembler", "RtcTransport", "Transport",
            "TransportError", "connect_room", "emulate_delay", "encode_message", "install_candidate_patch",
            "remote_max_message_size", "tune_sctp"]

@@ -52,6 +52,10 @@ AIORTC_INITIAL_CWND_CHUNKS = 3
 #: Defaults applied by connect_room (measured in docs/transport.md).
 DEFAULT_MAX_BURST_CHUNKS = 32  # a 16-token prefill chunk (36.9 KB, 32 chunks) in one burst
 DEFAULT_INITIAL_CWND_CHUNKS = 10  # ~11.6 KB, like TCP's IW10 (RFC 6928)
+#: user data per SCTP DATA chunk in aiortc
+SCTP_CHUNK_BYTES = 1160
+#: the tuned transport's initial congestion window, bytes (what the simulator's links start from)
+INITIAL_WINDOW_BYTES = DEFAULT_INITIAL_CWND_CHUNKS * SCTP_CHUNK_BYTES
 _sctp_tuning: dict[str, int] = {"max_burst": AIORTC_BURST_CHUNKS, "initial_cwnd": AIORTC_INITIAL_CWND_CHUNKS}
 
 
