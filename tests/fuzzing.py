@@ -13,6 +13,8 @@ many more and writes them to a JSON file for docs/fuzzing.md.
 
 from __future__ import annotations
 
+import asyncio
+
 import contextlib
 import signal
 import time
@@ -434,7 +436,9 @@ def worker_node():
     cfg = NodeConfig.model_validate({
         "device": "w1", "host": "host", "stages": [["host", 0, 15], ["w1", 15, 30]],
         "scheduler": {"hidden": 576, "context": 2048}, "model_dir": "/nonexistent"})
-    return Node(cfg, None, _NullTransport())
+    node = Node(cfg, None, _NullTransport())
+    node.fuzz_loop = asyncio.new_event_loop()  # a device process handles frames inside its event loop
+    return node
 
 
 def try_frame(node, data: bytes) -> Outcome:
@@ -451,7 +455,10 @@ def try_frame(node, data: bytes) -> Outcome:
             except FrameError:
                 decoded = False
             before = node.rejected_frames
-            node._on_message("host", "residual", data)
+            async def handle() -> None:
+                node._on_message("host", "residual", data)
+                await asyncio.sleep(0)  # let the sends it started run (the transport drops them)
+            node.fuzz_loop.run_until_complete(handle())
             while not node.work.empty():  # nothing computes here: forget queued work
                 node.work.get_nowait()
             node.residual.clear()
