@@ -13,8 +13,21 @@ Each public call is one command buffer, one submit and at most one read-back:
   -> norm + head -> arg-max -> the new token's embedding -> the host's layers -> read the
   residual and the token id. On one device this is the whole decode step.
 
-Per layer, 6 dispatches: [norm+QKV], [RoPE + KV write], [attention], [O-proj + residual],
-[norm + gate/up + SwiGLU], [down + residual]. All activations are float32.
+Batches of tokens (prefill, verify laps) use 6 dispatches per layer: [norm+QKV], [RoPE + KV
+write], [attention], [O-proj + residual], [norm + gate/up + SwiGLU], [down + residual].
+
+One-token steps (decode) use 5, on adapters with subgroup operations (Vulkan 1.1 GPUs and
+lavapipe): [norm + QKV + RoPE + KV write] (:func:`wgsl.matvec_src` with ``rope``), [attention]
+(:func:`wgsl.attention1_src`), [O-proj + residual], [norm + gate/up + SwiGLU], [down + residual];
+the host's head step adds [norm + head] and [arg-max + next token's embedding]. Each output row
+is one subgroup's dot product (``subgroupAdd``), with no workgroup barrier. The passes are encoded
+from a list prepared at construction, calling wgpu-native directly (about 0.5 us per command
+instead of several through the Python wrappers).
+
+Weights are stored as ``weights_dtype``: ``float32``, ``float16`` (half the bytes) or ``int8``
+(Q8_0-like: blocks of 32 along each row share one scale, 1.125 B per weight); the kernels widen
+them to float32 as they load (:func:`wgsl.weight_decl`). Activations, norms, the KV cache and all
+sums are float32. :func:`dequantized` gives the float32 values a format stores, for references.
 """
 
 from __future__ import annotations
@@ -31,6 +44,40 @@ from .numpy_backend import rope_tables
 
 F32 = np.float32
 _DEVICE = None
+WEIGHT_DTYPES = wgsl.WEIGHT_FORMATS
+Q8_BLOCK = 32
+
+
+def quantize_q8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0-style quantization of ``a`` ``[rows, K]`` (K a multiple of 32) in blocks of 32 along K.
+
+    Per block (ggml's ``quantize_row_q8_0_ref``): ``d = max|x| / 127``, ``q = round(x / d)`` (halves away
+    from zero) in -127..127, ``d`` stored as float16 (so ``q * float32(float16(d))`` equals what
+    ``gguf.quants.dequantize`` gives for a Q8_0 tensor quantized by ggml).
+    Returns ``(q int8 [rows, K], d float32 [rows, K/32])``. Raises ValueError if K % 32 != 0.
+    """
+    a = np.asarray(a, dtype=F32)
+    if a.ndim != 2 or a.shape[1] % Q8_BLOCK:
+        raise ValueError(f"int8 weights need [rows, K] with K a multiple of {Q8_BLOCK}, got {a.shape}")
+    b = a.reshape(a.shape[0], -1, Q8_BLOCK)
+    d = np.abs(b).max(axis=-1) / F32(127.0)
+    inv = np.divide(F32(1.0), d, out=np.zeros_like(d), where=d != 0)
+    x = b * inv[..., None]
+    q = np.clip(np.sign(x) * np.floor(np.abs(x) + F32(0.5)), -127, 127).astype(np.int8)
+    return q.reshape(a.shape), d.astype(np.float16).astype(F32)
+
+
+def dequantized(a: np.ndarray, weights_dtype: str) -> np.ndarray:
+    """The float32 values the kernels see for ``a`` stored as ``weights_dtype`` (1-D tensors stay float32)."""
+    a = np.asarray(a, dtype=F32)
+    if weights_dtype == "float32" or a.ndim == 1:
+        return a
+    if weights_dtype == "float16":
+        return a.astype(np.float16).astype(F32)
+    if weights_dtype == "int8":
+        q, d = quantize_q8(a)
+        return (q.reshape(a.shape[0], -1, Q8_BLOCK).astype(F32) * d[..., None]).reshape(a.shape)
+    raise ValueError(f"unknown weights dtype {weights_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
 
 
 class WgpuUnavailable(RuntimeError):
@@ -64,7 +111,8 @@ def get_device():
         "max-buffer-size": lim["max-buffer-size"],
         "max-compute-workgroup-storage-size": min(lim["max-compute-workgroup-storage-size"], 32768),
     }
-    device = adapter.request_device_sync(required_limits=want)
+    feats = [f for f in ("subgroup", "timestamp-query", "timestamp-query-inside-passes") if f in adapter.features]
+    device = adapter.request_device_sync(required_features=feats, required_limits=want)
     _DEVICE = (adapter, device)
     return _DEVICE
 
@@ -72,6 +120,16 @@ def get_device():
 def adapter_summary() -> str:
     """Human-readable adapter name, e.g. ``llvmpipe (LLVM 15.0.6, 256 bits) (CPU) via Vulkan``."""
     return get_device()[0].summary
+
+
+def _mv_shape(name: str, default: tuple[int, int]) -> tuple[int, int]:
+    """``(threads per workgroup, rows per workgroup)`` of the one-token products, from
+    ``SPLITROOM_WGPU_<name>`` (``"128,4"``) if set: a tuning knob for benchmarks."""
+    v = os.environ.get(f"SPLITROOM_WGPU_{name}")
+    if not v:
+        return default
+    a, b = (int(x) for x in v.split(","))
+    return a, b
 
 
 class WgpuStage(Stage):
@@ -82,17 +140,23 @@ class WgpuStage(Stage):
         weights: ``{hf_name: float32}`` from :func:`runtime.weights.load_range`; consumed.
         max_ctx: KV cache positions (allocated up front: ``2 * kv_dim * 4 B`` per layer per position).
         max_tokens: largest ``n`` of one GPU step; longer inputs are split into several steps.
+        weights_dtype: how matrices are stored: ``float32``, ``float16`` or ``int8`` (see module doc).
     Raises:
         WgpuUnavailable: no Vulkan adapter.
-        ValueError: a weight exceeds the adapter's storage-buffer binding limit.
+        ValueError: a weight exceeds the adapter's storage-buffer binding limit, or an unknown
+            ``weights_dtype``, or int8 with a row length that is not a multiple of 32.
     """
 
-    def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048, max_tokens: int = 64) -> None:
+    def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048,
+                 max_tokens: int = 64, weights_dtype: str = "float32") -> None:
         import wgpu
 
         if not (0 <= spec.start <= spec.end <= cfg.n_layers):
             raise ValueError(f"layer range [{spec.start}, {spec.end}) outside [0, {cfg.n_layers})")
+        if weights_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"unknown weights dtype {weights_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
         self.cfg, self.spec, self.max_ctx, self.max_tokens = cfg, spec, int(max_ctx), int(max_tokens)
+        self.weights_dtype = fmt = weights_dtype
         self._wgpu = wgpu
         self.adapter, self.device = get_device()
         self._limit = self.adapter.limits["max-storage-buffer-binding-size"]
@@ -108,12 +172,26 @@ class WgpuStage(Stage):
 
         self.bytes_weights = 0
 
-        def wbuf(a):
-            a = np.ascontiguousarray(a, dtype=F32)
+        def upload(a):
+            a = np.ascontiguousarray(a)
             if a.nbytes > self._limit:
                 raise ValueError(f"tensor of {a.nbytes} B exceeds the storage binding limit {self._limit} B")
             self.bytes_weights += a.nbytes
             return dev.create_buffer_with_data(data=a, usage=U.STORAGE)
+
+        def vec(a):  # norms, tables: float32 whatever the format
+            return upload(np.asarray(a, dtype=F32))
+
+        def mat(*parts):
+            """Matrix (row blocks concatenated) in this stage's format -> [buffer, scales buffer or None]."""
+            a = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
+            a = np.asarray(a, dtype=F32)
+            if fmt == "float32":
+                return [upload(a), None]
+            if fmt == "float16":
+                return [upload(a.astype(np.float16)), None]
+            q, d = quantize_q8(a)
+            return [upload(q), upload(d * F32(127.0))]
 
         self.x = buf(T * H * 4)  # residual
         self.hx = buf(T * H * 4)  # head input
@@ -123,35 +201,51 @@ class WgpuStage(Stage):
         self.ids = dev.create_buffer(size=max(16, T * 4), usage=S)
         self.params = dev.create_buffer(size=16, usage=U.UNIFORM | U.COPY_DST)
         cos, sin = rope_tables(c, self.max_ctx)
-        self.rope = wbuf(np.concatenate([cos, sin], axis=1))
+        self.rope = vec(np.concatenate([cos, sin], axis=1))
         self.staging_size = T * max(H, V if spec.host else H) * 4 + 16
         self.staging = dev.create_buffer(size=self.staging_size, usage=U.MAP_READ | U.COPY_DST)
 
-        # pipelines: TB=1 for single-token steps, TB=8 for batches
+        # batch pipelines: TB=1 for single-token steps without subgroups, TB=8 for batches
         # TB -> (TB, R): output rows R per workgroup; SPLITROOM_WGPU_ROWS overrides R of the
-        # one-token kernels (4 by default; tuning knob for GPUs with many compute units)
+        # one-token kernels (4 by default)
         r1 = int(os.environ.get("SPLITROOM_WGPU_ROWS", "4"))
         self._variants = {1: (1, r1), 8: (8, 2)}
         mk = self._pipeline
-        self.p_qkv = {tb: mk(wgsl.matmul_src(H, self.qkv_w, r, tb, True, False, False, c.rms_eps)) for tb, r in self._variants.values()}
-        self.p_o = {tb: mk(wgsl.matmul_src(H, H, r, tb, False, True, False)) for tb, r in self._variants.values()}
-        self.p_gu = {tb: mk(wgsl.matmul_src(H, F, r, tb, True, False, True, c.rms_eps)) for tb, r in self._variants.values()}
-        self.p_d = {tb: mk(wgsl.matmul_src(F, H, r, tb, False, True, False)) for tb, r in self._variants.values()}
+        self.p_qkv = {tb: mk(wgsl.matmul_src(H, self.qkv_w, r, tb, True, False, False, c.rms_eps, fmt)) for tb, r in self._variants.values()}
+        self.p_o = {tb: mk(wgsl.matmul_src(H, H, r, tb, False, True, False, fmt=fmt)) for tb, r in self._variants.values()}
+        self.p_gu = {tb: mk(wgsl.matmul_src(H, F, r, tb, True, False, True, c.rms_eps, fmt)) for tb, r in self._variants.values()}
+        self.p_d = {tb: mk(wgsl.matmul_src(F, H, r, tb, False, True, False, fmt=fmt)) for tb, r in self._variants.values()}
         self.p_rope = mk(wgsl.rope_kv_src(NH, KV, D))
         self.p_att = mk(wgsl.attention_src(NH, KV, D))
         self.rope_groups = -(-((NH + KV) * D // 2 + KV * D) // 64)
 
+        # one-token (decode) pipelines: subgroup kernels, 5 dispatches per layer
+        self.fast = "subgroup" in self.device.features and os.environ.get("SPLITROOM_WGPU_FAST", "1") != "0"
+        if self.fast:
+            self.mv = _mv_shape("MV", (128, 4))
+            wgs, rr = self.mv
+            if (self.qkv_w // 2) % rr or H % rr or F % rr:
+                self.fast = False
+        if self.fast:
+            self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, rope=(NH, KV, D), eps=c.rms_eps))
+            self.f_o = mk(wgsl.matvec_src(H, H, rr, wgs, fmt, add=True))
+            self.f_gu = mk(wgsl.matvec_src(H, F, rr, wgs, fmt, norm=True, swiglu=True, eps=c.rms_eps))
+            self.f_d = mk(wgsl.matvec_src(F, H, rr, wgs, fmt, add=True))
+            chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
+            self.f_att = mk(wgsl.attention1_src(NH, KV, D, int(os.environ.get("SPLITROOM_WGPU_ATT", "256")), chunk))
+
         self.layers = []
+        self.plan1: list[tuple[str, object, object, int]] = []  # one-token layer passes: (label, pipeline, bind group, groups)
         w = weights
         for a in w.values():
             assert a.dtype == F32, "weights must be float32"
         for i in range(spec.start, spec.end):
             p = f"model.layers.{i}."
-            ln1, ln2 = wbuf(w.pop(p + "input_layernorm.weight")), wbuf(w.pop(p + "post_attention_layernorm.weight"))
-            wqkv = wbuf(np.concatenate([w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight"), w.pop(p + "self_attn.v_proj.weight")]))
-            wo = wbuf(w.pop(p + "self_attn.o_proj.weight"))
-            wg, wu = wbuf(w.pop(p + "mlp.gate_proj.weight")), wbuf(w.pop(p + "mlp.up_proj.weight"))
-            wd = wbuf(w.pop(p + "mlp.down_proj.weight"))
+            ln1, ln2 = vec(w.pop(p + "input_layernorm.weight")), vec(w.pop(p + "post_attention_layernorm.weight"))
+            wqkv = mat(w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight"), w.pop(p + "self_attn.v_proj.weight"))
+            wo = mat(w.pop(p + "self_attn.o_proj.weight"))
+            wg, wu = mat(w.pop(p + "mlp.gate_proj.weight")), mat(w.pop(p + "mlp.up_proj.weight"))
+            wd = mat(w.pop(p + "mlp.down_proj.weight"))
             kc, vc = buf(self.max_ctx * c.kv_dim * 4), buf(self.max_ctx * c.kv_dim * 4)
             L = {}
             for tb in self.p_qkv:
@@ -162,22 +256,42 @@ class WgpuStage(Stage):
             L["rope"] = self._bind(self.p_rope, {0: self.qkv, 1: kc, 2: vc, 3: self.rope, 4: self.params})
             L["att"] = self._bind(self.p_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params})
             self.layers.append(L)
+            if self.fast:
+                self.plan1 += [
+                    ("qkv_rope", self.f_qkv, self._bind(self.f_qkv, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, 6: kc, 7: vc, 8: self.rope}), self.qkv_w // 2 // rr),
+                    ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH),
+                    ("o_add", self.f_o, self._bind(self.f_o, {0: self.att, 1: wo, 2: self.x}), H // rr),
+                    ("gate_up", self.f_gu, self._bind(self.f_gu, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // rr),
+                    ("down_add", self.f_d, self._bind(self.f_d, {0: self.act, 1: wd, 2: self.x}), H // rr),
+                ]
 
         if spec.host:
             emb = w.pop(EMBED)
             head_w = emb if cfg.tie_embeddings else w.pop(LM_HEAD)
-            self.emb = wbuf(emb)
-            self.head_w = self.emb if cfg.tie_embeddings else wbuf(head_w)
+            self.emb = mat(emb)
+            self.head_w = self.emb if cfg.tie_embeddings else mat(head_w)
             del emb, head_w
-            norm = wbuf(w.pop(FINAL_NORM))
+            norm = vec(w.pop(FINAL_NORM))
             self.logits = buf(T * V * 4)
-            p_embed = mk(wgsl.embed_src(H))
-            self.p_head = {tb: mk(wgsl.matmul_src(H, V, r, tb, True, False, False, c.rms_eps)) for tb, r in self._variants.values()}
+            p_embed = mk(wgsl.embed_src(H, fmt))
+            self.p_head = {tb: mk(wgsl.matmul_src(H, V, r, tb, True, False, False, c.rms_eps, fmt)) for tb, r in self._variants.values()}
             p_arg = mk(wgsl.argmax_src(V))
             self.b_embed = (p_embed, self._bind(p_embed, {0: self.ids, 1: self.emb, 2: self.x, 3: self.params}))
             self.b_head = {tb: (self.p_head[tb], self._bind(self.p_head[tb], {0: self.hx, 1: self.head_w, 2: self.logits, 3: self.params, 4: norm})) for tb in self.p_head}
             self.b_arg = (p_arg, self._bind(p_arg, {0: self.logits, 1: self.ids}))
+            if self.fast:
+                hw, hr = _mv_shape("HEAD", (256, 8))
+                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fmt, norm=True, eps=c.rms_eps))
+                f_arg = mk(wgsl.argmax_embed_src(V, H, fmt))
+                # head on the uploaded residual (hx) or on the residual left in x by the last step
+                self.fhead_hx = ("head", f_head, self._bind(f_head, {0: self.hx, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)
+                self.fhead_x = ("head", f_head, self._bind(f_head, {0: self.x, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)
+                self.fargmax = ("argmax_embed", f_arg, self._bind(f_arg, {0: self.logits, 1: self.ids, 2: self.x, 3: self.emb}), 1)
         w.clear()
+        if self.fast:
+            from wgpu.backends.wgpu_native._ffi import ffi, lib
+
+            self._ffi, self._lib = ffi, lib
 
     # ------------------------------------------------------------------ plumbing
     def _pipeline(self, src: str):
@@ -185,13 +299,47 @@ class WgpuStage(Stage):
         return self.device.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
 
     def _bind(self, pipeline, buffers: dict):
-        entries = [{"binding": b, "resource": {"buffer": bf, "offset": 0, "size": bf.size}} for b, bf in sorted(buffers.items())]
+        """Bind group of ``{binding: buffer}``; a ``[matrix, scales]`` pair binds its scales at ``binding + 10``."""
+        flat = {}
+        for b, bf in buffers.items():
+            if isinstance(bf, list):
+                flat[b] = bf[0]
+                if bf[1] is not None:
+                    flat[b + 10] = bf[1]
+            else:
+                flat[b] = bf
+        entries = [{"binding": b, "resource": {"buffer": bf, "offset": 0, "size": bf.size}} for b, bf in sorted(flat.items())]
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
     def _tb(self, n: int) -> int:
         return 1 if n == 1 else 8
 
+    def _encode_plan(self, cp, plan, ts=None) -> None:
+        """Encode ``plan`` [(label, pipeline, bind group, groups)] through wgpu-native's C calls.
+        ``ts = (query_set, first_index)`` writes a timestamp after every dispatch (and one before)."""
+        lib, null, h = self._lib, self._ffi.NULL, cp._internal
+        setp, setb, disp = lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup, lib.wgpuComputePassEncoderDispatchWorkgroups
+        if ts is None:
+            last = None
+            for _, p, b, g in plan:
+                if p is not last:
+                    setp(h, p._internal)
+                    last = p
+                setb(h, 0, b._internal, 0, null)
+                disp(h, g, 1, 1)
+        else:
+            qs, q0 = ts
+            cp._write_timestamp(qs, q0)
+            for i, (_, p, b, g) in enumerate(plan):
+                setp(h, p._internal)
+                setb(h, 0, b._internal, 0, null)
+                disp(h, g, 1, 1)
+                cp._write_timestamp(qs, q0 + 1 + i)
+
     def _encode_layers(self, cp, n: int) -> None:
+        if n == 1 and self.fast:
+            self._encode_plan(cp, self.plan1)
+            return
         tb = self._tb(n)
         r = self._variants[tb][1]
         ty = -(-n // tb)
@@ -206,9 +354,12 @@ class WgpuStage(Stage):
 
     def _encode_embed(self, cp, n: int) -> None:
         p, b = self.b_embed
-        cp.set_pipeline(p); cp.set_bind_group(0, b); cp.dispatch_workgroups(-(-self.cfg.hidden // 64), n)  # noqa: E702
+        cp.set_pipeline(p); cp.set_bind_group(0, b); cp.dispatch_workgroups(-(-self.cfg.hidden // 256), n)  # noqa: E702
 
     def _encode_head(self, cp, n: int) -> None:
+        if n == 1 and self.fast:
+            self._encode_plan(cp, [self.fhead_hx])
+            return
         tb = self._tb(n)
         p, b = self.b_head[tb]
         cp.set_pipeline(p); cp.set_bind_group(0, b); cp.dispatch_workgroups(self.cfg.vocab // self._variants[tb][1], -(-n // tb))  # noqa: E702
@@ -297,20 +448,113 @@ class WgpuStage(Stage):
             outs.append(np.frombuffer(raw, F32).reshape(n, V))
         return np.concatenate(outs) if len(outs) > 1 else outs[0].copy()
 
+    def _encode_step(self, cp, from_x: bool) -> None:
+        """Head on the residual (``x`` left by the last step, or the uploaded ``hx``), arg-max + embed, layers."""
+        if self.fast:
+            self._encode_plan(cp, [self.fhead_x if from_x else self.fhead_hx, self.fargmax] + self.plan1)
+            return
+        self._encode_head(cp, 1)
+        pa, ba = self.b_arg
+        cp.set_pipeline(pa); cp.set_bind_group(0, ba); cp.dispatch_workgroups(1)  # noqa: E702
+        self._encode_embed(cp, 1)
+        self._encode_layers(cp, 1)
+
     def head_embed_forward(self, hidden: np.ndarray, first_pos: int) -> tuple[int, np.ndarray]:
         """One submit: head on ``hidden[-1]``, arg-max, embed it, this stage's layers at ``first_pos``."""
         self._require_host()
         x = check_hidden(hidden, self.cfg.hidden)
         self._check_pos(first_pos, 1)
         self.device.queue.write_buffer(self.hx, 0, np.ascontiguousarray(x[-1:]))
-
-        def enc(cp):
-            self._encode_head(cp, 1)
-            pa, ba = self.b_arg
-            cp.set_pipeline(pa); cp.set_bind_group(0, ba); cp.dispatch_workgroups(1)  # noqa: E702
-            self._encode_embed(cp, 1)
-            self._encode_layers(cp, 1)
-
-        raw_x, raw_id = self._run(1, first_pos, enc, [(self.x, self.cfg.hidden * 4), (self.ids, 4)])
+        raw_x, raw_id = self._run(1, first_pos, lambda cp: self._encode_step(cp, False), [(self.x, self.cfg.hidden * 4), (self.ids, 4)])
         self._pos = first_pos + 1
         return int(np.frombuffer(raw_id, np.uint32)[0]), np.frombuffer(raw_x, F32).reshape(1, self.cfg.hidden).copy()
+
+    def greedy_steps(self, hidden: np.ndarray, first_pos: int, steps: int, depth: int = 3) -> tuple[list[int], np.ndarray]:
+        """``steps`` greedy host steps on one device (the whole model here), pipelined: same result as
+        ``steps`` calls of :meth:`head_embed_forward` feeding each returned residual to the next.
+
+        Step ``i`` (head on the residual the last step left on the GPU, arg-max, embedding, layers
+        at ``first_pos + i``) is encoded and submitted while earlier steps run; only the token id
+        comes back (4 bytes), read ``depth - 1`` steps later, so the GPU never waits for Python.
+        Returns ``(ids [steps], last residual [1, hidden] float32)``.
+
+        Raises:
+            PositionError: positions outside the cache. RuntimeError: not the host, or this stage
+                does not hold every layer (the residual would have to leave the device each step).
+        """
+        self._require_host()
+        if not self.fast:  # no subgroup kernels: plain steps, each read back
+            out, h = [], hidden
+            for i in range(steps):
+                t, h = self.head_embed_forward(h, first_pos + i)
+                out.append(t)
+            return out, h
+        if self.spec.start != 0 or self.spec.end != self.cfg.n_layers:
+            raise RuntimeError("greedy_steps needs every layer on this stage; use head_embed_forward between stages")
+        x = check_hidden(hidden, self.cfg.hidden)
+        self._check_pos(first_pos, steps)
+        wgpu, q = self._wgpu, self.device.queue
+        if not hasattr(self, "_ring") or len(self._ring) < depth:
+            self._ring = [self.device.create_buffer(size=256, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST) for _ in range(depth)]
+        q.write_buffer(self.x, 0, np.ascontiguousarray(x[-1:]))
+        ids: list[int] = []
+        pending: list[int] = []
+
+        def collect():
+            i = pending.pop(0)
+            b = self._ring[i % depth]
+            b.map_sync(wgpu.MapMode.READ, 0, 256)
+            try:
+                ids.append(int(np.frombuffer(bytes(b.read_mapped(0, 4, copy=False)), np.uint32)[0]))
+            finally:
+                b.unmap()
+
+        for i in range(steps):
+            if len(pending) == depth:
+                collect()
+            q.write_buffer(self.params, 0, np.array([1, first_pos + i, 0, 0], np.uint32))
+            enc = self.device.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            self._encode_step(cp, True)
+            cp.end()
+            enc.copy_buffer_to_buffer(self.ids, 0, self._ring[i % depth], 0, 4)
+            q.submit([enc.finish()])
+            pending.append(i)
+            self._pos = first_pos + i + 1
+        while pending:
+            collect()
+        (raw,) = self._run(1, first_pos + steps - 1, lambda cp: None, [(self.x, self.cfg.hidden * 4)])
+        return ids, np.frombuffer(raw, F32).reshape(1, self.cfg.hidden).copy()
+
+    def kernel_times(self, first_pos: int, reps: int = 5) -> list[tuple[str, float]]:
+        """GPU time of each dispatch of one greedy step at ``first_pos`` (head, arg-max + embed, then
+        every layer's passes), from timestamp queries written between dispatches: ``[(label, us)]``,
+        the median over ``reps`` runs. Leaves the cache holding ``first_pos + 1`` positions' garbage
+        beyond :attr:`position` (roll back or overwrite). Needs the ``timestamp-query-inside-passes``
+        feature and the subgroup kernels. Timestamps are taken as nanoseconds (Vulkan's
+        ``timestampPeriod`` is 1 on NVIDIA and lavapipe; callers should check against wall time).
+        """
+        wgpu = self._wgpu
+        if not self.fast or "timestamp-query-inside-passes" not in self.device.features:
+            raise RuntimeError("kernel_times needs subgroup kernels and timestamp-query-inside-passes")
+        plan = [self.fhead_x, self.fargmax] + self.plan1
+        nq = len(plan) + 1
+        qs = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=nq)
+        res = self.device.create_buffer(size=nq * 8, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        rd = self.device.create_buffer(size=nq * 8, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        runs = []
+        for _ in range(reps):
+            self.device.queue.write_buffer(self.params, 0, np.array([1, first_pos, 0, 0], np.uint32))
+            enc = self.device.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            self._encode_plan(cp, plan, ts=(qs, 0))
+            cp.end()
+            enc.resolve_query_set(qs, 0, nq, res, 0)
+            enc.copy_buffer_to_buffer(res, 0, rd, 0, nq * 8)
+            self.device.queue.submit([enc.finish()])
+            rd.map_sync(wgpu.MapMode.READ, 0, nq * 8)
+            t = np.frombuffer(bytes(rd.read_mapped(0, nq * 8, copy=False)), np.uint64).astype(np.float64)
+            rd.unmap()
+            runs.append(np.diff(t) / 1e3)
+        med = np.median(np.array(runs), axis=0)
+        return [(lab, float(us)) for (lab, *_), us in zip(plan, med)]

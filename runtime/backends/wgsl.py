@@ -25,8 +25,9 @@ def _f(x: float) -> str:
     return repr(float(x))
 
 
-def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: bool, eps: float = 1e-5) -> str:
-    """Source of a (fused) matrix product kernel. K, N multiples of 4 and R. Dispatch ``(N/R, ceil(n/TB))``."""
+def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: bool, eps: float = 1e-5, fmt: str = "float32") -> str:
+    """Source of a (fused) matrix product kernel. K, N multiples of 4 and R. Dispatch ``(N/R, ceil(n/TB))``.
+    Weights in ``fmt`` (see :func:`weight_decl`)."""
     assert K % 4 == 0 and N % R == 0
     K4 = K // 4
     nacc = R * TB
@@ -34,13 +35,13 @@ def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: b
     ssoff = nacc * (2 if swiglu else 1)
     s = [PARAMS]
     s.append("@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;\n")
-    s.append("@group(0) @binding(1) var<storage, read> W: array<vec4<f32>>;\n")
+    s.append(weight_decl("W", 1, fmt))
     s.append("@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n")
     s.append("@group(0) @binding(3) var<uniform> P: Params;\n")
     if norm:
         s.append("@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;\n")
     if swiglu:
-        s.append("@group(0) @binding(5) var<storage, read> W2: array<vec4<f32>>;\n")
+        s.append(weight_decl("W2", 5, fmt))
     s.append(
         f"""
 const K4: u32 = {K4}u;
@@ -71,8 +72,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       xv[t] = v;
     }}
     for (var r = 0u; r < R; r++) {{
-      let w = W[(row0 + r) * K4 + k];
-      {"let w2 = W2[(row0 + r) * K4 + k];" if swiglu else ""}
+      let w = ld_W((row0 + r) * K4 + k);
+      {"let w2 = ld_W2((row0 + r) * K4 + k);" if swiglu else ""}
       for (var t = 0u; t < TB; t++) {{
         acc[r * TB + t] += dot(w, xv[t]);
         {"acc2[r * TB + t] += dot(w2, xv[t]);" if swiglu else ""}
@@ -231,20 +232,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
-def embed_src(Hd: int) -> str:
-    """``X[t, :] = E[IDS[t], :]``. Bindings: 0 IDS u32, 1 E ``[vocab, H]``, 2 X, 3 Params. Dispatch ``(ceil(H/64), n)``."""
-    return PARAMS + f"""
+def embed_src(Hd: int, fmt: str = "float32") -> str:
+    """``X[t, :] = E[IDS[t], :]``. Bindings: 0 IDS u32, 1 E ``[vocab, H]`` (``fmt``), 2 X, 3 Params.
+    Dispatch ``(ceil(H/4/64), n)``."""
+    return PARAMS + weight_decl("E", 1, fmt) + f"""
 @group(0) @binding(0) var<storage, read> IDS: array<u32>;
-@group(0) @binding(1) var<storage, read> E: array<f32>;
-@group(0) @binding(2) var<storage, read_write> X: array<f32>;
+@group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
 @group(0) @binding(3) var<uniform> P: Params;
-const HD: u32 = {Hd}u;
+const H4: u32 = {Hd // 4}u;
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
   let t = gid.y;
   let i = gid.x;
-  if (t >= P.n || i >= HD) {{ return; }}
-  X[t * HD + i] = E[IDS[t] * HD + i];
+  if (t >= P.n || i >= H4) {{ return; }}
+  X[t * H4 + i] = ld_E(IDS[t] * H4 + i);
 }}
 """
 
@@ -277,5 +278,286 @@ fn main(@builtin(local_invocation_index) lid: u32) {{
     workgroupBarrier();
   }}
   if (lid == 0u) {{ IDS[0] = bi[0]; }}
+}}
+"""
+
+
+# ---------------------------------------------------------------------------- weight formats
+#: weight storage formats the kernels read; every product still accumulates in float32.
+WEIGHT_FORMATS = ("float32", "float16", "int8")
+
+
+def weight_decl(name: str, binding: int, fmt: str) -> str:
+    """WGSL declarations of weight matrix ``name`` in ``fmt`` and a loader ``ld_<name>(i) -> vec4<f32>``
+    returning the ``i``-th group of 4 consecutive elements (row-major ``[rows, K]``, K a multiple of 4).
+
+    * ``float32``: ``array<vec4<f32>>``.
+    * ``float16``: IEEE half pairs packed in ``array<vec2<u32>>``, widened with ``unpack2x16float``
+      (core WGSL, no ``shader-f16`` feature needed).
+    * ``int8``: Q8_0-like blocks of 32 elements along K: int8 values in -127..127 packed 4 per u32,
+      one float32 scale ``d * 127`` per block at binding ``binding + 10``; the value is
+      ``unpack4x8snorm(q) * (d * 127) = q * d`` (``unpack4x8snorm`` gives ``q / 127``).
+    """
+    if fmt == "float32":
+        return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<f32>>;\n"
+                f"fn ld_{name}(i: u32) -> vec4<f32> {{ return {name}[i]; }}\n")
+    if fmt == "float16":
+        return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<vec2<u32>>;\n"
+                f"fn ld_{name}(i: u32) -> vec4<f32> {{ let p = {name}[i]; "
+                f"return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y)); }}\n")
+    if fmt == "int8":
+        return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n"
+                f"@group(0) @binding({binding + 10}) var<storage, read> {name}_s: array<f32>;\n"
+                f"fn ld_{name}(i: u32) -> vec4<f32> {{ return unpack4x8snorm({name}[i]) * {name}_s[i >> 3u]; }}\n")
+    raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+
+
+SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sgs: u32, "
+                     "@builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32")
+
+
+def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "float32", norm: bool = False, add: bool = False,
+               swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5) -> str:
+    """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
+
+    Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
+    ``subgroupAdd`` (no workgroup memory, no barrier). A workgroup of ``WGS`` threads owns ``R``
+    rows (or, with ``rope``, ``R`` row pairs); subgroups take them in turn, so any subgroup size works.
+    Fusions: RMSNorm of x (``norm``: sum of squares in the same loop, applied as a scale), residual
+    add (``add``), SwiGLU (``swiglu``: second matrix ``W2`` at binding 5, ``silu(a) * b``), and with
+    ``rope = (NH, KV, D)`` the QKV product finishes the layer's attention input: rows ``j`` and
+    ``j + D/2`` of a head are computed by one subgroup and rotated (rotate-half RoPE at position
+    ``first_pos``); Q goes to ``Y`` (``[NH*D]``), K and V straight into the caches (bindings 6, 7)
+    at ``first_pos``; tables at binding 8 (``[ctx, D]`` = cos | sin).
+    Bindings: 0 X ``[K]`` f32, 1 W ``[N, K]`` (``fmt``), 2 Y f32, 3 Params, 4 norm weight.
+    Dispatch ``(N / R,)`` (with ``rope``: ``(N / 2 / R,)``).
+    """
+    assert K % 4 == 0 and N % R == 0 and not (swiglu and rope)
+    K4 = K // 4
+    s = [PARAMS]
+    s.append("@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;\n")
+    s.append(weight_decl("W", 1, fmt))
+    s.append("@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n")
+    s.append("@group(0) @binding(3) var<uniform> P: Params;\n")
+    if norm:
+        s.append("@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;\n")
+    if swiglu:
+        s.append(weight_decl("W2", 5, fmt))
+    if rope:
+        NH, KV, D = rope
+        assert N == (NH + 2 * KV) * D and (N // 2) % R == 0
+        s.append("@group(0) @binding(6) var<storage, read_write> KC: array<f32>;\n")
+        s.append("@group(0) @binding(7) var<storage, read_write> VC: array<f32>;\n")
+        s.append("@group(0) @binding(8) var<storage, read> ROPE: array<f32>;\n")
+        s.append(f"const NH: u32 = {NH}u;\nconst KV: u32 = {KV}u;\nconst D: u32 = {D}u;\nconst HALF: u32 = {D // 2}u;\n"
+                 f"const KVD: u32 = {KV * D}u;\n")
+    s.append(f"const K4: u32 = {K4}u;\nconst R: u32 = {R}u;\nconst EPS: f32 = {_f(eps)};\n")
+    two = swiglu or rope
+    body = [f"""
+@compute @workgroup_size({WGS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
+  for (var r = sg; r < R; r += nsg) {{
+    let u = wid.x * R + r;"""]
+    if rope:
+        body.append("""
+    let head = u / HALF;
+    let j = u % HALF;
+    let row = head * D + j;
+    let row2 = row + HALF;""")
+    else:
+        body.append("\n    let row = u;")
+    body.append("""
+    var a = 0.0;
+    var b = 0.0;
+    var ss = 0.0;
+    for (var k = lane; k < K4; k += sgs) {
+      var xv = X[k];""")
+    if norm:
+        body.append("\n      ss += dot(xv, xv);\n      xv = xv * NW[k];")
+    body.append("\n      a += dot(ld_W(row * K4 + k), xv);")
+    if swiglu:
+        body.append("\n      b += dot(ld_W2(row * K4 + k), xv);")
+    if rope:
+        body.append("\n      b += dot(ld_W(row2 * K4 + k), xv);")
+    body.append("\n    }\n    a = subgroupAdd(a);")
+    if two:
+        body.append("\n    b = subgroupAdd(b);")
+    if norm:
+        body.append("\n    ss = subgroupAdd(ss);")
+    body.append("\n    if (lane == 0u) {")
+    if norm:
+        body.append("\n      let sc = 1.0 / sqrt(ss / f32(K4 * 4u) + EPS);\n      a = a * sc;")
+        if two:
+            body.append("\n      b = b * sc;")
+    if swiglu:
+        body.append("\n      Y[row] = (a / (1.0 + exp(-a))) * b;")
+    elif rope:
+        body.append("""
+      let pos = P.first_pos;
+      if (head < NH + KV) {
+        let c = ROPE[pos * D + j];
+        let s = ROPE[pos * D + HALF + j];
+        let y1 = a * c - b * s;
+        let y2 = b * c + a * s;
+        if (head < NH) {
+          Y[row] = y1;
+          Y[row2] = y2;
+        } else {
+          let kb = pos * KVD + (head - NH) * D + j;
+          KC[kb] = y1;
+          KC[kb + HALF] = y2;
+        }
+      } else {
+        let vb = pos * KVD + (head - NH - KV) * D + j;
+        VC[vb] = a;
+        VC[vb + HALF] = b;
+      }""")
+    elif add:
+        body.append("\n      Y[row] = Y[row] + a;")
+    else:
+        body.append("\n      Y[row] = a;")
+    body.append("\n    }\n  }\n}\n")
+    return "".join(s) + "".join(body)
+
+
+def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048) -> str:
+    """One-token causal GQA attention (decode): one workgroup of ``WGS`` threads per query head.
+
+    Keys are taken in chunks of ``CH`` with the running-max softmax across chunks. Within a
+    chunk: each thread scores whole keys (vec4 loads of K), the chunk max and sum meet through
+    ``subgroupMax``/``subgroupAdd`` and workgroup memory, then ``WGS / D`` slices of threads
+    accumulate ``p_j * V[j, d]`` (thread ``d`` of a slice reads dim ``d``: coalesced) and are summed.
+    Bindings: 0 QKV (Q rotated, ``[NH*D]`` first), 1 KC, 2 VC ``[ctx, KV*D]``, 3 O ``[NH*D]``, 4 Params.
+    Dispatch ``(NH,)``; query position ``first_pos`` sees keys ``0..first_pos``.
+    """
+    import math
+
+    assert WGS % D == 0 and D % 4 == 0
+    D4 = D // 4
+    return PARAMS + f"""
+@group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> VC: array<f32>;
+@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+@group(0) @binding(4) var<uniform> P: Params;
+const G: u32 = {NH // KV}u;
+const D: u32 = {D}u;
+const D4: u32 = {D4}u;
+const KVD: u32 = {KV * D}u;
+const KVD4: u32 = {KV * D4}u;
+const WGS: u32 = {WGS}u;
+const SL: u32 = {WGS // D}u;
+const CH: u32 = {CH}u;
+const SCALE: f32 = {_f(1.0 / math.sqrt(D))};
+var<workgroup> sc: array<f32, {CH}>;
+var<workgroup> red: array<f32, {WGS}>;
+var<workgroup> part: array<f32, {WGS}>;
+
+fn wg_max(v: f32, lane: u32, sg: u32, nsg: u32) -> f32 {{
+  let m = subgroupMax(v);
+  if (lane == 0u) {{ red[sg] = m; }}
+  workgroupBarrier();
+  var r = red[0];
+  for (var i = 1u; i < nsg; i++) {{ r = max(r, red[i]); }}
+  workgroupBarrier();
+  return r;
+}}
+
+fn wg_sum(v: f32, lane: u32, sg: u32, nsg: u32) -> f32 {{
+  let m = subgroupAdd(v);
+  if (lane == 0u) {{ red[sg] = m; }}
+  workgroupBarrier();
+  var r = 0.0;
+  for (var i = 0u; i < nsg; i++) {{ r += red[i]; }}
+  workgroupBarrier();
+  return r;
+}}
+
+@compute @workgroup_size({WGS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
+  let h = wid.x;
+  let kvo4 = (h / G) * D4;
+  let kvo = (h / G) * D;
+  let T = P.first_pos + 1u;
+  var q: array<vec4<f32>, {D4}>;
+  for (var e = 0u; e < D4; e++) {{ q[e] = QKV[h * D4 + e] * SCALE; }}
+  let d = lid % D;
+  let sl = lid / D;
+  var m = -1e30;
+  var l = 0.0;
+  var acc = 0.0;
+  for (var c0 = 0u; c0 < T; c0 += CH) {{
+    let cn = min(CH, T - c0);
+    var lmax = -1e30;
+    for (var j = lid; j < cn; j += WGS) {{
+      let kb = (c0 + j) * KVD4 + kvo4;
+      var s = 0.0;
+      for (var e = 0u; e < D4; e++) {{ s += dot(q[e], KC[kb + e]); }}
+      sc[j] = s;
+      lmax = max(lmax, s);
+    }}
+    let nm = max(m, wg_max(lmax, lane, sg, nsg));
+    var lsum = 0.0;
+    for (var j = lid; j < cn; j += WGS) {{
+      let p = exp(sc[j] - nm);
+      sc[j] = p;
+      lsum += p;
+    }}
+    let csum = wg_sum(lsum, lane, sg, nsg);
+    let corr = exp(m - nm);
+    var a = 0.0;
+    for (var j = sl; j < cn; j += SL) {{ a += sc[j] * VC[(c0 + j) * KVD + kvo + d]; }}
+    acc = acc * corr + a;
+    l = l * corr + csum;
+    m = nm;
+    workgroupBarrier();
+  }}
+  part[lid] = acc;
+  workgroupBarrier();
+  if (lid < D) {{
+    var o = 0.0;
+    for (var i = 0u; i < SL; i++) {{ o += part[i * D + lid]; }}
+    O[h * D + lid] = o / l;
+  }}
+}}
+"""
+
+
+def argmax_embed_src(V: int, Hd: int, fmt: str = "float32", WGS: int = 1024) -> str:
+    """Arg-max of logits ``L[0, :V]`` (lowest id on ties) into ``IDS[0]``, and that token's embedding
+    row into ``X[0, :]`` (the next step's residual), in one workgroup.
+    Bindings: 0 L, 1 IDS (rw u32), 2 X (rw), 3 E ``[V, Hd]`` (``fmt``). Dispatch ``(1,)``.
+    """
+    assert Hd % 4 == 0
+    return weight_decl("E", 3, fmt) + f"""
+@group(0) @binding(0) var<storage, read> L: array<f32>;
+@group(0) @binding(1) var<storage, read_write> IDS: array<u32>;
+@group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
+const V: u32 = {V}u;
+const H4: u32 = {Hd // 4}u;
+const WGS: u32 = {WGS}u;
+var<workgroup> bv: array<f32, {WGS}>;
+var<workgroup> bi: array<u32, {WGS}>;
+@compute @workgroup_size({WGS})
+fn main(@builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
+  var best = -3.4e38;
+  var idx = 0xffffffffu;
+  for (var i = lid; i < V; i += WGS) {{
+    let v = L[i];
+    if (v > best || idx == 0xffffffffu) {{ best = v; idx = i; }}
+  }}
+  let sm = subgroupMax(best);
+  let si = subgroupMin(select(0xffffffffu, idx, best == sm));
+  if (lane == 0u) {{ bv[sg] = sm; bi[sg] = si; }}
+  workgroupBarrier();
+  var b = bv[0];
+  var t = bi[0];
+  for (var i = 1u; i < nsg; i++) {{
+    let ov = bv[i];
+    let oi = bi[i];
+    if (ov > b || (ov == b && oi < t)) {{ b = ov; t = oi; }}
+  }}
+  if (lid == 0u) {{ IDS[0] = t; }}
+  for (var k = lid; k < H4; k += WGS) {{ X[k] = ld_E(t * H4 + k); }}
 }}
 """
