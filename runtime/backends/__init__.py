@@ -2,7 +2,9 @@
 
 * ``numpy`` (:mod:`runtime.backends.numpy_backend`): the float32 reference.
 * ``wgpu`` (:mod:`runtime.backends.wgpu_backend`): WGSL compute shaders through the ``wgpu``
-  package (Vulkan: Mesa lavapipe on CPUs, vendor drivers on GPUs).
+  package (Vulkan: Mesa lavapipe on CPUs, vendor drivers on GPUs). It computes the Llama
+  layout with tied or untied heads and any RoPE scaling (it reads the numpy backend's RoPE
+  table); :func:`wgpu_unsupported` names what it lacks, and :func:`make_stage` refuses it.
 
 Use :func:`make_stage` to build either by name.
 """
@@ -16,6 +18,28 @@ from .base import Stage, StageSpec
 BACKENDS = ("numpy", "wgpu")
 
 
+def wgpu_unsupported(cfg) -> list[str]:
+    """The features of ``cfg`` (a :class:`runtime.config.ModelConfig`) the wgpu backend does
+    not compute, in words; empty when it runs the model. Its kernels (runtime/backends/wgsl.py)
+    have no q/k/v or output biases, no q/k norms, no sliding window, take the attention width
+    ``n_heads * head_dim`` equal to ``hidden``, and need widths that are multiples of 4."""
+    out = []
+    if cfg.qkv_bias:
+        out.append("q/k/v biases (Qwen2)")
+    if cfg.o_bias:
+        out.append("an output-projection bias")
+    if cfg.qk_norm:
+        out.append("q/k norms (Qwen3)")
+    if cfg.sliding_window:
+        out.append(f"a sliding attention window ({cfg.sliding_window})")
+    if cfg.q_dim != cfg.hidden:
+        out.append(f"an attention width n_heads*head_dim = {cfg.q_dim} other than hidden {cfg.hidden}")
+    odd = [f"{k} {v}" for k, v in (("hidden", cfg.hidden), ("ffn", cfg.ffn), ("vocab", cfg.vocab)) if v % 4]
+    if odd:
+        out.append("widths not a multiple of 4 (" + ", ".join(odd) + ")")
+    return out
+
+
 def make_stage(
     backend: str,
     model_dir: Path | str,
@@ -27,11 +51,15 @@ def make_stage(
 
     Raises:
         ValueError: unknown backend or layer range.
+        UnsupportedModel: the backend does not compute a feature of the model (one line naming it).
     """
-    from ..config import ModelConfig
+    from ..config import ModelConfig, UnsupportedModel
     from ..weights import load_range
 
     cfg = ModelConfig.load(model_dir)
+    if backend == "wgpu" and wgpu_unsupported(cfg):
+        raise UnsupportedModel(f"the wgpu backend does not compute {'; '.join(wgpu_unsupported(cfg))} "
+                               f"of {cfg.name or cfg.arch}; use --backend numpy")
     weights = load_range(model_dir, spec.start, spec.end, with_embedding=spec.host, with_head=spec.host)
     if backend == "numpy":
         from .numpy_backend import NumpyStage
@@ -44,4 +72,4 @@ def make_stage(
     raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "Stage", "StageSpec", "make_stage"]
+__all__ = ["BACKENDS", "Stage", "StageSpec", "make_stage", "wgpu_unsupported"]

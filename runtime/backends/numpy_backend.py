@@ -1,6 +1,7 @@
-"""Reference float32 Llama forward in numpy, for one layer range.
+"""Reference float32 forward of a Llama-family decoder in numpy, for one layer range.
 
-Algorithm (the Hugging Face ``transformers`` ``LlamaForCausalLM`` forward, re-derived):
+Algorithm (the Hugging Face ``transformers`` ``LlamaForCausalLM`` forward, re-derived, with the
+``Mistral``/``Qwen2``/``Qwen3`` variations switched on by :class:`runtime.config.ModelConfig`):
 
 * RMSNorm: ``y = x / sqrt(mean(x**2) + eps) * w`` (Zhang & Sennrich 2019).
 * RoPE, rotate-half form (Su et al. 2021; HF ``apply_rotary_pos_emb``): for head dim ``D``,
@@ -9,14 +10,19 @@ Algorithm (the Hugging Face ``transformers`` ``LlamaForCausalLM`` forward, re-de
 * Grouped-query attention (Ainslie et al. 2023): query head ``h`` reads KV head
   ``h // (n_heads / n_kv_heads)``; causal mask; scale ``1/sqrt(D)``; softmax in float32.
 * SwiGLU MLP (Shazeer 2020): ``down(silu(gate(x)) * up(x))``.
-* Residual adds around attention and MLP; final RMSNorm; tied output head ``logits = y @ E^T``.
+* Residual adds around attention and MLP; final RMSNorm; output head ``logits = y @ W^T`` with
+  ``W`` the checkpoint's ``lm_head`` or, tied, the embedding ``E``.
+* Variations: q/k/v (and o) biases added after the projections (Qwen2); an RMSNorm over each
+  head of q and k before RoPE (Qwen3, weights ``[head_dim]``); RoPE inverse frequencies scaled
+  (:func:`runtime.config.rope_inv_freq`: linear, Llama 3); keys more than ``sliding_window``
+  positions back masked (Mistral v0.1: query ``i`` sees key ``j`` when ``i - window < j <= i``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import ModelConfig, rope_inv_freq
 from ..weights import EMBED, FINAL_NORM, LM_HEAD
 from .base import Stage, StageSpec, check_hidden, check_ids
 
@@ -26,10 +32,10 @@ F32 = np.float32
 def rope_tables(cfg: ModelConfig, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
     """``cos``, ``sin`` tables ``[n_pos, head_dim // 2]`` float32 for positions ``0..n_pos-1``.
 
-    Angles are computed in float64 (``pos * theta**(-2i/D)``) and rounded once to float32.
+    Angles are computed in float64 (``pos * inv_freq``, :func:`runtime.config.rope_inv_freq`,
+    which applies the config's RoPE scaling) and rounded once to float32.
     """
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    inv_freq = rope_inv_freq(cfg)
     ang = np.arange(n_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(ang).astype(F32), np.sin(ang).astype(F32)
 
@@ -56,16 +62,20 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 class _Layer:
-    __slots__ = ("ln1", "wqkv", "wo", "ln2", "wgu", "wd", "k", "v")
+    __slots__ = ("ln1", "wqkv", "bqkv", "wo", "bo", "qn", "kn", "ln2", "wgu", "wd", "k", "v")
 
-    def __init__(self, w: dict[str, np.ndarray], i: int) -> None:
+    def __init__(self, w: dict[str, np.ndarray], i: int, cfg: ModelConfig) -> None:
         p = f"model.layers.{i}."
+        a = p + "self_attn."
         self.ln1 = w.pop(p + "input_layernorm.weight")
         self.ln2 = w.pop(p + "post_attention_layernorm.weight")
-        self.wqkv = np.concatenate(
-            [w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight"), w.pop(p + "self_attn.v_proj.weight")]
-        )
-        self.wo = w.pop(p + "self_attn.o_proj.weight")
+        self.wqkv = np.concatenate([w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"), w.pop(a + "v_proj.weight")])
+        self.bqkv = (np.concatenate([w.pop(a + "q_proj.bias"), w.pop(a + "k_proj.bias"), w.pop(a + "v_proj.bias")])
+                     if cfg.qkv_bias else None)
+        self.wo = w.pop(a + "o_proj.weight")
+        self.bo = w.pop(a + "o_proj.bias") if cfg.o_bias else None
+        self.qn = w.pop(a + "q_norm.weight") if cfg.qk_norm else None
+        self.kn = w.pop(a + "k_norm.weight") if cfg.qk_norm else None
         self.wgu = np.concatenate([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
         self.wd = w.pop(p + "mlp.down_proj.weight")
         self.k: np.ndarray | None = None  # [n_kv, capacity, D]
@@ -91,12 +101,12 @@ class NumpyStage(Stage):
         w = weights  # consumed: each tensor is popped so its memory can go once fused
         for a in w.values():
             assert a.dtype == F32, "weights must be float32"
-        self.layers = [_Layer(w, i) for i in range(spec.start, spec.end)]
+        self.layers = [_Layer(w, i, cfg) for i in range(spec.start, spec.end)]
         self.embedding = self.norm = self.lm_head = None
         if spec.host:
             self.embedding = w.pop(EMBED)
             self.norm = w.pop(FINAL_NORM)
-            self.lm_head = w.pop(LM_HEAD, None) if not cfg.tie_embeddings else self.embedding
+            self.lm_head = self.embedding if cfg.tie_embeddings else w.pop(LM_HEAD)
         w.clear()
         self.cos, self.sin = rope_tables(cfg, self.max_ctx)
         self._pos = 0
@@ -147,8 +157,13 @@ class NumpyStage(Stage):
 
         h = rms_norm(x, L.ln1, c.rms_eps)
         qkv = h @ L.wqkv.T  # [n, (H + 2KV) * D]
-        q = apply_rope(qkv[:, : H * D].reshape(n, H, D), cos, sin)
-        k = apply_rope(qkv[:, H * D : (H + KV) * D].reshape(n, KV, D), cos, sin)
+        if L.bqkv is not None:
+            qkv = qkv + L.bqkv
+        q = qkv[:, : H * D].reshape(n, H, D)
+        k = qkv[:, H * D : (H + KV) * D].reshape(n, KV, D)
+        if L.qn is not None:
+            q, k = rms_norm(q, L.qn, c.rms_eps), rms_norm(k, L.kn, c.rms_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = qkv[:, (H + KV) * D :].reshape(n, KV, D)
         self._ensure_cache(L, T)
         L.k[:, p0:T] = k.transpose(1, 0, 2)
@@ -159,13 +174,17 @@ class NumpyStage(Stage):
         scores = (qg @ K.transpose(0, 2, 1)) * F32(1.0 / np.sqrt(D))  # [KV, G*n, T]
         scores = scores.reshape(KV, G, n, T)
         # causal: query i (position p0+i) sees keys j <= p0+i
-        mask = np.arange(T)[None, :] > (p0 + np.arange(n))[:, None]
+        qpos = (p0 + np.arange(n))[:, None]
+        mask = np.arange(T)[None, :] > qpos
+        if c.sliding_window:
+            mask |= np.arange(T)[None, :] <= qpos - c.sliding_window
         scores = np.where(mask, F32(-np.inf), scores)
         scores = scores - scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
         o = (p.reshape(KV, G * n, T) @ V).reshape(KV, G, n, D).transpose(2, 0, 1, 3).reshape(n, H * D)
-        x = x + o @ L.wo.T
+        o = o @ L.wo.T
+        x = x + (o + L.bo if L.bo is not None else o)
 
         h = rms_norm(x, L.ln2, c.rms_eps)
         gu = h @ L.wgu.T
