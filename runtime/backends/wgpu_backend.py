@@ -220,7 +220,11 @@ class WgpuStage(Stage):
         self.rope_groups = -(-((NH + KV) * D // 2 + KV * D) // 64)
 
         # one-token (decode) pipelines: subgroup kernels, 5 dispatches per layer
-        self.fast = "subgroup" in self.device.features and os.environ.get("SPLITROOM_WGPU_FAST", "1") != "0"
+        # lavapipe runs these kernels about 2x slower than the batch ones (CPU "subgroups" are SIMD
+        # lanes of one thread), so CPU adapters keep the batch kernels unless SPLITROOM_WGPU_FAST=1
+        want = os.environ.get("SPLITROOM_WGPU_FAST", "auto")
+        cpu = str(self.adapter.info.get("adapter_type", "")).lower() == "cpu"
+        self.fast = "subgroup" in self.device.features and (want == "1" or (want == "auto" and not cpu))
         if self.fast:
             self.mv = _mv_shape("MV", (128, 4))
             wgs, rr = self.mv

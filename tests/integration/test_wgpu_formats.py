@@ -47,13 +47,19 @@ def rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.fixture(scope="module", params=["float32", "float16", "int8"])
+@pytest.fixture(scope="module", params=[(f, k) for f in ("float32", "float16", "int8") for k in ("1", "0")],
+                ids=lambda p: f"{p[0]}-{'subgroup' if p[1] == '1' else 'batch'}-kernels")
 def pair(request):
-    fmt = request.param
+    fmt, fast = request.param
     w = weights(7)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPLITROOM_WGPU_FAST", fast)
+    request.addfinalizer(mp.undo)
     ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), {k: wgpu_backend.dequantized(v, fmt) for k, v in w.items()}, max_ctx=96)
     try:
         gpu = wgpu_backend.WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), w, max_ctx=96, weights_dtype=fmt)
+        if fast == "1" and not gpu.fast:
+            pytest.skip("adapter without subgroup operations")
     except wgpu_backend.WgpuUnavailable as e:
         pytest.skip(str(e))
     return fmt, gpu, ref
@@ -119,6 +125,7 @@ def test_greedy_steps_equal_stepwise_and_reference(pair):
 def test_attention_over_several_chunks(monkeypatch):
     """Context 70 > chunk 16: the running-max softmax across chunks."""
     monkeypatch.setenv("SPLITROOM_WGPU_ATT_CHUNK", "16")
+    monkeypatch.setenv("SPLITROOM_WGPU_FAST", "1")
     w = weights(9)
     gpu = wgpu_backend.WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=96)
     ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), w, max_ctx=96)
