@@ -8,8 +8,10 @@ Both drivers append every event and command, with its time, to the same JSONL tr
 
 Token ids are plain ints; positions are 0-based indices into a question's sequence
 (prompt then answer). The scheduler never computes logits: the host's output head
-reports its greedy predictions in :class:`HeadFinished`, and the scheduler accepts the
-longest prefix of drafts that agree with them.
+reports one token per row in :class:`HeadFinished` (the argmax, or under sampling the
+token drawn with the uniforms the scheduler put in :class:`RunHead`; see
+:mod:`planner.sampling`), and the scheduler keeps the longest prefix of drafts that
+agree with them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from enum import StrEnum
 from typing import Union
 
 from planner.frames import FrameHeader
+from planner.sampling import Sampling
 
 
 class LapKind(StrEnum):
@@ -47,12 +50,14 @@ class ReturnPath(StrEnum):
 
 @dataclass(frozen=True)
 class QuestionAsked:
-    """``device`` asked a question: ``prompt`` token ids, answer at most ``max_new_tokens``."""
+    """``device`` asked a question: ``prompt`` token ids, answer at most ``max_new_tokens``,
+    decoded with ``sampling`` (None: the room's, :attr:`SchedulerConfig.sampling`)."""
 
     question_id: int
     device: str
     prompt: tuple[int, ...]
     max_new_tokens: int
+    sampling: Sampling | None = None
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,10 @@ class FrameArrived:
 
 @dataclass(frozen=True)
 class HeadFinished:
-    """The host's output head ran on lap ``lap_id``: ``predictions[i]`` is the greedy
-    next token after the lap's i-th input position (as many as RunHead.rows)."""
+    """The host's output head ran on lap ``lap_id``: ``predictions[i]`` is the next
+    token after the lap's i-th input position (as many as RunHead.rows): the argmax, or
+    under sampling the token :func:`planner.sampling.head_tokens` picked with that row's
+    uniforms."""
 
     lap_id: int
     predictions: tuple[int, ...]
@@ -117,6 +124,18 @@ class QuestionWithdrawn:
     next one begins. An unknown or finished question: nothing."""
 
     question_id: int
+
+
+@dataclass(frozen=True)
+class LapFailed:
+    """Lap ``lap_id``'s residual went bad at ``device``: a NaN or an infinity in what
+    ``device`` computed or sent (``reason`` says which and how many). The question the
+    lap belongs to fails (:class:`Refuse` with a reason naming ``device``); the room
+    goes on with the next question. A lap that is unknown or stale: nothing."""
+
+    lap_id: int
+    device: str
+    reason: str
 
 
 # --- commands ---------------------------------------------------------------------
@@ -161,11 +180,16 @@ class SendFrame:
 @dataclass(frozen=True)
 class RunHead:
     """On the host: final norm and output head on the last ``rows`` rows of lap
-    ``lap_id``'s returned residual, greedy predictions out (report HeadFinished)."""
+    ``lap_id``'s returned residual, one token per row out (report HeadFinished): the
+    argmax when ``sampling`` is None, else drawn as :func:`planner.sampling.head_tokens`
+    does with ``uniforms[i]`` (the ``(u, v)`` pair of the answer token row ``i``
+    decides) for row ``i``."""
 
     lap_id: int
     question_id: int
     rows: int
+    sampling: Sampling | None = None
+    uniforms: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,14 +307,14 @@ class Computed:
 
 
 EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
-          QuestionWithdrawn)
+          QuestionWithdrawn, LapFailed)
 RECORDS = (Computed,)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
             LapEnded, AnswerDone, Refuse, Redeal)
 
 #: Anything a driver feeds to :meth:`planner.chain.Chain.handle` (or a machine).
 Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
-              QuestionWithdrawn]
+              QuestionWithdrawn, LapFailed]
 #: Anything a machine returns for a driver to carry out.
 Command = Union[BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
                 LapEnded, AnswerDone, Refuse, Redeal]

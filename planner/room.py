@@ -13,6 +13,7 @@ from typing import Literal
 
 from planner.model import ModelSpec
 from planner.profile import Profile
+from planner.sampling import GREEDY, Sampling
 
 #: drafter names a scenario may ask for: ``draft_layer`` (an MTP head), ``ngram``
 #: (prompt lookup), ``early_exit`` (the host's first layers), ``model`` (a separate model)
@@ -200,13 +201,16 @@ class Speculative:
 
 @dataclass(frozen=True)
 class Decoding:
-    """Prefill and decode settings of the model host."""
+    """Prefill and decode settings of the model host; ``sampling``: how the real
+    room's head picks tokens (greedy by default; the simulator's timing does not
+    depend on it)."""
 
     prefill_chunk: int = 16
     speculative: Speculative | None = None
     async_laps: int = 1
     return_path: Literal["direct", "via_stages"] = "direct"
     wake: bool = True
+    sampling: Sampling = GREEDY
 
 
 #: A device silent this long (no heartbeat on the control channel) is lost, seconds.

@@ -11,10 +11,19 @@ What the model host does per question (product pages 001 and 002):
   runs on its last row and gives the first answer token.
 * **Plain decode**: one token per lap (embed, every stage, back, head, sample).
 * **Speculative decode** (``draft_tokens`` k > 0): the host drafts k tokens; one lap
-  verifies k+1 positions; the longest prefix of drafts equal to the head's greedy
-  predictions is kept, plus the head's own next token (the correction, or a bonus
-  token when all k were accepted), so the text equals plain greedy decoding
-  (Leviathan et al., "Fast Inference from Transformers via Speculative Decoding", 2023).
+  verifies k+1 positions; the longest prefix of drafts equal to the head's tokens is
+  kept, plus the head's own next token (the correction, or a bonus token when all k
+  were accepted), so the text equals plain greedy decoding (Leviathan et al., "Fast
+  Inference from Transformers via Speculative Decoding", 2023).
+* **Sampling** (a question's :class:`planner.sampling.Sampling`, temperature > 0): each
+  question gets a seeded :class:`planner.sampling.Uniforms` stream; every RunHead
+  carries the uniform pairs of the answer tokens its rows decide, and the head draws
+  each row's token with them. The judge above is then the speculative sampling rule
+  for a deterministic drafter (draw from p, keep the draft when the draw equals it),
+  so the answer keeps the target distribution, and a seed gives one answer with or
+  without speculation, split or not (see :mod:`planner.sampling`).
+* **Numerical faults**: :class:`LapFailed` (a NaN or inf in a residual, found by a
+  driver) fails the question its lap belongs to, naming the device; the next begins.
 * **Async laps** (``async_laps`` N > 1): up to N verify laps in flight. The next lap is
   launched assuming the previous one is accepted in full: its k+1 inputs are drafted
   continuing the earlier drafts (the first guessing the bonus token). A rejection makes
@@ -41,9 +50,10 @@ from planner.deal import Deal
 from planner.frames import DType, FrameHeader, FrameKind
 from planner.room import Scenario
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DropFrame,
-                              EmitToken, Event, FrameArrived, HeadFinished, LapEnded, LapKind, QuestionAsked,
+                              EmitToken, Event, FrameArrived, HeadFinished, LapEnded, LapFailed, LapKind, QuestionAsked,
                               QuestionWithdrawn, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage, SendFrame,
                               StageFinished, Wake)
+from planner.sampling import GREEDY, Sampling, Uniforms
 
 #: Product page 001: "Up to 10 questions wait in the host's queue, at most two per device."
 MAX_WAITING = 10
@@ -70,6 +80,7 @@ class SchedulerConfig:
         context: positions every stage's KV cache holds, tokens (None: unbounded). A
             question whose prompt + max new tokens exceeds it is refused when asked,
             and verify laps draft no further than its last position.
+        sampling: how questions that do not say are decoded (:data:`GREEDY` by default).
     """
 
     hidden: int
@@ -82,11 +93,13 @@ class SchedulerConfig:
     eos_token: int | None = None
     dtype: DType = DType.FLOAT32
     context: int | None = None
+    sampling: Sampling = GREEDY
 
     @classmethod
     def from_scenario(cls, scn: Scenario, eos_token: int | None = None) -> "SchedulerConfig":
         """The settings a scenario asks for. Residuals travel as float32 when the
-        model's residual is 4 bytes per value (the real runtime's SmolLM2), else f16."""
+        model's residual is 4 bytes per value (the real runtime's SmolLM2), else f16.
+        A sampling section without a seed takes the scenario's ``seed``."""
         spec = scn.decoding.speculative
         f32 = scn.model.residual_bytes_per_token >= 4 * scn.model.hidden
         return cls(hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
@@ -95,12 +108,13 @@ class SchedulerConfig:
                    return_path=scn.decoding.return_path, wake=scn.decoding.wake,
                    phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
                    eos_token=eos_token, dtype=DType.FLOAT32 if f32 else DType.FLOAT16,
-                   context=scn.options.context_tokens)
+                   context=scn.options.context_tokens, sampling=_seeded(scn.decoding.sampling, scn.seed))
 
     def to_json(self) -> dict:
-        """As a JSON-ready mapping (phones a sorted list, dtype its code)."""
+        """As a JSON-ready mapping (phones a sorted list, dtype its code, sampling a mapping)."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "phones": sorted(self.phones), "dtype": int(self.dtype), "return_path": str(self.return_path)}
+            "phones": sorted(self.phones), "dtype": int(self.dtype), "return_path": str(self.return_path),
+            "sampling": self.sampling.to_json()}
 
     def __post_init__(self):
         if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:
@@ -111,6 +125,13 @@ class SchedulerConfig:
             object.__setattr__(self, "return_path", ReturnPath(self.return_path))
         except ValueError:
             raise ValueError(f"return_path must be direct or via_stages, got {self.return_path!r}") from None
+        if not isinstance(self.sampling, Sampling):
+            raise ValueError(f"sampling must be a planner.sampling.Sampling, got {type(self.sampling).__name__}")
+
+
+def _seeded(sampling: Sampling, seed: int) -> Sampling:
+    """``sampling`` with ``seed`` when it has none (greedy needs none)."""
+    return sampling if sampling.greedy or sampling.seed is not None else sampling.with_seed(seed)
 
 
 @dataclass
@@ -140,6 +161,8 @@ class _Question:
     drafting: int | None = None  # draft id outstanding
     done: bool = False
     reason: str = "length"
+    sampling: Sampling = GREEDY
+    uniforms: Uniforms | None = None  # the question's random stream (sampling only)
 
 
 class HostScheduler:
@@ -215,6 +238,8 @@ class HostScheduler:
             return self._chain_ready(event)
         if isinstance(event, QuestionWithdrawn):
             return self._withdrawn(event)
+        if isinstance(event, LapFailed):
+            return self._lap_failed(event)
         return []
 
     @property
@@ -265,8 +290,11 @@ class HostScheduler:
         return self._finish(q)
 
     def _begin(self, ev: QuestionAsked) -> list:
+        sampling = ev.sampling if isinstance(ev.sampling, Sampling) else self.config.sampling
         q = _Question(ev.question_id, ev.device, list(ev.prompt), len(ev.prompt), ev.max_new_tokens,
-                      fill_len=len(ev.prompt))
+                      fill_len=len(ev.prompt), sampling=sampling)
+        if not sampling.greedy:  # no seed: the question id's stream (drivers give one)
+            q.uniforms = Uniforms(sampling.seed if sampling.seed is not None else abs(ev.question_id))
         self.active = q
         self.inflight.clear()
         cmds: list = [BeginAnswer(q.question_id, q.device, q.prompt_len)]
@@ -333,7 +361,12 @@ class HostScheduler:
         if lap.stale or q is None or q.question_id != lap.question_id:
             return self._end_lap(lap, stale=True)
         rows = 1 if lap.kind in (LapKind.PREFILL, LapKind.REPLAY) else len(lap.inputs)
-        return [RunHead(lap.lap_id, lap.question_id, rows)]
+        if q.uniforms is None:
+            return [RunHead(lap.lap_id, lap.question_id, rows)]
+        # row r predicts sequence position first_pos + len(inputs) - rows + r + 1: that
+        # answer token's pair decides it, whichever lap it lands in
+        first = lap.first_pos + len(lap.inputs) - rows + 1 - q.prompt_len
+        return [RunHead(lap.lap_id, lap.question_id, rows, q.sampling, q.uniforms.pairs(first, rows))]
 
     def _end_lap(self, lap: _Lap, stale: bool, kept: int = 0) -> list:
         self.laps.pop(lap.lap_id, None)
@@ -489,6 +522,16 @@ class HostScheduler:
         return self._run_host_stage(lap) + self._fill_pipeline(q)
 
     # -- failures -------------------------------------------------------------------
+
+    def _lap_failed(self, ev: LapFailed) -> list:
+        """A residual of ``ev.lap_id`` went bad (NaN/inf): its question fails, naming the
+        device; laps of other questions, stale laps and unknown ones are ignored."""
+        lap = self.laps.get(ev.lap_id)
+        q = self.active
+        if lap is None or lap.stale or q is None or q.question_id != lap.question_id:
+            return []
+        cmds = [] if lap.lap_id in self.inflight else self._end_lap(lap, stale=True)  # it will not come back
+        return cmds + self._abort(f"numerical fault on {ev.device}: {ev.reason}")
 
     def _abort(self, reason: str) -> list:
         q = self.active

@@ -6,7 +6,8 @@ line) and :func:`from_record` turns it back, so metrics computed from a file wri
 by the real runtime and from the simulator's memory go through the same code.
 
 Record shape: ``{"t": seconds, "name": "SendFrame", <fields>}``; a frame header is a
-nested object with its ``kind`` and ``dtype`` as names.
+nested object with its ``kind`` and ``dtype`` as names; a :class:`planner.sampling.Sampling`
+is a nested object of its fields.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Iterable
 
 from planner import protocol
 from planner.frames import DType, FrameHeader, FrameKind
+from planner.sampling import Sampling
 
 _TYPES = {cls.__name__: cls for cls in protocol.EVENTS + protocol.COMMANDS + protocol.RECORDS}
 
@@ -28,6 +30,8 @@ def _plain(v: Any) -> Any:
     if isinstance(v, FrameHeader):
         return {"kind": FrameKind(v.kind).name, "question_id": v.question_id, "lap_id": v.lap_id, "first_pos": v.first_pos,
                 "tokens": v.tokens, "hidden": v.hidden, "dtype": DType(v.dtype).name, "returns": v.returns}
+    if isinstance(v, Sampling):
+        return v.to_json()
     if isinstance(v, (tuple, list)):
         return [_plain(x) for x in v]
     if isinstance(v, frozenset):
@@ -63,6 +67,8 @@ def from_record(rec: dict) -> tuple[float, Any]:
             if f.name == "header":
                 v = FrameHeader(FrameKind[v["kind"]], v["question_id"], v["lap_id"], v["first_pos"], v["tokens"],
                                 v["hidden"], DType[v["dtype"]], v["returns"])
+            elif f.name == "sampling" and v is not None:
+                v = Sampling(**v)
             elif isinstance(v, list):
                 v = _tuples(v)
             kwargs[f.name] = v

@@ -17,6 +17,8 @@ transport message, told apart by ``"type"``:
 * :class:`Ready`  a device of the new chain -> host: done loading for ``first_lap``.
 * :class:`Crash`  host -> one device, only where fault injection is on (a scenario's
   ``faults:`` in ``run --real``): exit at once, as a killed process would.
+* :class:`Fault`  a worker -> host: a residual of a lap went bad (NaN or inf) at a
+  device; the host fails that lap's question, naming the device.
 
 :class:`NodeConfig` is everything one device process needs (written as JSON by
 ``splitroom run --real`` for ``python -m runtime.node``, built from a Plan by
@@ -35,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType
 from planner.protocol import ReturnPath
+from planner.sampling import MAX_SEED, Sampling
 from planner.scheduler import SchedulerConfig
 
 #: A device id as the control plane accepts it.
@@ -59,6 +62,19 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SamplingSettings(_Model):
+    """:class:`planner.sampling.Sampling` as JSON (limits are Sampling's)."""
+
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
+
+    def sampling(self) -> Sampling:
+        """As the planner's Sampling."""
+        return Sampling(self.temperature, self.top_p, self.top_k, self.seed)
+
+
 class SchedulerSettings(_Model):
     """:class:`planner.scheduler.SchedulerConfig` as JSON (phones a list, dtype its code,
     return_path its name). Field meanings and limits are SchedulerConfig's."""
@@ -73,6 +89,7 @@ class SchedulerSettings(_Model):
     eos_token: Optional[int] = None
     dtype: int = Field(int(DType.FLOAT32), ge=0, le=1)
     context: Optional[int] = Field(None, ge=1)
+    sampling: SamplingSettings = SamplingSettings()
 
     @classmethod
     def of(cls, config: SchedulerConfig) -> "SchedulerSettings":
@@ -84,7 +101,8 @@ class SchedulerSettings(_Model):
         return SchedulerConfig(hidden=self.hidden, prefill_chunk=self.prefill_chunk,
                                draft_tokens=self.draft_tokens, async_laps=self.async_laps,
                                return_path=self.return_path, wake=self.wake, phones=frozenset(self.phones),
-                               eos_token=self.eos_token, dtype=DType(self.dtype), context=self.context)
+                               eos_token=self.eos_token, dtype=DType(self.dtype), context=self.context,
+                               sampling=self.sampling.sampling())
 
 
 StageRow = tuple[DEVICE_ID, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]
@@ -167,18 +185,29 @@ class Ready(_Model):
     first_lap: int = Field(ge=0)
 
 
+class Fault(_Model):
+    """A worker -> the host: the residual of lap ``lap_id`` went bad at ``device`` (a
+    NaN or an infinity; ``reason`` says what). The host fails that lap's question
+    (:class:`planner.protocol.LapFailed`)."""
+
+    type: Literal["fault"] = "fault"
+    lap_id: int = Field(ge=0)
+    device: DEVICE_ID
+    reason: str = Field("", max_length=300)
+
+
 class Crash(_Model):
     """Fault injection: exit now without a goodbye (honoured only when enabled)."""
 
     type: Literal["crash"] = "crash"
 
 
-ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Ready, Crash],
+ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Ready, Crash, Fault],
                            Field(discriminator="type")]
 _CONTROL = TypeAdapter(ControlMessage)
 
 
-def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye | Heartbeat | Replan | Ready | Crash:
+def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye | Heartbeat | Replan | Ready | Crash | Fault:
     """One control message from its JSON bytes. Raises ControlError (one line) for
     anything that is not exactly one of the four messages."""
     try:

@@ -21,15 +21,16 @@ import numpy as np
 from planner.deal import Deal, Stage as DealStage
 from planner.model import lookup
 from planner.room import Decoding, Scenario, Speculative
-from planner.protocol import (ChainReady, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived, QuestionAsked, Redeal,
-                              RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
+from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived, LapFailed,
+                              QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
+from planner.sampling import Sampling
 from planner.chain import Chain, RedealRule, deal_of
 from planner.scheduler import SchedulerConfig
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
 from .drafters import ngram_draft
-from .work import consumes_residual, run_work
+from .work import NumericalFault, consumes_residual, nonfinite, run_work
 
 
 class LocalRoom:
@@ -77,13 +78,18 @@ class LocalRoom:
         self.residual: dict[tuple[str, int], np.ndarray] = {}  # (device, lap) -> residual there
         self.context: dict[int, list[int]] = {}  # question -> prompt + committed answer
         self.answers: dict[int, list[int]] = {}
+        #: question -> how it ended: ``eos``, ``length``, ``withdrawn`` or ``refused: REASON``
+        self.ended: dict[int, str] = {}
         self.step = 0
 
-    def ask(self, question_id: int, prompt: Sequence[int], max_new_tokens: int, device: str | None = None) -> None:
-        """Queue a question (prompt token ids)."""
+    def ask(self, question_id: int, prompt: Sequence[int], max_new_tokens: int, device: str | None = None,
+            sampling: Sampling | None = None) -> None:
+        """Queue a question (prompt token ids), decoded with ``sampling`` (None: the
+        config's)."""
         self.context[question_id] = list(prompt)
         self.answers[question_id] = []
-        self.queue.append(QuestionAsked(question_id, device or self.deal.host, tuple(prompt), max_new_tokens))
+        self.queue.append(QuestionAsked(question_id, device or self.deal.host, tuple(prompt), max_new_tokens,
+                                        sampling))
 
     def lose_after(self, device: str, tokens: int) -> None:
         """Lose ``device`` once ``tokens`` answer tokens (all questions) have been emitted."""
@@ -126,7 +132,11 @@ class LocalRoom:
                 return
             key = (dev, getattr(c, "lap_id", None))
             x = self.residual.pop(key, None) if consumes_residual(c, st) else None
-            event, out = run_work(st, c, x, self.context.get(getattr(c, "question_id", None)), self.drafter)
+            try:
+                event, out = run_work(st, c, x, self.context.get(getattr(c, "question_id", None)), self.drafter)
+            except NumericalFault as e:  # this device computed a NaN/inf: its lap's question fails
+                self.queue.append(LapFailed(c.lap_id, dev, str(e)))
+                return
             if out is not None:
                 self.residual[key] = out
             if event is not None:
@@ -137,6 +147,11 @@ class LocalRoom:
                 return
             x = self.residual.pop((c.src, c.header.lap_id))
             h, payload = decode_frame(encode_frame(c.header, x))
+            bad = nonfinite(payload)
+            if bad:  # as a device process does on arrival: the sender is named, the frame dropped
+                self.queue.append(LapFailed(h.lap_id, c.src, f"the residual it sent for lap {h.lap_id} has {bad} "
+                                            f"NaN/inf value{'s' if bad != 1 else ''}"))
+                return
             self.residual[(c.dst, h.lap_id)] = payload
             self.queue.append(FrameArrived(c.dst, c.src, h))
         elif cls is DropFrame:
@@ -147,6 +162,8 @@ class LocalRoom:
             self.context[c.question_id].append(c.token)
         elif cls is Redeal:
             self._redeal(c)
+        elif cls is AnswerDone or cls is Refuse:
+            self.ended[c.question_id] = c.reason if cls is AnswerDone else f"refused: {c.reason}"
 
     def _redeal(self, r: Redeal) -> None:
         """Load every re-dealt range (a stage whose range is unchanged keeps its weights;
@@ -170,10 +187,11 @@ def chain_deal(host: str, ranges: Sequence[tuple[str, int, int]]) -> Deal:
 
 def scheduler_config(hidden: int, draft_tokens: int = 0, async_laps: int = 1, prefill_chunk: int = 16,
                      return_path: str = "direct", eos_token: int | None = 2,
-                     model_id: str = "smollm2-135m") -> SchedulerConfig:
+                     model_id: str = "smollm2-135m", sampling: Sampling | None = None) -> SchedulerConfig:
     """Scheduler settings for a real room of catalog model ``model_id`` (SmolLM2:
     float32 residuals, eos 2), made as every room makes them: a scenario's decoding
-    section through :meth:`SchedulerConfig.from_scenario`.
+    section through :meth:`SchedulerConfig.from_scenario` (``sampling``: the room's
+    default for questions; a seedless one takes seed 0, the scenario's).
 
     Raises ValueError when ``hidden`` is not the model's residual width, or for
     settings the scheduler refuses (see SchedulerConfig)."""
@@ -183,5 +201,5 @@ def scheduler_config(hidden: int, draft_tokens: int = 0, async_laps: int = 1, pr
     spec = Speculative(drafter="ngram", draft_tokens=draft_tokens) if draft_tokens else None
     scn = Scenario(name="local", seed=0, model=model, devices=(),
                    decoding=Decoding(prefill_chunk=prefill_chunk, speculative=spec, async_laps=async_laps,
-                                     return_path=return_path))
+                                     return_path=return_path, sampling=sampling or Sampling()))
     return SchedulerConfig.from_scenario(scn, eos_token=eos_token)

@@ -38,17 +38,18 @@ import numpy as np
 
 from planner.frames import FrameError, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
-                              QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
+                              LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
                               Wake)
+from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-from .control import (ControlError, Crash, Heartbeat, NodeConfig, Ready, Replan, encode_control,
+from .control import (ControlError, Crash, Fault, Heartbeat, NodeConfig, Ready, Replan, encode_control,
                       parse_control)
 from .drafters import ngram_draft
-from .work import consumes_residual, run_work
+from .work import NumericalFault, consumes_residual, nonfinite, run_work
 
 log = logging.getLogger("splitroom.room")
 
@@ -158,6 +159,13 @@ class Node:
             log.warning("%s: frame from %s rejected: positions %d-%d do not fit the cache of %d", self.cfg.device,
                         src, h.first_pos, h.first_pos + h.tokens - 1, cap)
             return
+        bad = nonfinite(x)
+        if bad:  # a NaN/inf never becomes a token: the sender is named and its lap's question fails
+            self.rejected_frames += 1
+            reason = f"the residual it sent for lap {h.lap_id} has {bad} NaN/inf value{'s' if bad != 1 else ''}"
+            log.warning("%s: frame from %s rejected: %s", self.cfg.device, src, reason)
+            self._fault(h.lap_id, src, reason)
+            return
         self.residual[h.lap_id] = x
         self.handle(FrameArrived(self.cfg.device, src, h))
 
@@ -171,6 +179,8 @@ class Node:
             self._tasks.append(asyncio.ensure_future(self._replan(msg)))
         elif isinstance(msg, Ready) and self.is_host:
             self._ready(src, msg.first_lap)
+        elif isinstance(msg, Fault) and self.is_host:
+            self.handle(LapFailed(msg.lap_id, msg.device, msg.reason))
         elif isinstance(msg, Crash) and self.cfg.crashable and src == self.cfg.host:
             log.warning("%s: crashing now (fault injection)", self.cfg.device)
             os._exit(9)
@@ -190,6 +200,15 @@ class Node:
         self.handle(DeviceLost(peer, reason, silent_since_s))
         for first in list(self.awaiting):  # a device that was to load a re-dealt range is not coming
             self._ready(peer, first)
+
+    def _fault(self, lap_id: int, device: str, reason: str) -> None:
+        """Lap ``lap_id``'s residual went bad at ``device``: the host's scheduler hears
+        LapFailed (a worker tells the host with a Fault message)."""
+        if self.is_host:
+            self.handle(LapFailed(lap_id, device, reason))
+        else:
+            msg = encode_control(Fault(lap_id=lap_id, device=device, reason=reason[:300]))
+            asyncio.ensure_future(self._send(self.cfg.host, REPLY, msg))
 
     async def _send(self, dst: str, channel: str, data: bytes) -> None:
         try:
@@ -265,6 +284,12 @@ class Node:
             t0 = time.perf_counter()
             try:
                 event = await loop.run_in_executor(self._pool, self._compute, c)
+            except NumericalFault as e:  # this device computed a NaN/inf: its lap's question fails
+                self.compute_errors += 1
+                self.residual.pop(getattr(c, "lap_id", None), None)
+                log.warning("%s: %s of lap %s: %s", self.cfg.device, type(c).__name__, c.lap_id, e)
+                self._fault(c.lap_id, self.cfg.device, str(e))
+                continue
             except Exception as e:  # one bad command never ends the loop (PositionError, a bad shape)
                 self.compute_errors += 1
                 self.residual.pop(getattr(c, "lap_id", None), None)
@@ -422,12 +447,14 @@ class Node:
         asyncio.get_event_loop().call_soon(
             self.handle, QuestionAsked(qid, self.cfg.device, tuple(ids), self.cfg.max_new_tokens))
 
-    def ask(self, prompt_ids: Sequence[int], max_new_tokens: int, device: str) -> int:
+    def ask(self, prompt_ids: Sequence[int], max_new_tokens: int, device: str,
+            sampling: Sampling | None = None) -> int:
         """Ask a question while the room runs (the model host; see ``keep_open``).
 
         ``prompt_ids``: the prompt's token ids (chat template applied); ``max_new_tokens``:
         the answer's cap, tokens; ``device``: who asks (the scheduler's queue limits count
-        per asker). The question reaches the scheduler on the next turn of the event loop,
+        per asker); ``sampling``: how to decode it (None: the room's); a sampled question
+        without a seed gets a fresh one (``secrets``), so seedless answers differ. The question reaches the scheduler on the next turn of the event loop,
         so an observer keyed on the returned id sees all of it: BeginAnswer or Refuse,
         EmitToken..., AnswerDone. Returns the question id (never one of the configured
         prompts' ids). Raises RuntimeError on a node that is not the model host.
@@ -437,8 +464,11 @@ class Node:
         qid = len(self.cfg.prompts) + self._asked_here
         self._asked_here += 1
         self.context[qid] = list(prompt_ids)
+        if sampling is not None and not sampling.greedy and sampling.seed is None:
+            import secrets
+            sampling = sampling.with_seed(secrets.randbelow(MAX_SEED + 1))
         asyncio.get_running_loop().call_soon(
-            self.handle, QuestionAsked(qid, device, tuple(int(t) for t in prompt_ids), int(max_new_tokens)))
+            self.handle, QuestionAsked(qid, device, tuple(int(t) for t in prompt_ids), int(max_new_tokens), sampling))
         return qid
 
     def withdraw(self, question_id: int) -> None:

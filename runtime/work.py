@@ -8,8 +8,32 @@ from typing import Callable, Sequence
 import numpy as np
 
 from planner.protocol import Draft, DraftReady, HeadFinished, RollbackKV, RunHead, RunStage, StageFinished
+from planner.sampling import head_tokens
 
 from .backends.base import Stage
+
+
+class NumericalFault(ArithmeticError):
+    """A residual or the logits hold a NaN or an infinity (the message says which and
+    how many). Drivers turn it into :class:`planner.protocol.LapFailed` naming the
+    device, so the question fails instead of answering with token 0."""
+
+
+def nonfinite(x: np.ndarray | None) -> int:
+    """How many values of ``x`` are NaN or infinite (0 for None)."""
+    if x is None:
+        return 0
+    x = np.asarray(x)
+    if x.dtype.kind not in "fc":
+        return 0
+    return int(x.size - np.count_nonzero(np.isfinite(x)))
+
+
+def check_finite(x: np.ndarray | None, what: str) -> None:
+    """Raise :class:`NumericalFault` naming ``what`` when ``x`` holds a NaN or an inf."""
+    n = nonfinite(x)
+    if n:
+        raise NumericalFault(f"{what} has {n} NaN/inf value{'s' if n != 1 else ''} (of {np.asarray(x).size})")
 
 
 def consumes_residual(c, stage: Stage) -> bool:
@@ -28,9 +52,13 @@ def run_work(stage: Stage, c, residual: np.ndarray | None, context: Sequence[int
     Returns:
         ``(event or None, residual produced or None)``. RunStage truncates the KV cache
         to the frame's first position first; the host embeds ``c.inputs`` (and runs its
-        layers, if it holds any); the head returns each row's argmax (lowest id on ties).
+        layers, if it holds any); the head returns each row's argmax (lowest id on ties),
+        or under sampling each row's token drawn with its uniforms
+        (:func:`planner.sampling.head_tokens`; every drafter here is deterministic).
         A worker stage or head whose residual is missing (a dropped lap) does nothing.
     Raises:
+        NumericalFault: the stage's output residual, or the head's logits, hold a NaN
+            or an infinity (the device computing it is at fault).
         PositionError, TypeError, ValueError: from the stage (bad positions or shapes).
     """
     cls = type(c)
@@ -48,12 +76,15 @@ def run_work(stage: Stage, c, residual: np.ndarray | None, context: Sequence[int
             return None, None
         else:
             out = stage.forward(residual, c.first_pos)
+        check_finite(out, f"the residual of layers {stage.start + 1}-{stage.end} for lap {c.lap_id}"
+                     if stage.end > stage.start else f"the embedding for lap {c.lap_id}")
         return StageFinished(c.device, c.lap_id), out
     if cls is RunHead:
         if residual is None:
             return None, None
         logits = stage.head(np.ascontiguousarray(residual[-c.rows:]))
-        return HeadFinished(c.lap_id, tuple(int(i) for i in np.argmax(logits, axis=1))), None
+        check_finite(logits, f"the output head's logits for lap {c.lap_id}")
+        return HeadFinished(c.lap_id, head_tokens(logits, c.sampling, c.uniforms)), None
     if cls is Draft:
         ctx = list(context or ())[:c.base_len] + list(c.assumed)
         return DraftReady(c.draft_id, tuple(int(t) for t in drafter(ctx, c.k))), None

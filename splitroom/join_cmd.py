@@ -220,7 +220,7 @@ class _Mux:
             except self._error as e:
                 log.warning("control message from %s ignored: %s", src, e)
                 return
-            if msg.type in ("heartbeat", "replan", "ready", "crash"):  # the running room's: the Node's
+            if msg.type in ("heartbeat", "replan", "ready", "crash", "fault"):  # the running room's: the Node's
                 if self.node_handler is not None:
                     self.node_handler(src, channel, data)
                 return

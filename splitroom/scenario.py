@@ -23,6 +23,7 @@ from planner.model import Architecture, ModelSpec, spec_from_architecture
 from planner.room import Price as PriceSpec
 from planner.room import (HEARTBEAT_TIMEOUT_S, DealOptions, Decoding, Device, Episodes, Fault, Jitter, LinkSpec,
                           Network, PinnedStage, Scenario, Speculative, Workload)
+from planner.sampling import Sampling
 from splitroom import units
 
 
@@ -205,12 +206,21 @@ class SpeculativeIn(_Strict):
     draft_cost: Time | None = None
 
 
+class SamplingIn(_Strict):
+    # planner.sampling.Sampling; temperature 0 is greedy (the default)
+    temperature: float = Field(default=0.0, ge=0.0, le=100.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
+
+
 class DecodingIn(_Strict):
     prefill_chunk: int = Field(default=16, ge=1)
     speculative: SpeculativeIn | None = None
     async_laps: int = Field(default=1, ge=1, le=64)
     return_: Literal["direct", "via_stages"] = Field(default="direct", alias="return")
     wake: bool = True
+    sampling: SamplingIn = SamplingIn()
 
 
 class InlineModelIn(_Strict):
@@ -418,8 +428,10 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
         for i, a in enumerate(sp.accepted_lengths + sp.accepted_sequence):
             if a < 0 or a > sp.draft_tokens:
                 raise _KeyProblem("decoding.speculative", f"accepted length {a} outside 0..draft_tokens")
+    smp = s.decoding.sampling
     decoding = Decoding(prefill_chunk=s.decoding.prefill_chunk, speculative=spec, async_laps=s.decoding.async_laps,
-                        return_path=s.decoding.return_, wake=s.decoding.wake)
+                        return_path=s.decoding.return_, wake=s.decoding.wake,
+                        sampling=Sampling(temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed))
     faults = []
     for i, f in enumerate(s.faults):
         if f.device not in ids:

@@ -37,7 +37,8 @@ def test_docs_name_every_key():
     """docs/scenario.md names every key of every section (by its YAML spelling)."""
     doc = (SCHEMA.parent / "scenario.md").read_text()
     sections = (sc.ScenarioIn, sc.DeviceIn, sc.NetworkIn, sc.JitterIn, sc.EpisodesIn, sc.LinkIn,
-                sc.WorkloadIn, sc.DecodingIn, sc.SpeculativeIn, sc.InlineModelIn, sc.StageIn, sc.EmulateIn)
+                sc.WorkloadIn, sc.DecodingIn, sc.SpeculativeIn, sc.SamplingIn, sc.InlineModelIn, sc.StageIn,
+                sc.EmulateIn)
     missing = [f"{cls.__name__}.{f.alias or k}" for cls in sections for k, f in cls.model_fields.items()
                if f"`{f.alias or k}`" not in doc]
     assert not missing, missing
