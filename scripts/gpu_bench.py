@@ -89,18 +89,26 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
     out["decode_sync_tok_s"] = med(sync)
     out["decode_sync_all"] = sync
     out["ids"] = ids_sync
-    # pipelined
-    pipe = []
-    for r in range(a.reps):
-        st.rollback(P)
-        st.greedy_steps(h, P, 2)  # warm-up
-        st.rollback(P)
-        t0 = time.perf_counter()
-        ids, _ = st.greedy_steps(h, P, a.steps)
-        pipe.append(a.steps / (time.perf_counter() - t0))
-        out["ids_pipelined_equal_sync"] = ids == ids_sync
-    out["decode_pipelined_tok_s"] = med(pipe)
-    out["decode_pipelined_all"] = pipe
+    # pipelined: per_submit steps per command buffer
+    out["pipelined"] = {}
+    for ps in a.per_submit:
+        runs, stats = [], {}
+        for r in range(a.reps):
+            st.rollback(P)
+            st.greedy_steps(h, P, 2)  # warm-up
+            st.rollback(P)
+            s1: dict = {}
+            t0 = time.perf_counter()
+            ids, _ = st.greedy_steps(h, P, a.steps, per_submit=ps, stats=s1)
+            runs.append(a.steps / (time.perf_counter() - t0))
+            stats = {k: v / a.steps * 1e6 for k, v in s1.items()}
+            out.setdefault("ids_pipelined_equal_sync", True)
+            out["ids_pipelined_equal_sync"] &= ids == ids_sync
+        out["pipelined"][ps] = {"tok_s": med(runs), "all": runs, "cpu_us_per_token": stats}
+    best = max(out["pipelined"], key=lambda k: out["pipelined"][k]["tok_s"])
+    out["decode_pipelined_tok_s"] = out["pipelined"][1]["tok_s"] if 1 in out["pipelined"] else out["pipelined"][best]["tok_s"]
+    out["decode_best_tok_s"] = out["pipelined"][best]["tok_s"]
+    out["best_per_submit"] = best
     # CPU cost of encoding one step (no submit)
     if st.fast:
         plan = [st.fhead_x, st.fargmax] + st.plan1
@@ -118,9 +126,10 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
         out["dispatches_per_token"] = len(plan)
         out["cpu_encode_ms"] = med(enc_t) * 1e3
         out["cpu_finish_ms"] = med(fin_t) * 1e3
-        # GPU timestamps per kernel
+        # GPU timestamps: the whole step, then between dispatches
         if "timestamp-query-inside-passes" in st.device.features:
             st.rollback(P)
+            out["gpu_step_us"] = st.step_gpu_us(P + a.steps // 2)
             kt = st.kernel_times(P + a.steps // 2, reps=5)
             by: dict[str, float] = {}
             for lab, us in kt:
@@ -129,7 +138,7 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
             out["gpu_us_per_token"] = sum(by.values())
             out["gpu_us_first_layer"] = {lab: us for lab, us in kt[2:7]}
     bpt = out["weight_bytes_per_token"]
-    out["achieved_GBps_pipelined"] = bpt * out["decode_pipelined_tok_s"] / 1e9
+    out["achieved_GBps_best"] = bpt * out["decode_best_tok_s"] / 1e9
     del st
     return out
 
@@ -351,6 +360,7 @@ def env_info() -> dict:
         info["adapter"] = ad.summary
         info["adapter_info"] = {k: str(v) for k, v in ad.info.items()}
         info["device_features"] = sorted(dev.features)
+        info["adapter_features"] = sorted(ad.features)
     except Exception as e:
         info["wgpu_error"] = str(e)
     return info
@@ -363,10 +373,12 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=256, help="KV cache positions (torch attends over all, masked)")
     ap.add_argument("--formats", default="float32,float16,int8")
-    ap.add_argument("--mv", default="", help="extra one-token matvec shapes to try on float16, e.g. '64,2;256,8'")
+    ap.add_argument("--variants", default="", help="extra float16 runs with environment settings, e.g. 'SPLITROOM_WGPU_ATT=512;SPLITROOM_WGPU_MV=64,2'")
+    ap.add_argument("--per-submit", default="1,4,16", help="greedy_steps per_submit values to time")
     ap.add_argument("--quick", action="store_true", help="tiny run (lavapipe check of this script)")
     ap.add_argument("--no-torch", action="store_true")
     a = ap.parse_args(argv)
+    a.per_submit = [int(v) for v in a.per_submit.split(",")]
     if a.quick:
         a.steps, a.reps = 4, 1
     res: dict = {"env": env_info(), "config": {"steps": a.steps, "reps": a.reps, "ctx": a.ctx, "prompt": 32}}
@@ -416,17 +428,22 @@ def main(argv=None) -> None:
         print("wgpu", fmt, {k: v for k, v in r.items() if not isinstance(v, (list, dict))}, flush=True)
         res["wgpu"].append(r)
         save()
-    for shape in filter(None, a.mv.split(";")):
-        os.environ["SPLITROOM_WGPU_MV"] = shape
+    for var in filter(None, a.variants.split(";")):
+        k, v = var.split("=", 1)
+        old_v = os.environ.get(k)
+        os.environ[k] = v
         try:
             r = bench_wgpu("float16", w, a, prompt, refs.get("float16"))
         except Exception as e:
             r = {"format": "float16", "error": repr(e)}
-        r["variant"] = f"SPLITROOM_WGPU_MV={shape}"
-        print("wgpu variant", shape, {k: v for k, v in r.items() if not isinstance(v, (list, dict))}, flush=True)
+        r["variant"] = var
+        print("wgpu variant", var, {k: v for k, v in r.items() if not isinstance(v, (list, dict))}, flush=True)
         res["wgpu"].append(r)
         save()
-    os.environ.pop("SPLITROOM_WGPU_MV", None)
+        if old_v is None:
+            os.environ.pop(k)
+        else:
+            os.environ[k] = old_v
     res["torch"] = []
     if have_cuda:
         for dt in ("float16", "float32"):
@@ -448,14 +465,17 @@ def main(argv=None) -> None:
             continue
         roof = bw * 1e9 / r["weight_bytes_per_token"] if bw else float("nan")
         r["roofline_tok_s"] = roof
-        r["ratio_to_roofline"] = r["decode_pipelined_tok_s"] / roof if bw else None
+        r["ratio_to_roofline"] = r["decode_best_tok_s"] / roof if bw else None
         if t16:
             r["ratio_pipelined_to_torch_f16_nosync"] = r["decode_pipelined_tok_s"] / t16["decode_nosync_tok_s"]
+            r["ratio_best_to_torch_f16_nosync"] = r["decode_best_tok_s"] / t16["decode_nosync_tok_s"]
             r["ratio_sync_to_torch_f16_sync"] = r["decode_sync_tok_s"] / t16["decode_sync_tok_s"]
         if t32:
             r["ids_equal_torch_f32"] = sum(x == y for x, y in zip(r["ids"], t32["ids"])) / len(r["ids"])
-        rows.append(f"{r['format']:8s} {r.get('variant', ''):24s} sync {r['decode_sync_tok_s']:8.1f}  pipelined {r['decode_pipelined_tok_s']:8.1f} tok/s"
-                    f"  gpu {r.get('gpu_us_per_token', float('nan')):7.1f} us/tok  roof {roof:8.0f}  err {r.get('logits_rel_err_vs_numpy', float('nan')):.1e}")
+        pipe = " ".join(f"{k}:{v['tok_s']:.0f}" for k, v in r["pipelined"].items())
+        rows.append(f"{r['format']:8s} {r.get('variant', ''):24s} sync {r['decode_sync_tok_s']:6.1f}  pipelined(per_submit:tok/s) {pipe}"
+                    f"  gpu step {r.get('gpu_step_us', float('nan')):6.1f} us  roof {roof:6.0f}  err {r.get('logits_rel_err_vs_numpy', float('nan')):.1e}")
+        rows.append("   cpu us/token per_submit " + "; ".join(f"{k}: " + ",".join(f"{n[:-2]}={u:.0f}" for n, u in v["cpu_us_per_token"].items()) for k, v in r["pipelined"].items()))
     for t in res["torch"]:
         if "error" not in t:
             rows.append(f"torch {t['dtype']:8s} graph  sync {t['decode_sync_tok_s']:8.1f}  nosync {t['decode_nosync_tok_s']:8.1f} tok/s ({t['attention']})")

@@ -33,6 +33,7 @@ sums are float32. :func:`dequantized` gives the float32 values a format stores, 
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -473,20 +474,27 @@ class WgpuStage(Stage):
         self._pos = first_pos + 1
         return int(np.frombuffer(raw_id, np.uint32)[0]), np.frombuffer(raw_x, F32).reshape(1, self.cfg.hidden).copy()
 
-    def greedy_steps(self, hidden: np.ndarray, first_pos: int, steps: int, depth: int = 3) -> tuple[list[int], np.ndarray]:
+    def greedy_steps(self, hidden: np.ndarray, first_pos: int, steps: int, depth: int = 3, per_submit: int = 1,
+                     stats: dict | None = None) -> tuple[list[int], np.ndarray]:
         """``steps`` greedy host steps on one device (the whole model here), pipelined: same result as
         ``steps`` calls of :meth:`head_embed_forward` feeding each returned residual to the next.
 
         Step ``i`` (head on the residual the last step left on the GPU, arg-max, embedding, layers
-        at ``first_pos + i``) is encoded and submitted while earlier steps run; only the token id
-        comes back (4 bytes), read ``depth - 1`` steps later, so the GPU never waits for Python.
+        at ``first_pos + i``) is encoded and submitted while earlier steps run; only token ids come
+        back (4 bytes each), read ``depth - 1`` submits later, so the GPU never waits for Python.
+        ``per_submit`` steps share one command buffer (positions are copied into the uniform from a
+        table between their passes), which spreads the per-submit costs. ``stats``, if given,
+        accumulates seconds spent encoding, submitting and waiting for ids.
         Returns ``(ids [steps], last residual [1, hidden] float32)``.
 
         Raises:
             PositionError: positions outside the cache. RuntimeError: not the host, or this stage
                 does not hold every layer (the residual would have to leave the device each step).
+            ValueError: ``per_submit`` outside 1..64 or ``depth`` < 1.
         """
         self._require_host()
+        if not (1 <= per_submit <= 64) or depth < 1:
+            raise ValueError(f"per_submit must be in 1..64 and depth >= 1, got {per_submit}, {depth}")
         if not self.fast:  # no subgroup kernels: plain steps, each read back
             out, h = [], hidden
             for i in range(steps):
@@ -497,38 +505,93 @@ class WgpuStage(Stage):
             raise RuntimeError("greedy_steps needs every layer on this stage; use head_embed_forward between stages")
         x = check_hidden(hidden, self.cfg.hidden)
         self._check_pos(first_pos, steps)
-        wgpu, q = self._wgpu, self.device.queue
-        if not hasattr(self, "_ring") or len(self._ring) < depth:
-            self._ring = [self.device.create_buffer(size=256, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST) for _ in range(depth)]
+        wgpu, q, dev = self._wgpu, self.device.queue, self.device
+        U = wgpu.BufferUsage
+        if getattr(self, "_ring", None) is None or len(self._ring) < depth:
+            self._ring = [dev.create_buffer(size=256, usage=U.MAP_READ | U.COPY_DST) for _ in range(depth)]
+            self._postab = dev.create_buffer(size=4 * 64 * 16, usage=U.COPY_SRC | U.COPY_DST)
+            self._hist = dev.create_buffer(size=256, usage=U.COPY_SRC | U.COPY_DST)
+        st = stats if stats is not None else {}
+        for k in ("encode_s", "submit_s", "wait_s"):
+            st.setdefault(k, 0.0)
         q.write_buffer(self.x, 0, np.ascontiguousarray(x[-1:]))
         ids: list[int] = []
-        pending: list[int] = []
+        pending: list[tuple[int, int]] = []  # (ring slot, ids in it)
+        clock = time.perf_counter
 
         def collect():
-            i = pending.pop(0)
-            b = self._ring[i % depth]
+            slot, n = pending.pop(0)
+            t0 = clock()
+            b = self._ring[slot]
             b.map_sync(wgpu.MapMode.READ, 0, 256)
             try:
-                ids.append(int(np.frombuffer(bytes(b.read_mapped(0, 4, copy=False)), np.uint32)[0]))
+                ids.extend(int(v) for v in np.frombuffer(bytes(b.read_mapped(0, 4 * n, copy=False)), np.uint32))
             finally:
                 b.unmap()
+            st["wait_s"] += clock() - t0
 
-        for i in range(steps):
+        step_plan = [self.fhead_x, self.fargmax] + self.plan1
+        nsub = 0
+        for g0 in range(0, steps, per_submit):
+            n = min(per_submit, steps - g0)
             if len(pending) == depth:
                 collect()
-            q.write_buffer(self.params, 0, np.array([1, first_pos + i, 0, 0], np.uint32))
-            enc = self.device.create_command_encoder()
-            cp = enc.begin_compute_pass()
-            self._encode_step(cp, True)
-            cp.end()
-            enc.copy_buffer_to_buffer(self.ids, 0, self._ring[i % depth], 0, 4)
-            q.submit([enc.finish()])
-            pending.append(i)
-            self._pos = first_pos + i + 1
+            t0 = clock()
+            slot = nsub % depth
+            if per_submit == 1:
+                q.write_buffer(self.params, 0, np.array([1, first_pos + g0, 0, 0], np.uint32))
+            else:
+                # positions of this submit's steps; written before the submit that copies them
+                q.write_buffer(self._postab, (nsub % 4) * 1024, np.array([[1, first_pos + g0 + i, 0, 0] for i in range(n)], np.uint32))
+            enc = dev.create_command_encoder()
+            for i in range(n):
+                if per_submit > 1:
+                    enc.copy_buffer_to_buffer(self._postab, (nsub % 4) * 1024 + 16 * i, self.params, 0, 16)
+                cp = enc.begin_compute_pass()
+                self._encode_plan(cp, step_plan)
+                cp.end()
+                if n > 1:
+                    enc.copy_buffer_to_buffer(self.ids, 0, self._hist, 4 * i, 4)
+            if n > 1:
+                enc.copy_buffer_to_buffer(self._hist, 0, self._ring[slot], 0, 4 * n)
+            else:
+                enc.copy_buffer_to_buffer(self.ids, 0, self._ring[slot], 0, 4)
+            cb = enc.finish()
+            t1 = clock()
+            q.submit([cb])
+            st["encode_s"] += t1 - t0
+            st["submit_s"] += clock() - t1
+            pending.append((slot, n))
+            nsub += 1
+            self._pos = first_pos + g0 + n
         while pending:
             collect()
         (raw,) = self._run(1, first_pos + steps - 1, lambda cp: None, [(self.x, self.cfg.hidden * 4)])
         return ids, np.frombuffer(raw, F32).reshape(1, self.cfg.hidden).copy()
+
+    def step_gpu_us(self, first_pos: int, reps: int = 10) -> float:
+        """GPU time of one whole greedy step at ``first_pos`` (timestamps at the start and end of its
+        pass only, so no per-dispatch timestamp costs), median of ``reps``, in microseconds."""
+        wgpu = self._wgpu
+        plan = [self.fhead_x, self.fargmax] + self.plan1
+        qs = self.device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+        res = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        rd = self.device.create_buffer(size=16, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        ts = []
+        for _ in range(reps):
+            self.device.queue.write_buffer(self.params, 0, np.array([1, first_pos, 0, 0], np.uint32))
+            enc = self.device.create_command_encoder()
+            cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+            self._encode_plan(cp, plan)
+            cp.end()
+            enc.resolve_query_set(qs, 0, 2, res, 0)
+            enc.copy_buffer_to_buffer(res, 0, rd, 0, 16)
+            self.device.queue.submit([enc.finish()])
+            rd.map_sync(wgpu.MapMode.READ, 0, 16)
+            t = np.frombuffer(bytes(rd.read_mapped(0, 16, copy=False)), np.uint64)
+            rd.unmap()
+            ts.append(float(t[1] - t[0]) / 1e3)
+        return float(np.median(ts))
 
     def kernel_times(self, first_pos: int, reps: int = 5) -> list[tuple[str, float]]:
         """GPU time of each dispatch of one greedy step at ``first_pos`` (head, arg-max + embed, then

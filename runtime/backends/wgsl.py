@@ -424,34 +424,35 @@ def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048) -> 
     """One-token causal GQA attention (decode): one workgroup of ``WGS`` threads per query head.
 
     Keys are taken in chunks of ``CH`` with the running-max softmax across chunks. Within a
-    chunk: each thread scores whole keys (vec4 loads of K), the chunk max and sum meet through
-    ``subgroupMax``/``subgroupAdd`` and workgroup memory, then ``WGS / D`` slices of threads
-    accumulate ``p_j * V[j, d]`` (thread ``d`` of a slice reads dim ``d``: coalesced) and are summed.
+    chunk: each thread scores whole keys (the query sits in ``D/4`` vec4 registers, the dot
+    product is unrolled), the chunk max and sum meet through ``subgroupMax``/``subgroupAdd`` and
+    workgroup memory, then ``WGS / (D/4)`` slices of ``D/4`` threads accumulate ``p_j * V[j]`` as
+    vec4s (one slice reads one key's row: coalesced) and the slices are summed.
     Bindings: 0 QKV (Q rotated, ``[NH*D]`` first), 1 KC, 2 VC ``[ctx, KV*D]``, 3 O ``[NH*D]``, 4 Params.
     Dispatch ``(NH,)``; query position ``first_pos`` sees keys ``0..first_pos``.
     """
     import math
 
-    assert WGS % D == 0 and D % 4 == 0
     D4 = D // 4
+    assert D % 4 == 0 and WGS % D4 == 0
+    qload = "\n".join(f"  let q{e} = QKV[h * D4 + {e}u] * SCALE;" for e in range(D4))
+    qdot = " + ".join(f"dot(q{e}, KC[kb + {e}u])" for e in range(D4))
     return PARAMS + f"""
 @group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> VC: array<f32>;
-@group(0) @binding(3) var<storage, read_write> O: array<f32>;
+@group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
 @group(0) @binding(4) var<uniform> P: Params;
 const G: u32 = {NH // KV}u;
-const D: u32 = {D}u;
 const D4: u32 = {D4}u;
-const KVD: u32 = {KV * D}u;
 const KVD4: u32 = {KV * D4}u;
 const WGS: u32 = {WGS}u;
-const SL: u32 = {WGS // D}u;
+const SL: u32 = {WGS // D4}u;
 const CH: u32 = {CH}u;
 const SCALE: f32 = {_f(1.0 / math.sqrt(D))};
 var<workgroup> sc: array<f32, {CH}>;
 var<workgroup> red: array<f32, {WGS}>;
-var<workgroup> part: array<f32, {WGS}>;
+var<workgroup> part: array<vec4<f32>, {WGS}>;
 
 fn wg_max(v: f32, lane: u32, sg: u32, nsg: u32) -> f32 {{
   let m = subgroupMax(v);
@@ -477,22 +478,19 @@ fn wg_sum(v: f32, lane: u32, sg: u32, nsg: u32) -> f32 {{
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
   let h = wid.x;
   let kvo4 = (h / G) * D4;
-  let kvo = (h / G) * D;
   let T = P.first_pos + 1u;
-  var q: array<vec4<f32>, {D4}>;
-  for (var e = 0u; e < D4; e++) {{ q[e] = QKV[h * D4 + e] * SCALE; }}
-  let d = lid % D;
-  let sl = lid / D;
+{qload}
+  let d4 = lid % D4;
+  let sl = lid / D4;
   var m = -1e30;
   var l = 0.0;
-  var acc = 0.0;
+  var acc = vec4<f32>(0.0);
   for (var c0 = 0u; c0 < T; c0 += CH) {{
     let cn = min(CH, T - c0);
     var lmax = -1e30;
     for (var j = lid; j < cn; j += WGS) {{
       let kb = (c0 + j) * KVD4 + kvo4;
-      var s = 0.0;
-      for (var e = 0u; e < D4; e++) {{ s += dot(q[e], KC[kb + e]); }}
+      let s = {qdot};
       sc[j] = s;
       lmax = max(lmax, s);
     }}
@@ -505,8 +503,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }}
     let csum = wg_sum(lsum, lane, sg, nsg);
     let corr = exp(m - nm);
-    var a = 0.0;
-    for (var j = sl; j < cn; j += SL) {{ a += sc[j] * VC[(c0 + j) * KVD + kvo + d]; }}
+    var a = vec4<f32>(0.0);
+    for (var j = sl; j < cn; j += SL) {{ a += sc[j] * VC[(c0 + j) * KVD4 + kvo4 + d4]; }}
     acc = acc * corr + a;
     l = l * corr + csum;
     m = nm;
@@ -514,10 +512,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }}
   part[lid] = acc;
   workgroupBarrier();
-  if (lid < D) {{
-    var o = 0.0;
-    for (var i = 0u; i < SL; i++) {{ o += part[i * D + lid]; }}
-    O[h * D + lid] = o / l;
+  if (lid < D4) {{
+    var o = vec4<f32>(0.0);
+    for (var i = 0u; i < SL; i++) {{ o += part[i * D4 + lid]; }}
+    O[h * D4 + lid] = o / l;
   }}
 }}
 """
