@@ -44,11 +44,19 @@ def _tuples(v: Any) -> Any:
     return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
 
 
+#: fields written only when set: a greedy room's records are as they were before sampling
+_ONLY_WHEN_SET = {"sampling": None, "uniforms": ()}
+
+
 def to_record(t_s: float, obj: Any) -> dict:
-    """``(t_s, event-or-command)`` as a flat JSON-ready dict."""
+    """``(t_s, event-or-command)`` as a flat JSON-ready dict (``sampling`` and
+    ``uniforms`` left out when unset: greedy)."""
     rec = {"t": t_s, "name": type(obj).__name__}
     for f in dataclasses.fields(obj):
-        rec[f.name] = _plain(getattr(obj, f.name))
+        v = getattr(obj, f.name)
+        if f.name in _ONLY_WHEN_SET and v == _ONLY_WHEN_SET[f.name]:
+            continue
+        rec[f.name] = _plain(v)
     return rec
 
 
