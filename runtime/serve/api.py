@@ -5,10 +5,14 @@ Pure functions over JSON-ready values (no aiohttp): :func:`parse_chat_request` t
 request body into a :class:`ChatRequest` or raises :class:`ApiError`; :func:`error_body`,
 :func:`completion_body` and :func:`chunk_body` build the response objects.
 
-The room decodes greedily (the text equals plain greedy decoding, speculation or not), so
-sampling parameters are accepted only at the values that mean greedy: ``temperature``
-0, ``top_p`` 1, ``n`` 1, penalties 0, no logprobs, no logit bias. ``seed`` and ``user``
-are accepted (greedy decoding is deterministic; ``user`` is not used).
+Sampling: ``temperature`` (0-2, OpenAI's range; 0 or absent: greedy, the default),
+``top_p`` (in (0, 1]), ``top_k`` (an extra, as vLLM and llama.cpp's server take it: an
+integer >= 0, 0 off) and ``seed`` (an integer 0..2**64-1: the same seed and request give
+the same answer; without one each sampled answer gets a fresh seed). ``top_p`` and
+``top_k`` shape the distribution only when ``temperature`` > 0. With speculation on,
+sampled answers keep the model's distribution (:mod:`planner.sampling`). Still accepted
+only at the values that change nothing: ``n`` 1, penalties 0, no logprobs, no logit
+bias. ``user`` is accepted and not used.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from planner.sampling import MAX_SEED, Sampling
 
 #: stop sequences a request may give (OpenAI's limit)
 MAX_STOP = 4
@@ -31,8 +37,6 @@ DEFAULT_MAX_TOKENS = 256
 ROLES = ("system", "user", "assistant")
 #: parameters accepted only at the value that means greedy decoding: name -> (allowed values, why)
 _GREEDY_ONLY = {
-    "temperature": ((0, 0.0), "this room decodes greedily: only temperature 0 is honoured"),
-    "top_p": ((1, 1.0), "this room decodes greedily: only top_p 1 is honoured"),
     "n": ((1,), "this room gives one answer per request: only n 1 is honoured"),
     "presence_penalty": ((0, 0.0), "penalties are not supported: only presence_penalty 0 is honoured"),
     "frequency_penalty": ((0, 0.0), "penalties are not supported: only frequency_penalty 0 is honoured"),
@@ -41,7 +45,10 @@ _GREEDY_ONLY = {
     "parallel_tool_calls": ((False,), "tools are not supported"),
 }
 _ACCEPTED = {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "stream", "stream_options",
-             "seed", "user", "response_format", "logit_bias", "store", "metadata", *_GREEDY_ONLY}
+             "seed", "user", "response_format", "logit_bias", "store", "metadata", "temperature", "top_p", "top_k",
+             *_GREEDY_ONLY}
+#: OpenAI's temperature range
+MAX_TEMPERATURE = 2.0
 
 
 class ApiError(Exception):
@@ -97,6 +104,7 @@ class ChatRequest:
         stop: stop sequences (at most 4, non-empty); the answer ends before the first one.
         stream: answer as server-sent events, one chunk per answer token.
         include_usage: (stream) send a last chunk with ``usage``.
+        sampling: how to decode (temperature, top_p, top_k, seed); None: greedy.
     """
 
     model: str
@@ -105,6 +113,7 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    sampling: Sampling | None = None
     id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -167,8 +176,7 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
     rf = given.get("response_format")
     if rf is not None and rf != {"type": "text"}:
         raise _bad("only response_format {\"type\": \"text\"} is supported", "response_format", "unsupported_value")
-    if "seed" in given and not _is_int(given["seed"]):
-        raise _bad("seed must be an integer", "seed", "invalid_type")
+    sampling = _sampling(given)
     if "user" in given and not isinstance(given["user"], str):
         raise _bad("user must be a string", "user", "invalid_type")
 
@@ -237,7 +245,36 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
             raise _bad("stream_options.include_usage must be true or false", "stream_options.include_usage",
                        "invalid_type")
     return ChatRequest(model=model, messages=tuple(out), max_tokens=cap, stop=tuple(stop), stream=stream,
-                       include_usage=include_usage)
+                       include_usage=include_usage, sampling=sampling)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _sampling(given: dict) -> Sampling | None:
+    """``temperature``, ``top_p``, ``top_k``, ``seed`` checked, as a Sampling (None:
+    greedy, temperature absent or 0). Raises ApiError (400) naming the parameter."""
+    t = given.get("temperature", 0)
+    if not _number(t) or not 0 <= t <= MAX_TEMPERATURE:
+        raise _bad(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} (got {str(t)[:40]})", "temperature",
+                   "invalid_value" if _number(t) else "invalid_type")
+    p = given.get("top_p", 1)
+    if not _number(p) or not 0 < p <= 1:
+        raise _bad(f"top_p must be a number more than 0 and at most 1 (got {str(p)[:40]})", "top_p",
+                   "invalid_value" if _number(p) else "invalid_type")
+    k = given.get("top_k", 0)
+    if not _is_int(k) or k < 0:
+        raise _bad(f"top_k must be an integer >= 0, 0 for off (got {str(k)[:40]})", "top_k",
+                   "invalid_value" if _is_int(k) else "invalid_type")
+    seed = given.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise _bad("seed must be an integer", "seed", "invalid_type")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise _bad(f"seed must be from 0 to {MAX_SEED}", "seed")
+    if t == 0:
+        return None
+    return Sampling(temperature=t, top_p=p, top_k=k, seed=seed)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -3,6 +3,7 @@
 Endpoints:
 
 * ``POST /v1/chat/completions``: messages through the model's chat template,
+  ``temperature`` / ``top_p`` / ``top_k`` / ``seed`` (greedy by default),
   ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``stream`` (server-sent events,
   one chunk per answer token, then ``[DONE]``), ``usage``, ``finish_reason``
   (``stop``: end of answer or a stop sequence; ``length``: the cap). Anything the room
@@ -351,6 +352,8 @@ class RoomServer:
         if "does not fit the context" in reason:
             return ApiError(400, f"too long for the room's context: {reason}", "messages",
                             "context_length_exceeded")
+        if reason.startswith("numerical fault"):  # a NaN/inf in a residual: the room's fault, not the request's
+            return ApiError(500, f"the room failed the question: {reason}", None, "numerical_fault", "server_error")
         ready, why, retry = self.readiness()
         if not ready:
             return ApiError(503, f"the room cannot answer: {reason}", None, "room_not_ready",
@@ -365,7 +368,7 @@ class RoomServer:
             return self._error("chat", e)
         client = self.client_id(request)
         self.page.client_seen(client)
-        qid = node.ask(ids, cap, client)
+        qid = node.ask(ids, cap, client, sampling=req.sampling)
         ticket = self.tickets[qid] = _Ticket(qid, client)
         resp: Optional[web.StreamResponse] = None
         try:
@@ -440,7 +443,7 @@ class RoomServer:
             return
         node = self.node
         self.page.client_seen(guest)
-        qid = node.ask(ids, cap, guest)
+        qid = node.ask(ids, cap, guest, sampling=req.sampling)
         ticket = self.tickets[qid] = _Ticket(qid, guest)
         try:
             await asyncio.wait_for(ticket.items.get(), 30.0)
@@ -466,7 +469,7 @@ class RoomServer:
                        resp: Optional[web.StreamResponse]) -> tuple[str, str, int]:
         """Wait for the answer's tokens; stream each as a chunk when ``resp``. Returns
         ``(text, finish_reason, answer tokens)``. Raises ApiError (503) for a refusal
-        mid-answer or a wait past its bound."""
+        mid-answer or a wait past its bound, 500 for a numerical fault."""
         dec = self.tokenizer.stream_decoder()
         stop_ids = getattr(self.tokenizer, "stop_ids", frozenset())
         match = StopMatcher(req.stop)
@@ -501,7 +504,7 @@ class RoomServer:
                     await self._send(resp, chunk_body(req, {"content": tail}))
                 return "".join(parts), ("length" if val == "length" else "stop"), n
             elif kind == "refused":
-                raise self._refusal(val) if not begun else ApiError(
+                raise self._refusal(val) if not begun or val.startswith("numerical fault") else ApiError(
                     503, f"the answer was cut off: {val}", None, "room_not_ready", "service_unavailable",
                     self.readiness()[2] or RETRY_LOST_S)
 

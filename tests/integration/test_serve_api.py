@@ -1,11 +1,13 @@
-"""runtime/serve/api.py: which OpenAI chat parameters the room honours (greedy decoding),
-the 400s naming the parameter for the rest, and stop sequences cut across tokens."""
+"""runtime/serve/api.py: which OpenAI chat parameters the room honours (greedy by default;
+temperature, top_p, top_k, seed), the 400s naming the parameter for the rest, and stop
+sequences cut across tokens."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from planner.sampling import Sampling
 from runtime.serve.api import ApiError, StopMatcher, parse_chat_request
 
 M = "smollm2-135m"
@@ -29,7 +31,7 @@ def test_what_is_honoured():
     r = req(max_tokens=5, stop="\n", stream=True, stream_options={"include_usage": True}, temperature=0,
             top_p=1, n=1, seed=3, user="me", presence_penalty=0.0, frequency_penalty=0, logprobs=False,
             response_format={"type": "text"})
-    assert (r.max_tokens, r.stop, r.stream, r.include_usage) == (5, ("\n",), True, True)
+    assert (r.max_tokens, r.stop, r.stream, r.include_usage, r.sampling) == (5, ("\n",), True, True, None)
     assert req(max_completion_tokens=7).max_tokens == 7
     assert req(max_tokens=7, max_completion_tokens=7).max_tokens == 7
     assert req(temperature=None, max_tokens=None).max_tokens is None  # explicit nulls are "not given"
@@ -38,8 +40,17 @@ def test_what_is_honoured():
     assert parts.messages == ({"role": "user", "content": "ab"},)
 
 
+def test_sampling_parameters():
+    assert req(temperature=0.7, top_p=0.9, top_k=40, seed=2**64 - 1).sampling == Sampling(0.7, 0.9, 40, 2**64 - 1)
+    assert req(temperature=2).sampling == Sampling(2.0)  # seed None: the node picks a fresh one
+    assert req(top_p=0.5, top_k=3, seed=1).sampling is None  # no temperature: greedy, the default
+    assert req(temperature=0, seed=4).sampling is None
+
+
 @pytest.mark.parametrize("extra,param", [
-    ({"temperature": 0.7}, "temperature"), ({"temperature": True}, "temperature"), ({"top_p": 0.9}, "top_p"),
+    ({"temperature": 2.5}, "temperature"), ({"temperature": -0.1}, "temperature"), ({"temperature": True}, "temperature"),
+    ({"temperature": "1"}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.01}, "top_p"),
+    ({"top_k": -1}, "top_k"), ({"top_k": 2.0}, "top_k"), ({"seed": -1}, "seed"), ({"seed": 2**64}, "seed"),
     ({"n": 2}, "n"), ({"presence_penalty": 1}, "presence_penalty"), ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function"}]}, "tools"), ({"functions": []}, "functions"),
     ({"logit_bias": {"1": 5}}, "logit_bias"), ({"response_format": {"type": "json_object"}}, "response_format"),

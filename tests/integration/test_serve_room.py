@@ -195,10 +195,56 @@ def test_openai_client_gets_the_greedy_answer_streamed_and_not(room, greedy):
     assert cut.choices[0].finish_reason == "stop"
 
 
+def sampled_reference(prompt: str, temperature: float, seed: int, max_new: int) -> list[int]:
+    """The sampled answer a seed stands for, computed here without the scheduler or
+    planner.sampling: token j is where ``v_j`` (the second uniform of pair j of a PCG64
+    stream seeded ``seed``) falls in the cumulative softmax(logits / temperature) of one
+    whole-model stage."""
+    import numpy as np
+    md = ensure_safetensors()
+    tok = ChatTokenizer.from_dir(md)
+    st = make_stage("numpy", md, StageSpec(0, 30, True))
+    ids = tok.encode_chat(prompt)
+    v = np.random.Generator(np.random.PCG64(seed)).random((max_new, 2))[:, 1]
+    h = st.forward(st.embed(ids), 0)
+    out: list[int] = []
+    for j in range(max_new):
+        z = st.head(h[-1:])[0].astype(np.float64) / temperature
+        c = np.cumsum(np.exp(z - z.max()))
+        t = int(np.searchsorted(c, v[j] * c[-1], side="right"))
+        if t in tok.stop_ids:
+            break
+        out.append(t)
+        h = st.forward(st.embed([t]), len(ids) + j)
+    return out
+
+
+def test_openai_client_samples_with_temperature_and_seed(room):
+    """temperature + seed through the real client: the answer the seed stands for
+    (computed independently), the same again for the same seed, another for another."""
+    c = client(room.url)
+    msgs = [{"role": "user", "content": "Write one sentence about the sea."}]
+    kw = dict(model=MODEL, messages=msgs, temperature=1.0, max_tokens=12)
+    a = c.chat.completions.create(seed=11, **kw)
+    b = c.chat.completions.create(seed=11, stream=True, **kw)
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in b if ch.choices)
+    tok = ChatTokenizer.from_dir(ensure_safetensors())
+    want = tok.decode(sampled_reference(msgs[0]["content"], 1.0, 11, 12))
+    assert a.choices[0].message.content == streamed == want
+    others = {c.chat.completions.create(seed=s, **kw).choices[0].message.content for s in (12, 13, 14)}
+    assert len(others | {want}) > 1
+    top = c.chat.completions.create(seed=5, top_p=0.5, extra_body={"top_k": 3}, **kw)
+    assert top.choices[0].message.content and top.usage.completion_tokens <= 12
+    greedy_text = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, seed=11)
+    assert greedy_text.choices[0].message.content == c.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=12, temperature=0).choices[0].message.content
+
+
 def test_bad_requests_get_400_naming_the_parameter_and_the_room_goes_on(room, greedy):
     c = client(room.url)
     msgs = [{"role": "user", "content": FRANCE}]
-    for kw, param in (({"temperature": 0.7}, "temperature"), ({"n": 2}, "n"),
+    for kw, param in (({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p"),
+                      ({"extra_body": {"top_k": -2}}, "top_k"), ({"n": 2}, "n"),
                       ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
                       ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role")):
         with pytest.raises(openai.BadRequestError) as e:

@@ -206,3 +206,63 @@ def test_nan_arriving_in_a_frame_names_its_sender(monkeypatch):
     room.run()
     assert room.ended[0].startswith("refused: numerical fault on ")
     assert room.ended[1] == "length" and len(room.answers[1]) == 4
+
+
+def test_device_processes_a_nan_frame_fails_the_question_naming_its_sender_and_sampling_goes_on():
+    """Room nodes (runtime/room.py, one per device, frames as bytes through an in-process
+    hub): one NaN put into the first answer frame the host sends w1 is caught by w1 on
+    arrival; w1 tells the host (a Fault control message); the host refuses that question
+    naming itself as the sender, and answers the next, sampled, equal to the local room's
+    answer for the same seed."""
+    import asyncio
+    import struct
+
+    from runtime.room import Node, NodeConfig
+
+    chain = [["host", 0, 2], ["w1", 2, 4]]
+    handlers, poisoned = {}, []
+
+    def transport(device):
+        class T:
+            def set_handler(self, fn):
+                handlers[device] = fn
+
+            async def send(self, dst, channel, data):
+                data = bytes(data)
+                kind, first = data[5], struct.unpack_from("<I", data, 16)[0]
+                if channel == "residual" and device == "host" and kind == 2 and first >= len(PROMPT) \
+                        and not poisoned:  # the first decode/verify frame of question 0
+                    poisoned.append(1)
+                    data = data[:32] + struct.pack("<f", float("nan")) + data[36:]
+                asyncio.get_running_loop().call_soon(handlers[dst], device, channel, data)
+        return T()
+
+    smp = Sampling(temperature=TEMP, top_k=5, seed=99)
+    nodes = []
+    for n, a, b in chain:
+        cfg = NodeConfig(device=n, host="host", stages=chain, model_dir="/unused", heartbeat_s=0,
+                         scheduler={"hidden": TINY.hidden, "eos_token": None, "draft_tokens": 2},
+                         peers=[m for m, _, _ in chain if m != n])
+        st = NumpyStage(TINY, StageSpec(a, b, host=(n == "host")), dict(W), max_ctx=64)
+        nodes.append(Node(cfg, st, transport(n), keep_open=True))
+    host, w1 = nodes
+
+    async def go():
+        for node in nodes:
+            node.start()
+        q0 = host.ask(PROMPT, 6, "asker")
+        q1 = host.ask(PROMPT, 6, "asker", sampling=smp)
+        for _ in range(2000):
+            if q1 in host.ended:
+                break
+            await asyncio.sleep(0.005)
+        for node in nodes:
+            await node.stop()
+        return q0, q1
+    q0, q1 = asyncio.run(go())
+    assert poisoned and w1.rejected_frames == 1
+    assert host.ended[q0].startswith("refused: numerical fault on host: the residual it sent for lap ")
+    assert host.ended[q1] == "answered"
+    ref = make_room()
+    ref.ask(0, PROMPT, 6, sampling=smp)
+    assert host.answers[q1] == ref.run()[0]
