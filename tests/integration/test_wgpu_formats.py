@@ -139,3 +139,16 @@ def test_attention_over_several_chunks(monkeypatch):
     b = ref.head(ref.embed_forward([7], 70))
     assert rel(a, b) < 1e-5
     assert rel(hg, hr) < 1e-5
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_worker_stage_of_one_layer(monkeypatch, fast):
+    """A worker holding one middle layer: the one-token pass writes the whole residual back."""
+    monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
+    w = weights(5)
+    gpu = wgpu_backend.WgpuStage(CFG, StageSpec(1, 2, False), dict(w), max_ctx=32, weights_dtype="float16")
+    ref = NumpyStage(CFG, StageSpec(1, 2, False), {k: wgpu_backend.dequantized(v, "float16") for k, v in w.items()}, max_ctx=32)
+    rng = np.random.default_rng(2)
+    for pos in range(3):
+        x = rng.standard_normal((1, CFG.hidden)).astype(np.float32)
+        assert rel(gpu.forward(x, pos), ref.forward(x, pos)) < 1e-5
