@@ -45,6 +45,7 @@ def make_stage(
     model_dir: Path | str,
     spec: StageSpec,
     max_ctx: int = 2048,
+    precision=None,
     **kwargs,
 ) -> Stage:
     """Build a stage of ``backend`` (``"numpy"`` or ``"wgpu"``) reading only ``spec``'s tensors.
@@ -52,8 +53,19 @@ def make_stage(
     Raises:
         ValueError: unknown backend or layer range.
         UnsupportedModel: the backend does not compute a feature of the model (one line naming it).
+        PrecisionError (a ValueError): a precision the backend does not implement.
+
+    ``precision`` (:class:`runtime.precision.Precision`, default float32) chooses how weights
+    and the KV cache are stored; a backend that lacks the choice refuses it before loading.
     """
     from ..config import ModelConfig, UnsupportedModel
+    from ..precision import FLOAT32, check_backend
+
+    precision = precision or FLOAT32
+    if backend in BACKENDS:
+        check_backend(backend, precision)
+    if not precision.is_reference and backend == "numpy":
+        kwargs["precision"] = precision
     from ..weights import load_range
 
     cfg = ModelConfig.load(model_dir)

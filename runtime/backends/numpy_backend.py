@@ -16,6 +16,12 @@ Algorithm (the Hugging Face ``transformers`` ``LlamaForCausalLM`` forward, re-de
   head of q and k before RoPE (Qwen3, weights ``[head_dim]``); RoPE inverse frequencies scaled
   (:func:`runtime.config.rope_inv_freq`: linear, Llama 3); keys more than ``sliding_window``
   positions back masked (Mistral v0.1: query ``i`` sees key ``j`` when ``i - window < j <= i``).
+
+Storage (:class:`runtime.precision.Precision`): the four matrices of a layer and the head are
+:class:`runtime.backends.kernels.Linear` objects in float32, float16 or blockwise int8; a
+product of up to ``STREAM_MAX_ROWS`` rows (decode, a verify lap, the head over a lap's rows)
+streams each weight row once (kernels.py says why), bigger blocks (prefill) go to BLAS. The KV
+cache is float32 or float16. All arithmetic is float32; biases and norm weights stay float32.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig, rope_inv_freq
+from ..precision import FLOAT32, Precision
 from ..weights import EMBED, FINAL_NORM, LM_HEAD
 from .base import Stage, StageSpec, check_hidden, check_ids
+from .kernels import Linear
 
 F32 = np.float32
 
@@ -64,20 +72,21 @@ def silu(x: np.ndarray) -> np.ndarray:
 class _Layer:
     __slots__ = ("ln1", "wqkv", "bqkv", "wo", "bo", "qn", "kn", "ln2", "wgu", "wd", "k", "v")
 
-    def __init__(self, w: dict[str, np.ndarray], i: int, cfg: ModelConfig) -> None:
+    def __init__(self, w: dict[str, np.ndarray], i: int, cfg: ModelConfig, fmt: str = "f32") -> None:
         p = f"model.layers.{i}."
         a = p + "self_attn."
         self.ln1 = w.pop(p + "input_layernorm.weight")
         self.ln2 = w.pop(p + "post_attention_layernorm.weight")
-        self.wqkv = np.concatenate([w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"), w.pop(a + "v_proj.weight")])
+        self.wqkv = Linear.of(np.concatenate([w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"),
+                                              w.pop(a + "v_proj.weight")]), fmt)
         self.bqkv = (np.concatenate([w.pop(a + "q_proj.bias"), w.pop(a + "k_proj.bias"), w.pop(a + "v_proj.bias")])
                      if cfg.qkv_bias else None)
-        self.wo = w.pop(a + "o_proj.weight")
+        self.wo = Linear.of(w.pop(a + "o_proj.weight"), fmt)
         self.bo = w.pop(a + "o_proj.bias") if cfg.o_bias else None
         self.qn = w.pop(a + "q_norm.weight") if cfg.qk_norm else None
         self.kn = w.pop(a + "k_norm.weight") if cfg.qk_norm else None
-        self.wgu = np.concatenate([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")])
-        self.wd = w.pop(p + "mlp.down_proj.weight")
+        self.wgu = Linear.of(np.concatenate([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")]), fmt)
+        self.wd = Linear.of(w.pop(p + "mlp.down_proj.weight"), fmt)
         self.k: np.ndarray | None = None  # [n_kv, capacity, D]
         self.v: np.ndarray | None = None
 
@@ -91,22 +100,28 @@ class NumpyStage(Stage):
         weights: ``{hf_name: float32 array}`` from :func:`runtime.weights.load_range`;
             consumed (entries are popped) so the stage does not hold a second copy.
         max_ctx: positions the KV cache may hold (it grows by doubling up to this).
-    Memory: the range's weights (4 B/param) + KV cache ``2 * n_kv * D * 4 B`` per layer per position.
+        precision: storage of weights and KV (default float32; ``residual`` is the codec's).
+    Memory: the range's weights (4, 2 or 9/8 B/param for f32, f16, q8; norms float32) + KV cache
+    ``2 * n_kv * D * (4 or 2) B`` per layer per position.
     """
 
-    def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048) -> None:
+    def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048,
+                 precision: Precision = FLOAT32) -> None:
         if not (0 <= spec.start <= spec.end <= cfg.n_layers):
             raise ValueError(f"layer range [{spec.start}, {spec.end}) outside [0, {cfg.n_layers})")
         self.cfg, self.spec, self.max_ctx = cfg, spec, int(max_ctx)
+        self.precision = precision
+        self._kv_dtype = np.float16 if precision.kv == "f16" else F32
+        fmt = precision.weights
         w = weights  # consumed: each tensor is popped so its memory can go once fused
         for a in w.values():
             assert a.dtype == F32, "weights must be float32"
-        self.layers = [_Layer(w, i, cfg) for i in range(spec.start, spec.end)]
-        self.embedding = self.norm = self.lm_head = None
+        self.layers = [_Layer(w, i, cfg, fmt) for i in range(spec.start, spec.end)]
+        self.embedding = self.norm = self.lm_head = None  # Linear, float32 vector, Linear
         if spec.host:
-            self.embedding = w.pop(EMBED)
+            self.embedding = Linear.of(w.pop(EMBED), fmt)
             self.norm = w.pop(FINAL_NORM)
-            self.lm_head = self.embedding if cfg.tie_embeddings else w.pop(LM_HEAD)
+            self.lm_head = self.embedding if cfg.tie_embeddings else Linear.of(w.pop(LM_HEAD), fmt)
         w.clear()
         self.cos, self.sin = rope_tables(cfg, self.max_ctx)
         self._pos = 0
@@ -115,12 +130,12 @@ class NumpyStage(Stage):
     def embed(self, ids) -> np.ndarray:
         self._require_host()
         a = check_ids(ids, self.cfg.vocab)
-        return self.embedding[a].astype(F32, copy=True)
+        return self.embedding.rows(a)
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
         self._require_host()
         x = check_hidden(hidden, self.cfg.hidden)
-        logits = rms_norm(x, self.norm, self.cfg.rms_eps) @ self.lm_head.T
+        logits = self.lm_head.apply(rms_norm(x, self.norm, self.cfg.rms_eps))
         assert logits.dtype == F32
         return logits
 
@@ -141,7 +156,7 @@ class NumpyStage(Stage):
         if need <= cap:
             return
         new_cap = min(self.max_ctx, max(need, 2 * cap, 64))
-        k = np.zeros((c.n_kv_heads, new_cap, c.head_dim), F32)
+        k = np.zeros((c.n_kv_heads, new_cap, c.head_dim), self._kv_dtype)
         v = np.zeros_like(k)
         if cap:
             k[:, :cap] = layer.k
@@ -156,7 +171,7 @@ class NumpyStage(Stage):
         cos, sin = self.cos[p0:T], self.sin[p0:T]
 
         h = rms_norm(x, L.ln1, c.rms_eps)
-        qkv = h @ L.wqkv.T  # [n, (H + 2KV) * D]
+        qkv = L.wqkv.apply(h)  # [n, (H + 2KV) * D]
         if L.bqkv is not None:
             qkv = qkv + L.bqkv
         q = qkv[:, : H * D].reshape(n, H, D)
@@ -169,6 +184,8 @@ class NumpyStage(Stage):
         L.k[:, p0:T] = k.transpose(1, 0, 2)
         L.v[:, p0:T] = v.transpose(1, 0, 2)
         K, V = L.k[:, :T], L.v[:, :T]  # [KV, T, D]
+        if K.dtype != F32:  # float16 cache: attention computes in float32
+            K, V = K.astype(F32), V.astype(F32)
 
         qg = q.reshape(n, KV, G, D).transpose(1, 2, 0, 3).reshape(KV, G * n, D)
         scores = (qg @ K.transpose(0, 2, 1)) * F32(1.0 / np.sqrt(D))  # [KV, G*n, T]
@@ -183,12 +200,12 @@ class NumpyStage(Stage):
         p = np.exp(scores)
         p /= p.sum(axis=-1, keepdims=True)
         o = (p.reshape(KV, G * n, T) @ V).reshape(KV, G, n, D).transpose(2, 0, 1, 3).reshape(n, H * D)
-        o = o @ L.wo.T
+        o = L.wo.apply(o)
         x = x + (o + L.bo if L.bo is not None else o)
 
         h = rms_norm(x, L.ln2, c.rms_eps)
-        gu = h @ L.wgu.T
+        gu = L.wgu.apply(h)
         f = c.ffn
-        x = x + (silu(gu[:, :f]) * gu[:, f:]) @ L.wd.T
+        x = x + L.wd.apply(silu(gu[:, :f]) * gu[:, f:])
         assert x.dtype == F32
         return x

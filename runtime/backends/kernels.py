@@ -1,0 +1,192 @@
+"""Matrix products of a few activation rows with a weight matrix that is read once.
+
+Why: a verify lap (k+1 <= 9 positions) and the output head over several rows multiply a
+small ``[n, in]`` block of activations by a large ``[out, in]`` weight matrix. OpenBLAS'
+``sgemm`` packs the weight panel for such skinny products and, measured here, ran 2-3x
+slower for ``n = 2..9`` than its one-row ``sgemv`` (issue 14: a 5-position verify cost
+2-3x a one-token step). The kernels below stream each weight row once and take its dot
+product with all ``n`` activation rows while the row is in L1, so the cost of ``n`` rows
+stays close to the cost of one: memory bound, like ``sgemv``.
+
+The same loop serves quantized weights: each row is first widened into a float32 buffer
+(int8 times its per-block scale, or float16 bits converted exactly), then dotted with the
+``n`` rows, so only 1 (int8) or 2 (float16) bytes per weight are read from memory.
+
+Compiled with numba (LLVM), ``parallel=True`` over output rows, ``fastmath`` so the dot
+products vectorize (sums are reassociated: results differ from BLAS in the last bits,
+well inside float32 rounding; tests check them against float64 references).
+
+Formats:
+
+* ``q8``: ``q`` int8 ``[out, in]`` and ``scale`` float32 ``[out, in / 32]``; the weight is
+  ``q[o, i] * scale[o, i // 32]``: blocks of 32 along the input, the layout of llama.cpp's
+  Q8_0 (Gerganov, ggml ``block_q8_0``: 32 int8 and one scale, ``d = max|x| / 127``), with the
+  scale kept in float32 here (9 bits per weight instead of Q8_0's 8.5).
+* ``f16``: IEEE binary16 stored as ``uint16`` bits (numba has no CPU float16 type), widened
+  with the exact bit trick (shift the exponent/mantissa into binary32 position and multiply by
+  2^112, which also turns subnormals right; Giesen, "Half to float done quick", 2013).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+F32 = np.float32
+#: Block length of the ``q8`` format (weights per scale), as llama.cpp's Q8_0.
+Q8_BLOCK = 32
+#: Rows at or below which the streaming kernel beats OpenBLAS sgemm here (measured; see
+#: docs/benchmarks.md). Larger blocks (prefill chunks) go to BLAS, which is compute-efficient there.
+STREAM_MAX_ROWS = 12
+_ROWS_PER_TASK = 16  # output rows one parallel task widens with one buffer
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _mm_f32(x, w, out):  # pragma: no cover - compiled
+    n, k = x.shape
+    m = w.shape[0]
+    for t in prange((m + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
+        for o in range(t * _ROWS_PER_TASK, min(m, (t + 1) * _ROWS_PER_TASK)):
+            for r in range(n):
+                acc = np.float32(0.0)
+                for i in range(k):
+                    acc += x[r, i] * w[o, i]
+                out[r, o] = acc
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _mm_q8(x, q, s, out):  # pragma: no cover - compiled
+    n, k = x.shape
+    m = q.shape[0]
+    nb = k // 32
+    for t in prange((m + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
+        buf = np.empty(k, np.float32)
+        for o in range(t * _ROWS_PER_TASK, min(m, (t + 1) * _ROWS_PER_TASK)):
+            for b in range(nb):
+                d = s[o, b]
+                for j in range(b * 32, b * 32 + 32):
+                    buf[j] = np.float32(q[o, j]) * d
+            for r in range(n):
+                acc = np.float32(0.0)
+                for i in range(k):
+                    acc += x[r, i] * buf[i]
+                out[r, o] = acc
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _mm_f16(x, h, out):  # pragma: no cover - compiled
+    n, k = x.shape
+    m = h.shape[0]
+    for t in prange((m + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
+        bits = np.empty(k, np.uint32)
+        buf = bits.view(np.float32)
+        for o in range(t * _ROWS_PER_TASK, min(m, (t + 1) * _ROWS_PER_TASK)):
+            for i in range(k):
+                v = np.uint32(h[o, i])
+                bits[i] = ((v & np.uint32(0x7FFF)) << np.uint32(13)) | ((v & np.uint32(0x8000)) << np.uint32(16))
+            for i in range(k):
+                buf[i] = buf[i] * np.float32(5.192296858534828e33)  # 2**112
+            for r in range(n):
+                acc = np.float32(0.0)
+                for i in range(k):
+                    acc += x[r, i] * buf[i]
+                out[r, o] = acc
+
+
+def quantize_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Blockwise symmetric int8 of a float matrix (llama.cpp Q8_0's rule, float32 scales).
+
+    Args:
+        w: ``[out, in]`` float32, ``in`` a multiple of :data:`Q8_BLOCK`.
+    Returns:
+        ``(q int8 [out, in], scale float32 [out, in / 32])`` with ``scale = max|block| / 127``
+        and ``q = round(w / scale)`` (0 where a block is all zeros).
+    Raises:
+        ValueError: ``in`` is not a multiple of 32.
+    """
+    w = np.asarray(w, dtype=F32)
+    out_f, in_f = w.shape
+    if in_f % Q8_BLOCK:
+        raise ValueError(f"q8 needs the input width to be a multiple of {Q8_BLOCK}, got {in_f}")
+    blocks = w.reshape(out_f, in_f // Q8_BLOCK, Q8_BLOCK)
+    scale = (np.abs(blocks).max(axis=-1) / F32(127.0)).astype(F32)
+    safe = np.where(scale == 0, F32(1.0), scale)
+    q = np.clip(np.rint(blocks / safe[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(out_f, in_f), scale
+
+
+def dequantize_q8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`quantize_q8` up to rounding: ``[out, in]`` float32."""
+    out_f, in_f = q.shape
+    return (q.reshape(out_f, -1, Q8_BLOCK).astype(F32) * scale[..., None]).reshape(out_f, in_f)
+
+
+class Linear:
+    """A weight matrix ``W [out, in]`` in one storage format, applied as ``x @ W.T``.
+
+    Build with :meth:`of` (``kind`` ``"f32"``, ``"f16"`` or ``"q8"``). ``apply(x)`` takes
+    ``[n, in]`` float32 and returns ``[n, out]`` float32. ``rows(ids)`` returns the float32
+    rows ``W[ids]`` (the embedding lookup when the head is tied). ``nbytes`` is what it holds.
+    """
+
+    __slots__ = ("kind", "shape", "w", "q", "scale")
+
+    def __init__(self, kind: str, shape: tuple[int, int], w=None, q=None, scale=None) -> None:
+        self.kind, self.shape, self.w, self.q, self.scale = kind, shape, w, q, scale
+
+    @classmethod
+    def of(cls, w: np.ndarray, kind: str) -> "Linear":
+        """Store ``w`` (``[out, in]`` float32) as ``kind``.
+
+        Raises:
+            ValueError: unknown kind, or ``q8`` with an input width not a multiple of 32.
+        """
+        w = np.ascontiguousarray(w, dtype=F32)
+        if kind == "f32":
+            return cls(kind, w.shape, w=w)
+        if kind == "f16":
+            return cls(kind, w.shape, w=w.astype(np.float16).view(np.uint16))
+        if kind == "q8":
+            q, s = quantize_q8(w)
+            return cls(kind, w.shape, q=q, scale=s)
+        raise ValueError(f"unknown weight format {kind!r}; choose f32, f16 or q8")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: 4 per weight (f32), 2 (f16), 1 + 4/32 (q8)."""
+        if self.kind == "q8":
+            return self.q.nbytes + self.scale.nbytes
+        return self.w.nbytes
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """``x @ W.T``: ``[n, in]`` float32 -> ``[n, out]`` float32."""
+        n = x.shape[0]
+        if self.kind == "f32" and n > STREAM_MAX_ROWS:
+            return x @ self.w.T
+        if n > STREAM_MAX_ROWS:  # prefill chunk: widen once, then BLAS
+            return x @ self.dense().T
+        out = np.empty((n, self.shape[0]), F32)
+        x = np.ascontiguousarray(x, dtype=F32)
+        if self.kind == "f32":
+            _mm_f32(x, self.w, out)
+        elif self.kind == "q8":
+            _mm_q8(x, self.q, self.scale, out)
+        else:
+            _mm_f16(x, self.w, out)
+        return out
+
+    def dense(self) -> np.ndarray:
+        """The whole matrix as float32 ``[out, in]`` (a view for f32, a new array otherwise)."""
+        if self.kind == "f32":
+            return self.w
+        if self.kind == "f16":
+            return self.w.view(np.float16).astype(F32)
+        return dequantize_q8(self.q, self.scale)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Float32 rows ``W[ids]`` ``[len(ids), in]`` (a copy)."""
+        if self.kind == "f32":
+            return self.w[ids].astype(F32, copy=True)
+        if self.kind == "f16":
+            return self.w[ids].view(np.float16).astype(F32)
+        return dequantize_q8(self.q[ids], self.scale[ids])

@@ -1,0 +1,96 @@
+"""The streaming matrix kernels and the storage formats of runtime.precision, against
+independent references: float64 products, numpy's own float16 conversion, and the Q8_0
+rule worked by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.backends.kernels import Q8_BLOCK, STREAM_MAX_ROWS, Linear, dequantize_q8, quantize_q8
+from runtime.precision import FLOAT32, Precision, PrecisionError, check_backend
+
+
+def _w(out=200, inp=96, seed=0):
+    return np.random.default_rng(seed).standard_normal((out, inp), dtype=np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 9, STREAM_MAX_ROWS, STREAM_MAX_ROWS + 4])
+def test_f32_rows_match_float64_product(n):
+    w = _w()
+    x = np.random.default_rng(1).standard_normal((n, 96), dtype=np.float32)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    got = Linear.of(w, "f32").apply(x)
+    assert got.dtype == np.float32 and got.shape == (n, 200)
+    # float32 sums of 96 terms of size ~1: rounding well under 1e-4
+    assert np.abs(got - ref).max() < 1e-4
+
+
+def test_streamed_row_does_not_depend_on_how_many_rows_share_the_pass():
+    """A verify lap's row r gets the same bits as a one-row pass of that row."""
+    w = _w(300, 128)
+    x = np.random.default_rng(2).standard_normal((7, 128), dtype=np.float32)
+    lin = Linear.of(w, "f32")
+    many = lin.apply(x)
+    for r in range(7):
+        assert np.array_equal(lin.apply(x[r:r + 1])[0], many[r])
+
+
+def test_f16_widening_equals_numpy_including_subnormals():
+    w = _w(64, 64)
+    w[0, :8] = [6e-8, -6e-8, 3e-5, -1e-6, 0.0, -0.0, 65504.0, -2.0 ** -24]  # subnormals, zeros, max
+    lin = Linear.of(w, "f16")
+    want = w.astype(np.float16).astype(np.float64)
+    x = np.eye(64, dtype=np.float32)[:8]  # picks columns 0..7 of every row
+    got = lin.apply(x)
+    assert np.array_equal(got.astype(np.float64), want[:, :8].T)
+    assert np.array_equal(lin.dense(), want.astype(np.float32))
+
+
+def test_q8_quantizes_blocks_by_max_over_127_by_hand():
+    w = np.zeros((1, 64), np.float32)
+    w[0, :32] = np.linspace(-1.0, 0.5, 32)      # block 0: max |x| = 1.0 -> scale 1/127
+    w[0, 32:] = 0.0                             # block 1: all zero -> scale 0, q 0
+    q, s = quantize_q8(w)
+    assert s.shape == (1, 2) and np.isclose(s[0, 0], 1.0 / 127) and s[0, 1] == 0
+    assert q[0, 0] == -127 and q[0, 31] == round(0.5 * 127)
+    assert not q[0, 32:].any()
+    back = dequantize_q8(q, s)
+    assert np.abs(back - w).max() <= 0.5 / 127 + 1e-7  # at most half a step
+
+
+def test_q8_product_equals_dequantized_float64_product():
+    w = _w(150, 4 * Q8_BLOCK)
+    x = np.random.default_rng(3).standard_normal((5, 4 * Q8_BLOCK), dtype=np.float32)
+    lin = Linear.of(w, "q8")
+    ref = x.astype(np.float64) @ dequantize_q8(lin.q, lin.scale).astype(np.float64).T
+    assert np.abs(lin.apply(x) - ref).max() < 1e-4
+    assert lin.nbytes == 150 * 128 + 150 * 4 * 4  # int8 plus one float32 per 32
+
+
+def test_q8_refuses_a_width_not_a_multiple_of_32():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Linear.of(_w(4, 40), "q8")
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8"])
+def test_rows_are_the_stored_matrix_rows(kind):
+    w = _w(50, 64)
+    lin = Linear.of(w, kind)
+    ids = np.array([3, 0, 49])
+    assert np.array_equal(lin.rows(ids), lin.dense()[ids])
+
+
+def test_precision_choices_and_backend_refusal():
+    assert FLOAT32.is_reference and Precision.from_json(None) == FLOAT32
+    p = Precision("q8", "f16", "f16")
+    assert Precision.from_json(p.to_json()) == p
+    with pytest.raises(PrecisionError, match="weights must be one of"):
+        Precision("q4")
+    with pytest.raises(PrecisionError, match="unknown precision keys"):
+        Precision.from_json({"weight": "f16"})
+    check_backend("numpy", p)
+    with pytest.raises(PrecisionError, match="wgpu backend stores weights as f32 only"):
+        check_backend("wgpu", Precision("f16"))
+    with pytest.raises(PrecisionError, match="wgpu backend keeps the KV cache as f32 only"):
+        check_backend("wgpu", Precision(kv="f16"))
