@@ -312,6 +312,8 @@ def max_context(device: Device, stage: Stage | None, is_host: bool, model: Model
     per_token = layers * model.kv_bytes(1, "f16")
     if options.kv_cache == "q8":
         per_token = per_token / 2
+    elif options.kv_cache == "f32":
+        per_token = per_token * 2
     if per_token <= 0:
         return None
     weights = 0 if stage is None else model.weight_bytes(stage.start, stage.end)

@@ -131,14 +131,17 @@ class ModelSpec:
     def kv_bytes(self, context_tokens: int, kv_cache: str = "f16") -> int:
         """KV cache bytes of one layer at ``context_tokens`` tokens.
 
-        ``kv_cache`` is ``"f16"`` or ``"q8"`` (int8 halves the KV part).
+        ``kv_cache`` is ``"f32"`` (twice the f16 bytes: the numpy runtime's float32 cache),
+        ``"f16"`` or ``"q8"`` (int8 halves the KV part).
         Raises ValueError for any other ``kv_cache``.
         """
         if kv_cache == "f16":
             return self.kv_bytes_per_token * context_tokens
         if kv_cache == "q8":
             return self.kv_bytes_per_token * context_tokens // 2
-        raise ValueError(f"kv_cache must be 'f16' or 'q8', got {kv_cache!r}")
+        if kv_cache == "f32":
+            return self.kv_bytes_per_token * context_tokens * 2
+        raise ValueError(f"kv_cache must be 'f32', 'f16' or 'q8', got {kv_cache!r}")
 
     def layer_memory_bytes(self, context_tokens: int, kv_cache: str = "f16") -> int:
         """Memory one layer needs on its device: weights + its KV share at the context."""

@@ -87,7 +87,8 @@ class DealOptions:
 
     Attributes:
         context_tokens: the room's context length; KV is sized for it.
-        kv_cache: ``f16`` or ``q8`` (int8 KV halves the KV part of a layer).
+        kv_cache: ``f32``, ``f16`` or ``q8`` (float32 KV doubles the f16 KV part of a layer, int8
+            halves it).
         split: ``speed`` (default), ``memory`` or ``optimal`` (planner/optimal.py:
             devices, host, ranges and ring order that maximise predicted tokens/s).
         phone_layers: deal phones layers even when computers can hold the model.
@@ -102,7 +103,7 @@ class DealOptions:
     """
 
     context_tokens: int = 8192
-    kv_cache: Literal["f16", "q8"] = "f16"
+    kv_cache: Literal["f32", "f16", "q8"] = "f16"
     split: Literal["speed", "memory", "optimal"] = "speed"
     phone_layers: bool = False
     host: str | None = None
@@ -255,6 +256,9 @@ class Scenario:
     #: a calibration profile (``splitroom calibrate``): measured cost curves the
     #: simulator uses instead of rooflines for the devices, drafters and transport it has
     profile: Profile | None = None
+    #: weight storage the scenario chose (``f32``, ``f16``, ``q8``; runtime.precision), None:
+    #: the model's own; ``model``'s sizes already count it
+    weights: str | None = None
 
     def with_profile(self, profile: Profile) -> "Scenario":
         """This scenario predicted with ``profile``: the simulator then takes each

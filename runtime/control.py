@@ -253,6 +253,9 @@ class NodeConfig(BaseModel):
             in the Replan) instead of reading its own model directory; the host serves.
         redeals: the host's re-deal per lost worker, planned with the planner's rules
             (``run --real`` fills it from the scenario; see :meth:`redeal_rule`).
+        weights, kv: how this device stores its weights and KV cache (runtime.precision:
+            ``f32``/``f16``/``q8`` and ``f32``/``f16``); the residual's dtype on the wire is
+            the scheduler's ``dtype``.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -277,6 +280,13 @@ class NodeConfig(BaseModel):
     crashable: bool = False
     weights_from_peer: bool = False
     redeals: dict[DEVICE_ID, list[StageRow]] = Field(default_factory=dict)
+    weights: Literal["f32", "f16", "q8"] = "f32"
+    kv: Literal["f32", "f16"] = "f32"
+
+    def precision(self):
+        """This device's :class:`runtime.precision.Precision` (residual from the scheduler's dtype)."""
+        from .precision import Precision
+        return Precision(self.weights, self.kv, "f16" if self.scheduler.dtype == int(DType.FLOAT16) else "f32")
 
     def redeal_rule(self):
         """The host's re-deal rule: the chain :attr:`redeals` gives for the loss of one

@@ -47,7 +47,8 @@ def load_device(cfg: NodeConfig, max_ctx: int = 2048):
     stage = tokenizer = drafter = None
     if mine or is_host:
         a, b = (mine[0][1], mine[0][2]) if mine else (0, 0)
-        stage = make_stage(cfg.backend, cfg.model_dir, StageSpec(a, b, host=is_host), max_ctx=max_ctx)
+        stage = make_stage(cfg.backend, cfg.model_dir, StageSpec(a, b, host=is_host), max_ctx=max_ctx,
+                           precision=cfg.precision())
     if is_host:
         from .tokenizer import ChatTokenizer
         tokenizer = ChatTokenizer.from_dir(cfg.model_dir)

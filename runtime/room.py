@@ -308,7 +308,7 @@ class Node:
     def _load(self, start: int, end: int, model_dir: str | None = None) -> Stage:
         from .backends import StageSpec, make_stage
         return make_stage(self.cfg.backend, model_dir or self.cfg.model_dir, StageSpec(start, end, host=self.is_host),
-                          max_ctx=getattr(self.stage, "max_ctx", 2048))
+                          max_ctx=getattr(self.stage, "max_ctx", 2048), precision=self.cfg.precision())
 
     def _manifest_sha(self, start: int, end: int) -> str:
         from .weights_share import make_manifest, manifest_sha256

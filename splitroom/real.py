@@ -79,6 +79,15 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     if spec is not None and spec.drafter not in ("ngram", "early_exit", "model"):
         raise RealRunError(f"drafter {spec.drafter!r} is not available in real runs; use ngram, early_exit or model")
     from planner.scheduler import SchedulerConfig
+    if scn.options.kv_cache not in ("f32", "f16"):
+        raise RealRunError(f"kv_cache {scn.options.kv_cache} is not stored by the runtime; use f32 or f16")
+    from runtime.precision import BACKEND_SUPPORT
+    weights, kv = scn.weights or "f32", scn.options.kv_cache
+    has_w, has_kv = BACKEND_SUPPORT.get(backend, ((weights,), (kv,)))
+    if weights not in has_w or kv not in has_kv:
+        raise RealRunError(f"the {backend} backend stores weights as {', '.join(has_w)} and KV as "
+                           f"{', '.join(has_kv)}; the scenario asks weights {weights}, kv_cache {kv} "
+                           f"(set them with --set weights=f32 --set kv_cache=f32, or use --backend numpy)")
     sched = SchedulerConfig.from_scenario(scn, eos_token=2).to_json()  # SmolLM2 stops on eos 2
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
@@ -96,7 +105,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               drafter=spec.drafter if spec else "ngram",
                               crash_at_token=crash if dev == deal.host else [],
                               crashable=any(f.device == dev for f in scn.faults),
-                              redeals=redeals if dev == deal.host else {}))
+                              redeals=redeals if dev == deal.host else {}, weights=weights, kv=kv))
     return out
 
 

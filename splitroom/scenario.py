@@ -10,6 +10,7 @@ raised as :class:`ScenarioError` whose message is one line:
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -288,7 +289,9 @@ class ScenarioIn(_Strict):
     seed: int = Field(default=1, ge=0, le=2**64 - 1)
     model: Any = "smollm2-135m"  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
     context: int = Field(default=8192, ge=1, le=MAX_CONTEXT)
-    kv_cache: Literal["f16", "q8"] = "f16"
+    kv_cache: Literal["f32", "f16", "q8"] = "f16"
+    weights: Literal["f32", "f16", "q8"] | None = None  # weight storage; None: the model's own
+    residual: Literal["f32", "f16"] | None = None  # residual frames on the wire; None: the model's own
     split: Literal["speed", "memory", "optimal"] = "speed"
     headroom: float = Field(default=DEFAULT_HEADROOM, ge=0.0, lt=1.0)  # fraction of each lend kept free
     phone_layers: bool = False
@@ -306,14 +309,28 @@ class ScenarioIn(_Strict):
 
 
 _DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16, "q8": 8.5, "q4": 4.5}
+#: Bits per weight of the scenario's ``weights`` choices as the runtime stores them
+#: (runtime.precision.WEIGHT_BITS: q8 is int8 plus one float32 scale per 32 weights).
+WEIGHTS_BITS = {"f32": 32.0, "f16": 16.0, "q8": 9.0}
+#: Bytes per residual value of the scenario's ``residual`` choices.
+RESIDUAL_BYTES = {"f32": 4, "f16": 2}
 
 
-def _model_spec(m: Any) -> ModelSpec:
+def _model_spec(m: Any, bits: float | None = None) -> ModelSpec:
+    """The model's spec; ``bits`` (the scenario's ``weights``) re-derives every weight size
+    at that many bits per weight, which needs architecture numbers."""
     if isinstance(m, str):
         try:
-            return catalog_mod.lookup(m)
-        except KeyError as e:
-            raise _KeyProblem("model", str(e.args[0])) from None
+            if bits is None:
+                return catalog_mod.lookup(m)
+            name, arch = catalog_mod.ARCHITECTURES[m]
+            return spec_from_architecture(m, name, replace(arch, bits_per_weight=bits))
+        except KeyError:
+            try:
+                catalog_mod.lookup(m)
+            except KeyError as e:
+                raise _KeyProblem("model", str(e.args[0])) from None
+            raise
     if isinstance(m, dict):
         if set(m) in ({"gguf"}, {"safetensors"}):
             raise _KeyProblem("model", f"{next(iter(m))}: reading model files is not supported yet; "
@@ -327,6 +344,9 @@ def _model_spec(m: Any) -> ModelSpec:
         raise _KeyProblem("model", f"expected a catalog id, an inline mapping, {{gguf: PATH}} or "
                                    f"{{safetensors: DIR}}, got {units.show(m)}")
     if m.layer_bytes is not None:
+        if bits is not None:
+            raise _KeyProblem("weights", "an inline model with layer_bytes states its own sizes; "
+                                         "give architecture numbers (heads, ffn, vocab) to choose weights")
         sizes = tuple(int(x) for x in m.layer_bytes) if isinstance(m.layer_bytes, list) else ()
         lb = -(-sum(sizes) // len(sizes)) if sizes else int(m.layer_bytes)  # the mean, rounded up
         return ModelSpec(
@@ -341,7 +361,7 @@ def _model_spec(m: Any) -> ModelSpec:
     heads = m.heads or 1
     arch = Architecture(layers=m.layers, hidden=m.hidden, heads=heads, kv_heads=m.kv_heads or heads,
                         head_dim=m.head_dim or m.hidden // heads, ffn=m.ffn or 0, vocab=m.vocab or 0,
-                        bits_per_weight=_DTYPE_BITS[m.dtype or "f16"])
+                        bits_per_weight=bits if bits is not None else _DTYPE_BITS[m.dtype or "f16"])
     return spec_from_architecture(m.name, m.name, arch)
 
 
@@ -362,7 +382,9 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
             raise _KeyProblem(f"devices[{i}].id", f"duplicate device id {units.show(d)}")
     if s.host is not None and s.host not in ids:
         raise _KeyProblem("host", f"{units.show(s.host)} is not a device (devices: {', '.join(ids)})")
-    model = _model_spec(s.model)
+    model = _model_spec(s.model, WEIGHTS_BITS[s.weights] if s.weights else None)
+    if s.residual is not None:
+        model = replace(model, residual_bytes_per_token=model.hidden * RESIDUAL_BYTES[s.residual])
     devices = tuple(
         Device(id=d.id, name=d.name or d.id, kind=d.kind, webgpu=d.webgpu, lends_bytes=int(d.lends),
                memory_bandwidth_Bps=d.memory_bandwidth, compute_flops=d.compute, copy_speed_Bps=d.copy_speed,
@@ -461,7 +483,8 @@ def _to_scenario(s: ScenarioIn) -> Scenario:
                     electricity_usd_per_kwh=s.electricity,
                     ends_local=(s.privacy.ends_local.first, s.privacy.ends_local.last)
                     if s.privacy is not None and s.privacy.ends_local is not None else None,
-                    measured_head_s_per_row=s.measured.head_per_row if s.measured is not None else None)
+                    measured_head_s_per_row=s.measured.head_per_row if s.measured is not None else None,
+                    weights=s.weights)
 
 
 def _branch_tags() -> frozenset[str]:

@@ -94,3 +94,46 @@ def test_precision_choices_and_backend_refusal():
         check_backend("wgpu", Precision("f16"))
     with pytest.raises(PrecisionError, match="wgpu backend keeps the KV cache as f32 only"):
         check_backend("wgpu", Precision(kv="f16"))
+
+
+def test_float16_frames_carry_half_the_bytes_and_round_like_numpy():
+    from planner.frames import HEADER_BYTES, DType, FrameHeader, FrameKind
+    from runtime.codec import decode_frame, encode_frame
+
+    x = np.random.default_rng(4).standard_normal((5, 576), dtype=np.float32) * 30
+    x[0, 0] = 1e6  # beyond float16: inf on the wire, for the receiver's numerical check
+    h16 = FrameHeader(FrameKind.DECODE, 1, 2, 3, 5, 576, DType.FLOAT16)
+    h32 = FrameHeader(FrameKind.DECODE, 1, 2, 3, 5, 576, DType.FLOAT32)
+    b16, b32 = encode_frame(h16, x), encode_frame(h32, x)
+    assert len(b16) - HEADER_BYTES == (len(b32) - HEADER_BYTES) // 2 == 5 * 576 * 2
+    h, y = decode_frame(b16)
+    assert h == h16 and y.dtype == np.float32
+    assert np.isinf(y[0, 0])
+    assert np.array_equal(y.ravel()[1:], x.ravel()[1:].astype(np.float16).astype(np.float32))
+    assert np.array_equal(decode_frame(b32)[1], x)
+
+
+def test_scenario_precision_keys_count_what_the_runtime_stores():
+    """Bytes per layer, KV bytes and hop bytes from the scenario's weights, kv_cache and
+    residual, worked out from SmolLM2-135M's shape by hand."""
+    from planner.frames import DType
+    from planner.scheduler import SchedulerConfig
+    from runtime.precision import KV_BYTES, WEIGHT_BITS
+    from splitroom.scenario import RESIDUAL_BYTES, WEIGHTS_BITS, load
+
+    assert WEIGHTS_BITS == WEIGHT_BITS  # the planner's table is the runtime's
+    params = 2 * 576 + 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536  # norms, q/o, k/v, gate/up/down
+    for weights, bits in (("f32", 32), ("f16", 16), ("q8", 9)):
+        s = load("scenarios/home.yaml", [f"weights={weights}"])
+        assert s.model.layer_bytes == -(-params * bits // 8)
+        assert s.model.embedding_bytes == -(-49152 * 576 * bits // 8)
+        assert s.weights == weights
+    kv_token = 2 * 3 * 64  # K and V, 3 KV heads of 64
+    for kv in ("f32", "f16"):
+        s = load("scenarios/home.yaml", [f"kv_cache={kv}"])
+        assert s.model.kv_bytes(2048, s.options.kv_cache) == 2048 * kv_token * KV_BYTES[kv]
+    for res, dt in (("f32", DType.FLOAT32), ("f16", DType.FLOAT16)):
+        s = load("scenarios/home.yaml", [f"residual={res}"])
+        assert s.model.residual_bytes_per_token == 576 * RESIDUAL_BYTES[res]
+        assert SchedulerConfig.from_scenario(s).dtype == dt
+
