@@ -232,29 +232,13 @@ class WgpuStage(Stage):
             if (self.qkv_w // 2) % rr or H % rr or F % rr:
                 self.fast = False
         if self.fast:
-            self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, rope=(NH, KV, D), eps=c.rms_eps))
-            self.f_o = mk(wgsl.matvec_src(H, H, rr, wgs, fmt, add=True))
-            self.f_gu = mk(wgsl.matvec_src(H, F, rr, wgs, fmt, norm=True, swiglu=True, eps=c.rms_eps))
-            self.f_d = mk(wgsl.matvec_src(F, H, rr, wgs, fmt, add=True))
+            un = int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))
+            self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un))
+            self.f_o = mk(wgsl.matvec_src(H, H, rr, wgs, fmt, add=True, U=un))
+            self.f_gu = mk(wgsl.matvec_src(H, F, rr, wgs, fmt, norm=True, swiglu=True, eps=c.rms_eps, U=un))
+            self.f_d = mk(wgsl.matvec_src(F, H, rr, wgs, fmt, add=True, U=un))
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
             self.f_att = mk(wgsl.attention1_src(NH, KV, D, int(os.environ.get("SPLITROOM_WGPU_ATT", "256")), chunk))
-
-        # three passes per layer (default): partial sums instead of in-place residual adds
-        self.passes = 3 if os.environ.get("SPLITROOM_WGPU_LAYER_PASSES", "3") != "5" else 5
-        if self.fast and self.passes == 3:
-            self.rw = int(os.environ.get("SPLITROOM_WGPU_FFN_BLOCK", "32"))
-            if F % self.rw or self.rw % 4:
-                self.passes = 5
-        if self.fast and self.passes == 3:
-            npd = F // self.rw
-            self.xab = [buf(H * 4), buf(H * 4)]
-            self.po, self.pd = buf(NH * H * 4), buf(npd * H * 4)
-            aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
-            f3_qkv0 = mk(wgsl.qkv3_src(H, NH, KV, D, rr, wgs, fmt, 0, 0, c.rms_eps))
-            f3_qkv = mk(wgsl.qkv3_src(H, NH, KV, D, rr, wgs, fmt, NH, npd, c.rms_eps))
-            f3_att = mk(wgsl.attn_o_src(NH, KV, D, H, fmt, aw, chunk))
-            f3_gud = mk(wgsl.gu_down_src(H, F, self.rw, int(os.environ.get("SPLITROOM_WGPU_FFN_WG", "256")), fmt, NH, c.rms_eps))
-            f3_fin = mk(wgsl.finalize_src(H, NH, npd))
 
         self.layers = []
         self.plan1: list[tuple[str, object, object, int]] = []  # one-token layer passes: (label, pipeline, bind group, groups)
@@ -278,24 +262,7 @@ class WgpuStage(Stage):
             L["rope"] = self._bind(self.p_rope, {0: self.qkv, 1: kc, 2: vc, 3: self.rope, 4: self.params})
             L["att"] = self._bind(self.p_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params})
             self.layers.append(L)
-            if self.fast and self.passes == 3:
-                li = i - spec.start
-                r_in = self.x if li == 0 else self.xab[(li - 1) % 2]
-                r_l = self.xab[li % 2]
-                if li == 0:
-                    qb = self._bind(f3_qkv0, {0: r_in, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, 6: kc, 7: vc, 8: self.rope, 13: r_l})
-                    pq = f3_qkv0
-                else:
-                    qb = self._bind(f3_qkv, {0: r_in, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, 6: kc, 7: vc, 8: self.rope, 9: self.po, 12: self.pd, 13: r_l})
-                    pq = f3_qkv
-                self.plan1 += [
-                    ("qkv_rope", pq, qb, self.qkv_w // 2 // rr),
-                    ("attention_o", f3_att, self._bind(f3_att, {0: self.qkv, 1: kc, 2: vc, 3: self.po, 4: self.params, 5: wo}), NH),
-                    ("mlp", f3_gud, self._bind(f3_gud, {0: r_l, 1: wg, 2: self.pd, 4: ln2, 5: wu, 7: wd, 9: self.po}), F // self.rw),
-                ]
-                if i == spec.end - 1:
-                    self.plan1.append(("residual", f3_fin, self._bind(f3_fin, {0: r_l, 2: self.x, 9: self.po, 12: self.pd}), -(-H // 256)))
-            elif self.fast:
+            if self.fast:
                 self.plan1 += [
                     ("qkv_rope", self.f_qkv, self._bind(self.f_qkv, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, 6: kc, 7: vc, 8: self.rope}), self.qkv_w // 2 // rr),
                     ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH),
@@ -320,7 +287,7 @@ class WgpuStage(Stage):
             self.b_arg = (p_arg, self._bind(p_arg, {0: self.logits, 1: self.ids}))
             if self.fast:
                 hw, hr = _mv_shape("HEAD", (256, 8))
-                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fmt, norm=True, eps=c.rms_eps))
+                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fmt, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))))
                 f_arg = mk(wgsl.argmax_embed_src(V, H, fmt))
                 # head on the uploaded residual (hx) or on the residual left in x by the last step
                 self.fhead_hx = ("head", f_head, self._bind(f_head, {0: self.hx, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)

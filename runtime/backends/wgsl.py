@@ -317,7 +317,7 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
 
 
 def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "float32", norm: bool = False, add: bool = False,
-               swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5) -> str:
+               swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
     Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
@@ -329,7 +329,8 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "float32", norm: boo
     ``j + D/2`` of a head are computed by one subgroup and rotated (rotate-half RoPE at position
     ``first_pos``); Q goes to ``Y`` (``[NH*D]``), K and V straight into the caches (bindings 6, 7)
     at ``first_pos``; tables at binding 8 (``[ctx, D]`` = cos | sin).
-    Bindings: 0 X ``[K]`` f32, 1 W ``[N, K]`` (``fmt``), 2 Y f32, 3 Params, 4 norm weight.
+    Each lane issues ``U`` loads before it sums them (one memory round trip per ``U * subgroup``
+    vec4s). Bindings: 0 X ``[K]`` f32, 1 W ``[N, K]`` (``fmt``), 2 Y f32, 3 Params, 4 norm weight.
     Dispatch ``(N / R,)`` (with ``rope``: ``(N / 2 / R,)``).
     """
     assert K % 4 == 0 and N % R == 0 and not (swiglu and rope)
@@ -351,7 +352,7 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "float32", norm: boo
         s.append("@group(0) @binding(8) var<storage, read> ROPE: array<f32>;\n")
         s.append(f"const NH: u32 = {NH}u;\nconst KV: u32 = {KV}u;\nconst D: u32 = {D}u;\nconst HALF: u32 = {D // 2}u;\n"
                  f"const KVD: u32 = {KV * D}u;\n")
-    s.append(f"const K4: u32 = {K4}u;\nconst R: u32 = {R}u;\nconst EPS: f32 = {_f(eps)};\n")
+    s.append(f"const K4: u32 = {K4}u;\nconst R: u32 = {R}u;\nconst U: u32 = {U}u;\nconst EPS: f32 = {_f(eps)};\n")
     two = swiglu or rope
     body = [f"""
 @compute @workgroup_size({WGS})
@@ -370,15 +371,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
     var a = 0.0;
     var b = 0.0;
     var ss = 0.0;
-    for (var k = lane; k < K4; k += sgs) {
-      var xv = X[k];""")
-    if norm:
-        body.append("\n      ss += dot(xv, xv);\n      xv = xv * NW[k];")
-    body.append("\n      a += dot(ld_W(row * K4 + k), xv);")
-    if swiglu:
-        body.append("\n      b += dot(ld_W2(row * K4 + k), xv);")
-    if rope:
-        body.append("\n      b += dot(ld_W(row2 * K4 + k), xv);")
+    for (var k0 = lane; k0 < K4; k0 += sgs * U) {""")
+    # U independent loads first (indices clamped in range, out-of-range terms masked to 0), then the sums:
+    # a loop with a run-time stride is not unrolled by the driver, so each iteration would wait a full
+    # memory round trip
+    for u in range(U):
+        idx = "k0" if u == 0 else f"min(k0 + {u}u * sgs, K4 - 1u)"
+        body.append(f"\n      let i{u} = {idx};\n      var x{u} = X[i{u}];\n      let w{u} = ld_W(row * K4 + i{u});")
+        if swiglu:
+            body.append(f"\n      let v{u} = ld_W2(row * K4 + i{u});")
+        if rope:
+            body.append(f"\n      let v{u} = ld_W(row2 * K4 + i{u});")
+    for u in range(U):
+        m = "" if u == 0 else f" * select(0.0, 1.0, k0 + {u}u * sgs < K4)"
+        if norm:
+            body.append(f"\n      ss += dot(x{u}, x{u}){m};\n      x{u} = x{u} * NW[i{u}];")
+        body.append(f"\n      a += dot(w{u}, x{u}){m};")
+        if two:
+            body.append(f"\n      b += dot(v{u}, x{u}){m};")
     body.append("\n    }\n    a = subgroupAdd(a);")
     if two:
         body.append("\n    b = subgroupAdd(b);")
@@ -504,7 +514,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let csum = wg_sum(lsum, lane, sg, nsg);
     let corr = exp(m - nm);
     var a = vec4<f32>(0.0);
-    for (var j = sl; j < cn; j += SL) {{ a += sc[j] * VC[(c0 + j) * KVD4 + kvo4 + d4]; }}
+    for (var j = sl; j < cn; j += SL * 4u) {{
+      let j1 = min(j + SL, cn - 1u);
+      let j2 = min(j + 2u * SL, cn - 1u);
+      let j3 = min(j + 3u * SL, cn - 1u);
+      let v0 = VC[(c0 + j) * KVD4 + kvo4 + d4];
+      let v1 = VC[(c0 + j1) * KVD4 + kvo4 + d4];
+      let v2 = VC[(c0 + j2) * KVD4 + kvo4 + d4];
+      let v3 = VC[(c0 + j3) * KVD4 + kvo4 + d4];
+      a += sc[j] * v0 + select(0.0, sc[j1], j + SL < cn) * v1 + select(0.0, sc[j2], j + 2u * SL < cn) * v2
+         + select(0.0, sc[j3], j + 3u * SL < cn) * v3;
+    }}
     acc = acc * corr + a;
     l = l * corr + csum;
     m = nm;
@@ -540,9 +560,13 @@ var<workgroup> bi: array<u32, {WGS}>;
 fn main(@builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
   var best = -3.4e38;
   var idx = 0xffffffffu;
-  for (var i = lid; i < V; i += WGS) {{
-    let v = L[i];
-    if (v > best || idx == 0xffffffffu) {{ best = v; idx = i; }}
+  for (var i0 = lid; i0 < V; i0 += WGS * 8u) {{
+    var vs: array<f32, 8>;
+    for (var u = 0u; u < 8u; u++) {{ vs[u] = L[min(i0 + u * WGS, V - 1u)]; }}
+    for (var u = 0u; u < 8u; u++) {{
+      let i = i0 + u * WGS;
+      if (i < V && (vs[u] > best || idx == 0xffffffffu)) {{ best = vs[u]; idx = i; }}
+    }}
   }}
   let sm = subgroupMax(best);
   let si = subgroupMin(select(0xffffffffu, idx, best == sm));
@@ -560,224 +584,3 @@ fn main(@builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
 }}
 """
 
-
-# ------------------------------------------------------------- three passes per layer (decode)
-def _prologue(H4: int, npo: int, npd: int, write_x: bool, norm: bool) -> str:
-    """Workgroup-cooperative residual assembly: ``x = X + sum_p PO[p] + sum_q PD[q]`` (fixed order),
-    optionally stored to ``XN`` by workgroup 0, normalised by ``NW`` into workgroup memory ``xs``;
-    leaves ``sc`` = the RMSNorm scale (1 when ``norm`` is false)."""
-    s = [f"""
-  var ss = 0.0;
-  for (var k = lid; k < {H4}u; k += WGS) {{
-    var v = X[k];"""]
-    if npo:
-        s.append(f"\n    for (var p = 0u; p < {npo}u; p++) {{ v += PO[p * {H4}u + k]; }}")
-    if npd:
-        s.append(f"\n    for (var p = 0u; p < {npd}u; p++) {{ v += PD[p * {H4}u + k]; }}")
-    if write_x:
-        s.append("\n    if (wid.x == 0u) { XN[k] = v; }")
-    s.append("\n    ss += dot(v, v);")
-    s.append("\n    xs[k] = v * NW[k];" if norm else "\n    xs[k] = v;")
-    s.append(f"""
-  }}
-  let tot = wg_sum(ss, lane, sg, nsg);
-  let sc = {"1.0 / sqrt(tot / f32(" + str(H4 * 4) + "u) + EPS)" if norm else "1.0"};
-""")
-    return "".join(s)
-
-
-_WG_SUM = """
-fn wg_sum(v: f32, lane: u32, sg: u32, nsg: u32) -> f32 {
-  let m = subgroupAdd(v);
-  if (lane == 0u) { red[sg] = m; }
-  workgroupBarrier();
-  var r = 0.0;
-  for (var i = 0u; i < nsg; i++) { r += red[i]; }
-  workgroupBarrier();
-  return r;
-}
-"""
-
-
-def qkv3_src(H: int, NH: int, KV: int, D: int, R: int, WGS: int, fmt: str, npo: int, npd: int, eps: float) -> str:
-    """First pass of a layer (three-pass decode): assemble the residual from the previous layer's
-    partial sums (``npo`` attention/O partials at binding 9, ``npd`` MLP partials at 12; none for the
-    first layer), store it as this layer's residual (binding 13, by workgroup 0), RMSNorm, QKV rows in pairs ``j, j + D/2``
-    with RoPE at ``first_pos``, Q to binding 2, K and V into the caches (6, 7). Bindings as in
-    :func:`matvec_src`: 0 X, 1 W (``fmt``), 2 Y, 3 Params, 4 norm, 8 RoPE tables.
-    Dispatch ``((NH + 2KV) * D / 2 / R,)``."""
-    H4 = H // 4
-    N = (NH + 2 * KV) * D
-    assert H % 4 == 0 and (N // 2) % R == 0
-    s = [PARAMS, weight_decl("W", 1, fmt)]
-    s.append("""@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
-@group(0) @binding(3) var<uniform> P: Params;
-@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> KC: array<f32>;
-@group(0) @binding(7) var<storage, read_write> VC: array<f32>;
-@group(0) @binding(8) var<storage, read> ROPE: array<f32>;
-""")
-    if npo:
-        s.append("@group(0) @binding(9) var<storage, read> PO: array<vec4<f32>>;\n")
-    if npd:
-        s.append("@group(0) @binding(12) var<storage, read> PD: array<vec4<f32>>;\n")
-    s.append("@group(0) @binding(13) var<storage, read_write> XN: array<vec4<f32>>;\n")
-    s.append(f"""const NH: u32 = {NH}u;
-const KV: u32 = {KV}u;
-const D: u32 = {D}u;
-const HALF: u32 = {D // 2}u;
-const KVD: u32 = {KV * D}u;
-const K4: u32 = {H4}u;
-const R: u32 = {R}u;
-const WGS: u32 = {WGS}u;
-const EPS: f32 = {_f(eps)};
-var<workgroup> xs: array<vec4<f32>, {H4}>;
-var<workgroup> red: array<f32, {WGS}>;
-""")
-    s.append(_WG_SUM)
-    s.append(f"""
-@compute @workgroup_size({WGS})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
-{_prologue(H4, npo, npd, True, True)}
-  for (var r = sg; r < R; r += nsg) {{
-    let u = wid.x * R + r;
-    let head = u / HALF;
-    let j = u % HALF;
-    let row = head * D + j;
-    let row2 = row + HALF;
-    var a = 0.0;
-    var b = 0.0;
-    for (var k = lane; k < K4; k += sgs) {{
-      let xv = xs[k];
-      a += dot(ld_W(row * K4 + k), xv);
-      b += dot(ld_W(row2 * K4 + k), xv);
-    }}
-    a = subgroupAdd(a) * sc;
-    b = subgroupAdd(b) * sc;
-    if (lane == 0u) {{
-      let pos = P.first_pos;
-      if (head < NH + KV) {{
-        let c = ROPE[pos * D + j];
-        let s = ROPE[pos * D + HALF + j];
-        let y1 = a * c - b * s;
-        let y2 = b * c + a * s;
-        if (head < NH) {{
-          Y[row] = y1;
-          Y[row2] = y2;
-        }} else {{
-          let kb = pos * KVD + (head - NH) * D + j;
-          KC[kb] = y1;
-          KC[kb + HALF] = y2;
-        }}
-      }} else {{
-        let vb = pos * KVD + (head - NH - KV) * D + j;
-        VC[vb] = a;
-        VC[vb + HALF] = b;
-      }}
-    }}
-  }}
-}}
-""")
-    return "".join(s)
-
-
-def attn_o_src(NH: int, KV: int, D: int, H: int, fmt: str, WGS: int = 256, CH: int = 2048) -> str:
-    """Second pass (three-pass decode): :func:`attention1_src` for head ``h``, then that head's share
-    of the O-projection, ``PO[h, o] = sum_d Wo[o, h*D + d] * attn_h[d]`` (the residual add happens
-    where the partials are summed). Bindings: 0 QKV, 1 KC, 2 VC, 3 PO ``[NH, H]`` (out), 4 Params,
-    5 Wo ``[H, NH*D]`` (``fmt``). Dispatch ``(NH,)``."""
-    src = attention1_src(NH, KV, D, WGS, CH)
-    D4, H4 = D // 4, H // 4
-    src = src.replace("@group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;",
-                      "@group(0) @binding(3) var<storage, read_write> PO: array<f32>;\n" + weight_decl("W", 5, fmt)
-                      + f"var<workgroup> oh: array<vec4<f32>, {D4}>;\nconst HID: u32 = {H}u;\nconst HID4: u32 = {H4}u;\n")
-    old = """    O[h * D4 + lid] = o / l;
-  }
-}"""
-    assert old in src
-    new = f"""    oh[lid] = o / l;
-  }}
-  workgroupBarrier();
-  for (var r = lid; r < HID; r += WGS) {{
-    let wb = r * HID4 + h * D4;
-    var s = 0.0;
-    for (var e = 0u; e < D4; e++) {{ s += dot(ld_W(wb + e), oh[e]); }}
-    PO[h * HID + r] = s;
-  }}
-}}"""
-    return src.replace(old, new)
-
-
-def gu_down_src(H: int, F: int, RW: int, WGS: int, fmt: str, npo: int, eps: float) -> str:
-    """Third pass (three-pass decode): residual after attention ``x1 = X + sum_h PO[h]`` in workgroup
-    memory, RMSNorm, gate/up rows ``[wg*RW, wg*RW + RW)`` with SwiGLU into workgroup memory, then
-    this block's share of the down projection, ``PD[wg, o] = sum_r Wd[o, wg*RW + r] * act[r]``.
-    Bindings: 0 X, 1 Wg, 5 Wu, 7 Wd ``[H, F]`` (``fmt``), 2 PD ``[F/RW, H]`` (out), 4 norm, 9 PO.
-    Dispatch ``(F / RW,)``."""
-    H4, RW4, F4 = H // 4, RW // 4, F // 4
-    assert F % RW == 0 and RW % 4 == 0
-    s = [weight_decl("W", 1, fmt), weight_decl("W2", 5, fmt), weight_decl("WD", 7, fmt)]
-    s.append(f"""@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> PDO: array<f32>;
-@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> PO: array<vec4<f32>>;
-const K4: u32 = {H4}u;
-const RW: u32 = {RW}u;
-const WGS: u32 = {WGS}u;
-const EPS: f32 = {_f(eps)};
-var<workgroup> xs: array<vec4<f32>, {H4}>;
-var<workgroup> red: array<f32, {WGS}>;
-var<workgroup> act: array<f32, {RW}>;
-""")
-    s.append(_WG_SUM)
-    s.append(f"""
-@compute @workgroup_size({WGS})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
-{_prologue(H4, npo, 0, False, True)}
-  for (var r = sg; r < RW; r += nsg) {{
-    let row = wid.x * RW + r;
-    var a = 0.0;
-    var b = 0.0;
-    for (var k = lane; k < K4; k += sgs) {{
-      let xv = xs[k];
-      a += dot(ld_W(row * K4 + k), xv);
-      b += dot(ld_W2(row * K4 + k), xv);
-    }}
-    a = subgroupAdd(a) * sc;
-    b = subgroupAdd(b) * sc;
-    if (lane == 0u) {{ act[r] = (a / (1.0 + exp(-a))) * b; }}
-  }}
-  workgroupBarrier();
-  for (var o = lid; o < {H}u; o += WGS) {{
-    let wb = o * {F4}u + wid.x * {RW4}u;
-    var s = 0.0;
-    for (var e = 0u; e < {RW4}u; e++) {{
-      let w = ld_WD(wb + e);
-      s += w.x * act[e * 4u] + w.y * act[e * 4u + 1u] + w.z * act[e * 4u + 2u] + w.w * act[e * 4u + 3u];
-    }}
-    PDO[wid.x * {H}u + o] = s;
-  }}
-}}
-""")
-    return "".join(s)
-
-
-def finalize_src(H: int, npo: int, npd: int) -> str:
-    """Residual after the last layer (three-pass decode): ``XO = X + sum PO + sum PD``.
-    Bindings: 0 X, 2 XO, 9 PO, 12 PD. Dispatch ``(ceil(H/4/64),)``."""
-    H4 = H // 4
-    return f"""@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> XO: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> PO: array<vec4<f32>>;
-@group(0) @binding(12) var<storage, read> PD: array<vec4<f32>>;
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-  let k = gid.x;
-  if (k >= {H4}u) {{ return; }}
-  var v = X[k];
-  for (var p = 0u; p < {npo}u; p++) {{ v += PO[p * {H4}u + k]; }}
-  for (var p = 0u; p < {npd}u; p++) {{ v += PD[p * {H4}u + k]; }}
-  XO[k] = v;
-}}
-"""
