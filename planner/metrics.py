@@ -21,7 +21,9 @@ Definitions (seconds, tokens):
   from, else when it was noticed), ``detected_at_s`` (DeviceLost), ``ready_at_s`` (the
   new chain ready: ChainReady), ``next_token_at_s`` (the first answer token after it)
   and ``recovery_s`` = next token - lost; ``into_run_s`` is when it was lost counted from
-  the trace's first record; ``recovery_s`` is the longest (None: none).
+  the trace's first record; ``recovery_s`` is the longest (None: none). ``copies``
+  lists the weights each device of the new chain got (WeightsCopied: device, source,
+  layers, bytes, seconds) and ``copy_s`` is the longest of them (None: none recorded).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, DeviceLost, Draft, DraftReady, EmitToken,
                               FrameArrived, HeadFinished, LapEnded, QuestionAsked, Redeal, Refuse, RunHead, RunStage,
-                              SendFrame, StageFinished)
+                              SendFrame, StageFinished, WeightsCopied)
 
 
 def _pcts(xs: list[float]) -> dict:
@@ -180,6 +182,7 @@ def recoveries(trace: Iterable[tuple[float, Any]]) -> list[dict]:
     out: list[dict] = []
     lost: dict[str, tuple[float, float]] = {}  # device -> (lost at, detected at)
     ready: dict[int, dict] = {}  # first lap -> its record
+    by_lap: dict[int, dict] = {}  # first lap -> its record (kept after ChainReady)
     waiting: list[dict] = []  # ready, no token yet
     t_first = None
     for t, o in trace:
@@ -191,9 +194,16 @@ def recoveries(trace: Iterable[tuple[float, Any]]) -> list[dict]:
             at, seen = lost.get(o.lost, (t, t))
             rec = {"device": o.lost, "lost_at_s": at, "into_run_s": at - t_first, "detected_at_s": seen,
                    "ready_at_s": None,
-                   "next_token_at_s": None, "recovery_s": None, "replay_tokens": o.replay_tokens}
+                   "next_token_at_s": None, "recovery_s": None, "replay_tokens": o.replay_tokens,
+                   "copies": [], "copy_s": None}
             out.append(rec)
             ready[o.first_lap] = rec
+            by_lap[o.first_lap] = rec
+        elif cls is WeightsCopied and o.first_lap in by_lap:
+            rec = by_lap[o.first_lap]
+            rec["copies"].append({"device": o.device, "source": o.source, "start": o.start, "end": o.end,
+                                  "nbytes": o.nbytes, "seconds": o.seconds})
+            rec["copy_s"] = max(rec["copy_s"] or 0.0, o.seconds)
         elif cls is ChainReady and o.first_lap in ready:
             rec = ready.pop(o.first_lap)
             rec["ready_at_s"] = t

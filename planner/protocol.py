@@ -306,9 +306,25 @@ class Computed:
     seconds: float
 
 
+@dataclass(frozen=True)
+class WeightsCopied:
+    """Trace bookkeeping, written by a driver: after the re-deal whose first lap is
+    ``first_lap``, ``device`` got the weights of layers ``[start, end)`` (0-based,
+    half-open) from ``source`` (a peer's id, or ``"disk"``: its own model directory),
+    ``nbytes`` bytes in ``seconds`` (copy, checks and load until the stage was built)."""
+
+    device: str
+    first_lap: int
+    source: str
+    start: int
+    end: int
+    nbytes: int
+    seconds: float
+
+
 EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
           QuestionWithdrawn, LapFailed)
-RECORDS = (Computed,)
+RECORDS = (Computed, WeightsCopied)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
             LapEnded, AnswerDone, Refuse, Redeal)
 

@@ -40,6 +40,10 @@ from planner.protocol import ReturnPath
 from planner.sampling import MAX_SEED, Sampling
 from planner.scheduler import SchedulerConfig
 
+#: Seconds a worker that lost the model host waits for it to come back ("Host
+#: reconnecting") before the room is over (product page 001: a minute).
+HOST_WAIT_S = 60.0
+
 #: A device id as the control plane accepts it.
 DEVICE_ID = Annotated[str, Field(min_length=1, max_length=64)]
 
@@ -172,6 +176,11 @@ class Replan(_Model):
     #: device -> sha256 of its new range's weights manifest: copy the range from the
     #: host over the weights channel, verified against it (runtime/weights_share.py)
     manifests: dict[DEVICE_ID, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(default_factory=dict)
+    #: device -> the layers ``[start, end)`` that manifest covers: the part of its new
+    #: range it does not hold yet (the rest it keeps, read from its own disk); absent:
+    #: its whole new range
+    copy_ranges: dict[DEVICE_ID, tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]] = \
+        Field(default_factory=dict)
 
     def deal(self) -> Deal:
         """The new chain as a pinned Deal."""
@@ -256,6 +265,9 @@ class NodeConfig(BaseModel):
         weights, kv: how this device stores its weights and KV cache (runtime.precision:
             ``f32``/``f16``/``q8`` and ``f32``/``f16``); the residual's dtype on the wire is
             the scheduler's ``dtype``.
+        host_wait_s: a worker that loses the model host keeps its weights and waits this
+            many seconds for the host to come back ("Host reconnecting"), then leaves
+            ("Room over"); 0: leaves at once.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -282,6 +294,7 @@ class NodeConfig(BaseModel):
     redeals: dict[DEVICE_ID, list[StageRow]] = Field(default_factory=dict)
     weights: Literal["f32", "f16", "q8"] = "f32"
     kv: Literal["f32", "f16"] = "f32"
+    host_wait_s: float = Field(HOST_WAIT_S, ge=0.0)
 
     def precision(self):
         """This device's :class:`runtime.precision.Precision` (residual from the scheduler's dtype)."""

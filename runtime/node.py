@@ -8,8 +8,13 @@ or until it loses the model host (workers), then writes its JSONL trace to
 ``config.trace_path``. BLAS threads are pinned to one per process so that devices
 sharing this machine's cores share them fairly.
 
+A worker that loses the model host keeps its weights and waits ``host_wait_s`` (60 s
+by default) for it to come back ("Host reconnecting": :func:`await_host` makes a new
+connection to it through the relay); a host that returns resumes the room, its KV cache
+emptied; otherwise "Room over" and exit status 5.
+
 Exit status: 0 done, 2 bad configuration, 3 could not join the room, 4 timed out,
-5 lost the model host.
+5 lost the model host (the room is over: it did not come back in time).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ def stop_on_signals() -> asyncio.Event:
 async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optional[asyncio.Event] = None,
                      until: Sequence[Awaitable] = (), loaded=None,
                      on_start: Optional[Callable[[Node], None]] = None,
-                     keep_open: bool = False) -> tuple[Node, int]:
+                     keep_open: bool = False, append_trace: bool = False) -> tuple[Node, int]:
     """The one device loop (``python -m runtime.node`` and ``splitroom join``).
 
     Builds a :class:`runtime.room.Node` over ``transport`` (``send``/``set_handler``,
@@ -85,6 +90,8 @@ async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optiona
         keep_open: the host keeps taking questions (``Node.ask``, e.g. from an HTTP
             server) once its configured prompts are answered, until ``stop``, an
             ``until`` waiter or the timeout.
+        append_trace: append to ``cfg.trace_path`` (a later round of the same device,
+            after the host came back) instead of replacing it.
     Returns:
         ``(node, status)``: status 0 done, 4 timed out, 5 lost the model host. An
         exception raised by an ``until`` waiter propagates after the node is stopped.
@@ -109,19 +116,57 @@ async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optiona
             log.error("%s: timed out after %.0f s", cfg.device, timeout_s)
             status = TIMED_OUT
         elif not is_host and node.lost_host.is_set():
-            log.error("%s: lost the model host %s; leaving the room", cfg.device, cfg.host)
+            log.error("%s: lost the model host %s", cfg.device, cfg.host)
             status = LOST_HOST
         for d in done:
             d.result()  # an until-waiter's error (e.g. the host aborted the room)
     finally:
         await node.stop()
         if cfg.trace_path:
-            _write_outputs(cfg, node, tokenizer)
+            _write_outputs(cfg, node, tokenizer, append_trace)
     return node, status
 
 
-def _write_outputs(cfg: NodeConfig, node: Node, tokenizer) -> None:
-    with open(cfg.trace_path, "w", encoding="utf-8") as f:
+async def await_host(transport, host: str, wait_s: float, stop: Optional[asyncio.Event] = None,
+                     say: Callable[[str], None] = lambda line: log.warning("%s", line)) -> bool:
+    """A worker lost the model host ``host``: say "Host reconnecting" and wait up to
+    ``wait_s`` seconds for it to come back (``transport.reconnect(host, timeout_s)``: a
+    new connection through the relay, made when the host's new process joins the room).
+
+    Returns True when the host is connected again; False (after saying "Room over")
+    when ``wait_s`` passed, ``stop`` was set, or the transport cannot reconnect.
+    Never raises for a failed reconnection."""
+    from .transport import TransportError
+    say(f"Host reconnecting: lost the model host {host}; keeping the weights, waiting up to {wait_s:g} s")
+    if wait_s > 0 and hasattr(transport, "reconnect"):
+        attempt = asyncio.ensure_future(transport.reconnect(host, wait_s))
+        waiters = [attempt] + ([asyncio.ensure_future(stop.wait())] if stop is not None else [])
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters[1:]:
+                w.cancel()
+        if attempt.done() and not attempt.cancelled():
+            e = attempt.exception()
+            if e is None:
+                say(f"{host} is back: resuming the room")
+                return True
+            if not isinstance(e, (TransportError, OSError, ValueError)):
+                log.warning("reconnecting to %s failed: %s: %s", host, type(e).__name__, e)
+        else:
+            attempt.cancel()
+            try:
+                await attempt
+            except (asyncio.CancelledError, Exception):
+                pass
+            say("Room over: stopped while waiting for the model host")
+            return False
+    say(f"Room over: the model host {host} did not come back within {wait_s:g} s")
+    return False
+
+
+def _write_outputs(cfg: NodeConfig, node: Node, tokenizer, append: bool = False) -> None:
+    with open(cfg.trace_path, "a" if append else "w", encoding="utf-8") as f:
         for rec in node.trace_records():
             f.write(json.dumps(rec) + "\n")
     if tokenizer is not None:
@@ -145,9 +190,20 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
         log.error("%s: could not join room %s: %s", cfg.device, room, e)
         return NO_ROOM
     t0 = time.monotonic()
+    stop = stop_on_signals()
+    rounds = 0
     try:
-        _, status = await run_device(cfg, transport, timeout_s - (time.monotonic() - t0), stop_on_signals(),
-                                     loaded=loaded)
+        while True:
+            _, status = await run_device(cfg, transport, timeout_s - (time.monotonic() - t0), stop,
+                                         loaded=loaded, append_trace=rounds > 0)
+            rounds += 1
+            if status != LOST_HOST or stop.is_set():
+                break
+            left = min(cfg.host_wait_s, timeout_s - (time.monotonic() - t0))
+            if not await await_host(transport, cfg.host, max(left, 0.0), stop):
+                break
+            if loaded[0] is not None:
+                loaded[0].rollback(0)  # same weights, empty KV cache: the host replays what it needs
     finally:
         await transport.close()
     return status

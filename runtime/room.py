@@ -39,7 +39,7 @@ import numpy as np
 from planner.frames import FrameError, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
                               LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
-                              Wake)
+                              Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain
 from planner.trace import from_record, to_record
@@ -314,11 +314,13 @@ class Node:
         from .weights_share import make_manifest, manifest_sha256
         return manifest_sha256(make_manifest(self.cfg.model_dir, start, end, False, False))
 
-    async def _take_range(self, stages, first_lap: int, manifest_sha: str | None = None) -> None:
+    async def _take_range(self, stages, first_lap: int, manifest_sha: str | None = None,
+                          copy_range: tuple[int, int] | None = None) -> None:
         """Forget the old chain's work and residuals; load this device's new range (from
         the model directory, in the compute thread, after the compute already queued;
-        or, with ``manifest_sha``, copied from the host over the weights channel first,
-        every byte checked against that manifest hash)."""
+        or, with ``manifest_sha``, the layers ``copy_range`` (default: the whole new
+        range) copied from the host over the weights channel first, every byte checked
+        against that manifest hash, the rest read from this device's disk)."""
         keep = [c for c in _drain(self.work) if getattr(c, "lap_id", first_lap) >= first_lap
                 and type(c) is not RollbackKV]
         for c in keep:
@@ -329,48 +331,108 @@ class Node:
         if (mine or self.is_host) and self.stage is not None and (self.stage.start, self.stage.end) != (a, b):
             self.loading = True  # quiet is expected now: no peer is declared lost by silence
             try:
-                await self._load_range(a, b, manifest_sha)
+                await self._load_range(a, b, manifest_sha, copy_range or (a, b), first_lap)
             finally:
                 self.loading = False
                 now = time.monotonic()  # a fresh start for every peer's silence
                 self.last_heard = {p: now for p in self.last_heard}
 
-    async def _load_range(self, a: int, b: int, manifest_sha: str | None) -> None:
+    def _progress(self, what: str) -> Callable[[int, int], None]:
+        """A fetch_range progress callback logging ``what`` at every quarter."""
+        t0 = time.perf_counter()
+        shown = [0]
+
+        def report(done: int, total: int) -> None:
+            quarter = 4 * done // max(total, 1)
+            if quarter > shown[0]:
+                shown[0] = quarter
+                dt = max(time.perf_counter() - t0, 1e-9)
+                log.warning("%s: %s: %d%% (%.1f of %.1f MB, %.1f MB/s)", self.cfg.device, what,
+                            100 * done // max(total, 1), done / 1e6, total / 1e6, done / 1e6 / dt)
+        return report
+
+    async def _load_range(self, a: int, b: int, manifest_sha: str | None, copy_range: tuple[int, int],
+                          first_lap: int) -> None:
         """Load layers ``[a, b)`` as this device's stage: from the model directory, or
-        copied from the host first when ``manifest_sha`` is given (the copy is shown as
-        a start and an end line; raises WeightsError when it fails a check)."""
+        with ``manifest_sha`` the layers ``copy_range`` copied from the host first (the
+        copy's progress logged by quarters) and the rest from the model directory; a
+        copy that fails (a sha256 check, the connection) is logged and the whole range
+        read from the model directory. Records WeightsCopied in the trace. Raises
+        OSError/WeightsError when the model directory cannot give the range."""
         loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
         src = None
+        ga, gb = copy_range
         if manifest_sha is not None:
             import tempfile
 
             from .weights_share import fetch_range
             src = tempfile.mkdtemp(prefix=f"splitroom-{self.cfg.device}-layers-")
-            log.warning("%s: copying layers %d-%d from %s", self.cfg.device, a + 1, b, self.cfg.host)
-            await fetch_range(self.transport, self.cfg.host, a, b, False, False, src, manifest_sha)
-            log.warning("%s: layers %d-%d copied and verified", self.cfg.device, a + 1, b)
+            what = f"copying {_layers(ga, gb)} from {self.cfg.host}"
+            log.warning("%s: %s", self.cfg.device, what)
+            try:
+                await fetch_range(self.transport, self.cfg.host, ga, gb, False, False, src, manifest_sha,
+                                  progress=self._progress(what))
+                log.warning("%s: %s copied and verified in %.2f s", self.cfg.device, _layers(ga, gb),
+                            time.perf_counter() - t0)
+            except Exception as e:  # WeightsError (a check failed), TransportError: this device's disk then
+                log.warning("%s: the copy from %s failed (%s: %s); reading %s from this device's disk",
+                            self.cfg.device, self.cfg.host, type(e).__name__, e, _layers(ga, gb))
+                import shutil
+                shutil.rmtree(src, ignore_errors=True)
+                src = None
         try:
-            self.stage = await loop.run_in_executor(self._pool, self._load, a, b, src)
+            self.stage = await loop.run_in_executor(self._pool, self._build_stage, a, b, src, ga, gb)
         finally:
             if src is not None:  # the stage holds the tensors in memory now
                 import shutil
                 shutil.rmtree(src, ignore_errors=True)
+        if src is not None:
+            from runtime.config import ModelConfig
+            nbytes = _layer_bytes(ModelConfig.load(self.cfg.model_dir), ga, gb)
+            source, (ra, rb) = self.cfg.host, (ga, gb)
+        else:
+            from runtime.config import ModelConfig
+            nbytes = _layer_bytes(ModelConfig.load(self.cfg.model_dir), a, b)
+            source, (ra, rb) = "disk", (a, b)
+        self.trace.append((self.clock(), WeightsCopied(self.cfg.device, first_lap, source, ra, rb, nbytes,
+                                                       time.perf_counter() - t0)))
+
+    def _build_stage(self, a: int, b: int, copied: str | None, ga: int, gb: int) -> Stage:
+        """This device's stage for ``[a, b)``: layers ``[ga, gb)`` from the directory
+        ``copied`` (a peer's verified copy) when given, every other layer from the model
+        directory."""
+        if copied is None:
+            return self._load(a, b)
+        from .backends import StageSpec, make_stage
+        from .weights import load_range
+        md, host = self.cfg.model_dir, self.is_host
+        w: dict = load_range(md, 0, 0, host, host)  # the host's embedding and head (none for a worker)
+        if a < ga:
+            w.update(load_range(md, a, ga, False, False))
+        w.update(load_range(copied, ga, gb, False, False))
+        if gb < b:
+            w.update(load_range(md, gb, b, False, False))
+        return make_stage(self.cfg.backend, md, StageSpec(a, b, host=host),
+                          max_ctx=getattr(self.stage, "max_ctx", 2048), precision=self.cfg.precision(), weights=w)
 
     async def _host_redeal(self, r: Redeal) -> None:
         self.grace_until = time.monotonic() + REDEAL_GRACE_S
         self.deal = self.chain.deal
         others = [d for d, _, _ in r.stages if d != self.cfg.device]
         self.awaiting = {r.first_lap: set(others) | {self.cfg.device}}  # an earlier re-deal is superseded
-        manifests = {}
-        if self.cfg.weights_from_peer:  # the workers whose range changed copy it from here
+        manifests, copies = {}, {}
+        if self.cfg.weights_from_peer:  # the workers that gained layers copy them from here
             old = {s.device: (s.start, s.end) for s in self._deal_before}
             loop = asyncio.get_running_loop()
             for d, a, b in r.stages:
-                if d != self.cfg.device and old.get(d) != (a, b):
-                    manifests[d] = await loop.run_in_executor(None, self._manifest_sha, a, b)
+                gained = None if d == self.cfg.device else gained_layers(old.get(d), (a, b))
+                if gained is not None:
+                    copies[d] = gained
+                    manifests[d] = await loop.run_in_executor(None, self._manifest_sha, *gained)
         self._deal_before = self.deal.stages
         msg = encode_control(Replan(lost=r.lost, host=r.host, stages=r.stages, first_lap=r.first_lap,
-                                    manifests=manifests))
+                                    manifests=manifests, copy_ranges=copies))
         for d in others:
             await self._send(d, REPLY, msg)
         try:
@@ -387,7 +449,8 @@ class Node:
         self.chain.adopt(deal, msg.first_lap)
         self.deal = deal
         try:
-            await self._take_range(msg.stages, msg.first_lap, msg.manifests.get(self.cfg.device))
+            await self._take_range(msg.stages, msg.first_lap, msg.manifests.get(self.cfg.device),
+                                   msg.copy_ranges.get(self.cfg.device))
         except Exception as e:  # say nothing: the host notices this device is missing
             log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
             return
@@ -512,6 +575,42 @@ class Node:
     def trace_records(self) -> list[dict]:
         """This node's trace as JSON records."""
         return [to_record(t, o) for t, o in self.trace]
+
+
+def gained_layers(old: tuple[int, int] | None, new: tuple[int, int]) -> tuple[int, int] | None:
+    """The layers of ``new`` a device did not hold in ``old`` (0-based half-open ranges;
+    ``old`` None: it held none), as one range ``[start, end)`` (the hull when it gained
+    on both sides); None when it gained nothing."""
+    a, b = new
+    if b <= a:
+        return None
+    if old is None or old[1] <= old[0]:
+        return a, b
+    lo, hi = max(a, old[0]), min(b, old[1])
+    if hi <= lo:
+        return a, b
+    below, above = a < lo, hi < b
+    if below and above:
+        return a, b
+    if below:
+        return a, lo
+    if above:
+        return hi, b
+    return None
+
+
+def _layers(start: int, end: int) -> str:
+    """0-based half-open ``[start, end)`` as people read it: "layer 30", "layers 22-30"."""
+    return f"layer {end}" if end - start == 1 else f"layers {start + 1}-{end}"
+
+
+def _layer_bytes(cfg, start: int, end: int) -> int:
+    """Float32 bytes of layers ``[start, end)`` of the model ``cfg`` (a ModelConfig):
+    per layer the q and o projections (hidden x hidden), k and v (hidden x KV width),
+    gate, up and down (hidden x ffn) and two RMSNorm weights (hidden)."""
+    h, kv = cfg.hidden, cfg.n_kv_heads * (cfg.hidden // cfg.n_heads)
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * cfg.ffn + 2 * h
+    return 4 * per_layer * max(end - start, 0)
 
 
 def _drain(q: asyncio.Queue) -> list:

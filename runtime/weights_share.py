@@ -577,7 +577,8 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
 
 async def fetch_range(transport, peer: str, start: int, end: int, with_embedding: bool, with_head: bool,
                       dest_dir: Path | str, expected_manifest: Any, *, timeout_s: float = 30.0,
-                      part_bytes: int = PART_BYTES, window: int = WINDOW) -> Path:
+                      part_bytes: int = PART_BYTES, window: int = WINDOW,
+                      progress: Optional[Callable[[int, int], None]] = None) -> Path:
     """Copy layers ``[start, end)`` (0-based, half-open; plus embedding/head when asked)
     from ``peer`` and write them to ``dest_dir``.
 
@@ -596,6 +597,8 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
     Args:
         transport: a :class:`runtime.transport.Transport` connected to ``peer``.
         timeout_s: seconds to wait for each reply.
+        progress: called ``(bytes received, bytes in all)`` of the tensors after each
+            slice (an exception it raises is logged, never stops the copy).
     Returns:
         The path of the written ``model.safetensors``.
     Raises:
@@ -630,6 +633,8 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
                  for n, e in m["tensors"].items() for off in range(0, e["nbytes"], part_bytes)]
         queue = iter(parts)
         left = {n: e["nbytes"] for n, e in m["tensors"].items()}
+        total = sum(left.values())
+        got = [0]
 
         async def worker() -> None:
             for n, off, length in queue:
@@ -638,6 +643,12 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
                     raise WeightsError(f"tensor {n} from {peer}: wrong slice in reply")
                 bufs[n][off:off + length] = payload
                 left[n] -= length
+                got[0] += length
+                if progress is not None:
+                    try:
+                        progress(got[0], total)
+                    except Exception as e:  # a display's bug never stops a copy
+                        log.warning("weights progress callback failed: %s: %s", type(e).__name__, e)
                 if left[n] == 0 and hashlib.sha256(bufs[n]).hexdigest() != m["tensors"][n]["sha256"]:
                     raise WeightsError(f"tensor {n} from {peer}: sha256 mismatch")  # stop early
 

@@ -30,7 +30,7 @@ from planner.frames import frame_bytes
 from planner.metrics import compute as compute_metrics
 from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Redeal, Refuse, RunHead, RunStage, SendFrame,
-                              StageFinished, Wake)
+                              StageFinished, Wake, WeightsCopied)
 from planner.room import Scenario
 from planner.chain import Chain, redeal_rule
 from planner.scheduler import SchedulerConfig
@@ -262,9 +262,15 @@ class Simulation:
             if d == host:
                 speed = self.scn.device(d).copy_speed_Bps
                 t = nbytes / speed if speed else 0.0
+                source = "disk"
             else:
                 spec = self.links.get(host, d).spec
                 t = nbytes / spec.bandwidth_Bps + spec.rtt_s / 2
+                source = host
+            ga, gb = (a, b) if hi <= lo else ((a, lo) if a < lo else (hi, b))  # the gained part (one side)
+            rec = WeightsCopied(d, r.first_lap, source, ga, gb, int(nbytes), t)
+            ev = self.env.timeout(t)
+            ev.callbacks.append(lambda _e, rec=rec: self.trace.append((self.env.now, rec)))
             copy_s = max(copy_s, t)
         self._copy_s[r.lost] = copy_s
         self._at(self.env.now + copy_s, ChainReady(r.first_lap))

@@ -598,15 +598,20 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
          answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host)."),
          serve: Optional[int] = typer.Option(None, "--serve", help="Host: serve the OpenAI-compatible API and the "
                                              "room page on this TCP port until Ctrl-C (instead of --ask)."),
-         serve_bind: str = typer.Option("127.0.0.1", "--serve-bind", help="Address for --serve (0.0.0.0: LAN).")):
+         serve_bind: str = typer.Option("127.0.0.1", "--serve-bind", help="Address for --serve (0.0.0.0: LAN)."),
+         host_wait: float = typer.Option(60.0, "--host-wait", help="Worker: seconds to wait for a model host that "
+                                         "left to come back (Host reconnecting) before the room is over.")):
     """Join a room on a LAN as one device: hold a layer range, and (--host) ask and stream answers."""
     if serve is not None and not 0 <= serve <= 65535:
         fail(f"--serve {serve}: expected a TCP port 0-65535")
+    if not 0 <= host_wait <= 86400:  # NaN fails too
+        fail(f"--host-wait {host_wait}: expected seconds from 0 to 86400")
     from splitroom.join_cmd import JoinError, JoinOptions, run_join
     opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
-                       timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind)
+                       timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
+                       host_wait_s=host_wait)
     try:
         code = run_join(opts)
     except JoinError as e:

@@ -24,13 +24,22 @@ What happens (all peer to peer once connected; the relay only passes SDP):
 4. each device that holds layers loads only its range and runs the device loop of
    ``splitroom run --real`` (:func:`runtime.node.run_device`: a :class:`runtime.room.Node`,
    the same router, scheduler and frames); residual frames that arrive while a device is
-   still loading wait for it; a lost peer reaches the scheduler (the host refuses what it
-   cannot answer; a worker that loses the host leaves with status 5);
+   still loading wait for it; a lost worker reaches the scheduler (the host re-deals its
+   layers and replays the answer so far, or refuses what it cannot answer);
 5. the host asks its questions one after another, prints each answer as it streams and
    then its speed, and finally sends ``{"type": "bye"}``; the others then exit.
 
+Host gone: a worker that loses the model host says "Host reconnecting", keeps its
+weights and waits ``--host-wait`` seconds (60 by default) for the host to join the
+room again (``splitroom join ... --host`` once more: the relay gives them a new
+connection); the handshake runs again, a worker dealt the same range keeps its loaded
+weights (KV cache emptied), and the new host answers its questions. When the time
+passes, every worker says "Room over" and exits with status 5.
+
 Exit status: 0 done, 2 bad arguments or a room that cannot be planned, 3 could not
-join the room (or a peer was lost before the plan), 4 timed out, 5 lost the model host.
+join the room (or a peer was lost before the plan), 4 timed out, 5 room over (lost the
+model host, which did not come back), 6 the host: a question was refused or not
+answered (the reasons are printed).
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ from typing import Optional, Sequence, TextIO  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
 log = logging.getLogger("splitroom.join")
+
+REFUSED = 6  # exit status of a host with a question not answered
 
 CONTROL = "reply"  # the hello/plan/bye messages travel on the reply channel
 RESIDUAL = "residual"
@@ -237,6 +248,11 @@ class _Mux:
             self.lost_handler(peer, reason)
 
     # the Node's view of the transport
+    @property
+    def handler(self):
+        """The handler installed now (a layer such as runtime.weights_share wraps it)."""
+        return self.node_handler
+
     def set_handler(self, fn) -> None:
         self.node_handler = fn
         early, self.early = self.early, []
@@ -250,6 +266,19 @@ class _Mux:
 
     async def send(self, dst: str, channel: str, data: bytes) -> None:
         await self.t.send(dst, channel, data)
+
+    async def reconnect(self, peer: str, timeout_s: float) -> None:
+        """A new connection to ``peer`` (see RtcTransport.reconnect); it is no longer lost."""
+        await self.t.reconnect(peer, timeout_s)
+        self.lost.pop(peer, None)
+
+    def next_round(self) -> None:
+        """Forget the ended round's Node (its handlers and the messages meant for it) and
+        every control message waiting: a new handshake follows."""
+        self.node_handler = self.lost_handler = None
+        self.early.clear()
+        while not self.control.empty():
+            self.control.get_nowait()
 
     async def say(self, dst: str, msg) -> None:
         """Send one typed control message (runtime.control) to ``dst``."""
@@ -280,6 +309,8 @@ class JoinOptions:
     #: takes questions from it until Ctrl-C instead of asking ``asks``
     serve_port: Optional[int] = None
     serve_bind: str = "127.0.0.1"
+    #: a worker that loses the model host waits this long for it to come back, seconds
+    host_wait_s: float = 60.0
 
 
 async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
@@ -357,7 +388,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     from runtime.backends import BACKENDS
     from runtime.config import ModelConfig
     from runtime.control import Abort, Bye, Hello, NodeConfig, Plan
-    from runtime.node import LOST_HOST, TIMED_OUT, load_device, run_device, stop_on_signals
+    from runtime.node import LOST_HOST, TIMED_OUT, await_host, load_device, run_device, stop_on_signals
     from runtime.transport import TransportError, connect_room
     from runtime.weights import WeightsError, ensure_safetensors
 
@@ -413,88 +444,112 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         raise JoinError(f"could not join room {room!r}: {e}", 3) from None
     mux = _Mux(transport)
     stop = stop_on_signals()
+    kept = None  # a worker's ((start, end), loaded) kept while the host was away
+    host = None
     try:
-        hello = Hello(device=opts.device, host=bool(opts.host), layers=mine, lends=lends)
-        for p in peers:
-            await mux.say(p, hello)
-        if opts.host:
-            hellos = {opts.device: {"layers": list(mine) if mine else None, "lends": lends}}
-            while len(hellos) < len(peers) + 1:
-                src, msg = await _next_control(mux, (Hello,), deadline, "the other devices' hellos", peers)
-                if msg.host:
-                    reason = f"{src} and {opts.device} both say --host"
+        while True:  # one round per model host: a worker waits for a host that left to come back
+            hello = Hello(device=opts.device, host=bool(opts.host), layers=mine, lends=lends)
+            for p in peers:
+                try:
+                    await mux.say(p, hello)
+                except TransportError as e:  # a peer lost earlier: the host decides without it
+                    log.info("hello to %s not sent: %s", p, e)
+            if opts.host:
+                hellos = {opts.device: {"layers": list(mine) if mine else None, "lends": lends}}
+                while len(hellos) < len(peers) + 1:
+                    src, msg = await _next_control(mux, (Hello,), deadline, "the other devices' hellos", peers)
+                    if msg.host:
+                        reason = f"{src} and {opts.device} both say --host"
+                        for p in peers:
+                            await mux.say(p, Abort(reason=reason))
+                        raise JoinError(reason)
+                    hellos[src] = {"layers": list(msg.layers) if msg.layers else None, "lends": msg.lends}
+                try:
+                    chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split)
+                    plan = Plan(host=opts.device, stages=chain, scheduler=_scheduler_settings(room, hellos, mcfg),
+                                max_new_tokens=opts.max_new_tokens)
+                except JoinError as e:
                     for p in peers:
-                        await mux.say(p, Abort(reason=reason))
-                    raise JoinError(reason)
-                hellos[src] = {"layers": list(msg.layers) if msg.layers else None, "lends": msg.lends}
-            try:
-                chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split)
-                plan = Plan(host=opts.device, stages=chain, scheduler=_scheduler_settings(room, hellos, mcfg),
-                            max_new_tokens=opts.max_new_tokens)
-            except JoinError as e:
+                        await mux.say(p, Abort(reason=str(e)))
+                    raise
                 for p in peers:
-                    await mux.say(p, Abort(reason=str(e)))
-                raise
-            for p in peers:
-                await mux.say(p, plan)
-        else:
-            _, plan = await _next_control(mux, (Plan,), deadline, "the host's plan", peers)
-        chain = [list(s) for s in plan.stages]
-        host = plan.host
-        if api is not None:  # what the room page shows (the host's hellos and the plan)
-            api[0].room_info.update({
-                "name": room, "model": {"id": "smollm2-135m", "name": "SmolLM2-135M-Instruct",
-                                        "layers": mcfg.n_layers}, "host": host,
-                "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
-                            for d, h in hellos.items()],
-                "stages": [{"device": d, "start": a, "end": b, "shown": shown(a, b)} for d, a, b in chain],
-                "shares": [], "notes": [], "predicted_tokens_per_s": None})
-        say("plan: " + ", ".join(f"{d} layers {shown(a, b)}{' (host)' if d == host else ''}" for d, a, b in chain))
-        members = [s[0] for s in chain]
-        if opts.device not in members:
-            say("dealt no layers: nothing to do here")
+                    await mux.say(p, plan)
+            else:
+                _, plan = await _next_control(mux, (Plan,), deadline, "the host's plan", [host] if host else peers)
+            chain = [list(s) for s in plan.stages]
+            host = plan.host
+            if api is not None:  # what the room page shows (the host's hellos and the plan)
+                api[0].room_info.update({
+                    "name": room, "model": {"id": "smollm2-135m", "name": "SmolLM2-135M-Instruct",
+                                            "layers": mcfg.n_layers}, "host": host,
+                    "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
+                                for d, h in hellos.items()],
+                    "stages": [{"device": d, "start": a, "end": b, "shown": shown(a, b)} for d, a, b in chain],
+                    "shares": [], "notes": [], "predicted_tokens_per_s": None})
+            say("plan: " + ", ".join(f"{d} layers {shown(a, b)}{' (host)' if d == host else ''}" for d, a, b in chain))
+            members = [s[0] for s in chain]
+            if opts.device not in members:
+                say("dealt no layers: nothing to do here")
+                return 0
+            a, b = next((s[1], s[2]) for s in chain if s[0] == opts.device)
+            is_host = opts.device == host
+            cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan.scheduler,
+                             model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
+                             max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device],
+                             host_wait_s=opts.host_wait_s, weights_from_peer=True)
+            if kept is not None and kept[0] == (a, b) and kept[1][0] is not None:
+                loaded = kept[1]
+                loaded[0].rollback(0)  # the same weights, an empty KV cache
+                how = "kept loaded while the host was away"
+            else:
+                loaded = load_device(cfg)
+                how = opts.backend
+            kept = None
+            say(f"holding layers {shown(a, b)} ({how}); "
+                + ("asking" if is_host else "serving until the host is done"))
+            printer: list = []
+
+            def stream(node) -> None:
+                printer.append(asyncio.ensure_future(_stream_answers(node, loaded[1], out, opts)))
+
+            until = [] if is_host else [_next_control(mux, (Bye,), deadline, "the host's bye")]
+            if api is not None:
+                from runtime.serve.host import DEFAULT_LIFETIME_S
+                node, status = await run_device(cfg, mux, DEFAULT_LIFETIME_S, stop, loaded=loaded,
+                                                on_start=api[0].attach, keep_open=True)
+            else:
+                node, status = await run_device(cfg, mux, deadline - time.monotonic(), stop, until=until,
+                                                loaded=loaded, on_start=stream if is_host else None)
+            if status == TIMED_OUT:
+                raise JoinError(f"timed out after {opts.timeout_s:.0f} s", 4)
+            if status == LOST_HOST and not stop.is_set():
+                reason = mux.lost.get(host, "it fell silent")
+                mux.next_round()
+                wait = max(min(opts.host_wait_s, deadline - time.monotonic()), 0.0)
+                if not await await_host(mux, host, wait, stop, say):
+                    raise JoinError(f"room over: lost the model host {host} ({reason}) and it did not come back "
+                                    f"within {wait:g} s", 5)
+                kept = ((a, b), loaded)
+                continue
+            if is_host:
+                if printer:  # the last answer's tail and speed line
+                    try:
+                        await asyncio.wait_for(printer[0], 0.0 if stop.is_set() else 10.0)
+                    except asyncio.TimeoutError:
+                        pass
+                for p in peers:
+                    try:
+                        await mux.say(p, Bye())
+                    except TransportError:
+                        pass
+                await asyncio.sleep(0.2)  # let the bye leave before the connection closes
+                if opts.answers_json:
+                    with open(opts.answers_json, "w", encoding="utf-8") as f:
+                        json.dump({"answers": opts.answers, "stages": chain}, f, indent=1)
+                unanswered = [f"question {i + 1}: {e}" for i, e in sorted(node.ended.items()) if e != "answered"]
+                if unanswered and api is None:
+                    raise JoinError("not every question was answered: " + "; ".join(unanswered), REFUSED)
             return 0
-        a, b = next((s[1], s[2]) for s in chain if s[0] == opts.device)
-        is_host = opts.device == host
-        cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan.scheduler,
-                         model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
-                         max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device])
-        loaded = load_device(cfg)
-        say(f"holding layers {shown(a, b)} ({opts.backend}); "
-            + ("asking" if is_host else "serving until the host is done"))
-        printer: list = []
-
-        def stream(node) -> None:
-            printer.append(asyncio.ensure_future(_stream_answers(node, loaded[1], out, opts)))
-
-        until = [] if is_host else [_next_control(mux, (Bye,), deadline, "the host's bye")]
-        if api is not None:
-            from runtime.serve.host import DEFAULT_LIFETIME_S
-            node, status = await run_device(cfg, mux, DEFAULT_LIFETIME_S, stop, loaded=loaded,
-                                            on_start=api[0].attach, keep_open=True)
-        else:
-            node, status = await run_device(cfg, mux, deadline - time.monotonic(), stop, until=until,
-                                            loaded=loaded, on_start=stream if is_host else None)
-        if status == TIMED_OUT:
-            raise JoinError(f"timed out after {opts.timeout_s:.0f} s", 4)
-        if status == LOST_HOST:
-            raise JoinError(f"lost the model host {host}: {mux.lost.get(host, 'connection closed')}", 5)
-        if is_host:
-            if printer:  # the last answer's tail and speed line
-                try:
-                    await asyncio.wait_for(printer[0], 0.0 if stop.is_set() else 10.0)
-                except asyncio.TimeoutError:
-                    pass
-            for p in peers:
-                try:
-                    await mux.say(p, Bye())
-                except TransportError:
-                    pass
-            await asyncio.sleep(0.2)  # let the bye leave before the connection closes
-            if opts.answers_json:
-                with open(opts.answers_json, "w", encoding="utf-8") as f:
-                    json.dump({"answers": opts.answers, "stages": chain}, f, indent=1)
-        return 0
     finally:
         await transport.close()
         if api is not None:

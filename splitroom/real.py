@@ -105,7 +105,8 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               drafter=spec.drafter if spec else "ngram",
                               crash_at_token=crash if dev == deal.host else [],
                               crashable=any(f.device == dev for f in scn.faults),
-                              redeals=redeals if dev == deal.host else {}, weights=weights, kv=kv))
+                              redeals=redeals if dev == deal.host else {}, weights=weights, kv=kv,
+                              weights_from_peer=bool(scn.faults)))
     return out
 
 

@@ -40,15 +40,29 @@ def read_trace(path: str | Path) -> list:
     return out
 
 
+def _layers(start: int, end: int) -> str:
+    return f"layer {end}" if end - start == 1 else f"layers {start + 1}-{end}"
+
+
 def recovery_lines(metrics: dict, label: str = "") -> list[str]:
     """One line per recovery in ``metrics["recovery"]`` (planner.metrics): when the
-    device was lost, noticed, the new chain ready (weights copied: ``copy_s`` when the
-    simulator predicted it), the replay, and the next token, in seconds."""
+    device was lost, noticed, the weights each device got from a peer (layers, bytes,
+    seconds, rate) or else how long loading took, the new chain ready, the replay, and
+    the next token, in seconds."""
     out = []
     for rec in metrics.get("recovery") or ():
         nxt = (f"next token +{rec['recovery_s']:.2f} s after the loss" if rec["recovery_s"] is not None
                else "no token after it")
-        copy = f", weights copied in {rec['copy_s']:.2f} s" if rec.get("copy_s") is not None else ""
+        copies = [c for c in rec.get("copies") or () if c["source"] != "disk"]
+        if copies:
+            copy = ", weights " + "; ".join(
+                f"{c['device']} got {_layers(c['start'], c['end'])} ({c['nbytes'] / 1e6:.1f} MB) from "
+                f"{c['source']} in {c['seconds']:.2f} s ({c['nbytes'] / 1e6 / max(c['seconds'], 1e-9):.1f} MB/s)"
+                for c in copies)
+        elif rec.get("copy_s") is not None:
+            copy = f", weights loaded in {rec['copy_s']:.2f} s"
+        else:
+            copy = ""
         ready = (f", new chain ready +{rec['ready_at_s'] - rec['lost_at_s']:.2f} s" if rec["ready_at_s"] is not None
                  else ", new chain never ready")
         out.append(f"{label}{rec['device']} lost {rec['into_run_s']:.2f} s into the run: noticed "

@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from typing import Iterator
 
 #: the splitroom CLI as a child process of this interpreter
@@ -38,3 +39,17 @@ def relay_room(room: str) -> Iterator[tuple[str, dict, list]]:
                     p.wait(timeout=5)
         if relay.stdout:
             relay.stdout.close()
+
+
+def read_until(proc: subprocess.Popen, text: str, timeout_s: float) -> str:
+    """Read ``proc``'s text stdout character by character until it holds ``text`` (an
+    answer streaming); returns what was read. Fails when the process ends first or
+    ``timeout_s`` seconds pass."""
+    out = ""
+    t0 = time.monotonic()
+    while text not in out:
+        ch = proc.stdout.read(1)
+        assert ch, f"the process ended before {text!r} was printed: {out[-200:]!r}"
+        out += ch
+        assert time.monotonic() - t0 < timeout_s, f"{text!r} not printed within {timeout_s} s"
+    return out

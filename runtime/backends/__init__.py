@@ -46,9 +46,14 @@ def make_stage(
     spec: StageSpec,
     max_ctx: int = 2048,
     precision=None,
+    weights: dict | None = None,
     **kwargs,
 ) -> Stage:
     """Build a stage of ``backend`` (``"numpy"`` or ``"wgpu"``) reading only ``spec``'s tensors.
+
+    ``weights``: the range's tensors already in memory (``{hf_name: float32 array}`` as
+    :func:`runtime.weights.load_range` returns them, e.g. put together from a peer's copy
+    and this device's disk); then only ``model_dir``'s config is read.
 
     Raises:
         ValueError: unknown backend or layer range.
@@ -72,7 +77,8 @@ def make_stage(
     if backend == "wgpu" and wgpu_unsupported(cfg):
         raise UnsupportedModel(f"the wgpu backend does not compute {'; '.join(wgpu_unsupported(cfg))} "
                                f"of {cfg.name or cfg.arch}; use --backend numpy")
-    weights = load_range(model_dir, spec.start, spec.end, with_embedding=spec.host, with_head=spec.host)
+    if weights is None:
+        weights = load_range(model_dir, spec.start, spec.end, with_embedding=spec.host, with_head=spec.host)
     if backend == "numpy":
         from .numpy_backend import NumpyStage
 

@@ -17,7 +17,8 @@ import re
 from typing import Optional, Sequence
 
 from .base import Transport, TransportError
-from .framing import AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN, DEFAULT_REMOTE_MAX_MESSAGE_SIZE
+from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN, DEFAULT_REMOTE_MAX_MESSAGE_SIZE,
+                      Reassembler)
 from .pacing import BULK_INFLIGHT_BYTES, BULK_PIECE_BYTES, _Link
 from .patches import _host_addresses, install_candidate_patch, tune_sctp
 
@@ -72,6 +73,7 @@ class RtcTransport(Transport):
     def __init__(self, device: str, peers: Sequence[str], max_message_bytes_in: int):
         super().__init__(device, peers, max_message_bytes_in)
         self._links: dict[str, _Link] = {p: _Link(p) for p in peers}
+        self._relay: tuple = ("", "", None)  # (relay URL, room, host addresses) for reconnect()
 
     @property
     def max_message_bytes(self) -> int:
@@ -128,26 +130,68 @@ class RtcTransport(Transport):
                 if not fut.done():
                     fut.set_result(None)
 
+    async def _end_link(self, lk: _Link) -> None:
+        """Stop ``lk``'s paced sender (its waiting sends raise TransportError) and close
+        its connection."""
+        if lk.bulk_task is not None:
+            lk.bulk_task.cancel()
+            try:
+                await lk.bulk_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for _, _, fut in lk.bulk:
+            if not fut.done():
+                fut.set_exception(TransportError(f"{self.device}: connection to {lk.peer!r} closed"))
+        lk.bulk.clear()
+        if lk.pc is not None:
+            try:
+                await lk.pc.close()
+            except Exception as e:  # pragma: no cover - best effort
+                log.info("%s: closing connection to %s: %r", self.device, lk.peer, e)
+
+    async def reconnect(self, peer: str, timeout_s: float) -> None:
+        """Replace the connection to ``peer`` by a new one made through the relay this
+        transport was made with (a model host that restarted: its old connection is dead,
+        the new process calls :func:`connect_room` again). The old connection is closed
+        without a loss report; messages half received from it are dropped; ``peer`` may
+        be reported lost again afterwards. Waits at most ``timeout_s`` seconds, for the
+        peer to reach the relay included.
+
+        Raises TransportError when the relay cannot be reached, the transport is closed,
+        or the channels do not open in time; ValueError for a peer not in :attr:`peers`."""
+        if peer not in self._links:
+            raise ValueError(f"{peer!r} is not a peer of {self.device}")
+        if self._closed:
+            raise TransportError(f"{self.device}: transport is closed")
+        relay_url, room, addrs = self._relay
+        old = self._links[peer]
+        fresh = _Link(peer)
+        fresh.bulk_inflight_bytes = old.bulk_inflight_bytes
+        self._links[peer] = fresh  # the old connection's events are ignored from here on
+        await self._end_link(old)
+        for c in CHANNELS:
+            self._reasm[(peer, c)] = Reassembler(self.max_message_bytes_in)
+        token = _host_addresses.set(addrs)
+        sig = _Signalling(self.device, [peer])
+        try:
+            await sig.open(relay_url, room)
+            await _open_link(self, sig, peer, timeout_s)
+        except BaseException:
+            fresh.failed = fresh.failed or "reconnect failed"
+            await self._end_link(fresh)
+            raise
+        finally:
+            _host_addresses.reset(token)
+            await sig.close()
+        self._lost_peers.discard(peer)
+        log.info("%s: reconnected to %s", self.device, peer)
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         for lk in self._links.values():
-            if lk.bulk_task is not None:
-                lk.bulk_task.cancel()
-                try:
-                    await lk.bulk_task
-                except (asyncio.CancelledError, Exception):
-                    pass
-            for _, _, fut in lk.bulk:
-                if not fut.done():
-                    fut.set_exception(TransportError(f"{self.device}: transport closed"))
-            lk.bulk.clear()
-            if lk.pc is not None:
-                try:
-                    await lk.pc.close()
-                except Exception as e:  # pragma: no cover - best effort
-                    log.info("%s: closing connection to %s: %r", self.device, lk.peer, e)
+            await self._end_link(lk)
 
 
 class _Signalling:
@@ -232,6 +276,67 @@ class _Signalling:
             await self.session.close()
 
 
+
+async def _open_link(transport: "RtcTransport", sig: "_Signalling", peer: str, open_timeout_s: float) -> None:
+    """Build ``transport``'s connection to ``peer`` through the relay ``sig`` (the smaller
+    id offers) and start its paced bulk sender once the three channels are open.
+    Raises TransportError naming the stage it was in when ``open_timeout_s`` ran out."""
+    device = transport.device
+    loop = asyncio.get_running_loop()
+    lk = transport._links[peer]
+    stage = ["creating the connection"]
+
+    async def build() -> None:
+        from aiortc import RTCConfiguration, RTCPeerConnection
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        lk.pc = pc
+        opened = []
+        for i, name in enumerate(CHANNELS):
+            ch = pc.createDataChannel(name, ordered=True, negotiated=True, id=i)
+            ch.bufferedAmountLowThreshold = 0  # the paced sender waits for "bufferedamountlow"
+            fut = loop.create_future()
+            ch.on("open", lambda f=fut: f.done() or f.set_result(None))
+            ch.on("message", lambda data, n=name: transport._on_wire(peer, n, data)
+                  if transport._links.get(peer) is lk else None)
+            lk.channels[name] = ch
+            opened.append(fut)
+
+        @pc.on("connectionstatechange")
+        def _state() -> None:
+            if transport._links.get(peer) is not lk:
+                return  # a connection replaced by reconnect(): its end is not a loss
+            if pc.connectionState in ("failed", "closed") and not transport._closed:
+                lk.failed = f"connection {pc.connectionState}"
+                log.log(logging.WARNING if pc.connectionState == "failed" else logging.INFO,
+                        "%s: connection to %s %s", device, peer, pc.connectionState)
+                transport._peer_lost(peer, lk.failed)
+
+        if device < peer:
+            stage[0] = "waiting for the peer to join the relay"
+            await sig.wait_present(peer)
+            stage[0] = "making the offer"
+            await pc.setLocalDescription(await pc.createOffer())
+            await sig.signal(peer, pc.localDescription)
+            stage[0] = "waiting for the answer"
+            await pc.setRemoteDescription(await sig.receive(peer, "answer"))
+        else:
+            stage[0] = "waiting for the offer"
+            await pc.setRemoteDescription(await sig.receive(peer, "offer"))
+            stage[0] = "making the answer"
+            await pc.setLocalDescription(await pc.createAnswer())
+            await sig.signal(peer, pc.localDescription)
+        lk.max_message_bytes = remote_max_message_size(pc.remoteDescription.sdp)
+        stage[0] = "opening the data channels (ICE, DTLS, SCTP)"
+        await asyncio.gather(*opened)
+
+    try:
+        await asyncio.wait_for(build(), open_timeout_s)
+    except asyncio.TimeoutError:
+        raise TransportError(f"{device}: channels to peer {peer!r} did not open within "
+                             f"{open_timeout_s:g} s ({stage[0]})") from None
+    lk.bulk_task = asyncio.ensure_future(transport._bulk_sender(lk))
+
+
 async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[str], *,
                        open_timeout_s: float = 20.0,
                        max_message_bytes_in: int = DEFAULT_MAX_MESSAGE_BYTES_IN,
@@ -260,8 +365,6 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
     or a peer's channels do not open in time (the message names the peer); ValueError
     for a peer list that contains ``device`` or duplicates.
     """
-    from aiortc import RTCConfiguration, RTCPeerConnection
-
     peers = tuple(peers)
     if device in peers or len(set(peers)) != len(peers):
         raise ValueError(f"peers {peers!r} must be distinct and must not contain {device!r}")
@@ -270,64 +373,14 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
         tune_sctp()
     token = _host_addresses.set(tuple(host_addresses) if host_addresses is not None else None)
     transport = RtcTransport(device, peers, max_message_bytes_in)
+    transport._relay = (relay_url, room, tuple(host_addresses) if host_addresses is not None else None)
+    transport._bulk_inflight = bulk_inflight_bytes
     for lk in transport._links.values():
         lk.bulk_inflight_bytes = bulk_inflight_bytes
     sig = _Signalling(device, peers)
     try:
         await sig.open(relay_url, room)
-        loop = asyncio.get_running_loop()
-
-        async def link(peer: str) -> None:
-            lk = transport._links[peer]
-            stage = ["creating the connection"]
-
-            async def build() -> None:
-                pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-                lk.pc = pc
-                opened = []
-                for i, name in enumerate(CHANNELS):
-                    ch = pc.createDataChannel(name, ordered=True, negotiated=True, id=i)
-                    ch.bufferedAmountLowThreshold = 0  # the paced sender waits for "bufferedamountlow"
-                    fut = loop.create_future()
-                    ch.on("open", lambda f=fut: f.done() or f.set_result(None))
-                    ch.on("message", lambda data, n=name: transport._on_wire(peer, n, data))
-                    lk.channels[name] = ch
-                    opened.append(fut)
-
-                @pc.on("connectionstatechange")
-                def _state() -> None:
-                    if pc.connectionState in ("failed", "closed") and not transport._closed:
-                        lk.failed = f"connection {pc.connectionState}"
-                        log.log(logging.WARNING if pc.connectionState == "failed" else logging.INFO,
-                                "%s: connection to %s %s", device, peer, pc.connectionState)
-                        transport._peer_lost(peer, lk.failed)
-
-                if device < peer:
-                    stage[0] = "waiting for the peer to join the relay"
-                    await sig.wait_present(peer)
-                    stage[0] = "making the offer"
-                    await pc.setLocalDescription(await pc.createOffer())
-                    await sig.signal(peer, pc.localDescription)
-                    stage[0] = "waiting for the answer"
-                    await pc.setRemoteDescription(await sig.receive(peer, "answer"))
-                else:
-                    stage[0] = "waiting for the offer"
-                    await pc.setRemoteDescription(await sig.receive(peer, "offer"))
-                    stage[0] = "making the answer"
-                    await pc.setLocalDescription(await pc.createAnswer())
-                    await sig.signal(peer, pc.localDescription)
-                lk.max_message_bytes = remote_max_message_size(pc.remoteDescription.sdp)
-                stage[0] = "opening the data channels (ICE, DTLS, SCTP)"
-                await asyncio.gather(*opened)
-
-            try:
-                await asyncio.wait_for(build(), open_timeout_s)
-            except asyncio.TimeoutError:
-                raise TransportError(f"{device}: channels to peer {peer!r} did not open within "
-                                     f"{open_timeout_s:g} s ({stage[0]})") from None
-            lk.bulk_task = asyncio.ensure_future(transport._bulk_sender(lk))
-
-        results = await asyncio.gather(*(link(p) for p in peers), return_exceptions=True)
+        results = await asyncio.gather(*(_open_link(transport, sig, p, open_timeout_s) for p in peers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]

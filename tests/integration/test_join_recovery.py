@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from runtime.backends import StageSpec, make_stage
 from runtime.generate import generate_greedy
 from runtime.tokenizer import ChatTokenizer
 from runtime.weights import ensure_safetensors
-from tests.joinroom import SPLITROOM, relay_room
+from tests.joinroom import SPLITROOM, read_until, relay_room
 
 pytestmark = pytest.mark.slow
 
@@ -45,13 +44,7 @@ def test_a_joined_worker_killed_mid_answer_the_host_answers_like_one_process(tmp
                                              "--answers-json", str(answers)] + common,
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs += [w1, w2, host]
-        out = ""
-        t0 = time.monotonic()
-        while "1, 2, 3" not in out:  # the answer is streaming: kill the middle worker now
-            ch = host.stdout.read(1)
-            assert ch, "the host ended before its answer streamed"
-            out += ch
-            assert time.monotonic() - t0 < 80
+        read_until(host, "1, 2, 3", 80)  # the answer is streaming: kill the middle worker now
         os.kill(w1.pid, signal.SIGKILL)
         rest, h_err = host.communicate(timeout=90)
         w2_out, w2_err = w2.communicate(timeout=15)

@@ -1,11 +1,14 @@
 """`splitroom run --real` with a fault: the worker process is told to crash at answer
-token 5 (it exits at once, no goodbye); the host notices by heartbeat, re-deals the
-lost range (pinned room: to the stage before it), loads it from disk and replays. The
-answer is token for token the single-process answer, and the recovery is measured
-beside the simulator's prediction."""
+token N (it exits at once, no goodbye); the host notices by heartbeat, re-deals the
+lost range (pinned room: to the stage before it) and replays. When the host takes the
+range it loads it from its disk; when a worker takes it, the worker copies the layers
+it lacks from the host over the weights channel (checked against the manifest hash in
+the Replan). The answer is token for token the single-process answer, and the recovery
+is measured beside the simulator's prediction (which copies at the link's bandwidth)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner.deal import deal
@@ -37,6 +40,31 @@ def test_a_worker_killed_mid_answer_the_real_room_answers_like_one_process():
     assert m["replay_tokens"] == p["replay_tokens"] == len(ids) + 5  # prompt + the 5 tokens before the loss
     assert 0.9 <= m["detected_at_s"] - m["lost_at_s"] < 2.5  # heartbeat timeout 1 s, beats every 0.25 s
     assert m["recovery_s"] < 5.0  # the issue's goal on loopback
+
+
+def test_the_worker_that_takes_a_lost_range_copies_it_from_the_host():
+    md = ensure_safetensors()
+    ids = ChatTokenizer.from_dir(md).encode_chat(PROMPT)
+    want = [t for t in generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, 8).ids if t != 2]
+    sets = ["host=desktop"] + [f"devices[{i}].lends=1 GB" for i in range(3)] + [
+        "stages=[{device: desktop, layers: '1-10'}, {device: laptop, layers: '11-29'}, "
+        "{device: phone, layers: '30-30'}]", "workload.questions=1", "workload.answer_tokens=8",
+        f"workload.prompts=['{PROMPT}']", "faults=[{device: phone, at: token 3}]"]
+    scn = load("scenarios/home.yaml", sets)
+    res = run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=120, log=lambda s: None)
+    assert res.answers[0]["token_ids"] == want and res.answers[0]["ended"] == "answered"
+    from safetensors import safe_open
+    with safe_open(str(md / "model.safetensors"), framework="numpy") as f:  # layer 30's bytes, from the file
+        layer30 = sum(4 * int(np.prod(f.get_slice(n).get_shape())) for n in f.keys()
+                      if n.startswith("model.layers.29."))
+    (m,) = res.measured["recovery"]
+    (p,) = res.predicted["recovery"]
+    for rec in (m, p):  # measured and predicted: laptop gets layer 30, and only it, from the host
+        (copy,) = rec["copies"]
+        assert (copy["device"], copy["source"], copy["start"], copy["end"]) == ("laptop", "desktop", 29, 30)
+        assert copy["nbytes"] == layer30
+    assert p["copy_s"] == pytest.approx(layer30 / 25e6, rel=1e-6)  # 200 Mbit/s; loopback: no rtt
+    assert m["ready_at_s"] - m["detected_at_s"] >= m["copy_s"] > 0
 
 
 def test_faults_the_real_room_cannot_inject_are_one_line_errors():

@@ -163,9 +163,10 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     """host 1-9, w1 10-21, w2 22-30; after ``after`` answer tokens ``lose`` falls silent (as a
     killed process: no goodbye). The heartbeats notice within about two seconds, the host
     re-deals (the lost range to the stage before it), the new chain loads from disk (or,
-    ``from_peer``, w1 copies layers 10-30 from the host over the weights channel, checked
-    against the manifest hash in the Replan) and the replay continues: both answers
-    equal single-process greedy decoding."""
+    ``from_peer``, w1 copies the layers it lacks, 22-30, from the host over the weights
+    channel, checked against the manifest hash in the Replan, and reads its own 10-21
+    from disk) and the replay continues: both answers equal single-process greedy
+    decoding."""
     chain = [["host", 0, 9], ["w1", 9, 21], ["w2", 21, 30]]
     sc = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
     hub = Hub()
@@ -202,5 +203,13 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     want = [("host", 0, 21), ("w2", 21, 30)] if lose == "w1" else [("host", 0, 9), ("w1", 9, 30)]
     assert [tuple(s) for s in redeal.stages] == want
     if from_peer:
-        assert "w1: layers 10-30 copied and verified" in caplog.text
-        assert any(ch == "weights" and src == "host" and dst == "w1" for src, dst, ch, _ in hub.sent)
+        assert "w1: layers 22-30 copied and verified" in caplog.text
+        assert "w1: copying layers 22-30 from host: 100%" in caplog.text  # progress by quarters
+        from safetensors import safe_open
+        with safe_open(str(model_dir / "model.safetensors"), framework="numpy") as f:
+            want = sum(f.get_slice(n).get_shape()[0] * max(1, (f.get_slice(n).get_shape() + [1])[1]) * 4
+                       for n in f.keys() if any(n.startswith(f"model.layers.{i}.") for i in range(21, 30)))
+        sent = sum(size for src, dst, ch, size in hub.sent if ch == "weights" and src == "host" and dst == "w1")
+        assert want <= sent < want * 1.01  # the 9 layers it lacked, not its whole new range
+        (copy,) = [c for c in rec["copies"] if c["device"] == "w1"]
+        assert (copy["source"], copy["start"], copy["end"], copy["nbytes"]) == ("host", 21, 30, want)

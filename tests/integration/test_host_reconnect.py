@@ -1,0 +1,119 @@
+"""The model host's process is killed (SIGKILL, by pid) while it streams an answer in a
+``splitroom join`` room on 127.0.0.1. The worker says "Host reconnecting" and keeps
+its weights; a host started again within the wait resumes the room (the worker keeps
+its loaded layers, the new host's answer is token for token the single-process
+greedy answer); a host that does not come back ends the room: the worker says "Room
+over" and exits with status 5 once the wait (2 s here, 60 s by default) has passed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.backends import StageSpec, make_stage
+from runtime.generate import generate_greedy
+from runtime.tokenizer import ChatTokenizer
+from runtime.weights import ensure_safetensors
+from tests.joinroom import SPLITROOM, read_until, relay_room
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "List the numbers from 1 to 30, separated by commas."
+MAX_NEW = 16
+
+
+class Lines:
+    """A child's text stream read line by line in a thread (so a test can wait for a
+    line while the child runs)."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._t.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def wait_for(self, text: str, timeout_s: float) -> float:
+        """Seconds (time.monotonic) when a line holding ``text`` was seen; fails after ``timeout_s``."""
+        t0 = time.monotonic()
+        while not any(text in ln for ln in self.lines):
+            assert time.monotonic() - t0 < timeout_s, f"no line with {text!r} in {timeout_s} s: {self.lines[-5:]}"
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def text(self) -> str:
+        self._t.join(timeout=5)
+        return "".join(self.lines)
+
+
+def _host(url: str, env: dict, answers: Path | None = None) -> subprocess.Popen:
+    argv = SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers", "w", "--ask", PROMPT,
+                        "--max-tokens", str(MAX_NEW), "--address", "127.0.0.1", "--timeout", "50"]
+    if answers is not None:
+        argv += ["--answers-json", str(answers)]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _worker(url: str, env: dict, wait_s: float) -> tuple[subprocess.Popen, Lines]:
+    w = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h",
+                                      "--address", "127.0.0.1", "--timeout", "55", "--host-wait", str(wait_s)],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return w, Lines(w.stderr)
+
+
+def _kill_while_streaming(host: subprocess.Popen) -> None:
+    read_until(host, "1, 2", 40)  # the answer is streaming: the host goes away now
+    os.kill(host.pid, signal.SIGKILL)
+    host.wait(timeout=5)
+
+
+def test_a_host_that_comes_back_resumes_the_room_with_the_worker_weights_kept(tmp_path: Path):
+    model_dir = ensure_safetensors()
+    tok = ChatTokenizer.from_dir(model_dir)
+    whole = make_stage("numpy", model_dir, StageSpec(0, 30, host=True))
+    want = [t for t in generate_greedy([whole], tok.encode_chat(PROMPT), MAX_NEW).ids if t != 2]
+    with relay_room("hostback") as (url, env, procs):
+        worker, w_err = _worker(url, env, 30)
+        first = _host(url, env)
+        procs += [worker, first]
+        _kill_while_streaming(first)
+        w_err.wait_for("Host reconnecting", 10)
+        answers = tmp_path / "answers.json"
+        again = _host(url, env, answers)
+        procs.append(again)
+        _, h_err = again.communicate(timeout=50)
+        assert again.returncode == 0, h_err
+        assert worker.wait(timeout=15) == 0
+        log = w_err.text()
+    got = json.loads(answers.read_text())
+    (a,) = got["answers"]
+    assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"
+    assert "h is back" in log and "kept loaded while the host was away" in log
+    assert log.count("holding layers 16-30") == 2  # once loaded, once kept
+
+
+def test_a_host_that_does_not_come_back_ends_the_room_after_the_wait():
+    with relay_room("hostgone") as (url, env, procs):
+        worker, w_err = _worker(url, env, 2)
+        host = _host(url, env)
+        procs += [worker, host]
+        _kill_while_streaming(host)
+        t_kill = time.monotonic()
+        t_wait = w_err.wait_for("Host reconnecting", 10)
+        rc = worker.wait(timeout=20)
+        t_end = time.monotonic()
+        log = w_err.text()
+    assert rc == 5, log
+    assert "Room over" in log and "did not come back within 2 s" in log
+    assert "Traceback" not in log
+    assert t_wait - t_kill < 5  # noticed by heartbeat (1 s of silence)
+    assert 2.0 <= t_end - t_kill < 12  # the wait, then a clean exit
