@@ -162,6 +162,7 @@ class WgpuStage(Stage):
         self.adapter, self.device = get_device()
         self._limit = self.adapter.limits["max-storage-buffer-binding-size"]
         self._pos = 0
+        self._spare: dict[str, object] = {}  # pre-encoded command buffers of repeated one-token steps
         c, dev, U = cfg, self.device, wgpu.BufferUsage
         H, D, KV, NH, F, V = c.hidden, c.head_dim, c.n_kv_heads, c.n_heads, c.ffn, c.vocab
         self.qkv_w = (NH + 2 * KV) * D
@@ -370,22 +371,38 @@ class WgpuStage(Stage):
         p, b = self.b_head[tb]
         cp.set_pipeline(p); cp.set_bind_group(0, b); cp.dispatch_workgroups(self.cfg.vocab // self._variants[tb][1], -(-n // tb))  # noqa: E702
 
-    def _run(self, n: int, first_pos: int, encode, reads: list[tuple[object, int]]) -> list[np.ndarray]:
+    def _run(self, n: int, first_pos: int, encode, reads: list[tuple[object, int]], reuse: str | None = None) -> list[np.ndarray]:
         """Write params, encode one compute pass with ``encode(pass)``, copy ``reads`` [(buffer, nbytes)]
-        into the staging buffer, submit once, map, and return the byte ranges as float32/uint32 views."""
+        into the staging buffer, submit once, map, and return the byte ranges as float32/uint32 views.
+
+        With ``reuse`` (a key naming a step whose commands never change: positions and inputs
+        travel in buffers written before the submit), the command buffer comes from the previous
+        call with that key, and the next one is encoded while the GPU runs this one, so the
+        caller waits for the GPU alone, not for Python encoding as well.
+        """
         q = self.device.queue
         q.write_buffer(self.params, 0, np.array([n, first_pos, 0, 0], np.uint32))
-        enc = self.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
-        encode(cp)
-        cp.end()
         off = 0
         spans = []
-        for b, nbytes in reads:
-            enc.copy_buffer_to_buffer(b, 0, self.staging, off, nbytes)
+        for _, nbytes in reads:
             spans.append((off, nbytes))
             off += (nbytes + 255) // 256 * 256
-        q.submit([enc.finish()])
+
+        def build():
+            enc = self.device.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            encode(cp)
+            cp.end()
+            for (b, nbytes), (o, _) in zip(reads, spans):
+                enc.copy_buffer_to_buffer(b, 0, self.staging, o, nbytes)
+            return enc.finish()
+
+        if reuse is None:
+            q.submit([build()])
+        else:
+            spare = self._spare.pop(reuse, None)
+            q.submit([spare if spare is not None else build()])
+            self._spare[reuse] = build()  # for the next call, while the GPU works
         out = []
         if reads:
             self.staging.map_sync(self._wgpu.MapMode.READ, 0, off)
@@ -405,7 +422,8 @@ class WgpuStage(Stage):
             part = x[i : i + self.max_tokens]
             n = part.shape[0]
             self.device.queue.write_buffer(self.x, 0, part)
-            (raw,) = self._run(n, first_pos + i, lambda cp: self._encode_layers(cp, n), [(self.x, n * self.cfg.hidden * 4)])
+            (raw,) = self._run(n, first_pos + i, lambda cp, n=n: self._encode_layers(cp, n), [(self.x, n * self.cfg.hidden * 4)],
+                               reuse="forward1" if n == 1 else None)
             outs.append(np.frombuffer(raw, F32).reshape(n, self.cfg.hidden))
             self._pos = first_pos + i + n
         return np.concatenate(outs) if len(outs) > 1 else outs[0].copy()
@@ -471,7 +489,8 @@ class WgpuStage(Stage):
         x = check_hidden(hidden, self.cfg.hidden)
         self._check_pos(first_pos, 1)
         self.device.queue.write_buffer(self.hx, 0, np.ascontiguousarray(x[-1:]))
-        raw_x, raw_id = self._run(1, first_pos, lambda cp: self._encode_step(cp, False), [(self.x, self.cfg.hidden * 4), (self.ids, 4)])
+        raw_x, raw_id = self._run(1, first_pos, lambda cp: self._encode_step(cp, False), [(self.x, self.cfg.hidden * 4), (self.ids, 4)],
+                                  reuse="step")
         self._pos = first_pos + 1
         return int(np.frombuffer(raw_id, np.uint32)[0]), np.frombuffer(raw_x, F32).reshape(1, self.cfg.hidden).copy()
 

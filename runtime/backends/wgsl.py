@@ -560,13 +560,9 @@ var<workgroup> bi: array<u32, {WGS}>;
 fn main(@builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
   var best = -3.4e38;
   var idx = 0xffffffffu;
-  for (var i0 = lid; i0 < V; i0 += WGS * 8u) {{
-    var vs: array<f32, 8>;
-    for (var u = 0u; u < 8u; u++) {{ vs[u] = L[min(i0 + u * WGS, V - 1u)]; }}
-    for (var u = 0u; u < 8u; u++) {{
-      let i = i0 + u * WGS;
-      if (i < V && (vs[u] > best || idx == 0xffffffffu)) {{ best = vs[u]; idx = i; }}
-    }}
+  for (var i = lid; i < V; i += WGS) {{
+    let v = L[i];
+    if (v > best || idx == 0xffffffffu) {{ best = v; idx = i; }}
   }}
   let sm = subgroupMax(best);
   let si = subgroupMin(select(0xffffffffu, idx, best == sm));
