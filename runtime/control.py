@@ -256,6 +256,10 @@ class NodeConfig(BaseModel):
             (0: only the transport notices).
         crash_at_token: the host's fault injection, ``[(device, N), ...]``: once N answer
             tokens (all questions) are emitted, tell ``device`` to crash.
+        crash_at_s: the host's fault injection by time, ``[(device, seconds), ...]``: that
+            many seconds after the host's node starts (every device connected and
+            loaded, the first question asked: the simulator's time 0), tell ``device``
+            to crash.
         crashable: obey a Crash message (exit at once, status 9).
         weights_from_peer: on a re-deal, a worker copies its new range from the host
             over the weights channel (verified against the manifest hash the host puts
@@ -289,6 +293,8 @@ class NodeConfig(BaseModel):
     heartbeat_s: float = Field(0.25, ge=0.0)
     heartbeat_timeout_s: float = Field(1.0, ge=0.0)
     crash_at_token: list[tuple[DEVICE_ID, Annotated[int, Field(ge=1)]]] = Field(default_factory=list)
+    crash_at_s: list[tuple[DEVICE_ID, Annotated[float, Field(ge=0.0, allow_inf_nan=False)]]] = \
+        Field(default_factory=list)
     crashable: bool = False
     weights_from_peer: bool = False
     redeals: dict[DEVICE_ID, list[StageRow]] = Field(default_factory=dict)

@@ -106,6 +106,7 @@ class Node:
         self.awaiting: dict[int, set[str]] = {}  # host: re-deal first lap -> devices not ready yet
         self.emitted = 0
         self._tasks: list[asyncio.Future] = []
+        self._timers: list[asyncio.TimerHandle] = []
         self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
         self.loading = False  # loading a re-dealt range (heartbeat silence is not a loss then)
         self.grace_until = 0.0  # time.monotonic() until which silence is not a loss (a re-deal)
@@ -257,7 +258,7 @@ class Node:
             self.emitted += 1
             for dev, n in self.cfg.crash_at_token:  # fault injection (run --real with faults:)
                 if n == self.emitted:
-                    asyncio.ensure_future(self._send(dev, REPLY, encode_control(Crash())))
+                    self._crash(dev)
         elif cls is Redeal:
             self._tasks.append(asyncio.ensure_future(self._host_redeal(c)))
         elif cls is AnswerDone or cls is Refuse:
@@ -557,10 +558,19 @@ class Node:
             from .weights_share import serve_weights
             self._weights_server = serve_weights(self.transport, self.cfg.model_dir)
         if self.is_host:
+            loop = asyncio.get_running_loop()
+            for dev, at_s in self.cfg.crash_at_s:  # fault injection by time (run --real with faults:)
+                self._timers.append(loop.call_later(at_s, self._crash, dev))
             self._ask_next()
+
+    def _crash(self, device: str) -> None:
+        log.warning("%s: telling %s to crash (fault injection)", self.cfg.device, device)
+        asyncio.ensure_future(self._send(device, REPLY, encode_control(Crash())))
 
     async def stop(self) -> None:
         """Stop the compute, heartbeat and re-deal tasks."""
+        for h in self._timers:
+            h.cancel()
         for t in [self._task, *self._tasks]:
             t.cancel()
         for t in [self._task, *self._tasks]:

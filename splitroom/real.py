@@ -92,7 +92,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
     prompts = real_prompts(scn)
-    crash, redeals = _faults(scn, deal)
+    crash, crash_s, redeals = _faults(scn, deal)
     out = []
     for dev in members:
         d = scn.device(dev)
@@ -104,29 +104,33 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               peers=[m for m in members if m != dev],
                               drafter=spec.drafter if spec else "ngram",
                               crash_at_token=crash if dev == deal.host else [],
+                              crash_at_s=crash_s if dev == deal.host else [],
                               crashable=any(f.device == dev for f in scn.faults),
                               redeals=redeals if dev == deal.host else {}, weights=weights, kv=kv,
                               weights_from_peer=bool(scn.faults)))
     return out
 
 
-def _faults(scn: Scenario, deal: Deal) -> tuple[list, dict]:
-    """The host's fault injection ``[(device, token N)]`` for a scenario's ``faults:`` and
-    the re-deal the planner's rules give for the loss of each worker of the chain, over
-    the devices that run a process (the chain; the prediction re-deals over the same).
-    Raises RealRunError for a fault the real room cannot inject: on the model host, on a
-    device outside the chain, or at a time."""
+def _faults(scn: Scenario, deal: Deal) -> tuple[list, list, dict]:
+    """The host's fault injection for a scenario's ``faults:`` (``[(device, token N)]``
+    and ``[(device, seconds)]``, the seconds counted from the host's start, when the
+    first question is asked, as the simulator counts them) and the re-deal the planner's
+    rules give for the loss of each worker of the chain, over the devices that run a
+    process (the chain; the prediction re-deals over the same). Raises RealRunError for
+    a fault the real room cannot inject: on the model host or on a device outside the
+    chain."""
     if not scn.faults:
-        return [], {}
+        return [], [], {}
     from planner.chain import redeal_rule
     chain = {s.device for s in deal.stages} - {deal.host}
-    crash = []
+    crash, crash_s = [], []
     for f in scn.faults:
         if f.device == deal.host or f.device not in chain:
             raise RealRunError(f"faults: {f.device} is not a worker of the chain; run --real can only kill a worker")
-        if f.at_token is None:
-            raise RealRunError("faults: run --real injects faults at 'token N' only (a time depends on loading)")
-        crash.append((f.device, f.at_token))
+        if f.at_token is not None:
+            crash.append((f.device, f.at_token))
+        else:
+            crash_s.append((f.device, f.at_s))
     rule = redeal_rule([d for d in scn.devices if d.id in chain | {deal.host}], scn.model, scn.options)
     redeals = {}
     for dev in sorted(chain):
@@ -136,7 +140,7 @@ def _faults(scn: Scenario, deal: Deal) -> tuple[list, dict]:
             redeals[dev] = []
             continue
         redeals[dev] = [(s.device, s.start, s.end) for s in new.stages]
-    return crash, redeals
+    return crash, crash_s, redeals
 
 
 def calibrate(trace: list, deal: Deal) -> dict:
