@@ -38,7 +38,7 @@ RESIDUAL_BYTES = {"f32": 4, "f16": 2}
 #: frames are converted by the codec, so every backend takes both residual choices.
 BACKEND_SUPPORT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "numpy": (WEIGHTS, KV),
-    "wgpu": (("f32",), ("f32",)),  # the wgpu backend adds f16/q8 in its own files (issue 13)
+    "wgpu": (WEIGHTS, ("f32",)),  # weights widened to float32 in the WGSL loads; KV float32
 }
 
 
@@ -99,8 +99,8 @@ def check_backend(backend: str, p: Precision) -> None:
     """Refuse a precision ``backend`` cannot store.
 
     Raises:
-        PrecisionError: e.g. ``the wgpu backend stores weights as f32 only; weights q8 needs
-            --backend numpy``.
+        PrecisionError: e.g. ``the wgpu backend keeps the KV cache as f32 only; KV f16 needs
+            another backend``.
     """
     weights, kv = BACKEND_SUPPORT.get(backend, (WEIGHTS, KV))
     if p.weights not in weights:

@@ -7,11 +7,11 @@ without CUDA). SmolLM2-135M's shape with random N(0, 0.02) weights (speed does n
 the values; the same weights feed every engine). Writes one JSON file (``--out``) and prints a
 table last:
 
-1. wgpu decode tok/s per weight format (float32, float16, int8): greedy steps after a 32-token
+1. wgpu decode tok/s per weight format (f32, f16, q8: runtime/precision.py): greedy steps after a 32-token
    prompt, context 32 -> 32 + steps, two ways: ``head_embed_forward`` per token (every token's id
    and residual read back before the next is encoded) and ``greedy_steps`` (the next token is
    encoded while the GPU runs; ids read back two steps late). Median of ``--reps`` runs.
-2. torch, the same weights and context, float16 and float32: one decode step (embedding, 30
+2. torch, the same weights and context, float16 and float32 (f16, f32): one decode step (embedding, 30
    layers with a static KV cache, head, arg-max, position += 1) captured in a CUDA graph and
    replayed, also two ways: ``.item()`` after each replay, or ids kept on the GPU until the end.
 3. Streaming bandwidth: torch copy (read + write) and sum (read), and a WGSL read kernel; the
@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime.backends.base import StageSpec  # noqa: E402
 from runtime.backends.numpy_backend import NumpyStage, rope_tables  # noqa: E402
 from runtime.bench import SMOLLM2_135M, random_weights  # noqa: E402
+from runtime.precision import Precision  # noqa: E402
 
 CFG = SMOLLM2_135M
 
@@ -49,7 +50,7 @@ def weight_bytes(cfg, fmt: str) -> int:
     H, F, KVD = cfg.hidden, cfg.ffn, cfg.kv_dim
     per_layer = (H * H + 2 * KVD * H) + H * H + 2 * F * H + F * H
     n = cfg.n_layers * per_layer + cfg.vocab * H
-    return int(n * {"float32": 4, "float16": 2, "int8": 1.125}[fmt])
+    return int(n * {"f32": 4, "f16": 2, "q8": 1.125}[fmt])
 
 
 def med(xs):
@@ -61,7 +62,7 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
     from runtime.backends.wgpu_backend import WgpuStage
 
     t0 = time.perf_counter()
-    st = WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=a.ctx, weights_dtype=fmt)
+    st = WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=a.ctx, precision=Precision(weights=fmt))
     out: dict = {"format": fmt, "init_s": time.perf_counter() - t0, "fast_kernels": st.fast,
                  "mv_shape": list(getattr(st, "mv", ())), "weight_bytes_per_token": weight_bytes(CFG, fmt)}
     P = len(prompt)
@@ -204,7 +205,7 @@ def bench_torch(dtype_name: str, w: dict, a, prompt: list[int]) -> dict:
     import torch.nn.functional as Fn
 
     dev = "cuda"
-    dt = {"float16": torch.float16, "float32": torch.float32}[dtype_name]
+    dt = {"f16": torch.float16, "f32": torch.float32}[dtype_name]
     c = CFG
     H, NH, KV, D, F = c.hidden, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn
     G, half, ctx = NH // KV, D // 2, a.ctx
@@ -372,7 +373,7 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=128, help="decode steps per run")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=256, help="KV cache positions (torch attends over all, masked)")
-    ap.add_argument("--formats", default="float32,float16,int8")
+    ap.add_argument("--formats", default="f32,f16,q8")
     ap.add_argument("--variants", default="", help="extra float16 runs with environment settings, e.g. 'SPLITROOM_WGPU_ATT=512;SPLITROOM_WGPU_MV=64,2'")
     ap.add_argument("--per-submit", default="1,4,16", help="greedy_steps per_submit values to time")
     ap.add_argument("--quick", action="store_true", help="tiny run (lavapipe check of this script)")
@@ -390,15 +391,12 @@ def main(argv=None) -> None:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1))
 
-    # numpy references (CPU) for the logits after the prompt, per format
-    from runtime.backends.wgpu_backend import dequantized
-
+    # numpy references (CPU) for the logits after the prompt, per format (same stored values)
     refs = {}
     for fmt in a.formats.split(","):
-        wd = {k: dequantized(v, fmt) for k, v in w.items()}
-        ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), wd, max_ctx=64)
+        ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=64, precision=Precision(weights=fmt))
         refs[fmt] = ref.head(ref.embed_forward(prompt, 0)[-1:])
-        del ref, wd
+        del ref
     have_cuda = False
     if not a.no_torch:
         try:
@@ -433,9 +431,9 @@ def main(argv=None) -> None:
         old_v = os.environ.get(k)
         os.environ[k] = v
         try:
-            r = bench_wgpu("float16", w, a, prompt, refs.get("float16"))
+            r = bench_wgpu("f16", w, a, prompt, refs.get("f16"))
         except Exception as e:
-            r = {"format": "float16", "error": repr(e)}
+            r = {"format": "f16", "error": repr(e)}
         r["variant"] = var
         print("wgpu variant", var, {k: v for k, v in r.items() if not isinstance(v, (list, dict))}, flush=True)
         res["wgpu"].append(r)
@@ -446,7 +444,7 @@ def main(argv=None) -> None:
             os.environ[k] = old_v
     res["torch"] = []
     if have_cuda:
-        for dt in ("float16", "float32"):
+        for dt in ("f16", "f32"):
             try:
                 r = bench_torch(dt, w, a, prompt)
             except Exception as e:
@@ -456,8 +454,8 @@ def main(argv=None) -> None:
             save()
     # summary
     bw = res.get("bandwidth_torch", {}).get("sum_read_GBps") or res.get("bandwidth_wgpu", {}).get("read_GBps")
-    t16 = next((t for t in res["torch"] if t.get("dtype") == "float16" and "error" not in t), None)
-    t32 = next((t for t in res["torch"] if t.get("dtype") == "float32" and "error" not in t), None)
+    t16 = next((t for t in res["torch"] if t.get("dtype") == "f16" and "error" not in t), None)
+    t32 = next((t for t in res["torch"] if t.get("dtype") == "f32" and "error" not in t), None)
     rows = []
     for r in res["wgpu"]:
         if "error" in r:

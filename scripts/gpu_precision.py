@@ -1,19 +1,18 @@
 #!/usr/bin/env python3
-"""Error of the wgpu backend's float16 and int8 weight formats against float32, on the real model.
+"""Error of the wgpu backend's weight formats (f16, q8) against the float32 reference, on the real model.
 
-For each prompt of a fixed set (chat-formatted), runs SmolLM2-135M-Instruct with float32 weights
-and with the weights as each format stores them, then reports:
+For each prompt of a fixed set (chat-formatted), runs SmolLM2-135M-Instruct on the numpy
+float32 reference and on the wgpu backend with each weight format, then reports:
 
 * logits error after the prompt: ``max |l - l32| / max |l32|`` over every prompt position, and the
   share of positions whose arg-max (next token) equals float32's;
 * greedy agreement: the generated ids (``--tokens`` of them) compared with float32's: identical
   sequences, and the mean number of leading tokens that agree.
 
-The format's arithmetic is evaluated with the numpy reference on the dequantized weights
-(:func:`runtime.backends.wgpu_backend.dequantized`: exactly the values the WGSL kernels read;
-tests/integration/test_wgpu_formats.py checks wgpu against that reference within 1e-5), so this
-runs anywhere in about a minute; ``--backend wgpu`` runs the formats on the wgpu backend itself
-(slow on lavapipe). Prints a JSON object.
+Runs wherever wgpu finds a Vulkan adapter (lavapipe: a few minutes per format on 2 cores with
+the default 4 prompts x 16 tokens). The numpy backend stores the same values for each format
+(tests/integration/test_wgpu_formats.py), so ``--backend numpy`` gives the same figures up to
+float32 summation order. Prints a JSON object.
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.backends.base import StageSpec  # noqa: E402
 from runtime.backends.numpy_backend import NumpyStage  # noqa: E402
-from runtime.backends.wgpu_backend import dequantized  # noqa: E402
 from runtime.config import ModelConfig  # noqa: E402
-from runtime.generate import generate_greedy  # noqa: E402
+from runtime.precision import Precision  # noqa: E402
 from runtime.tokenizer import ChatTokenizer  # noqa: E402
 from runtime.weights import ensure_safetensors, load_range  # noqa: E402
 
@@ -50,37 +48,50 @@ PROMPTS = [
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
-    ap.add_argument("--backend", default="numpy", choices=["numpy", "wgpu"])
-    ap.add_argument("--formats", default="float16,int8")
+    ap.add_argument("--tokens", type=int, default=16, help="greedy tokens per prompt")
+    ap.add_argument("--prompts", type=int, default=4, help=f"how many of the {len(PROMPTS)} prompts")
+    ap.add_argument("--backend", default="wgpu", choices=["numpy", "wgpu"])
+    ap.add_argument("--formats", default="f32,f16,q8")
     a = ap.parse_args(argv)
     d = ensure_safetensors()
     cfg = ModelConfig.load(d)
     tok = ChatTokenizer.from_dir(d)
     spec = StageSpec(0, cfg.n_layers, True)
     w32 = load_range(d, 0, cfg.n_layers, with_embedding=True, with_head=True)
-    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS[: a.prompts]]
 
     def stage(fmt: str):
+        p = Precision(weights=fmt)
         if a.backend == "wgpu":
             from runtime.backends.wgpu_backend import WgpuStage
 
-            return WgpuStage(cfg, spec, dict(w32), max_ctx=256, weights_dtype=fmt)
-        return NumpyStage(cfg, spec, {k: dequantized(v, fmt) for k, v in w32.items()}, max_ctx=256)
+            return WgpuStage(cfg, spec, dict(w32), max_ctx=256, precision=p)
+        return NumpyStage(cfg, spec, dict(w32), max_ctx=256, precision=p)
 
     def run(st):
+        """Logits at every prompt position, then greedy ids (stopping at eos)."""
         out = []
         for ids in prompts:
             st.rollback(0)
-            logits = st.head(st.embed_forward(ids, 0))
-            st.rollback(0)
-            gen = generate_greedy([st], ids, a.tokens)
-            out.append((logits, gen.ids))
+            h = st.embed_forward(ids, 0)
+            logits = st.head(h)
+            gen, pos = [], len(ids)
+            for _ in range(a.tokens):
+                t, h = st.head_embed_forward(h, pos)
+                gen.append(t)
+                pos += 1
+                if t == cfg.eos_id:
+                    break
+            out.append((logits, gen))
         return out
 
     t0 = time.perf_counter()
     ref = run(NumpyStage(cfg, spec, dict(w32), max_ctx=256))
-    res = {"model": "SmolLM2-135M-Instruct", "backend": a.backend, "prompts": len(PROMPTS), "tokens": a.tokens, "formats": {}}
+    res = {"model": "SmolLM2-135M-Instruct", "backend": a.backend, "prompts": len(prompts), "tokens": a.tokens, "formats": {}}
+    if a.backend == "wgpu":
+        from runtime.backends.wgpu_backend import adapter_summary
+
+        res["adapter"] = adapter_summary()
     for fmt in a.formats.split(","):
         got = run(stage(fmt))
         errs, top1, same, lead = [], [], 0, []

@@ -69,7 +69,7 @@ def make_stage(
     precision = precision or FLOAT32
     if backend in BACKENDS:
         check_backend(backend, precision)
-    if not precision.is_reference and backend == "numpy":
+    if not precision.is_reference and backend in ("numpy", "wgpu"):
         kwargs["precision"] = precision
     from ..weights import load_range
 

@@ -24,10 +24,11 @@ is one subgroup's dot product (``subgroupAdd``), with no workgroup barrier. The 
 from a list prepared at construction, calling wgpu-native directly (about 0.5 us per command
 instead of several through the Python wrappers).
 
-Weights are stored as ``weights_dtype``: ``float32``, ``float16`` (half the bytes) or ``int8``
-(Q8_0-like: blocks of 32 along each row share one scale, 1.125 B per weight); the kernels widen
-them to float32 as they load (:func:`wgsl.weight_decl`). Activations, norms, the KV cache and all
-sums are float32. :func:`dequantized` gives the float32 values a format stores, for references.
+Weights are stored as ``precision.weights`` (:mod:`runtime.precision`): ``f32``, ``f16`` (half the
+bytes) or ``q8`` (blocks of 32 along each row share one float32 scale, 9 bits per weight; the same
+values as the numpy backend's :func:`runtime.backends.kernels.quantize_q8`, so both backends
+compute one function per precision); the kernels widen them to float32 as they load
+(:func:`wgsl.weight_decl`). Activations, norms, the KV cache and all sums are float32.
 """
 
 from __future__ import annotations
@@ -40,51 +41,13 @@ import numpy as np
 from ..config import ModelConfig
 from ..weights import EMBED, FINAL_NORM, LM_HEAD
 from . import wgsl
+from ..precision import FLOAT32, Precision, check_backend
 from .base import Stage, StageSpec, check_hidden, check_ids
+from .kernels import quantize_q8
 from .numpy_backend import rope_tables
 
 F32 = np.float32
 _DEVICE = None
-WEIGHT_DTYPES = wgsl.WEIGHT_FORMATS
-Q8_BLOCK = 32
-
-
-def quantize_q8(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0-style quantization of ``a`` ``[rows, K]`` (K a multiple of 32) in blocks of 32 along K.
-
-    Per block (ggml's ``quantize_row_q8_0_ref``): ``d = max|x| / 127``, ``q = round(x / d)`` (halves away
-    from zero) in -127..127, ``d`` stored as float16 (so ``q * float32(float16(d))`` equals what
-    ``gguf.quants.dequantize`` gives for a Q8_0 tensor quantized by ggml).
-    Returns ``(q int8 [rows, K], d float32 [rows, K/32])``. Raises ValueError if K % 32 != 0.
-    """
-    a = np.asarray(a, dtype=F32)
-    if a.ndim != 2 or a.shape[1] % Q8_BLOCK:
-        raise ValueError(f"int8 weights need [rows, K] with K a multiple of {Q8_BLOCK}, got {a.shape}")
-    b = a.reshape(a.shape[0], -1, Q8_BLOCK)
-    d = np.abs(b).max(axis=-1) / F32(127.0)
-    inv = np.divide(F32(1.0), d, out=np.zeros_like(d), where=d != 0)
-    x = b * inv[..., None]
-    q = np.clip(np.sign(x) * np.floor(np.abs(x) + F32(0.5)), -127, 127).astype(np.int8)
-    return q.reshape(a.shape), d.astype(np.float16).astype(F32)
-
-
-def dequantized(a: np.ndarray, weights_dtype: str) -> np.ndarray:
-    """The float32 values the kernels see for ``a`` stored as ``weights_dtype`` (1-D tensors stay float32)."""
-    a = np.asarray(a, dtype=F32)
-    if weights_dtype == "float32" or a.ndim == 1:
-        return a
-    if weights_dtype == "float16":
-        return a.astype(np.float16).astype(F32)
-    if weights_dtype == "int8":
-        q, d = quantize_q8(a)
-        return (q.reshape(a.shape[0], -1, Q8_BLOCK).astype(F32) * d[..., None]).reshape(a.shape)
-    raise ValueError(f"unknown weights dtype {weights_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
-
-
-class WgpuUnavailable(RuntimeError):
-    """No Vulkan adapter (install Mesa's lavapipe, Debian ``mesa-vulkan-drivers``, or a GPU driver)."""
-
-
 def get_device():
     """The process-wide ``(adapter, device)`` on Vulkan, created once.
 
@@ -141,23 +104,25 @@ class WgpuStage(Stage):
         weights: ``{hf_name: float32}`` from :func:`runtime.weights.load_range`; consumed.
         max_ctx: KV cache positions (allocated up front: ``2 * kv_dim * 4 B`` per layer per position).
         max_tokens: largest ``n`` of one GPU step; longer inputs are split into several steps.
-        weights_dtype: how matrices are stored: ``float32``, ``float16`` or ``int8`` (see module doc).
+        precision: storage (:class:`runtime.precision.Precision`): weights ``f32``, ``f16`` or ``q8``
+            (see module doc); the KV cache is float32 (``kv="f32"``).
     Raises:
         WgpuUnavailable: no Vulkan adapter.
         ValueError: a weight exceeds the adapter's storage-buffer binding limit, or an unknown
-            ``weights_dtype``, or int8 with a row length that is not a multiple of 32.
+            q8 with a row length that is not a multiple of 32.
+        PrecisionError: a precision this backend does not store (``kv="f16"``).
     """
 
     def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048,
-                 max_tokens: int = 64, weights_dtype: str = "float32") -> None:
+                 max_tokens: int = 64, precision: Precision = FLOAT32) -> None:
         import wgpu
 
         if not (0 <= spec.start <= spec.end <= cfg.n_layers):
             raise ValueError(f"layer range [{spec.start}, {spec.end}) outside [0, {cfg.n_layers})")
-        if weights_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"unknown weights dtype {weights_dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}")
+        check_backend("wgpu", precision)
         self.cfg, self.spec, self.max_ctx, self.max_tokens = cfg, spec, int(max_ctx), int(max_tokens)
-        self.weights_dtype = fmt = weights_dtype
+        self.precision = precision
+        fmt = precision.weights
         self._wgpu = wgpu
         self.adapter, self.device = get_device()
         self._limit = self.adapter.limits["max-storage-buffer-binding-size"]
@@ -188,9 +153,9 @@ class WgpuStage(Stage):
             """Matrix (row blocks concatenated) in this stage's format -> [buffer, scales buffer or None]."""
             a = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
             a = np.asarray(a, dtype=F32)
-            if fmt == "float32":
+            if fmt == "f32":
                 return [upload(a), None]
-            if fmt == "float16":
+            if fmt == "f16":
                 return [upload(a.astype(np.float16)), None]
             q, d = quantize_q8(a)
             return [upload(q), upload(d * F32(127.0))]

@@ -25,7 +25,7 @@ def _f(x: float) -> str:
     return repr(float(x))
 
 
-def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: bool, eps: float = 1e-5, fmt: str = "float32") -> str:
+def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: bool, eps: float = 1e-5, fmt: str = "f32") -> str:
     """Source of a (fused) matrix product kernel. K, N multiples of 4 and R. Dispatch ``(N/R, ceil(n/TB))``.
     Weights in ``fmt`` (see :func:`weight_decl`)."""
     assert K % 4 == 0 and N % R == 0
@@ -232,7 +232,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
-def embed_src(Hd: int, fmt: str = "float32") -> str:
+def embed_src(Hd: int, fmt: str = "f32") -> str:
     """``X[t, :] = E[IDS[t], :]``. Bindings: 0 IDS u32, 1 E ``[vocab, H]`` (``fmt``), 2 X, 3 Params.
     Dispatch ``(ceil(H/4/64), n)``."""
     return PARAMS + weight_decl("E", 1, fmt) + f"""
@@ -284,28 +284,29 @@ fn main(@builtin(local_invocation_index) lid: u32) {{
 
 # ---------------------------------------------------------------------------- weight formats
 #: weight storage formats the kernels read; every product still accumulates in float32.
-WEIGHT_FORMATS = ("float32", "float16", "int8")
+WEIGHT_FORMATS = ("f32", "f16", "q8")  # runtime/precision.py WEIGHTS
 
 
 def weight_decl(name: str, binding: int, fmt: str) -> str:
     """WGSL declarations of weight matrix ``name`` in ``fmt`` and a loader ``ld_<name>(i) -> vec4<f32>``
     returning the ``i``-th group of 4 consecutive elements (row-major ``[rows, K]``, K a multiple of 4).
 
-    * ``float32``: ``array<vec4<f32>>``.
-    * ``float16``: IEEE half pairs packed in ``array<vec2<u32>>``, widened with ``unpack2x16float``
+    * ``f32``: ``array<vec4<f32>>``.
+    * ``f16``: IEEE half pairs packed in ``array<vec2<u32>>``, widened with ``unpack2x16float``
       (core WGSL, no ``shader-f16`` feature needed).
-    * ``int8``: Q8_0-like blocks of 32 elements along K: int8 values in -127..127 packed 4 per u32,
+    * ``q8``: blocks of 32 elements along K (:func:`runtime.backends.kernels.quantize_q8`, the numpy
+      backend's format): int8 values in -127..127 packed 4 per u32,
       one float32 scale ``d * 127`` per block at binding ``binding + 10``; the value is
       ``unpack4x8snorm(q) * (d * 127) = q * d`` (``unpack4x8snorm`` gives ``q / 127``).
     """
-    if fmt == "float32":
+    if fmt == "f32":
         return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<f32>>;\n"
                 f"fn ld_{name}(i: u32) -> vec4<f32> {{ return {name}[i]; }}\n")
-    if fmt == "float16":
+    if fmt == "f16":
         return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<vec2<u32>>;\n"
                 f"fn ld_{name}(i: u32) -> vec4<f32> {{ let p = {name}[i]; "
                 f"return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y)); }}\n")
-    if fmt == "int8":
+    if fmt == "q8":
         return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n"
                 f"@group(0) @binding({binding + 10}) var<storage, read> {name}_s: array<f32>;\n"
                 f"fn ld_{name}(i: u32) -> vec4<f32> {{ return unpack4x8snorm({name}[i]) * {name}_s[i >> 3u]; }}\n")
@@ -316,7 +317,7 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
                      "@builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32")
 
 
-def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "float32", norm: bool = False, add: bool = False,
+def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = False, add: bool = False,
                swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
@@ -541,7 +542,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
-def argmax_embed_src(V: int, Hd: int, fmt: str = "float32", WGS: int = 1024) -> str:
+def argmax_embed_src(V: int, Hd: int, fmt: str = "f32", WGS: int = 1024) -> str:
     """Arg-max of logits ``L[0, :V]`` (lowest id on ties) into ``IDS[0]``, and that token's embedding
     row into ``X[0, :]`` (the next step's residual), in one workgroup.
     Bindings: 0 L, 1 IDS (rw u32), 2 X (rw), 3 E ``[V, Hd]`` (``fmt``). Dispatch ``(1,)``.

@@ -1,9 +1,8 @@
 """wgpu kernels on a small random model, every weight format, against the numpy reference.
 
-The reference runs :class:`runtime.backends.numpy_backend.NumpyStage` on the *dequantized*
-weights (:func:`runtime.backends.wgpu_backend.dequantized`), so both sides compute the same
-function and differ only by float32 summation order; the int8 packing itself is checked against
-the ``gguf`` package's own Q8_0 quantizer (ggml's reference algorithm). Runs on lavapipe in CI.
+The reference is :class:`runtime.backends.numpy_backend.NumpyStage` with the same
+:class:`runtime.precision.Precision` (its own f16/q8 products, numba kernels), so both sides
+store the same weight values and differ only by float32 summation order. Runs on lavapipe in CI.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import pytest
 from runtime.backends.base import StageSpec
 from runtime.backends.numpy_backend import NumpyStage
 from runtime.config import ModelConfig
+from runtime.precision import Precision, PrecisionError
 from runtime.weights import range_tensor_names
 
 wgpu_backend = pytest.importorskip("runtime.backends.wgpu_backend")
@@ -47,7 +47,7 @@ def rel(a, b):
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-@pytest.fixture(scope="module", params=[(f, k) for f in ("float32", "float16", "int8") for k in ("1", "0")],
+@pytest.fixture(scope="module", params=[(f, k) for f in ("f32", "f16", "q8") for k in ("1", "0")],
                 ids=lambda p: f"{p[0]}-{'subgroup' if p[1] == '1' else 'batch'}-kernels")
 def pair(request):
     fmt, fast = request.param
@@ -55,9 +55,9 @@ def pair(request):
     mp = pytest.MonkeyPatch()
     mp.setenv("SPLITROOM_WGPU_FAST", fast)
     request.addfinalizer(mp.undo)
-    ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), {k: wgpu_backend.dequantized(v, fmt) for k, v in w.items()}, max_ctx=96)
+    ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=96, precision=Precision(weights=fmt))
     try:
-        gpu = wgpu_backend.WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), w, max_ctx=96, weights_dtype=fmt)
+        gpu = wgpu_backend.WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), w, max_ctx=96, precision=Precision(weights=fmt))
         if fast == "1" and not gpu.fast:
             pytest.skip("adapter without subgroup operations")
     except wgpu_backend.WgpuUnavailable as e:
@@ -65,22 +65,9 @@ def pair(request):
     return fmt, gpu, ref
 
 
-def test_int8_packing_equals_gguf_q8_0():
-    gguf = pytest.importorskip("gguf")
-    rng = np.random.default_rng(3)
-    a = (rng.standard_normal((48, 96)) * rng.uniform(0.01, 3, (48, 1))).astype(np.float32)
-    a[5, :32] = 0.0  # an all-zero block
-    a[6, 7] = 40.0  # an outlier dominating its block
-    want = gguf.quants.dequantize(gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)
-    got = wgpu_backend.dequantized(a, "int8")
-    np.testing.assert_array_equal(got, want.astype(np.float32))
-    q, d = wgpu_backend.quantize_q8(a)
-    assert q.dtype == np.int8 and np.abs(q.astype(int)).max() <= 127 and d.shape == (48, 3)
-
-
-def test_unknown_format_is_refused():
-    with pytest.raises(ValueError, match="weights dtype"):
-        wgpu_backend.WgpuStage(CFG, StageSpec(0, 1, False), {}, weights_dtype="int4")
+def test_f16_kv_cache_is_refused_in_one_line():
+    with pytest.raises(PrecisionError, match="wgpu backend keeps the KV cache as f32"):
+        wgpu_backend.WgpuStage(CFG, StageSpec(0, 1, False), {}, precision=Precision(kv="f16"))
 
 
 def test_prefill_and_decode_match_reference(pair):
@@ -146,8 +133,8 @@ def test_worker_stage_of_one_layer(monkeypatch, fast):
     """A worker holding one middle layer: the one-token pass writes the whole residual back."""
     monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
     w = weights(5)
-    gpu = wgpu_backend.WgpuStage(CFG, StageSpec(1, 2, False), dict(w), max_ctx=32, weights_dtype="float16")
-    ref = NumpyStage(CFG, StageSpec(1, 2, False), {k: wgpu_backend.dequantized(v, "float16") for k, v in w.items()}, max_ctx=32)
+    gpu = wgpu_backend.WgpuStage(CFG, StageSpec(1, 2, False), dict(w), max_ctx=32, precision=Precision(weights="q8"))
+    ref = NumpyStage(CFG, StageSpec(1, 2, False), w, max_ctx=32, precision=Precision(weights="q8"))
     rng = np.random.default_rng(2)
     for pos in range(3):
         x = rng.standard_normal((1, CFG.hidden)).astype(np.float32)

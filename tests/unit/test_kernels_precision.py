@@ -90,8 +90,8 @@ def test_precision_choices_and_backend_refusal():
     with pytest.raises(PrecisionError, match="unknown precision keys"):
         Precision.from_json({"weight": "f16"})
     check_backend("numpy", p)
-    with pytest.raises(PrecisionError, match="wgpu backend stores weights as f32 only"):
-        check_backend("wgpu", Precision("f16"))
+    check_backend("wgpu", Precision("q8"))  # f16/q8 weights: runtime/backends/wgsl.py weight_decl
+    check_backend("wgpu", Precision("f16", "f32", "f16"))
     with pytest.raises(PrecisionError, match="wgpu backend keeps the KV cache as f32 only"):
         check_backend("wgpu", Precision(kv="f16"))
 
