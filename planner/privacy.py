@@ -5,7 +5,7 @@ so token ids and logits never leave it; only the middle layers go round the room
 A lap is host (layers 1..N) -> workers (the middle) -> host (the last M layers) ->
 head. The host then runs two stages. This module expresses that as an ordinary
 chain for a driver that runs one stage per device: the host's tail range is held by a
-*virtual device* ``<host>~tail`` with the host's compute figures, joined to the host by a
+*virtual device* ``<host>.tail`` with the host's compute figures, joined to the host by a
 free link (no round trip, no overhead, no jitter, no stalls, unbounded bandwidth), and
 every link override that names the host is repeated for it. The scheduler and the
 simulator then need no change.
@@ -33,14 +33,14 @@ from planner.deal import Deal, DealError, Stage, _finish, deal, holds_layers, pi
 from planner.model import ModelSpec
 from planner.room import DealOptions, Device, Episodes, Jitter, LinkSpec, Network
 
-TAIL_SUFFIX = "~tail"
+TAIL_SUFFIX = ".tail"  # scenario ids are [a-z0-9_-]+: no device can be named so; the relay accepts it
 #: the host-to-itself link: nothing crosses a network (1 PB/s stands for "unbounded")
 _FREE = dict(rtt_s=0.0, hop_overhead_s=0.0, bandwidth_Bps=1e15, jitter=Jitter("none"),
              episodes=Episodes(every_s=1e12, lasting_s=0.0, extra_rtt_s=0.0), window_bytes=1e15)
 
 
 def tail_id(host: str) -> str:
-    """The virtual device id holding the host's last layers: ``"<host>~tail"``."""
+    """The virtual device id holding the host's last layers: ``"<host>.tail"``."""
     return host + TAIL_SUFFIX
 
 

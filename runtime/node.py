@@ -178,9 +178,10 @@ def _write_outputs(cfg: NodeConfig, node: Node, tokenizer, append: bool = False)
                        "rejected_frames": node.rejected_frames}, f)
 
 
-async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 600.0) -> int:
+async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 600.0,
+                stop: Optional[asyncio.Event] = None) -> int:
     """Run one device of ``splitroom run --real`` until done; returns the exit status
-    (see module doc)."""
+    (see module doc). ``stop``: an event that ends it (SIGTERM/SIGINT's when None)."""
     from .transport import TransportError, connect_room
 
     loaded = load_device(cfg)
@@ -190,7 +191,7 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
         log.error("%s: could not join room %s: %s", cfg.device, room, e)
         return NO_ROOM
     t0 = time.monotonic()
-    stop = stop_on_signals()
+    stop = stop_on_signals() if stop is None else stop
     rounds = 0
     try:
         while True:
@@ -209,21 +210,58 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
     return status
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; argv: CONFIG.json RELAY_URL ROOM [TIMEOUT_S]."""
-    argv = sys.argv[1:] if argv is None else argv
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    if len(argv) < 3:
-        print("usage: python -m runtime.node CONFIG.json RELAY_URL ROOM [TIMEOUT_S]", file=sys.stderr)
-        return BAD_CONFIG
+async def serve_colocated(cfgs: Sequence[NodeConfig], relay_url: str, room: str, timeout_s: float = 600.0) -> int:
+    """Run several devices of one machine in this process: ``cfgs[0]`` (the model host)
+    and the stages it also runs (ends-local privacy: its tail ``<host>.tail``, see
+    planner/privacy.py). Each is its own :class:`runtime.room.Node` with its own
+    connections; they share this process's event loop and its one BLAS thread, as two
+    stages share one machine. When the first ends, the others are stopped (SIGTERM or
+    SIGINT stops all). Returns the first one's exit status."""
+    stop = stop_on_signals()
+    first = asyncio.ensure_future(serve(cfgs[0], relay_url, room, timeout_s, stop))
+    others = [asyncio.ensure_future(serve(c, relay_url, room, timeout_s, stop)) for c in cfgs[1:]]
     try:
-        with open(argv[0], encoding="utf-8") as f:
-            cfg = NodeConfig.from_json(f.read())
-        timeout_s = float(argv[3]) if len(argv) > 3 else 600.0
-    except (OSError, ControlError, ValueError) as e:
-        print(f"{argv[0]}: bad node configuration: {e}", file=sys.stderr)
+        status = await first
+    finally:
+        stop.set()
+        await asyncio.gather(*others, return_exceptions=True)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; argv: CONFIG.json RELAY_URL ROOM [TIMEOUT_S] [--also CONFIG2.json ...]
+    (``--also``: another device this process runs beside the first, see
+    :func:`serve_colocated`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    also = []
+    while "--also" in argv:
+        i = argv.index("--also")
+        if i + 1 >= len(argv):
+            print("--also needs a CONFIG.json", file=sys.stderr)
+            return BAD_CONFIG
+        also.append(argv[i + 1])
+        del argv[i:i + 2]
+    if len(argv) < 3:
+        print("usage: python -m runtime.node CONFIG.json RELAY_URL ROOM [TIMEOUT_S] [--also CONFIG2.json ...]",
+              file=sys.stderr)
         return BAD_CONFIG
-    return asyncio.run(serve(cfg, argv[1], argv[2], timeout_s))
+    cfgs = []
+    for path in [argv[0]] + also:
+        try:
+            with open(path, encoding="utf-8") as f:
+                cfgs.append(NodeConfig.from_json(f.read()))
+        except (OSError, ControlError, ValueError) as e:
+            print(f"{path}: bad node configuration: {e}", file=sys.stderr)
+            return BAD_CONFIG
+    try:
+        timeout_s = float(argv[3]) if len(argv) > 3 else 600.0
+    except ValueError as e:
+        print(f"bad timeout: {e}", file=sys.stderr)
+        return BAD_CONFIG
+    if len(cfgs) == 1:
+        return asyncio.run(serve(cfgs[0], argv[1], argv[2], timeout_s))
+    return asyncio.run(serve_colocated(cfgs, argv[1], argv[2], timeout_s))
 
 
 if __name__ == "__main__":

@@ -358,9 +358,27 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         profile = scn.profile
     d = deal_scenario(scn, scenario)
     from splitroom.real import RealRunError, run_real
+    say = (lambda s: err.print(s, highlight=False))
+    privacy = plain = None
+    if scn.ends_local is not None:  # the ends-local room, then the plain deal's for its price
+        from planner.deal import DealError
+        from splitroom.privacy_run import ends_local_scenario
+        try:
+            private_scn, private_deal = ends_local_scenario(scn)
+        except DealError as e:
+            fail(f"{scenario}: {e}")
+        say(f"privacy ends_local: {private_deal.host} runs the embedding, its first and last layers and the head")
     try:
-        res = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout,
-                       log=(lambda s: err.print(s, highlight=False)), profile=profile)
+        if scn.ends_local is not None:
+            res = run_real(private_scn, private_deal, backend=backend, netns=netns, timeout_s=timeout, log=say,
+                           profile=profile)
+            say("the plain deal, for comparison:")
+            plain = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout, log=say, profile=profile)
+            from splitroom.privacy_run import real_privacy_summary
+            privacy = real_privacy_summary(scn, res, plain)
+            d = private_deal
+        else:
+            res = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout, log=say, profile=profile)
     except RealRunError as e:
         fail(f"{scenario}: {e}")
     if write_measured:
@@ -373,7 +391,8 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
                           "error_pct": res.error_pct, "answers": res.answers, "calibration": res.calibration,
                           "network": res.network, "emulated": res.emulated,
                           "predicted_from_profile": res.profile_predicted,
-                          "error_pct_from_profile": res.profile_error_pct}, indent=2))
+                          "error_pct_from_profile": res.profile_error_pct,
+                          **({"privacy": privacy} if privacy else {})}, indent=2))
         report_unanswered(res)
         return
     out.print(deal_table(d, scn))
@@ -396,7 +415,14 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     out.print(f"network: {res.network}")
     for e_ in res.emulated:
         out.print(f"emulated: {e_}")
+    if privacy:
+        out.print(f"privacy ends_local (first {privacy['ends_local']['first']}, last {privacy['ends_local']['last']}): "
+                  f"measured {privacy['tokens_per_s']:.2f} tok/s against {privacy['plain_tokens_per_s']:.2f} for the "
+                  f"plain deal ({privacy['change_pct']:+.1f}%; predicted {privacy['predicted_change_pct']:+.1f}%); "
+                  f"same answers: {'yes' if privacy['same_tokens'] else 'NO'}", highlight=False)
     report_unanswered(res)
+    if plain is not None:
+        report_unanswered(plain)
 
 
 def report_unanswered(res) -> None:

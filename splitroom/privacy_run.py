@@ -32,3 +32,21 @@ def privacy_summary(scn: Scenario, metrics: dict, plain_metrics: dict) -> dict:
     tps, plain = metrics["tokens_per_s"], plain_metrics["tokens_per_s"]
     return {"ends_local": {"first": first, "last": last}, "tokens_per_s": tps, "plain_tokens_per_s": plain,
             "change_pct": 100.0 * (tps - plain) / plain if plain else None}
+
+
+def real_privacy_summary(scn: Scenario, private, plain) -> dict:
+    """The ``privacy`` object of ``run --real --json``: ``private`` and ``plain`` are the
+    :class:`splitroom.real.RealResult` of the ends-local room and of the plain deal, run
+    one after the other on the same questions. Gives both measured tokens per second,
+    the change in percent (negative: the price), the same-run predicted change, and
+    ``same_tokens``: whether every answer's token ids are equal in both rooms."""
+    first, last = scn.ends_local
+    tps, base = private.measured["tokens_per_s"], plain.measured["tokens_per_s"]
+    ptps, pbase = private.predicted["tokens_per_s"], plain.predicted["tokens_per_s"]
+    same = (len(private.answers) == len(plain.answers)
+            and all(a["token_ids"] == b["token_ids"] for a, b in zip(private.answers, plain.answers)))
+    return {"ends_local": {"first": first, "last": last}, "tokens_per_s": tps, "plain_tokens_per_s": base,
+            "change_pct": 100.0 * (tps - base) / base if base else None,
+            "predicted_tokens_per_s": ptps, "predicted_plain_tokens_per_s": pbase,
+            "predicted_change_pct": 100.0 * (ptps - pbase) / pbase if pbase else None,
+            "same_tokens": same}

@@ -35,6 +35,7 @@ import numpy as np
 
 from planner.deal import Deal
 from planner.metrics import compute as compute_metrics
+from planner.privacy import TAIL_SUFFIX
 from planner.room import Scenario
 
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.")
@@ -125,7 +126,7 @@ def _faults(scn: Scenario, deal: Deal) -> tuple[list, list, dict]:
     chain = {s.device for s in deal.stages} - {deal.host}
     crash, crash_s = [], []
     for f in scn.faults:
-        if f.device == deal.host or f.device not in chain:
+        if f.device == deal.host or f.device not in chain or f.device.endswith(TAIL_SUFFIX):
             raise RealRunError(f"faults: {f.device} is not a worker of the chain; run --real can only kill a worker")
         if f.at_token is not None:
             crash.append((f.device, f.at_token))
@@ -385,7 +386,9 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     cfgs = node_configs(scn, deal, model_dir, workdir, backend)
     room = "r" + secrets.token_hex(4)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    net, network, rtt_s = plan_network(scn, [c.device for c in cfgs], netns)
+    # a device the host's own machine runs (its ends-local tail) shares the host's process
+    colocated = {c.device for c in cfgs if c.device.endswith(TAIL_SUFFIX)}
+    net, network, rtt_s = plan_network(scn, [c.device for c in cfgs if c.device not in colocated], netns)
     profile_predicted = None
     if profile is not None:
         profile_predicted = predict_real_run(scn, deal, profile, rtt_s,
@@ -400,9 +403,15 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
             net.__enter__()
         relay, url = start_relay(net, deal.host, workdir, env)
         for c in cfgs:
+            if c.device in colocated:
+                continue
             argv = device_argv(write_config(c, workdir), url, room, timeout_s)
+            if c.device == deal.host:
+                for t in sorted(colocated):
+                    argv += ["--also", str(write_config(next(x for x in cfgs if x.device == t), workdir))]
             procs[c.device] = start_process(net, c.device, argv, workdir, env)
-        log(f"room {room}: {len(procs)} device processes on {network}")
+        log(f"room {room}: {len(procs)} device processes on {network}"
+            + (f" (the model host's process also runs {', '.join(sorted(colocated))})" if colocated else ""))
         host = procs[deal.host]
         try:
             rc = host.wait(timeout=timeout_s + 30)

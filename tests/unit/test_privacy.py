@@ -41,7 +41,7 @@ def test_host_keeps_both_ends_and_the_middle_goes_round():
         ("host", 0, 3), ("b", 3, 33), ("c", 33, 38), (tail, 38, 40)]
     assert d.host == "host" and d.fits
     assert {x.id for x in devs} == {"host", "b", "c", tail}
-    # the tail shares the host's links: c -> host~tail is the c-host override
+    # the tail shares the host's links: c -> host.tail is the c-host override
     assert any(set(link.between) == {"c", tail} and link.rtt_s == 9e-3 for link in net2.links)
     assert any(set(link.between) == {"host", tail} and link.rtt_s == 0.0 for link in net2.links)
 
