@@ -5,6 +5,15 @@ ms per layer (one-token ``forward`` through all layers / layer count), prefill t
 (16- and 64-token chunks), and the adapter. ``--random`` uses random weights of the real
 shapes (speed does not depend on the values) when the GGUF is not available.
 pytest-benchmark versions of these live in tests/benchmark/test_bench_model.py.
+
+``--cpu-report`` (numpy) measures, in one run, the limit and the numbers issue 14 asks for:
+the **matrix-vector limit** (a BLAS ``sgemv`` streaming a 512 MiB float32 matrix, far larger
+than any cache, GB/s), then per weight precision (f32, f16, q8) decode tok/s and its bytes per
+token over that limit, a **verify pass** of k+1 positions over a one-token pass, and the
+**head** over 1 and 5 rows against the time the limit needs to stream the head's bytes; and,
+when ``llama_cpp`` (llama-cpp-python) is importable, llama.cpp's decode on the GGUF the
+model was converted from, with the same thread count. Each figure is the median of ``--reps``
+(>= 5) runs with its min and max. docs/benchmarks.md records the results.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import argparse
 import json
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -112,13 +122,176 @@ def measure(stage, decode_tokens: int = 64, prompt_len: int = 32, reps: int = 5)
     return res
 
 
+def _stats(ts: list[float]) -> dict:
+    """``{"median", "min", "max", "n"}`` of a list of timings (seconds)."""
+    return {"median": float(np.median(ts)), "min": float(min(ts)), "max": float(max(ts)), "n": len(ts)}
+
+
+def _time(fn, reps: int, warmup: int = 1) -> dict:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return _stats(ts)
+
+
+def mv_limit(mib: int = 512, reps: int = 7) -> dict:
+    """The practical memory-bound limit: ``y = A @ x`` (BLAS sgemv) over a ``mib`` MiB float32
+    matrix ``A [rows, 4096]``, which no cache holds. Returns GB/s (median, min, max over reps)."""
+    cols = 4096
+    a = np.random.default_rng(0).standard_normal((mib * 2**20 // (4 * cols), cols), dtype=np.float32)
+    x = np.ones(cols, np.float32)
+    t = _time(lambda: a @ x, reps)
+    gb = a.nbytes / 1e9
+    return {"matrix_mib": mib, "gbps": gb / t["median"], "gbps_min": gb / t["max"], "gbps_max": gb / t["min"],
+            "seconds": t}
+
+
+def weight_bytes(stage) -> int:
+    """Bytes of weights one decoded token reads on ``stage`` (numpy): every layer's matrices and
+    the head (norm vectors and the one embedding row are negligible and left out)."""
+    total = sum(m.nbytes for L in stage.layers for m in (L.wqkv, L.wo, L.wgu, L.wd))
+    return total + (stage.lm_head.nbytes if stage.lm_head is not None else 0)
+
+
+def cpu_report(precisions=("f32", "f16", "q8"), reps: int = 7, decode_tokens: int = 32, prompt_len: int = 64,
+               ks=(1, 4, 8), random: bool = False, llama: bool = True) -> dict:
+    """Everything issue 14 asks of the CPU backend, as ratios to a same-run limit (see module doc)."""
+    from .precision import Precision
+
+    out: dict = {"limit": mv_limit(reps=reps)}
+    lim = out["limit"]["gbps"] * 1e9
+    for name in precisions:
+        p = Precision(weights=name)
+        if random:
+            from .backends.numpy_backend import NumpyStage
+            cfg = SMOLLM2_135M
+            stage = NumpyStage(cfg, StageSpec(0, cfg.n_layers, True), random_weights(cfg), max_ctx=1024, precision=p)
+        else:
+            from .backends import make_stage
+            from .weights import ensure_safetensors
+            d = ensure_safetensors()
+            stage = make_stage("numpy", d, StageSpec(0, ModelConfig.load(d).n_layers, True), max_ctx=1024, precision=p)
+        cfg = stage.cfg
+        rng = np.random.default_rng(1)
+        prompt = rng.integers(3, cfg.vocab, prompt_len).tolist()
+        stage.rollback(0)
+        h0 = stage.embed_forward(prompt, 0)
+        wb = weight_bytes(stage)
+        kvb = 2 * cfg.n_layers * cfg.kv_dim * np.dtype(stage._kv_dtype).itemsize * (prompt_len + decode_tokens // 2)
+        r: dict = {"weight_bytes_per_token": wb}
+
+        def decode():
+            stage.rollback(prompt_len)
+            h, pos = h0, prompt_len
+            for _ in range(decode_tokens):
+                _, h = stage.head_embed_forward(h, pos)
+                pos += 1
+        t = _time(decode, reps)
+        tok_s = decode_tokens / t["median"]
+        r["decode"] = {"tok_s": tok_s, "tok_s_min": decode_tokens / t["max"], "tok_s_max": decode_tokens / t["min"],
+                       "bytes_per_token": wb + kvb, "of_limit": tok_s * (wb + kvb) / lim,
+                       "limit_tok_s": lim / (wb + kvb)}
+        # one pass of n positions through all layers (no head), after the prompt
+        x = rng.standard_normal((max(ks) + 1, cfg.hidden)).astype(np.float32)
+        passes = {}
+        for n in sorted({1, *(k + 1 for k in ks)}):
+            def fwd(n=n):
+                stage.rollback(prompt_len)
+                stage.forward(x[:n], prompt_len)
+            passes[n] = _time(fwd, reps)
+        one = passes[1]["median"]
+        r["pass_ms"] = {str(n): {k: v * 1e3 if k != "n" else v for k, v in t.items()} for n, t in passes.items()}
+        r["verify_over_one"] = {f"k={n - 1}": passes[n]["median"] / one for n in passes if n > 1}
+        r["one_pass_of_limit"] = (wb - stage.lm_head.nbytes) / lim / one
+        # the output head over 1 and 5 rows
+        hb = stage.lm_head.nbytes
+        heads = {}
+        for n in (1, 5, 9):
+            xs = x[:n].copy()
+            heads[n] = _time(lambda xs=xs: stage.head(xs), reps)
+        r["head_ms"] = {str(n): {k: v * 1e3 if k != "n" else v for k, v in t.items()} for n, t in heads.items()}
+        r["head_of_limit"] = {str(n): hb / lim / t["median"] for n, t in heads.items()}
+        out[name] = r
+        del stage
+    if "f32" in out and "q8" in out:
+        out["q8_over_f32_decode"] = out["q8"]["decode"]["tok_s"] / out["f32"]["decode"]["tok_s"]
+    if llama:
+        out["llama_cpp"] = llama_cpp_decode(reps=reps, tokens=decode_tokens, prompt_len=prompt_len)
+        if out["llama_cpp"].get("tok_s") and "f32" in out:
+            out["numpy_f32_over_llama_cpp"] = out["f32"]["decode"]["tok_s"] / out["llama_cpp"]["tok_s"]
+            if "q8" in out:
+                out["numpy_q8_over_llama_cpp"] = out["q8"]["decode"]["tok_s"] / out["llama_cpp"]["tok_s"]
+    return out
+
+
+def llama_cpp_decode(reps: int = 7, tokens: int = 32, prompt_len: int = 64, threads: int | None = None) -> dict:
+    """llama.cpp (llama-cpp-python) decode tok/s on the bundled GGUF (as shipped, Q4_1 with
+    some Q8_0/F32 tensors), greedy, ``threads`` (default: numpy's BLAS thread count).
+    ``{"skipped": reason}`` when llama-cpp-python is not installed."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        return {"skipped": f"llama-cpp-python is not installed ({e})"}
+    from .weights import find_gguf
+
+    if threads is None:
+        try:
+            from threadpoolctl import threadpool_info
+            threads = max(i.get("num_threads", 1) for i in threadpool_info()) or 1
+        except Exception:  # noqa: BLE001 - threadpoolctl is optional
+            import os
+            threads = os.cpu_count() or 1
+    path = str(find_gguf())
+    llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, n_threads_batch=threads,
+                          n_batch=prompt_len, verbose=False)
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(3, 49152, prompt_len).tolist()
+
+    def run():
+        llm.reset()
+        llm.eval(prompt)
+        for _ in range(tokens):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            llm.eval([tok])
+    # time only the decode part: eval the prompt outside the timed region each rep
+    ts = []
+    run()
+    for _ in range(reps):
+        llm.reset()
+        llm.eval(prompt)
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            llm.eval([tok])
+        ts.append(time.perf_counter() - t0)
+    st = _stats(ts)
+    return {"gguf": Path(path).name, "threads": threads, "version": getattr(llama_cpp, "__version__", "?"),
+            "tok_s": tokens / st["median"], "tok_s_min": tokens / st["max"], "tok_s_max": tokens / st["min"],
+            "file_bytes": Path(path).stat().st_size}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backend", default="numpy", choices=["numpy", "wgpu"])
     ap.add_argument("--random", action="store_true", help="random weights of the real shapes")
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--cpu-report", action="store_true", help="numpy: limit, precisions, verify, head, llama.cpp")
+    ap.add_argument("--precisions", default="f32,f16,q8", help="with --cpu-report: weight precisions to measure")
+    ap.add_argument("--no-llama", action="store_true", help="with --cpu-report: leave llama.cpp out")
     a = ap.parse_args(argv)
+    if a.cpu_report:
+        out = {"machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "loadavg_before": _loadavg()}
+        out.update(cpu_report(tuple(a.precisions.split(",")), max(5, a.reps), a.decode_tokens, random=a.random,
+                              llama=not a.no_llama))
+        out["loadavg_after"] = _loadavg()
+        print(json.dumps(out, indent=1))
+        return
     t0 = time.perf_counter()
     stage = build(a.backend, a.random)
     out = {"backend": a.backend, "random_weights": a.random, "init_s": time.perf_counter() - t0, "machine": platform.processor() or platform.machine()}
@@ -128,6 +301,14 @@ def main(argv=None) -> None:
         out["adapter"] = adapter_summary()
     out.update(measure(stage, a.decode_tokens, reps=a.reps))
     print(json.dumps(out, indent=1))
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        import os
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

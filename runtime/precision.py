@@ -5,8 +5,9 @@ One record, :class:`Precision`, chosen in the scenario (``weights``, ``kv_cache`
 the planner counts exactly what the runtime allocates and sends:
 
 * ``weights``: ``f32`` (4 bytes per weight), ``f16`` (IEEE half, 2 bytes), ``q8`` (int8 with
-  one float32 scale per block of 32 along the input, 9 bits per weight; the block rule of
-  llama.cpp's Q8_0). Norm vectors stay float32 whatever this says. The output head (and
+  one float32 scale per output row, ``max|row| / 127``; counted as 9 bits per weight: the wgpu
+  backend stores the scale once per 32 weights, numpy once per row, 8 + 32/in bits). Norm
+  vectors stay float32 whatever this says. The output head (and
   with tied embeddings, the embedding) is stored in the same format.
 * ``kv``: ``f32`` or ``f16`` keys and values (attention itself computes in float32).
 * ``residual``: the dtype of residual frames on the wire, ``f32`` or ``f16`` (half the
@@ -27,7 +28,8 @@ WEIGHTS = ("f32", "f16", "q8")
 KV = ("f32", "f16")
 RESIDUAL = ("f32", "f16")
 
-#: Bits per weight each ``weights`` choice stores (q8: 8 + one 32-bit scale per 32 weights).
+#: Bits per weight each ``weights`` choice stores at most (q8: 8 + a 32-bit scale per 32 weights
+#: on wgpu; numpy keeps one scale per row, 8.06 bits for SmolLM2's 576-wide rows).
 WEIGHT_BITS = {"f32": 32.0, "f16": 16.0, "q8": 9.0}
 #: Bytes per stored K or V value.
 KV_BYTES = {"f32": 4, "f16": 2}

@@ -310,7 +310,8 @@ class ScenarioIn(_Strict):
 
 _DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16, "q8": 8.5, "q4": 4.5}
 #: Bits per weight of the scenario's ``weights`` choices as the runtime stores them
-#: (runtime.precision.WEIGHT_BITS: q8 is int8 plus one float32 scale per 32 weights).
+#: (runtime.precision.WEIGHT_BITS: q8 is int8 plus a float32 scale per row, stored once per
+#: 32 weights on wgpu: at most 9 bits).
 WEIGHTS_BITS = {"f32": 32.0, "f16": 16.0, "q8": 9.0}
 #: Bytes per residual value of the scenario's ``residual`` choices.
 RESIDUAL_BYTES = {"f32": 4, "f16": 2}

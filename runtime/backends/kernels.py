@@ -9,8 +9,9 @@ product with all ``n`` activation rows while the row is in L1, so the cost of ``
 stays close to the cost of one: memory bound, like ``sgemv``.
 
 The same loop serves quantized weights: each row is first widened into a float32 buffer
-(int8 times its per-block scale, or float16 bits converted exactly), then dotted with the
-``n`` rows, so only 1 (int8) or 2 (float16) bytes per weight are read from memory.
+(int8, or float16 bits converted exactly), then dotted with the ``n`` rows (an int8 row's dot
+products are multiplied by its scale), so only 1 (int8) or 2 (float16) bytes per weight are
+read from memory.
 
 Compiled with numba (LLVM), ``parallel=True`` over output rows, ``fastmath`` so the dot
 products vectorize (sums are reassociated: results differ from BLAS in the last bits,
@@ -18,10 +19,16 @@ well inside float32 rounding; tests check them against float64 references).
 
 Formats:
 
-* ``q8``: ``q`` int8 ``[out, in]`` and ``scale`` float32 ``[out, in / 32]``; the weight is
-  ``q[o, i] * scale[o, i // 32]``: blocks of 32 along the input, the layout of llama.cpp's
-  Q8_0 (Gerganov, ggml ``block_q8_0``: 32 int8 and one scale, ``d = max|x| / 127``), with the
-  scale kept in float32 here (9 bits per weight instead of Q8_0's 8.5).
+* ``q8``: int8 with one scale per output row, ``scale = max|row| / 127`` (symmetric: the
+  absmax rule of llama.cpp's Q8_0, ``d = max|x| / 127``, over a whole row instead of blocks of
+  32). :func:`quantize_q8` returns it in Q8_0's block layout (``scale [out, in / 32]``, every
+  block of a row holding the row's scale), which the wgpu backend reads as is (9 bits per
+  weight there); the numpy :class:`Linear` keeps one float32 per row (8 + 32/in bits).
+  Per-block scales (a scale per 32) were tried first: widening with a scale per 32 weights did
+  not vectorize under numba (about 7x slower per row than widening alone, measured), which
+  made int8 decode slower than float32. On SmolLM2 per-row scales leave 0.9% relative RMS
+  error in the weights (per-32-block: 0.5%); docs/precision.md gives what that does to logits
+  and greedy answers.
 * ``f16``: IEEE binary16 stored as ``uint16`` bits (numba has no CPU float16 type), widened
   with the exact bit trick (shift the exponent/mantissa into binary32 position and multiply by
   2^112, which also turns subnormals right; Giesen, "Half to float done quick", 2013).
@@ -33,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 F32 = np.float32
-#: Block length of the ``q8`` format (weights per scale), as llama.cpp's Q8_0.
+#: Block length of :func:`quantize_q8`'s layout (weights per stored scale), as llama.cpp's Q8_0.
 Q8_BLOCK = 32
 #: Rows at or below which the streaming kernel beats OpenBLAS sgemm here (measured; see
 #: docs/benchmarks.md). Larger blocks (prefill chunks) go to BLAS, which is compute-efficient there.
@@ -58,19 +65,18 @@ def _mm_f32(x, w, out):  # pragma: no cover - compiled
 def _mm_q8(x, q, s, out):  # pragma: no cover - compiled
     n, k = x.shape
     m = q.shape[0]
-    nb = k // 32
     for t in prange((m + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
         buf = np.empty(k, np.float32)
         for o in range(t * _ROWS_PER_TASK, min(m, (t + 1) * _ROWS_PER_TASK)):
-            for b in range(nb):
-                d = s[o, b]
-                for j in range(b * 32, b * 32 + 32):
-                    buf[j] = np.float32(q[o, j]) * d
+            qo = q[o]
+            for i in range(k):
+                buf[i] = np.float32(qo[i])
+            d = s[o]
             for r in range(n):
                 acc = np.float32(0.0)
                 for i in range(k):
                     acc += x[r, i] * buf[i]
-                out[r, o] = acc
+                out[r, o] = acc * d
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -93,30 +99,40 @@ def _mm_f16(x, h, out):  # pragma: no cover - compiled
                 out[r, o] = acc
 
 
-def quantize_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Blockwise symmetric int8 of a float matrix (llama.cpp Q8_0's rule, float32 scales).
+def quantize_rows_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output row (the absmax rule of llama.cpp's Q8_0 over whole rows).
 
     Args:
-        w: ``[out, in]`` float32, ``in`` a multiple of :data:`Q8_BLOCK`.
+        w: ``[out, in]`` float32.
     Returns:
-        ``(q int8 [out, in], scale float32 [out, in / 32])`` with ``scale = max|block| / 127``
-        and ``q = round(w / scale)`` (0 where a block is all zeros).
-    Raises:
-        ValueError: ``in`` is not a multiple of 32.
+        ``(q int8 [out, in], scale float32 [out])`` with ``scale = max|row| / 127`` and
+        ``q = round(w / scale)`` (0 for an all-zero row).
     """
     w = np.asarray(w, dtype=F32)
-    out_f, in_f = w.shape
-    if in_f % Q8_BLOCK:
-        raise ValueError(f"q8 needs the input width to be a multiple of {Q8_BLOCK}, got {in_f}")
-    blocks = w.reshape(out_f, in_f // Q8_BLOCK, Q8_BLOCK)
-    scale = (np.abs(blocks).max(axis=-1) / F32(127.0)).astype(F32)
+    scale = (np.abs(w).max(axis=1) / F32(127.0)).astype(F32)
     safe = np.where(scale == 0, F32(1.0), scale)
-    q = np.clip(np.rint(blocks / safe[..., None]), -127, 127).astype(np.int8)
-    return q.reshape(out_f, in_f), scale
+    q = np.clip(np.rint(w / safe[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def quantize_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quantize_rows_q8` in Q8_0's block layout: ``(q int8 [out, in], scale float32
+    [out, in / 32])``, every block of row ``o`` holding ``max|row o| / 127``.
+
+    Raises:
+        ValueError: ``in`` is not a multiple of :data:`Q8_BLOCK`.
+    """
+    w = np.asarray(w, dtype=F32)
+    if w.shape[1] % Q8_BLOCK:
+        raise ValueError(f"q8 needs the input width to be a multiple of {Q8_BLOCK}, got {w.shape[1]}")
+    q, s = quantize_rows_q8(w)
+    return q, np.repeat(s[:, None], w.shape[1] // Q8_BLOCK, axis=1)
 
 
 def dequantize_q8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Inverse of :func:`quantize_q8` up to rounding: ``[out, in]`` float32."""
+    """``q * scale`` as float32 ``[out, in]``; ``scale`` per row ``[out]`` or per block ``[out, in / 32]``."""
+    if scale.ndim == 1:
+        return q.astype(F32) * scale[:, None]
     out_f, in_f = q.shape
     return (q.reshape(out_f, -1, Q8_BLOCK).astype(F32) * scale[..., None]).reshape(out_f, in_f)
 
@@ -139,7 +155,7 @@ class Linear:
         """Store ``w`` (``[out, in]`` float32) as ``kind``.
 
         Raises:
-            ValueError: unknown kind, or ``q8`` with an input width not a multiple of 32.
+            ValueError: unknown kind.
         """
         w = np.ascontiguousarray(w, dtype=F32)
         if kind == "f32":
@@ -147,13 +163,13 @@ class Linear:
         if kind == "f16":
             return cls(kind, w.shape, w=w.astype(np.float16).view(np.uint16))
         if kind == "q8":
-            q, s = quantize_q8(w)
+            q, s = quantize_rows_q8(w)
             return cls(kind, w.shape, q=q, scale=s)
         raise ValueError(f"unknown weight format {kind!r}; choose f32, f16 or q8")
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: 4 per weight (f32), 2 (f16), 1 + 4/32 (q8)."""
+        """Bytes held: 4 per weight (f32), 2 (f16), 1 + 4 per row (q8)."""
         if self.kind == "q8":
             return self.q.nbytes + self.scale.nbytes
         return self.w.nbytes

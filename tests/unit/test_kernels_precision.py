@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.backends.kernels import Q8_BLOCK, STREAM_MAX_ROWS, Linear, dequantize_q8, quantize_q8
+from runtime.backends.kernels import STREAM_MAX_ROWS, Linear, dequantize_q8, quantize_q8, quantize_rows_q8
 from runtime.precision import FLOAT32, Precision, PrecisionError, check_backend
 
 
@@ -47,30 +47,28 @@ def test_f16_widening_equals_numpy_including_subnormals():
     assert np.array_equal(lin.dense(), want.astype(np.float32))
 
 
-def test_q8_quantizes_blocks_by_max_over_127_by_hand():
-    w = np.zeros((1, 64), np.float32)
-    w[0, :32] = np.linspace(-1.0, 0.5, 32)      # block 0: max |x| = 1.0 -> scale 1/127
-    w[0, 32:] = 0.0                             # block 1: all zero -> scale 0, q 0
-    q, s = quantize_q8(w)
-    assert s.shape == (1, 2) and np.isclose(s[0, 0], 1.0 / 127) and s[0, 1] == 0
-    assert q[0, 0] == -127 and q[0, 31] == round(0.5 * 127)
-    assert not q[0, 32:].any()
+def test_q8_quantizes_rows_by_max_over_127_by_hand():
+    w = np.zeros((2, 64), np.float32)
+    w[0] = np.linspace(-1.0, 0.5, 64)      # row 0: max |x| = 1.0 -> scale 1/127
+    q, s = quantize_rows_q8(w)             # row 1: all zero -> scale 0, q 0
+    assert s.shape == (2,) and np.isclose(s[0], 1.0 / 127) and s[1] == 0
+    assert q[0, 0] == -127 and q[0, 63] == round(0.5 * 127)
+    assert not q[1].any()
     back = dequantize_q8(q, s)
     assert np.abs(back - w).max() <= 0.5 / 127 + 1e-7  # at most half a step
+    qb, sb = quantize_q8(w)  # the block layout: the same values, each row's scale per 32
+    assert np.array_equal(qb, q) and sb.shape == (2, 2) and (sb == s[:, None]).all()
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q8(np.ones((2, 40), np.float32))
 
 
 def test_q8_product_equals_dequantized_float64_product():
-    w = _w(150, 4 * Q8_BLOCK)
-    x = np.random.default_rng(3).standard_normal((5, 4 * Q8_BLOCK), dtype=np.float32)
+    w = _w(150, 128)
+    x = np.random.default_rng(3).standard_normal((5, 128), dtype=np.float32)
     lin = Linear.of(w, "q8")
     ref = x.astype(np.float64) @ dequantize_q8(lin.q, lin.scale).astype(np.float64).T
     assert np.abs(lin.apply(x) - ref).max() < 1e-4
-    assert lin.nbytes == 150 * 128 + 150 * 4 * 4  # int8 plus one float32 per 32
-
-
-def test_q8_refuses_a_width_not_a_multiple_of_32():
-    with pytest.raises(ValueError, match="multiple of 32"):
-        Linear.of(_w(4, 40), "q8")
+    assert lin.nbytes == 150 * 128 + 150 * 4  # int8 plus one float32 per row
 
 
 @pytest.mark.parametrize("kind", ["f32", "f16", "q8"])
@@ -113,6 +111,15 @@ def test_float16_frames_carry_half_the_bytes_and_round_like_numpy():
     assert np.array_equal(decode_frame(b32)[1], x)
 
 
+def test_q8_bits_bound_what_smollm2_layers_hold():
+    """9 bits per weight is at least what either backend's q8 stores for SmolLM2's matrices."""
+    shapes = [(576 + 2 * 192, 576), (576, 576), (2 * 1536, 576), (576, 1536), (49152, 576)]
+    for out_f, in_f in shapes:
+        held = Linear.of(np.ones((out_f, in_f), np.float32), "q8").nbytes
+        q, s = quantize_q8(np.ones((out_f, in_f), np.float32))  # the wgpu backend's layout
+        assert held * 8 <= (q.nbytes + s.nbytes) * 8 <= 9 * out_f * in_f
+
+
 def test_scenario_precision_keys_count_what_the_runtime_stores():
     """Bytes per layer, KV bytes and hop bytes from the scenario's weights, kv_cache and
     residual, worked out from SmolLM2-135M's shape by hand."""
@@ -125,8 +132,8 @@ def test_scenario_precision_keys_count_what_the_runtime_stores():
     params = 2 * 576 + 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536  # norms, q/o, k/v, gate/up/down
     for weights, bits in (("f32", 32), ("f16", 16), ("q8", 9)):
         s = load("scenarios/home.yaml", [f"weights={weights}"])
-        assert s.model.layer_bytes == -(-params * bits // 8)
-        assert s.model.embedding_bytes == -(-49152 * 576 * bits // 8)
+        assert s.model.layer_bytes == int(np.ceil(params * bits / 8))
+        assert s.model.embedding_bytes == int(np.ceil(49152 * 576 * bits / 8))
         assert s.weights == weights
     kv_token = 2 * 3 * 64  # K and V, 3 KV heads of 64
     for kv in ("f32", "f16"):
