@@ -2,9 +2,10 @@
 
 * ``numpy`` (:mod:`runtime.backends.numpy_backend`): the float32 reference.
 * ``wgpu`` (:mod:`runtime.backends.wgpu_backend`): WGSL compute shaders through the ``wgpu``
-  package (Vulkan: Mesa lavapipe on CPUs, vendor drivers on GPUs). It computes the Llama
-  layout with tied or untied heads and any RoPE scaling (it reads the numpy backend's RoPE
-  table); :func:`wgpu_unsupported` names what it lacks, and :func:`make_stage` refuses it.
+  package (Vulkan: Mesa lavapipe on CPUs, vendor drivers on GPUs). It computes every
+  architecture the numpy backend does (Llama, Mistral's window, Qwen2 biases, Qwen3 q/k norms,
+  RoPE scaling from the numpy backend's tables, tied or untied heads); :func:`wgpu_unsupported`
+  names what it lacks (odd widths), and :func:`make_stage` refuses it.
 
 Use :func:`make_stage` to build either by name.
 """
@@ -21,20 +22,10 @@ BACKENDS = ("numpy", "wgpu")
 def wgpu_unsupported(cfg) -> list[str]:
     """The features of ``cfg`` (a :class:`runtime.config.ModelConfig`) the wgpu backend does
     not compute, in words; empty when it runs the model. Its kernels (runtime/backends/wgsl.py)
-    have no q/k/v or output biases, no q/k norms, no sliding window, take the attention width
-    ``n_heads * head_dim`` equal to ``hidden``, and need widths that are multiples of 4."""
+    compute q/k/v and output biases, q/k norms, a sliding window, any attention width and RoPE
+    scaling (the numpy backend's tables), and need widths that are multiples of 4."""
     out = []
-    if cfg.qkv_bias:
-        out.append("q/k/v biases (Qwen2)")
-    if cfg.o_bias:
-        out.append("an output-projection bias")
-    if cfg.qk_norm:
-        out.append("q/k norms (Qwen3)")
-    if cfg.sliding_window:
-        out.append(f"a sliding attention window ({cfg.sliding_window})")
-    if cfg.q_dim != cfg.hidden:
-        out.append(f"an attention width n_heads*head_dim = {cfg.q_dim} other than hidden {cfg.hidden}")
-    odd = [f"{k} {v}" for k, v in (("hidden", cfg.hidden), ("ffn", cfg.ffn), ("vocab", cfg.vocab)) if v % 4]
+    odd = [f"{k} {v}" for k, v in (("hidden", cfg.hidden), ("ffn", cfg.ffn), ("vocab", cfg.vocab), ("head_dim", cfg.head_dim)) if v % 4]
     if odd:
         out.append("widths not a multiple of 4 (" + ", ".join(odd) + ")")
     return out

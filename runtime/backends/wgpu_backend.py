@@ -163,7 +163,8 @@ class WgpuStage(Stage):
         self.x = buf(T * H * 4)  # residual
         self.hx = buf(T * H * 4)  # head input
         self.qkv = buf(T * self.qkv_w * 4)
-        self.att = buf(T * H * 4)
+        QD = c.q_dim  # attention width n_heads * head_dim (may differ from hidden: Qwen3)
+        self.att = buf(T * QD * 4)
         self.act = buf(T * F * 4)
         self.ids = dev.create_buffer(size=max(16, T * 4), usage=S)
         self.params = dev.create_buffer(size=16, usage=U.UNIFORM | U.COPY_DST)
@@ -178,13 +179,12 @@ class WgpuStage(Stage):
         r1 = int(os.environ.get("SPLITROOM_WGPU_ROWS", "4"))
         self._variants = {1: (1, r1), 8: (8, 2)}
         mk = self._pipeline
-        self.p_qkv = {tb: mk(wgsl.matmul_src(H, self.qkv_w, r, tb, True, False, False, c.rms_eps, fmt)) for tb, r in self._variants.values()}
-        self.p_o = {tb: mk(wgsl.matmul_src(H, H, r, tb, False, True, False, fmt=fmt)) for tb, r in self._variants.values()}
+        self.p_qkv = {tb: mk(wgsl.matmul_src(H, self.qkv_w, r, tb, True, False, False, c.rms_eps, fmt, bias=c.qkv_bias)) for tb, r in self._variants.values()}
+        self.p_o = {tb: mk(wgsl.matmul_src(QD, H, r, tb, False, True, False, fmt=fmt, bias=c.o_bias)) for tb, r in self._variants.values()}
         self.p_gu = {tb: mk(wgsl.matmul_src(H, F, r, tb, True, False, True, c.rms_eps, fmt)) for tb, r in self._variants.values()}
         self.p_d = {tb: mk(wgsl.matmul_src(F, H, r, tb, False, True, False, fmt=fmt)) for tb, r in self._variants.values()}
-        self.p_rope = mk(wgsl.rope_kv_src(NH, KV, D))
-        self.p_att = mk(wgsl.attention_src(NH, KV, D))
-        self.rope_groups = -(-((NH + KV) * D // 2 + KV * D) // 64)
+        self.p_rope = mk(wgsl.rope_kv_src(NH, KV, D, c.qk_norm, c.rms_eps))
+        self.p_att = mk(wgsl.attention_src(NH, KV, D, c.sliding_window))
 
         # one-token (decode) pipelines: subgroup kernels, 5 dispatches per layer
         # lavapipe runs these kernels about 2x slower than the batch ones (CPU "subgroups" are SIMD
@@ -195,16 +195,21 @@ class WgpuStage(Stage):
         if self.fast:
             self.mv = _mv_shape("MV", (128, 4))
             wgs, rr = self.mv
-            if (self.qkv_w // 2) % rr or H % rr or F % rr:
+            if (self.qkv_w // 2) % rr or H % rr or F % rr or D % 4:
                 self.fast = False
         if self.fast:
             un = int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))
-            self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un))
-            self.f_o = mk(wgsl.matvec_src(H, H, rr, wgs, fmt, add=True, U=un))
+            if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass
+                self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias))
+            else:
+                self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias))
+            self.f_o = mk(wgsl.matvec_src(QD, H, rr, wgs, fmt, add=True, U=un, bias=c.o_bias))
             self.f_gu = mk(wgsl.matvec_src(H, F, rr, wgs, fmt, norm=True, swiglu=True, eps=c.rms_eps, U=un))
             self.f_d = mk(wgsl.matvec_src(F, H, rr, wgs, fmt, add=True, U=un))
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
-            self.f_att = mk(wgsl.attention1_src(NH, KV, D, int(os.environ.get("SPLITROOM_WGPU_ATT", "256")), chunk))
+            aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
+            aw = max(1, aw // (D // 4)) * (D // 4)
+            self.f_att = mk(wgsl.attention1_src(NH, KV, D, aw, chunk, c.sliding_window))
 
         self.layers = []
         self.plan1: list[tuple[str, object, object, int]] = []  # one-token layer passes: (label, pipeline, bind group, groups)
@@ -218,21 +223,35 @@ class WgpuStage(Stage):
             wo = mat(w.pop(p + "self_attn.o_proj.weight"))
             wg, wu = mat(w.pop(p + "mlp.gate_proj.weight")), mat(w.pop(p + "mlp.up_proj.weight"))
             wd = mat(w.pop(p + "mlp.down_proj.weight"))
+            a_ = p + "self_attn."
+            bqkv = vec(np.concatenate([w.pop(a_ + "q_proj.bias"), w.pop(a_ + "k_proj.bias"), w.pop(a_ + "v_proj.bias")])) if c.qkv_bias else None
+            bo = vec(w.pop(a_ + "o_proj.bias")) if c.o_bias else None
+            qn, kn = (vec(w.pop(a_ + "q_norm.weight")), vec(w.pop(a_ + "k_norm.weight"))) if c.qk_norm else (None, None)
             kc, vc = buf(self.max_ctx * c.kv_dim * 4), buf(self.max_ctx * c.kv_dim * 4)
+            xb = {9: bqkv} if bqkv is not None else {}
+            ob = {9: bo} if bo is not None else {}
+            nb = {5: qn, 6: kn} if qn is not None else {}
             L = {}
             for tb in self.p_qkv:
-                L[("qkv", tb)] = self._bind(self.p_qkv[tb], {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1})
-                L[("o", tb)] = self._bind(self.p_o[tb], {0: self.att, 1: wo, 2: self.x, 3: self.params})
+                L[("qkv", tb)] = self._bind(self.p_qkv[tb], {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, **xb})
+                L[("o", tb)] = self._bind(self.p_o[tb], {0: self.att, 1: wo, 2: self.x, 3: self.params, **ob})
                 L[("gu", tb)] = self._bind(self.p_gu[tb], {0: self.x, 1: wg, 2: self.act, 3: self.params, 4: ln2, 5: wu})
                 L[("d", tb)] = self._bind(self.p_d[tb], {0: self.act, 1: wd, 2: self.x, 3: self.params})
-            L["rope"] = self._bind(self.p_rope, {0: self.qkv, 1: kc, 2: vc, 3: self.rope, 4: self.params})
+            L["rope"] = self._bind(self.p_rope, {0: self.qkv, 1: kc, 2: vc, 3: self.rope, 4: self.params, **nb})
             L["att"] = self._bind(self.p_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params})
             self.layers.append(L)
             if self.fast:
+                if c.qk_norm:
+                    self.plan1 += [
+                        ("qkv", self.f_qkv, self._bind(self.f_qkv, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // rr),
+                        ("qk_norm_rope", self.p_rope, L["rope"], (NH + 2 * KV, 1)),
+                    ]
+                else:
+                    self.plan1.append(("qkv_rope", self.f_qkv, self._bind(self.f_qkv, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1,
+                                                                                       6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // rr))
                 self.plan1 += [
-                    ("qkv_rope", self.f_qkv, self._bind(self.f_qkv, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, 6: kc, 7: vc, 8: self.rope}), self.qkv_w // 2 // rr),
                     ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH),
-                    ("o_add", self.f_o, self._bind(self.f_o, {0: self.att, 1: wo, 2: self.x}), H // rr),
+                    ("o_add", self.f_o, self._bind(self.f_o, {0: self.att, 1: wo, 2: self.x, **ob}), H // rr),
                     ("gate_up", self.f_gu, self._bind(self.f_gu, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // rr),
                     ("down_add", self.f_d, self._bind(self.f_d, {0: self.act, 1: wd, 2: self.x}), H // rr),
                 ]
@@ -253,6 +272,8 @@ class WgpuStage(Stage):
             self.b_arg = (p_arg, self._bind(p_arg, {0: self.logits, 1: self.ids}))
             if self.fast:
                 hw, hr = _mv_shape("HEAD", (256, 8))
+                while V % hr:
+                    hr //= 2
                 f_head = mk(wgsl.matvec_src(H, V, hr, hw, fmt, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))))
                 f_arg = mk(wgsl.argmax_embed_src(V, H, fmt))
                 # head on the uploaded residual (hx) or on the residual left in x by the last step
@@ -298,14 +319,18 @@ class WgpuStage(Stage):
                     setp(h, p._internal)
                     last = p
                 setb(h, 0, b._internal, 0, null)
-                disp(h, g, 1, 1)
+                if type(g) is int:
+                    disp(h, g, 1, 1)
+                else:
+                    disp(h, g[0], g[1], 1)
         else:
             qs, q0 = ts
             cp._write_timestamp(qs, q0)
             for i, (_, p, b, g) in enumerate(plan):
                 setp(h, p._internal)
                 setb(h, 0, b._internal, 0, null)
-                disp(h, g, 1, 1)
+                gx, gy = (g, 1) if type(g) is int else g
+                disp(h, gx, gy, 1)
                 cp._write_timestamp(qs, q0 + 1 + i)
 
     def _encode_layers(self, cp, n: int) -> None:
@@ -318,7 +343,7 @@ class WgpuStage(Stage):
         c = self.cfg
         for L in self.layers:
             cp.set_pipeline(self.p_qkv[tb]); cp.set_bind_group(0, L[("qkv", tb)]); cp.dispatch_workgroups(self.qkv_w // r, ty)  # noqa: E702
-            cp.set_pipeline(self.p_rope); cp.set_bind_group(0, L["rope"]); cp.dispatch_workgroups(self.rope_groups, n)  # noqa: E702
+            cp.set_pipeline(self.p_rope); cp.set_bind_group(0, L["rope"]); cp.dispatch_workgroups(c.n_heads + 2 * c.n_kv_heads, n)  # noqa: E702
             cp.set_pipeline(self.p_att); cp.set_bind_group(0, L["att"]); cp.dispatch_workgroups(c.n_heads, n)  # noqa: E702
             cp.set_pipeline(self.p_o[tb]); cp.set_bind_group(0, L[("o", tb)]); cp.dispatch_workgroups(c.hidden // r, ty)  # noqa: E702
             cp.set_pipeline(self.p_gu[tb]); cp.set_bind_group(0, L[("gu", tb)]); cp.dispatch_workgroups(c.ffn // r, ty)  # noqa: E702

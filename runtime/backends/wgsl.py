@@ -25,9 +25,10 @@ def _f(x: float) -> str:
     return repr(float(x))
 
 
-def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: bool, eps: float = 1e-5, fmt: str = "f32") -> str:
+def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: bool, eps: float = 1e-5, fmt: str = "f32",
+               bias: bool = False) -> str:
     """Source of a (fused) matrix product kernel. K, N multiples of 4 and R. Dispatch ``(N/R, ceil(n/TB))``.
-    Weights in ``fmt`` (see :func:`weight_decl`)."""
+    Weights in ``fmt`` (see :func:`weight_decl`); ``bias`` adds ``B[o]`` (binding 9) to each output."""
     assert K % 4 == 0 and N % R == 0
     K4 = K // 4
     nacc = R * TB
@@ -42,6 +43,8 @@ def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: b
         s.append("@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;\n")
     if swiglu:
         s.append(weight_decl("W2", 5, fmt))
+    if bias:
+        s.append("@group(0) @binding(9) var<storage, read> B: array<f32>;\n")
     s.append(
         f"""
 const K4: u32 = {K4}u;
@@ -99,6 +102,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       {"let sc = 1.0 / sqrt(q / f32(K4 * 4u) + EPS); y = y * sc;" if norm else ""}
       {"y2 = y2 * sc;" if (norm and swiglu) else ""}
       {"y = (y / (1.0 + exp(-y))) * y2;" if swiglu else ""}
+      {"y = y + B[row0 + r];" if bias else ""}
       let o = (t0 + t) * N + row0 + r;
       {"Y[o] = Y[o] + y;" if add else "Y[o] = y;"}
     }}
@@ -109,64 +113,82 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return "".join(s)
 
 
-def rope_kv_src(H: int, KV: int, D: int) -> str:
+def rope_kv_src(H: int, KV: int, D: int, qk_norm: bool = False, eps: float = 1e-6) -> str:
     """RoPE on Q (in place in the QKV buffer) and K (into the cache); V copied into the cache.
 
+    One workgroup of ``D/2`` threads per (head, token), heads ``0..H+2KV-1`` (Q heads, K heads, V
+    heads); thread ``k`` owns the pair ``(k, k + D/2)``. With ``qk_norm`` (Qwen3) each Q and K head
+    is first RMS-normalised over its ``D`` values with weights ``QN``/``KN`` (bindings 5, 6).
     Bindings: 0 QKV ``[n, (H+2KV)*D]``, 1 KC / 2 VC ``[ctx, KV*D]``, 3 ROPE ``[ctx, D]`` (cos | sin),
-    4 Params. Dispatch ``(ceil(((H+KV)*D/2 + KV*D)/64), n)``.
+    4 Params. Dispatch ``(H + 2KV, n)``.
     """
     half = D // 2
+    norm = ""
+    if qk_norm:
+        norm = f"""
+  if (hh < H + KV) {{
+    red[k] = x1 * x1 + x2 * x2;
+    workgroupBarrier();
+    for (var st = {1 << (half - 1).bit_length() >> 1}u; st > 0u; st >>= 1u) {{
+      if (k < st && k + st < HALF) {{ red[k] += red[k + st]; }}
+      workgroupBarrier();
+    }}
+    let sc = 1.0 / sqrt(red[0] / f32(D) + EPS);
+    if (hh < H) {{ x1 = x1 * sc * QN[k]; x2 = x2 * sc * QN[k + HALF]; }}
+    else {{ x1 = x1 * sc * KN[k]; x2 = x2 * sc * KN[k + HALF]; }}
+  }}"""
+    decl = ("@group(0) @binding(5) var<storage, read> QN: array<f32>;\n"
+            "@group(0) @binding(6) var<storage, read> KN: array<f32>;\n"
+            f"var<workgroup> red: array<f32, {half}>;\nconst EPS: f32 = {_f(eps)};\n") if qk_norm else ""
     return PARAMS + f"""
 @group(0) @binding(0) var<storage, read_write> QKV: array<f32>;
 @group(0) @binding(1) var<storage, read_write> KC: array<f32>;
 @group(0) @binding(2) var<storage, read_write> VC: array<f32>;
 @group(0) @binding(3) var<storage, read> ROPE: array<f32>;
 @group(0) @binding(4) var<uniform> P: Params;
-const H: u32 = {H}u;
+{decl}const H: u32 = {H}u;
 const KV: u32 = {KV}u;
 const D: u32 = {D}u;
 const HALF: u32 = {half}u;
 const QKVW: u32 = {(H + 2 * KV) * D}u;
 const KVD: u32 = {KV * D}u;
-const NROT: u32 = {(H + KV) * half}u;
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-  let t = gid.y;
-  let i = gid.x;
+@compute @workgroup_size({half})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) k: u32) {{
+  let hh = wid.x;
+  let t = wid.y;
   if (t >= P.n) {{ return; }}
   let pos = P.first_pos + t;
-  if (i < NROT) {{
-    let hh = i / HALF;
-    let k = i % HALF;
-    let base = t * QKVW + hh * D;
-    let x1 = QKV[base + k];
-    let x2 = QKV[base + k + HALF];
-    let c = ROPE[pos * D + k];
-    let s = ROPE[pos * D + HALF + k];
-    let y1 = x1 * c - x2 * s;
-    let y2 = x2 * c + x1 * s;
-    if (hh < H) {{
-      QKV[base + k] = y1;
-      QKV[base + k + HALF] = y2;
-    }} else {{
-      let kb = pos * KVD + (hh - H) * D;
-      KC[kb + k] = y1;
-      KC[kb + k + HALF] = y2;
-    }}
-  }} else if (i < NROT + KVD) {{
-    let j = i - NROT;
-    VC[pos * KVD + j] = QKV[t * QKVW + (H + KV) * D + j];
+  let base = t * QKVW + hh * D;
+  var x1 = QKV[base + k];
+  var x2 = QKV[base + k + HALF];{norm}
+  if (hh >= H + KV) {{
+    let vb = pos * KVD + (hh - H - KV) * D;
+    VC[vb + k] = x1;
+    VC[vb + k + HALF] = x2;
+    return;
+  }}
+  let c = ROPE[pos * D + k];
+  let s = ROPE[pos * D + HALF + k];
+  let y1 = x1 * c - x2 * s;
+  let y2 = x2 * c + x1 * s;
+  if (hh < H) {{
+    QKV[base + k] = y1;
+    QKV[base + k + HALF] = y2;
+  }} else {{
+    let kb = pos * KVD + (hh - H) * D;
+    KC[kb + k] = y1;
+    KC[kb + k + HALF] = y2;
   }}
 }}
 """
 
 
-def attention_src(H: int, KV: int, D: int) -> str:
+def attention_src(H: int, KV: int, D: int, window: int = 0) -> str:
     """Causal GQA attention over the cache. Bindings: 0 QKV, 1 KC, 2 VC, 3 O ``[n, H*D]``, 4 Params.
 
     Dispatch ``(H, n)``, workgroup size ``D``. Query ``t`` (position ``first_pos + t``) sees keys
-    ``0..first_pos + t``.
+    ``0..first_pos + t`` (with ``window`` > 0, only the last ``window`` of them).
     """
     import math
 
@@ -182,6 +204,7 @@ const D: u32 = {D}u;
 const QKVW: u32 = {(H + 2 * KV) * D}u;
 const KVD: u32 = {KV * D}u;
 const SCALE: f32 = {_f(1.0 / math.sqrt(D))};
+const WIN: u32 = {int(window)}u;
 var<workgroup> qs: array<f32, {D}>;
 var<workgroup> sc: array<f32, {D}>;
 var<workgroup> ps: array<f32, {D}>;
@@ -198,7 +221,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var m = -1e30;
   var l = 0.0;
   var acc = 0.0;
-  for (var j0 = 0u; j0 < T; j0 += D) {{
+  var lo = 0u;
+  if (WIN > 0u && T > WIN) {{ lo = T - WIN; }}
+  for (var j0 = lo; j0 < T; j0 += D) {{
     let j = j0 + lid;
     var s = -1e30;
     if (j < T) {{
@@ -318,7 +343,8 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
 
 
 def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = False, add: bool = False,
-               swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8) -> str:
+               swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8,
+               bias: bool = False) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
     Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
@@ -330,6 +356,7 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     ``j + D/2`` of a head are computed by one subgroup and rotated (rotate-half RoPE at position
     ``first_pos``); Q goes to ``Y`` (``[NH*D]``), K and V straight into the caches (bindings 6, 7)
     at ``first_pos``; tables at binding 8 (``[ctx, D]`` = cos | sin).
+    ``bias`` adds ``B[row]`` (binding 9) to each row's product (before RoPE).
     Each lane issues ``U`` loads before it sums them (one memory round trip per ``U * subgroup``
     vec4s). Bindings: 0 X ``[K]`` f32, 1 W ``[N, K]`` (``fmt``), 2 Y f32, 3 Params, 4 norm weight.
     Dispatch ``(N / R,)`` (with ``rope``: ``(N / 2 / R,)``).
@@ -345,6 +372,8 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
         s.append("@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;\n")
     if swiglu:
         s.append(weight_decl("W2", 5, fmt))
+    if bias:
+        s.append("@group(0) @binding(9) var<storage, read> B: array<f32>;\n")
     if rope:
         NH, KV, D = rope
         assert N == (NH + 2 * KV) * D and (N // 2) % R == 0
@@ -400,6 +429,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
         body.append("\n      let sc = 1.0 / sqrt(ss / f32(K4 * 4u) + EPS);\n      a = a * sc;")
         if two:
             body.append("\n      b = b * sc;")
+    if bias:
+        body.append("\n      a = a + B[row];")
+        if rope:
+            body.append("\n      b = b + B[row2];")
     if swiglu:
         body.append("\n      Y[row] = (a / (1.0 + exp(-a))) * b;")
     elif rope:
@@ -431,7 +464,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
     return "".join(s) + "".join(body)
 
 
-def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048) -> str:
+def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048, window: int = 0) -> str:
     """One-token causal GQA attention (decode): one workgroup of ``WGS`` threads per query head.
 
     Keys are taken in chunks of ``CH`` with the running-max softmax across chunks. Within a
@@ -440,7 +473,8 @@ def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048) -> 
     workgroup memory, then ``WGS / (D/4)`` slices of ``D/4`` threads accumulate ``p_j * V[j]`` as
     vec4s (one slice reads one key's row: coalesced) and the slices are summed.
     Bindings: 0 QKV (Q rotated, ``[NH*D]`` first), 1 KC, 2 VC ``[ctx, KV*D]``, 3 O ``[NH*D]``, 4 Params.
-    Dispatch ``(NH,)``; query position ``first_pos`` sees keys ``0..first_pos``.
+    Dispatch ``(NH,)``; query position ``first_pos`` sees keys ``0..first_pos`` (with ``window`` > 0,
+    only the last ``window`` of them).
     """
     import math
 
@@ -496,7 +530,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var m = -1e30;
   var l = 0.0;
   var acc = vec4<f32>(0.0);
-  for (var c0 = 0u; c0 < T; c0 += CH) {{
+  var lo = 0u;
+  if ({int(window)}u > 0u && T > {int(window)}u) {{ lo = T - {int(window)}u; }}
+  for (var c0 = lo; c0 < T; c0 += CH) {{
     let cn = min(CH, T - c0);
     var lmax = -1e30;
     for (var j = lid; j < cn; j += WGS) {{
