@@ -117,3 +117,58 @@ def generate_greedy(
     if t_first is not None:
         res.decode_s = time.perf_counter() - t_first
     return res
+
+
+def generate_sampled(
+    stages: Sequence[Stage],
+    prompt_ids: Sequence[int],
+    sampling,
+    max_new_tokens: int = 128,
+    stop_ids: frozenset[int] | set[int] = frozenset({2}),
+    on_token: Callable[[int], None] | None = None,
+    chunk: int = PREFILL_CHUNK,
+) -> GenerationResult:
+    """Decoding with ``sampling`` (a :class:`planner.sampling.Sampling`; greedy when its
+    temperature is 0) through a chain of stages, without the scheduler.
+
+    Answer token ``j`` is drawn with pair ``j`` of the seed's
+    :class:`planner.sampling.Uniforms` stream, as the room's scheduler hands them out,
+    so one seed gives the same answer here and in a room (split or not, speculation or
+    not) up to float rounding of the logits. Arguments and result as
+    :func:`generate_greedy`.
+
+    Raises:
+        ValueError: a sampling without a seed (the caller picks one), or an empty prompt.
+        runtime.work.NumericalFault: the logits hold a NaN or an infinity.
+    """
+    from planner.sampling import Uniforms, head_tokens
+
+    from .work import check_finite
+
+    if not sampling.greedy and sampling.seed is None:
+        raise ValueError("sampled generation needs a seed")
+    uniforms = Uniforms(sampling.seed) if not sampling.greedy else None
+    host = stages[0]
+    res = GenerationResult(prompt_tokens=len(prompt_ids))
+    t0 = time.perf_counter()
+    h = prefill(stages, prompt_ids, chunk)
+    pos = host.position
+    t_first = None
+    for j in range(max_new_tokens):
+        logits = host.head(h[-1:])
+        check_finite(logits, f"the output head's logits for answer token {j}")
+        tok = head_tokens(logits, sampling, uniforms.pairs(j, 1) if uniforms else ())[0]
+        if t_first is None:
+            t_first = time.perf_counter()
+            res.prefill_s = t_first - t0
+        res.ids.append(tok)
+        if on_token is not None:
+            on_token(tok)
+        if tok in stop_ids:
+            res.stopped = True
+            break
+        h = run_lap(stages, host.embed_forward([tok], pos), pos)
+        pos += 1
+    if t_first is not None:
+        res.decode_s = time.perf_counter() - t_first
+    return res

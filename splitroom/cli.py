@@ -576,6 +576,12 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         out.print(f"picture written to {plot}")
 
 
+TemperatureOpt = typer.Option(0.0, "--temperature", help="Sample at this temperature (0: greedy, the default).")
+TopPOpt = typer.Option(1.0, "--top-p", help="Nucleus sampling: keep the likeliest tokens up to this probability.")
+TopKOpt = typer.Option(0, "--top-k", help="Keep only the K likeliest tokens (0: all).")
+SeedOpt = typer.Option(None, "--seed", help="Seed of the sampled answer (0..2^64-1; default: a fresh one, printed).")
+
+
 @app.command()
 def generate(prompt: str = typer.Argument(..., help="The question to answer."),
              backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
@@ -584,11 +590,14 @@ def generate(prompt: str = typer.Argument(..., help="The question to answer."),
                       "the remaining layers run as one more in-process worker stage."),
              max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many tokens."),
              system: Optional[str] = typer.Option(None, "--system", help="System message."),
-             raw: bool = typer.Option(False, "--raw", help="Send PROMPT as is, without the chat template.")):
+             raw: bool = typer.Option(False, "--raw", help="Send PROMPT as is, without the chat template."),
+             temperature: float = TemperatureOpt, top_p: float = TopPOpt, top_k: int = TopKOpt,
+             seed: Optional[int] = SeedOpt):
     """Answer PROMPT with the real model (SmolLM2-135M-Instruct), streaming, then print tokens/s."""
     from splitroom.generate_cmd import run_generate
     try:
-        code = run_generate(prompt, backend=backend, layers=layers, max_new_tokens=max_tokens, system=system, raw=raw)
+        code = run_generate(prompt, backend=backend, layers=layers, max_new_tokens=max_tokens, system=system, raw=raw,
+                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     except ValueError as e:
         fail(str(e))
     raise typer.Exit(code)
@@ -626,7 +635,17 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                                              "room page on this TCP port until Ctrl-C (instead of --ask)."),
          serve_bind: str = typer.Option("127.0.0.1", "--serve-bind", help="Address for --serve (0.0.0.0: LAN)."),
          host_wait: float = typer.Option(60.0, "--host-wait", help="Worker: seconds to wait for a model host that "
-                                         "left to come back (Host reconnecting) before the room is over.")):
+                                         "left to come back (Host reconnecting) before the room is over."),
+         scenario: Optional[str] = typer.Option(None, "--scenario", help="Host: decode as this scenario's "
+                                                "decoding: section says (speculation, async laps, sampling)."),
+         draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens", help="Host: speculative decoding "
+                                                    "with K drafted tokens per lap (0: off)."),
+         drafter: Optional[str] = typer.Option(None, "--drafter", help="Host: ngram, early_exit or model."),
+         temperature: Optional[float] = typer.Option(None, "--temperature", help="Host: sample at this "
+                                                     "temperature (0: greedy, the default)."),
+         top_p: Optional[float] = typer.Option(None, "--top-p", help="Host: nucleus sampling threshold."),
+         top_k: Optional[int] = typer.Option(None, "--top-k", help="Host: keep the K likeliest tokens (0: all)."),
+         seed: Optional[int] = typer.Option(None, "--seed", help="Host: seed of the sampled answers.")):
     """Join a room on a LAN as one device: hold a layer range, and (--host) ask and stream answers."""
     if serve is not None and not 0 <= serve <= 65535:
         fail(f"--serve {serve}: expected a TCP port 0-65535")
@@ -637,7 +656,9 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
                        timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
-                       host_wait_s=host_wait)
+                       host_wait_s=host_wait,
+                       scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
+                       top_p=top_p, top_k=top_k, seed=seed)
     try:
         code = run_join(opts)
     except JoinError as e:

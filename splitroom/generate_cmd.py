@@ -11,7 +11,22 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from runtime.backends import BACKENDS, StageSpec, make_stage
-from runtime.generate import generate_greedy
+from planner.sampling import MAX_SEED, Sampling
+from runtime.generate import generate_greedy, generate_sampled
+
+
+def _sampling(temperature: float, top_p: float, top_k: int, seed: int | None) -> Sampling:
+    """The CLI's sampling flags as a Sampling; a sampled one without ``seed`` gets a
+    fresh seed. Raises ValueError naming the flag."""
+    try:
+        s = Sampling(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    except ValueError as e:
+        flag = str(e).split(" ", 1)[0].replace("_", "-")
+        raise ValueError(f"--{flag}: {e}") from None
+    if not s.greedy and s.seed is None:
+        import secrets
+        s = s.with_seed(secrets.randbelow(MAX_SEED + 1))
+    return s
 
 
 @dataclass(frozen=True)
@@ -69,11 +84,19 @@ def run_generate(
     raw: bool = False,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
 ) -> int:
     """Generate an answer to ``prompt`` and stream it to ``out``; return the process exit code.
 
+    ``temperature`` 0 (the default) decodes greedily; above 0 the answer is sampled
+    (``top_p``, ``top_k``) from the ``seed``'s stream (a fresh seed when None; the
+    speed line names it, so the answer can be had again).
+
     Raises:
-        ValueError: unknown backend or bad ``layers``.
+        ValueError: unknown backend, bad ``layers`` or a sampling value out of range.
     """
     from runtime.config import ModelConfig
     from runtime.tokenizer import ChatTokenizer
@@ -81,6 +104,7 @@ def run_generate(
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    sampling = _sampling(temperature, top_p, top_k, seed)
     model_dir = ensure_safetensors()
     cfg = ModelConfig.load(model_dir)
     plan = parse_layers(layers, cfg.n_layers)
@@ -103,13 +127,18 @@ def run_generate(
             out.write(piece)
             out.flush()
 
-    res = generate_greedy(stages, ids, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids, on_token=on_token)
+    if sampling.greedy:
+        res = generate_greedy(stages, ids, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids, on_token=on_token)
+    else:
+        res = generate_sampled(stages, ids, sampling, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids,
+                               on_token=on_token)
     out.write(dec.flush() + "\n")
     n = len(res.ids)
     out.write(
         f"-- {n} tokens; decode {res.decode_tok_per_s:.1f} tok/s; prefill {res.prompt_tokens} tokens "
         f"in {res.prefill_s:.2f} s ({res.prefill_tok_per_s:.1f} tok/s)"
-        f"{'' if res.stopped else '; stopped at --max-tokens'}\n"
+        f"{'' if res.stopped else '; stopped at --max-tokens'}"
+        f"{'' if sampling.greedy else f'; sampled, seed {sampling.seed}'}\n"
     )
     out.flush()
     return 0

@@ -184,20 +184,65 @@ def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "m
     return chain
 
 
-def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg) -> dict:
+def room_decoding(opts: "JoinOptions"):
+    """The host's decoding settings: the ``decoding:`` section of ``opts.scenario`` (the
+    default one without), then ``--draft-tokens`` / ``--drafter`` and the sampling flags
+    over it. A sampled room without a seed (flag, ``decoding.sampling.seed``) takes the
+    scenario's ``seed``, or a fresh one without a scenario. Returns
+    ``(planner.room.Decoding, seed)``.
+
+    Raises JoinError (status 2): an unreadable scenario, a drafter real rooms do not
+    have, a value out of range (naming the flag)."""
+    from dataclasses import replace
+
+    from planner.room import Decoding, Speculative
+    from planner.sampling import MAX_SEED, Sampling
+    dec, seed = Decoding(), None
+    if opts.scenario:
+        from splitroom.scenario import ScenarioError, load
+        try:
+            scn = load(opts.scenario)
+        except (ScenarioError, OSError) as e:
+            raise JoinError(f"--scenario: {e}") from None
+        dec, seed = scn.decoding, scn.seed
+    spec = dec.speculative
+    if opts.draft_tokens is not None:
+        if not 0 <= opts.draft_tokens <= 64:
+            raise JoinError(f"--draft-tokens {opts.draft_tokens}: expected 0 (off) to 64")
+        spec = None if opts.draft_tokens == 0 else replace(spec or Speculative(drafter="ngram"),
+                                                           draft_tokens=opts.draft_tokens)
+    if opts.drafter is not None and spec is not None:
+        spec = replace(spec, drafter=opts.drafter)
+    if spec is not None and spec.drafter not in ("ngram", "early_exit", "model"):
+        raise JoinError(f"drafter {spec.drafter!r} is not available in real rooms; use ngram, early_exit or model")
+    s = dec.sampling
+    given = {k: v for k, v in (("temperature", opts.temperature), ("top_p", opts.top_p), ("top_k", opts.top_k),
+                               ("seed", opts.seed)) if v is not None}
+    try:
+        s = Sampling(**(s.to_json() | given))
+    except ValueError as e:
+        raise JoinError(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}") from None
+    if not s.greedy and s.seed is None:
+        import secrets
+        s = s.with_seed(seed if seed is not None else secrets.randbelow(MAX_SEED + 1))
+    return replace(dec, speculative=spec, sampling=s), seed or 0
+
+
+def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg, decoding=None, seed: int = 0) -> dict:
     """The room's scheduler settings as JSON, made as every room makes them
     (:meth:`SchedulerConfig.from_scenario` over a scenario of the joined devices with
-    the default decoding), stopping on the model's own eos id (``mcfg.eos_id``).
+    ``decoding``, :func:`room_decoding`; the default decoding when None), stopping on
+    the model's own eos id (``mcfg.eos_id``).
 
     Raises JoinError (status 2) when the model on disk is not the catalog's model."""
     from planner.model import lookup
-    from planner.room import Device, Scenario
+    from planner.room import Decoding, Device, Scenario
     from planner.scheduler import SchedulerConfig
     model = lookup(MODEL_ID)
     if model.hidden != mcfg.hidden:
         raise JoinError(f"the model on disk has hidden {mcfg.hidden}, {MODEL_ID} has {model.hidden}")
     devices = tuple(Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items()))
-    scn = Scenario(name=room, seed=0, model=model, devices=devices)
+    scn = Scenario(name=room, seed=seed, model=model, devices=devices, decoding=decoding or Decoding())
     return SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id).to_json()
 
 
@@ -311,6 +356,15 @@ class JoinOptions:
     serve_bind: str = "127.0.0.1"
     #: a worker that loses the model host waits this long for it to come back, seconds
     host_wait_s: float = 60.0
+    #: the host's decoding (:func:`room_decoding`): a scenario's ``decoding:`` section,
+    #: speculation and sampling flags over it (None: as the scenario, or the default)
+    scenario: Optional[str] = None
+    draft_tokens: Optional[int] = None
+    drafter: Optional[str] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
 
 
 async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
@@ -408,6 +462,13 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         raise JoinError(f"unknown backend {opts.backend!r}; choose one of {', '.join(BACKENDS)}")
     if opts.max_new_tokens < 1:
         raise JoinError("--max-tokens must be at least 1")
+    decoding_flags = [f for f, v in (("--scenario", opts.scenario), ("--draft-tokens", opts.draft_tokens),
+                                     ("--drafter", opts.drafter), ("--temperature", opts.temperature),
+                                     ("--top-p", opts.top_p), ("--top-k", opts.top_k), ("--seed", opts.seed))
+                      if v is not None]
+    if decoding_flags and not opts.host:
+        raise JoinError(f"only the host (--host) decides how the room decodes: {', '.join(decoding_flags)}")
+    decoding, scn_seed = room_decoding(opts) if opts.host else (None, 0)
     try:
         model_dir = opts.model_dir or str(ensure_safetensors())
         mcfg = ModelConfig.load(model_dir)
@@ -466,7 +527,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                     hellos[src] = {"layers": list(msg.layers) if msg.layers else None, "lends": msg.lends}
                 try:
                     chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split)
-                    plan = Plan(host=opts.device, stages=chain, scheduler=_scheduler_settings(room, hellos, mcfg),
+                    plan = Plan(host=opts.device, stages=chain,
+                                scheduler=_scheduler_settings(room, hellos, mcfg, decoding, scn_seed),
                                 max_new_tokens=opts.max_new_tokens)
                 except JoinError as e:
                     for p in peers:
@@ -493,10 +555,17 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                 return 0
             a, b = next((s[1], s[2]) for s in chain if s[0] == opts.device)
             is_host = opts.device == host
+            spec = decoding.speculative if is_host and decoding is not None else None
             cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan.scheduler,
                              model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
                              max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device],
-                             host_wait_s=opts.host_wait_s, weights_from_peer=True)
+                             host_wait_s=opts.host_wait_s, weights_from_peer=True,
+                             drafter=spec.drafter if spec is not None else "ngram")
+            if is_host:
+                smp = plan.scheduler.sampling
+                say(("greedy decoding" if smp.temperature == 0 else f"sampling: temperature {smp.temperature:g}, "
+                     f"top_p {smp.top_p:g}, top_k {smp.top_k}, seed {smp.seed}")
+                    + (f"; speculation: {spec.draft_tokens} tokens drafted by {spec.drafter}" if spec else ""))
             if kept is not None and kept[0] == (a, b) and kept[1][0] is not None:
                 loaded = kept[1]
                 loaded[0].rollback(0)  # the same weights, an empty KV cache

@@ -16,6 +16,7 @@ from runtime.tokenizer import ChatTokenizer
 from runtime.weights import ensure_safetensors
 from splitroom.join_cmd import JoinError, parse_layers, parse_room_url, plan_room
 from tests.joinroom import SPLITROOM, relay_room
+from tests.sampled import sampled_reference
 
 pytestmark = pytest.mark.slow
 
@@ -72,3 +73,47 @@ def test_two_joined_devices_answer_like_one_process(tmp_path: Path):
     text = tok.decode(want)
     assert text in h_out and "tokens/s" in h_out
     assert "plan: h layers 1-15 (host), w layers 16-30" in w_err
+
+
+def test_joined_room_speculates_and_samples_with_the_hosts_seed(tmp_path: Path):
+    """The host's --draft-tokens and --temperature/--seed: the answer is the one the seed
+    stands for (computed without the scheduler), speculation or not."""
+    want = sampled_reference(PROMPT, 0.9, 21, MAX_NEW)
+    with relay_room("jointest2") as (url, env, procs):
+        common = ["--address", "127.0.0.1", "--timeout", "50"]
+        worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
+                                  + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(worker)
+        answers = tmp_path / "answers.json"
+        host = subprocess.Popen(SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers",
+                                             "w", "--ask", PROMPT, "--max-tokens", str(MAX_NEW), "--draft-tokens", "3",
+                                             "--temperature", "0.9", "--seed", "21", "--answers-json", str(answers)]
+                                + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(host)
+        h_out, h_err = host.communicate(timeout=55)
+        w_out, w_err = worker.communicate(timeout=10)
+        assert host.returncode == 0, h_err
+        assert worker.returncode == 0, w_err
+    assert "sampling: temperature 0.9, top_p 1, top_k 0, seed 21; speculation: 3 tokens drafted by ngram" in h_err
+    (a,) = json.loads(answers.read_text())["answers"]
+    assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"
+
+
+def test_only_the_host_decides_how_the_room_decodes(tmp_path: Path):
+    from splitroom.join_cmd import JoinOptions, room_decoding
+    scn = tmp_path / "room.yaml"
+    scn.write_text(Path("scenarios/home.yaml").read_text().replace("speculative: null", "speculative: {drafter: "
+                   "ngram, draft_tokens: 5}\n  sampling: {temperature: 0.5, top_k: 7}"))
+    dec, seed = room_decoding(JoinOptions("ws://x:1/room/r", "h", host=True, scenario=str(scn)))
+    assert (dec.speculative.draft_tokens, dec.speculative.drafter) == (5, "ngram")
+    assert (dec.sampling.temperature, dec.sampling.top_k, dec.sampling.seed) == (0.5, 7, seed)  # the scenario's seed
+    dec, _ = room_decoding(JoinOptions("ws://x:1/room/r", "h", host=True, scenario=str(scn), draft_tokens=0,
+                                       temperature=0.0))
+    assert dec.speculative is None and dec.sampling.greedy
+    with pytest.raises(JoinError, match="--top-p"):
+        room_decoding(JoinOptions("ws://x:1/room/r", "h", host=True, top_p=1.5))
+    with pytest.raises(JoinError, match="not available in real rooms"):
+        room_decoding(JoinOptions("ws://x:1/room/r", "h", host=True, draft_tokens=2, drafter="draft_layer"))
+    r = subprocess.run(SPLITROOM + ["join", "ws://127.0.0.1:1/room/r", "--device", "w", "--peers", "h",
+                                    "--temperature", "0.7"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "only the host" in r.stderr and "--temperature" in r.stderr
