@@ -96,13 +96,21 @@ def generate_greedy(
         :class:`GenerationResult` with ids and timings (``time.perf_counter`` seconds).
     """
     host = stages[0]
+    return _decode(stages, prompt_ids, max_new_tokens, stop_ids, on_token, chunk,
+                   lambda h, pos, j: host.head_embed_forward(h, pos))
+
+
+def _decode(stages: Sequence[Stage], prompt_ids: Sequence[int], max_new_tokens: int, stop_ids, on_token, chunk: int,
+            step: Callable[[np.ndarray, int, int], tuple[int, np.ndarray]]) -> GenerationResult:
+    """Prefill, then ``step(final residual [m, hidden], position, answer index j) ->
+    (token j, the host stage's output for it)`` and a lap through the workers per token."""
     res = GenerationResult(prompt_tokens=len(prompt_ids))
     t0 = time.perf_counter()
     h = prefill(stages, prompt_ids, chunk)
-    pos = host.position
+    pos = stages[0].position
     t_first = None
-    for _ in range(max_new_tokens):
-        tok, h = host.head_embed_forward(h, pos)
+    for j in range(max_new_tokens):
+        tok, h = step(h, pos, j)
         if t_first is None:
             t_first = time.perf_counter()
             res.prefill_s = t_first - t0
@@ -149,26 +157,10 @@ def generate_sampled(
         raise ValueError("sampled generation needs a seed")
     uniforms = Uniforms(sampling.seed) if not sampling.greedy else None
     host = stages[0]
-    res = GenerationResult(prompt_tokens=len(prompt_ids))
-    t0 = time.perf_counter()
-    h = prefill(stages, prompt_ids, chunk)
-    pos = host.position
-    t_first = None
-    for j in range(max_new_tokens):
+
+    def step(h: np.ndarray, pos: int, j: int) -> tuple[int, np.ndarray]:
         logits = host.head(h[-1:])
         check_finite(logits, f"the output head's logits for answer token {j}")
         tok = head_tokens(logits, sampling, uniforms.pairs(j, 1) if uniforms else ())[0]
-        if t_first is None:
-            t_first = time.perf_counter()
-            res.prefill_s = t_first - t0
-        res.ids.append(tok)
-        if on_token is not None:
-            on_token(tok)
-        if tok in stop_ids:
-            res.stopped = True
-            break
-        h = run_lap(stages, host.embed_forward([tok], pos), pos)
-        pos += 1
-    if t_first is not None:
-        res.decode_s = time.perf_counter() - t_first
-    return res
+        return tok, host.embed_forward([tok], pos)
+    return _decode(stages, prompt_ids, max_new_tokens, stop_ids, on_token, chunk, step)

@@ -45,27 +45,35 @@ def test_people_write_layers_1_based_inclusive():
     assert dealt[0][:2] == ["a", 0] and dealt[-1][2] == 30
 
 
+def two_devices(room: str, answers: Path, *host_args: str) -> tuple[str, str, str]:
+    """Host h (layers 1-15, asks PROMPT, ``host_args`` added) and worker w (16-30) join
+    ``room`` through a relay; returns the host's stdout and stderr and the worker's
+    stderr once both exited 0 (bounded: 100 s, room for a machine shared by other work)."""
+    with relay_room(room) as (url, env, procs):
+        common = ["--address", "127.0.0.1", "--timeout", "100"]
+        worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
+                                  + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(worker)
+        host = subprocess.Popen(SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers",
+                                             "w", "--ask", PROMPT, "--max-tokens", str(MAX_NEW),
+                                             "--answers-json", str(answers), *host_args] + common,
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(host)
+        h_out, h_err = host.communicate(timeout=105)
+        w_out, w_err = worker.communicate(timeout=10)  # the host's bye ends the worker
+        assert host.returncode == 0, h_err
+        assert worker.returncode == 0, w_err
+    return h_out, h_err, w_err
+
+
 def test_two_joined_devices_answer_like_one_process(tmp_path: Path):
     model_dir = ensure_safetensors()
     tok = ChatTokenizer.from_dir(model_dir)
     whole = make_stage("numpy", model_dir, StageSpec(0, 30, host=True))
     want = [t for t in generate_greedy([whole], tok.encode_chat(PROMPT), MAX_NEW).ids if t != 2]
 
-    with relay_room("jointest") as (url, env, procs):
-        common = ["--address", "127.0.0.1", "--timeout", "50"]
-        worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
-                                  + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(worker)
-        answers = tmp_path / "answers.json"
-        host = subprocess.Popen(SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers",
-                                             "w", "--ask", PROMPT, "--max-tokens", str(MAX_NEW),
-                                             "--answers-json", str(answers)] + common,
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(host)
-        h_out, h_err = host.communicate(timeout=55)
-        w_out, w_err = worker.communicate(timeout=10)  # the host's bye ends the worker
-        assert host.returncode == 0, h_err
-        assert worker.returncode == 0, w_err
+    answers = tmp_path / "answers.json"
+    h_out, h_err, w_err = two_devices("jointest", answers)
     got = json.loads(answers.read_text())
     assert got["stages"] == [["h", 0, 15], ["w", 15, 30]]
     (a,) = got["answers"]
@@ -79,21 +87,9 @@ def test_joined_room_speculates_and_samples_with_the_hosts_seed(tmp_path: Path):
     """The host's --draft-tokens and --temperature/--seed: the answer is the one the seed
     stands for (computed without the scheduler), speculation or not."""
     want = sampled_reference(PROMPT, 0.9, 21, MAX_NEW)
-    with relay_room("jointest2") as (url, env, procs):
-        common = ["--address", "127.0.0.1", "--timeout", "50"]
-        worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
-                                  + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(worker)
-        answers = tmp_path / "answers.json"
-        host = subprocess.Popen(SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers",
-                                             "w", "--ask", PROMPT, "--max-tokens", str(MAX_NEW), "--draft-tokens", "3",
-                                             "--temperature", "0.9", "--seed", "21", "--answers-json", str(answers)]
-                                + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        procs.append(host)
-        h_out, h_err = host.communicate(timeout=55)
-        w_out, w_err = worker.communicate(timeout=10)
-        assert host.returncode == 0, h_err
-        assert worker.returncode == 0, w_err
+    answers = tmp_path / "answers.json"
+    h_out, h_err, w_err = two_devices("jointest2", answers, "--draft-tokens", "3", "--temperature", "0.9",
+                                      "--seed", "21")
     assert "sampling: temperature 0.9, top_p 1, top_k 0, seed 21; speculation: 3 tokens drafted by ngram" in h_err
     (a,) = json.loads(answers.read_text())["answers"]
     assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"
