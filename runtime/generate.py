@@ -94,6 +94,8 @@ def generate_greedy(
         on_token: called with each id as soon as it is known (streaming).
     Returns:
         :class:`GenerationResult` with ids and timings (``time.perf_counter`` seconds).
+    Raises:
+        runtime.work.NumericalFault: a residual reaching the head holds a NaN or an inf.
     """
     host = stages[0]
     return _decode(stages, prompt_ids, max_new_tokens, stop_ids, on_token, chunk,
@@ -103,13 +105,17 @@ def generate_greedy(
 def _decode(stages: Sequence[Stage], prompt_ids: Sequence[int], max_new_tokens: int, stop_ids, on_token, chunk: int,
             step: Callable[[np.ndarray, int, int], tuple[int, np.ndarray]]) -> GenerationResult:
     """Prefill, then ``step(final residual [m, hidden], position, answer index j) ->
-    (token j, the host stage's output for it)`` and a lap through the workers per token."""
+    (token j, the host stage's output for it)`` and a lap through the workers per token.
+    Raises runtime.work.NumericalFault when a final residual holds a NaN or an inf."""
+    from .work import check_finite
+
     res = GenerationResult(prompt_tokens=len(prompt_ids))
     t0 = time.perf_counter()
     h = prefill(stages, prompt_ids, chunk)
     pos = stages[0].position
     t_first = None
     for j in range(max_new_tokens):
+        check_finite(h, f"the last stage's residual before answer token {j}")
         tok, h = step(h, pos, j)
         if t_first is None:
             t_first = time.perf_counter()

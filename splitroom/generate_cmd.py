@@ -89,7 +89,8 @@ def run_generate(
     top_k: int = 0,
     seed: int | None = None,
 ) -> int:
-    """Generate an answer to ``prompt`` and stream it to ``out``; return the process exit code.
+    """Generate an answer to ``prompt`` and stream it to ``out``; return the process exit code
+    (0, or 1 after a numerical fault: a NaN or an inf reached the head, said in one line).
 
     ``temperature`` 0 (the default) decodes greedily; above 0 the answer is sampled
     (``top_p``, ``top_k``) from the ``seed``'s stream (a fresh seed when None; the
@@ -127,11 +128,18 @@ def run_generate(
             out.write(piece)
             out.flush()
 
-    if sampling.greedy:
-        res = generate_greedy(stages, ids, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids, on_token=on_token)
-    else:
-        res = generate_sampled(stages, ids, sampling, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids,
-                               on_token=on_token)
+    from runtime.work import NumericalFault
+    try:
+        if sampling.greedy:
+            res = generate_greedy(stages, ids, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids,
+                                  on_token=on_token)
+        else:
+            res = generate_sampled(stages, ids, sampling, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids,
+                                   on_token=on_token)
+    except NumericalFault as e:  # an error, never token 0
+        out.write(dec.flush() + "\n")
+        print(f"error: numerical fault: {e}", file=err, flush=True)
+        return 1
     out.write(dec.flush() + "\n")
     n = len(res.ids)
     out.write(

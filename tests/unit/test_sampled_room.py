@@ -281,3 +281,23 @@ def test_run_real_takes_the_scenarios_sampling_seeded_by_the_scenario(tmp_path):
     scn = load("scenarios/home.yaml", ["decoding.sampling.seed=5"])
     assert node_configs(scn, deal(scn.devices, scn.model, scn.options), "/unused", tmp_path,
                         "numpy")[0].scheduler_config().sampling == Sampling(0.0, 1.0, 0, 5)
+
+
+def test_single_process_generation_raises_on_a_nan_instead_of_answering_token_0():
+    from runtime.generate import generate_greedy, generate_sampled
+    from runtime.work import NumericalFault
+    for sampled in (False, True):
+        host = NumpyStage(TINY, StageSpec(0, 2, host=True), dict(W), max_ctx=64)
+        worker = NumpyStage(TINY, StageSpec(2, 4), dict(W), max_ctx=64)
+        forward, calls = worker.forward, []
+
+        def bad(x, pos, forward=forward, calls=calls):
+            calls.append(pos)
+            return forward(x, pos) * (np.nan if len(calls) == 3 else 1.0)  # the second decode lap
+        worker.forward = bad
+        with pytest.raises(NumericalFault, match="NaN/inf"):
+            if sampled:
+                generate_sampled([host, worker], PROMPT, Sampling(1.0, seed=1), 8, stop_ids=frozenset())
+            else:
+                generate_greedy([host, worker], PROMPT, 8, stop_ids=frozenset())
+        assert len(calls) == 3
