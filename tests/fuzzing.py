@@ -484,9 +484,11 @@ def control_messages(draw) -> bytes:
     base = draw(st.sampled_from([
         {"type": "hello", "device": "w1", "host": False, "layers": [15, 30], "lends": 1000},
         {"type": "plan", "host": "host", "stages": [["host", 0, 15], ["w1", 15, 30]],
-         "scheduler": {"hidden": 576, "prefill_chunk": 16, "draft_tokens": 2, "async_laps": 2, "eos_token": 2},
+         "scheduler": {"hidden": 576, "prefill_chunk": 16, "draft_tokens": 2, "async_laps": 2, "eos_token": 2,
+                       "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3}},
          "max_new_tokens": 8},
-        {"type": "abort", "reason": "x"}, {"type": "bye"}]))
+        {"type": "abort", "reason": "x"}, {"type": "bye"},
+        {"type": "fault", "lap_id": 3, "device": "w1", "reason": "the residual it sent has 1 NaN/inf value"}]))
     kind = draw(st.sampled_from(["mutate", "mutate", "mutate", "json", "bytes"]))
     if kind == "bytes":
         return draw(st.binary(max_size=200))
@@ -501,7 +503,10 @@ def control_messages(draw) -> bytes:
         path = draw(st.sampled_from(["type", "device", "host", "layers", "lends", "stages", "stages[0]",
                                      "stages[1]", "stages[0][1]", "scheduler", "scheduler.hidden",
                                      "scheduler.context", "scheduler.draft_tokens", "scheduler.return_path",
-                                     "scheduler.dtype", "scheduler.phones", "max_new_tokens", "reason", "extra"]))
+                                     "scheduler.dtype", "scheduler.phones", "scheduler.sampling",
+                                     "scheduler.sampling.temperature", "scheduler.sampling.top_p",
+                                     "scheduler.sampling.top_k", "scheduler.sampling.seed", "lap_id",
+                                     "max_new_tokens", "reason", "extra"]))
         set_path(m, path.replace("][", "].["), draw(st.one_of(PLAUSIBLE, VALUES)))
     try:
         return json.dumps(m, allow_nan=draw(st.booleans())).encode()
@@ -511,9 +516,10 @@ def control_messages(draw) -> bytes:
 
 def try_control(data: bytes) -> Outcome:
     """Parse a control message as a device does, and for a plan build the deal, the
-    scheduler settings and the device's chain. ControlError / ValueError is a refusal."""
+    scheduler settings and the device's chain; a fault goes to a host scheduler (as
+    LapFailed) answering a sampled question. ControlError / ValueError is a refusal."""
     from planner.chain import Chain
-    from runtime.control import ControlError, Plan, parse_control
+    from runtime.control import ControlError, Fault, Plan, parse_control
     try:
         with time_limit(HANG_S):
             msg = parse_control(data)
@@ -522,6 +528,8 @@ def try_control(data: bytes) -> Outcome:
                 cfg = msg.scheduler.config()
                 for dev in {s[0] for s in msg.stages} | {msg.host}:
                     Chain(deal, cfg, runs={dev})
+            elif isinstance(msg, Fault):
+                _fault_to_host(msg)
     except Hang:
         return Outcome("hang", f"over {HANG_S:g} s")
     except (ControlError, ValueError):
@@ -530,6 +538,20 @@ def try_control(data: bytes) -> Outcome:
         import traceback
         return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
     return Outcome("ok")
+
+
+def _fault_to_host(msg) -> None:
+    """A Fault as the host takes it: LapFailed to a host scheduler that has a sampled
+    question in flight (laps 0-1 its prefill); the scheduler must refuse or ignore."""
+    from planner.chain import Chain
+    from planner.protocol import LapFailed, QuestionAsked
+    from planner.sampling import Sampling
+    from planner.scheduler import SchedulerConfig
+    from runtime.control import chain_deal
+    chain = Chain(chain_deal("host", [["host", 0, 15], ["w1", 15, 30]]), SchedulerConfig(hidden=576, prefill_chunk=4),
+                  runs={"host"})
+    chain.handle(QuestionAsked(0, "host", (1, 2, 3, 4, 5), 4, Sampling(0.8, seed=1)), 0.0)
+    chain.handle(LapFailed(msg.lap_id, msg.device, msg.reason), 0.0)
 
 
 # --------------------------------------------------------------------------- relay

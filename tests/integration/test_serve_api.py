@@ -149,3 +149,25 @@ def test_a_max_tokens_string_is_shown_quoted():
     assert e.message == "max_tokens must be an integer >= 1, got '5'"
     e = refused({"model": M, "messages": MSG, "max_tokens": 0}, "max_tokens")
     assert e.message == "max_tokens must be an integer >= 1, got 0"
+
+
+ANY = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),
+                                                                                          st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["temperature", "top_p", "top_k", "seed"]), ANY, max_size=4))
+def test_any_sampling_values_are_taken_or_refused_naming_the_parameter(kw):
+    """Fuzzed sampling fields: a ChatRequest whose Sampling holds what was sent, or a
+    400 naming one of them; nothing else is raised."""
+    try:
+        r = req(**kw)
+    except ApiError as e:
+        assert e.status == 400 and e.param in kw, (kw, e.message)
+        return
+    t = kw.get("temperature")
+    if t in (None, 0):
+        assert r.sampling is None
+    else:
+        assert r.sampling.temperature == t and r.sampling.seed == kw.get("seed")
