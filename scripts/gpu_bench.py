@@ -17,8 +17,8 @@ table last:
 3. Streaming bandwidth: torch copy (read + write) and sum (read), and a WGSL read kernel; the
    roofline of each format is (read bandwidth) / (bytes of weights per token).
 4. GPU timestamps between the dispatches of one wgpu step: microseconds per kernel kind.
-5. Correctness on that GPU: wgpu logits against the numpy reference on the same (dequantized)
-   weights, and greedy ids of wgpu against torch float32.
+5. Correctness on that GPU: wgpu logits against the numpy reference at the same precision
+   (the same stored weight values), and greedy ids of wgpu against torch float32.
 """
 
 from __future__ import annotations

@@ -500,11 +500,11 @@ class WgpuStage(Stage):
         Raises:
             PositionError: positions outside the cache. RuntimeError: not the host, or this stage
                 does not hold every layer (the residual would have to leave the device each step).
-            ValueError: ``per_submit`` outside 1..64 or ``depth`` < 1.
+            ValueError: ``steps`` < 1, ``per_submit`` outside 1..64 or ``depth`` < 1.
         """
         self._require_host()
-        if not (1 <= per_submit <= 64) or depth < 1:
-            raise ValueError(f"per_submit must be in 1..64 and depth >= 1, got {per_submit}, {depth}")
+        if not (1 <= per_submit <= 64) or depth < 1 or steps < 1:
+            raise ValueError(f"need steps >= 1, per_submit in 1..64 and depth >= 1, got {steps}, {per_submit}, {depth}")
         if not self.fast:  # no subgroup kernels: plain steps, each read back
             out, h = [], hidden
             for i in range(steps):

@@ -25,6 +25,21 @@ def _f(x: float) -> str:
     return repr(float(x))
 
 
+def _product_decls(fmt: str, norm: bool, swiglu: bool, bias: bool) -> str:
+    """Bindings shared by the product kernels: 0 X, 1 W (``fmt``), 2 Y, 3 Params, 4 norm weight,
+    5 W2 (SwiGLU's second matrix), 9 bias."""
+    s = ["@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;\n", weight_decl("W", 1, fmt),
+         "@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n",
+         "@group(0) @binding(3) var<uniform> P: Params;\n"]
+    if norm:
+        s.append("@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;\n")
+    if swiglu:
+        s.append(weight_decl("W2", 5, fmt))
+    if bias:
+        s.append("@group(0) @binding(9) var<storage, read> B: array<f32>;\n")
+    return "".join(s)
+
+
 def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: bool, eps: float = 1e-5, fmt: str = "f32",
                bias: bool = False) -> str:
     """Source of a (fused) matrix product kernel. K, N multiples of 4 and R. Dispatch ``(N/R, ceil(n/TB))``.
@@ -34,17 +49,7 @@ def matmul_src(K: int, N: int, R: int, TB: int, norm: bool, add: bool, swiglu: b
     nacc = R * TB
     nv = nacc * (2 if swiglu else 1) + (TB if norm else 0)
     ssoff = nacc * (2 if swiglu else 1)
-    s = [PARAMS]
-    s.append("@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;\n")
-    s.append(weight_decl("W", 1, fmt))
-    s.append("@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n")
-    s.append("@group(0) @binding(3) var<uniform> P: Params;\n")
-    if norm:
-        s.append("@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;\n")
-    if swiglu:
-        s.append(weight_decl("W2", 5, fmt))
-    if bias:
-        s.append("@group(0) @binding(9) var<storage, read> B: array<f32>;\n")
+    s = [PARAMS, _product_decls(fmt, norm, swiglu, bias)]
     s.append(
         f"""
 const K4: u32 = {K4}u;
@@ -363,17 +368,7 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     """
     assert K % 4 == 0 and N % R == 0 and not (swiglu and rope)
     K4 = K // 4
-    s = [PARAMS]
-    s.append("@group(0) @binding(0) var<storage, read> X: array<vec4<f32>>;\n")
-    s.append(weight_decl("W", 1, fmt))
-    s.append("@group(0) @binding(2) var<storage, read_write> Y: array<f32>;\n")
-    s.append("@group(0) @binding(3) var<uniform> P: Params;\n")
-    if norm:
-        s.append("@group(0) @binding(4) var<storage, read> NW: array<vec4<f32>>;\n")
-    if swiglu:
-        s.append(weight_decl("W2", 5, fmt))
-    if bias:
-        s.append("@group(0) @binding(9) var<storage, read> B: array<f32>;\n")
+    s = [PARAMS, _product_decls(fmt, norm, swiglu, bias)]
     if rope:
         NH, KV, D = rope
         assert N == (NH + 2 * KV) * D and (N // 2) % R == 0

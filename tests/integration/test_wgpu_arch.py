@@ -14,7 +14,7 @@ from runtime.backends.base import StageSpec
 from runtime.backends.numpy_backend import NumpyStage
 from runtime.config import ModelConfig
 from runtime.precision import Precision
-from runtime.weights import range_tensor_names
+from tests.wgpu_models import random_checkpoint, rel
 
 wgpu_backend = pytest.importorskip("runtime.backends.wgpu_backend")
 
@@ -28,44 +28,13 @@ CONFIGS = {
 }
 
 
-def weights(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
-    """Random tensors of every name the config needs (biases and norms included), scaled 1/sqrt(fan-in)."""
-    rng = np.random.default_rng(seed)
-    H, F, KVD, QD, D = cfg.hidden, cfg.ffn, cfg.kv_dim, cfg.q_dim, cfg.head_dim
-    shapes = {"input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,),
-              "self_attn.q_proj.weight": (QD, H), "self_attn.k_proj.weight": (KVD, H), "self_attn.v_proj.weight": (KVD, H),
-              "self_attn.q_proj.bias": (QD,), "self_attn.k_proj.bias": (KVD,), "self_attn.v_proj.bias": (KVD,),
-              "self_attn.o_proj.weight": (H, QD), "self_attn.o_proj.bias": (H,),
-              "self_attn.q_norm.weight": (D,), "self_attn.k_norm.weight": (D,),
-              "mlp.gate_proj.weight": (F, H), "mlp.up_proj.weight": (F, H), "mlp.down_proj.weight": (H, F)}
-    out = {}
-    for name in range_tensor_names(cfg, 0, cfg.n_layers, True, True):
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
-            shape = (cfg.vocab, H)
-        elif name == "model.norm.weight":
-            shape = (H,)
-        else:
-            shape = shapes[name.split(".", 3)[3]]
-        if name.endswith("norm.weight"):
-            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        elif len(shape) == 1:  # biases
-            out[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[1]) * (3.0 if "embed" in name else 1.0)).astype(np.float32)
-    return out
-
-
-def rel(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
 @pytest.mark.parametrize("fast", ["1", "0"], ids=["subgroup-kernels", "batch-kernels"])
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_matches_numpy(name, fast, monkeypatch):
     monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
     cfg = CONFIGS[name]
     assert wgpu_unsupported(cfg) == []
-    w = weights(cfg, 11)
+    w = random_checkpoint(cfg, 11)
     ref = NumpyStage(cfg, StageSpec(0, cfg.n_layers, True), dict(w), max_ctx=64)
     gpu = wgpu_backend.WgpuStage(cfg, StageSpec(0, cfg.n_layers, True), dict(w), max_ctx=64, precision=Precision())
     if fast == "1" and not gpu.fast:

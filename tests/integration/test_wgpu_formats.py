@@ -14,7 +14,7 @@ from runtime.backends.base import StageSpec
 from runtime.backends.numpy_backend import NumpyStage
 from runtime.config import ModelConfig
 from runtime.precision import Precision, PrecisionError
-from runtime.weights import range_tensor_names
+from tests.wgpu_models import random_checkpoint, rel
 
 wgpu_backend = pytest.importorskip("runtime.backends.wgpu_backend")
 
@@ -22,29 +22,7 @@ CFG = ModelConfig(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab
 
 
 def weights(seed: int) -> dict[str, np.ndarray]:
-    """Random weights scaled 1/sqrt(fan-in) so activations neither vanish nor blow up; norms ~1."""
-    rng = np.random.default_rng(seed)
-    H, F, KV = CFG.hidden, CFG.ffn, CFG.kv_dim
-    shapes = {"input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,), "self_attn.q_proj.weight": (H, H),
-              "self_attn.k_proj.weight": (KV, H), "self_attn.v_proj.weight": (KV, H), "self_attn.o_proj.weight": (H, H),
-              "mlp.gate_proj.weight": (F, H), "mlp.up_proj.weight": (F, H), "mlp.down_proj.weight": (H, F)}
-    out = {}
-    for name in range_tensor_names(CFG, 0, CFG.n_layers, True, True):
-        if name == "model.embed_tokens.weight":
-            shape = (CFG.vocab, H)
-        elif name == "model.norm.weight":
-            shape = (H,)
-        else:
-            shape = shapes[name.split(".", 3)[3]]
-        if len(shape) == 1:
-            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[1]) * (3.0 if "embed" in name else 1.0)).astype(np.float32)
-    return out
-
-
-def rel(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
+    return random_checkpoint(CFG, seed)
 
 
 @pytest.fixture(scope="module", params=[(f, k) for f in ("f32", "f16", "q8") for k in ("1", "0")],
