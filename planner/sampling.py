@@ -149,15 +149,30 @@ def probabilities(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
     p = np.exp(x)
     p /= p.sum(axis=1, keepdims=True)
     if sampling.top_p < 1.0:
-        order = np.argsort(p, axis=1, kind="stable")  # least likely first
-        ranked = np.take_along_axis(p, order, axis=1)
-        drop = np.cumsum(ranked, axis=1) <= 1.0 - sampling.top_p
-        drop[:, -1] = False
-        gone = np.zeros_like(drop)
-        np.put_along_axis(gone, order, drop, axis=1)
-        p = np.where(gone, 0.0, p)
-        p /= p.sum(axis=1, keepdims=True)
+        p = np.stack([_nucleus(row, sampling.top_p) for row in p])
     return p[0] if one else p
+
+
+def _nucleus(p: np.ndarray, top_p: float) -> np.ndarray:
+    """``p`` ``[vocab]`` (sums to 1) cut to its nucleus and renormalised. Only the most
+    likely candidates are sorted: the fewest (256, 2048, ... up to all) whose mass
+    reaches ``top_p``; every other token's ascending cumulative mass is at most
+    ``1 - top_p``, so transformers' rule drops it anyway."""
+    vocab = len(p)
+    m = min(vocab, 256)
+    while True:
+        cand = np.argpartition(p, vocab - m)[vocab - m:] if m < vocab else np.arange(vocab)
+        if m == vocab or p[cand].sum() >= top_p:
+            break
+        m = min(vocab, m * 8)
+    order = cand[np.argsort(p[cand], kind="stable")]  # least likely first
+    outside = p.sum() - p[cand].sum()  # the mass below every candidate, first in ascending order
+    drop = outside + np.cumsum(p[order]) <= 1.0 - top_p
+    drop[-1] = False
+    out = np.zeros_like(p)
+    keep = order[~drop]
+    out[keep] = p[keep]
+    return out / out.sum()
 
 
 def inverse_cdf(p: np.ndarray, v: float) -> int:
