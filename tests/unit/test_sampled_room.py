@@ -301,3 +301,25 @@ def test_single_process_generation_raises_on_a_nan_instead_of_answering_token_0(
             else:
                 generate_greedy([host, worker], PROMPT, 8, stop_ids=frozenset())
         assert len(calls) == 3
+
+
+def test_a_sampled_answer_survives_a_lost_worker_token_for_token():
+    """A worker lost mid-answer: its layers are re-dealt, the answer so far replayed, and
+    the sampled answer is the one the seed gives without the loss (pair j decides token
+    j whatever lap, replay or not, it lands in)."""
+    from planner.chain import merge_lost
+    smp = Sampling(temperature=1.2, top_p=0.95, seed=2024)
+    ref = make_room()
+    ref.ask(0, PROMPT, 16, sampling=smp)
+    want = ref.run()[0]
+
+    def load(device, a, b, is_host):
+        return NumpyStage(TINY, StageSpec(a, b, host=is_host), dict(W), max_ctx=64)
+    bounds = ((0, 1), (1, 3), (3, 4))
+    ranges = [(n, a, b) for n, (a, b) in zip(("host", "w1", "w2"), bounds)]
+    room = LocalRoom({n: load(n, a, b, n == "host") for n, a, b in ranges}, chain_deal("host", ranges),
+                     SchedulerConfig(hidden=TINY.hidden, draft_tokens=3, eos_token=None),
+                     redeal=merge_lost, make_stage=load)
+    room.lose_after("w1", 6)
+    room.ask(0, PROMPT, 16, sampling=smp)
+    assert room.run()[0] == want and room.redeals and room.ended[0] == "length"
