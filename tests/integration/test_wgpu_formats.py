@@ -17,6 +17,7 @@ from runtime.precision import Precision, PrecisionError
 from tests.wgpu_models import random_checkpoint, rel
 
 wgpu_backend = pytest.importorskip("runtime.backends.wgpu_backend")
+pytestmark = pytest.mark.slow
 
 CFG = ModelConfig(n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn=128, vocab=384, rope_theta=10000.0, rms_eps=1e-5)
 
