@@ -45,6 +45,7 @@ from aiohttp import web
 
 from planner.protocol import (AnswerDone, BeginAnswer, DeviceLost, EmitToken, FrameArrived, LapEnded,
                               QuestionAsked, Refuse, SendFrame)
+from planner.sampling import GREEDY
 
 from .api import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, StopMatcher, chunk_body, completion_body,
                   error_body, parse_chat_request, usage)
@@ -368,7 +369,7 @@ class RoomServer:
             return self._error("chat", e)
         client = self.client_id(request)
         self.page.client_seen(client)
-        qid = node.ask(ids, cap, client, sampling=req.sampling)
+        qid = node.ask(ids, cap, client, sampling=req.sampling or GREEDY)  # the request's own decoding
         ticket = self.tickets[qid] = _Ticket(qid, client)
         resp: Optional[web.StreamResponse] = None
         try:
@@ -443,7 +444,7 @@ class RoomServer:
             return
         node = self.node
         self.page.client_seen(guest)
-        qid = node.ask(ids, cap, guest, sampling=req.sampling)
+        qid = node.ask(ids, cap, guest, sampling=req.sampling or GREEDY)  # the request's own decoding
         ticket = self.tickets[qid] = _Ticket(qid, guest)
         try:
             await asyncio.wait_for(ticket.items.get(), 30.0)
