@@ -36,8 +36,20 @@ Formats:
 
 from __future__ import annotations
 
-import numpy as np
-from numba import njit, prange
+import os
+
+# Threads: a process that asked its BLAS for N threads (runtime.node, calibrate and join set 1,
+# one per device process sharing a machine) gets N kernel threads too; numba would otherwise
+# start one per core in every process, and parallel regions whose threads are descheduled
+# wait a whole time slice. NUMBA_NUM_THREADS, when set, wins. Only effective before numba loads.
+if "NUMBA_NUM_THREADS" not in os.environ:
+    for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        if os.environ.get(_v, "").isdigit() and int(os.environ[_v]) >= 1:
+            os.environ["NUMBA_NUM_THREADS"] = os.environ[_v]
+            break
+
+import numpy as np  # noqa: E402
+from numba import njit, prange  # noqa: E402
 
 F32 = np.float32
 #: Block length of :func:`quantize_q8`'s layout (weights per stored scale), as llama.cpp's Q8_0.
