@@ -42,6 +42,7 @@ from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draf
                               Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain
+from planner.deal import Stage as DealStage
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
@@ -59,6 +60,10 @@ REPLY = "reply"
 #: device of the new chain may be loading weights then, its event loop starved of the
 #: CPU (the transport still reports a connection that fails).
 REDEAL_GRACE_S = 10.0
+#: After a Replan, seconds during which a device still loading its re-dealt range (not
+#: Ready yet) is not declared lost by silence; after that a silent one is lost like any
+#: other (a device that died during a re-deal must not stall the room for good).
+REDEAL_LOAD_TIMEOUT_S = 30.0
 #: trace records a ``keep_open`` node keeps (the latest; older ones are dropped)
 OPEN_TRACE_RECORDS = 200_000
 
@@ -108,6 +113,8 @@ class Node:
         self._tasks: list[asyncio.Future] = []
         self._timers: list[asyncio.TimerHandle] = []
         self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
+        self._latest_redeal = -1  # first lap of the latest re-deal taken (Redeal or Replan)
+        self._redeal_lock = asyncio.Lock()  # re-dealt ranges load one at a time, in order
         self.loading = False  # loading a re-dealt range (heartbeat silence is not a loss then)
         self.grace_until = 0.0  # time.monotonic() until which silence is not a loss (a re-deal)
         self.trace: list[tuple[float, Any]] = []
@@ -260,6 +267,7 @@ class Node:
                 if n == self.emitted:
                     self._crash(dev)
         elif cls is Redeal:
+            self._latest_redeal = max(self._latest_redeal, c.first_lap)  # now: an earlier task sees it superseded
             self._tasks.append(asyncio.ensure_future(self._host_redeal(c)))
         elif cls is AnswerDone or cls is Refuse:
             self.ended[c.question_id] = "answered" if cls is AnswerDone else f"refused: {c.reason}"
@@ -418,44 +426,58 @@ class Node:
                           max_ctx=getattr(self.stage, "max_ctx", 2048), precision=self.cfg.precision(), weights=w)
 
     async def _host_redeal(self, r: Redeal) -> None:
+        """Carry out the host's Redeal ``r``: tell the new chain (Replan, sent without
+        waiting: a send to a peer that is gone may block), load this device's new range,
+        then count itself Ready. Re-deals load one after another, and one superseded by a
+        later Redeal (a second device lost meanwhile) loads nothing: only the latest
+        chain's range may end up in this device's stage."""
         self.grace_until = time.monotonic() + REDEAL_GRACE_S
         self.deal = self.chain.deal
         others = [d for d, _, _ in r.stages if d != self.cfg.device]
         self.awaiting = {r.first_lap: set(others) | {self.cfg.device}}  # an earlier re-deal is superseded
+        old = {s.device: (s.start, s.end) for s in self._deal_before}
+        self._deal_before = tuple(DealStage(d, a, b) for d, a, b in r.stages)
         manifests, copies = {}, {}
         if self.cfg.weights_from_peer:  # the workers that gained layers copy them from here
-            old = {s.device: (s.start, s.end) for s in self._deal_before}
             loop = asyncio.get_running_loop()
             for d, a, b in r.stages:
                 gained = None if d == self.cfg.device else gained_layers(old.get(d), (a, b))
                 if gained is not None:
                     copies[d] = gained
                     manifests[d] = await loop.run_in_executor(None, self._manifest_sha, *gained)
-        self._deal_before = self.deal.stages
         msg = encode_control(Replan(lost=r.lost, host=r.host, stages=r.stages, first_lap=r.first_lap,
                                     manifests=manifests, copy_ranges=copies))
         for d in others:
-            await self._send(d, REPLY, msg)
-        try:
-            await self._take_range(r.stages, r.first_lap)
-        except Exception as e:  # the weights cannot be loaded here: nothing can be answered
-            log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
-            self.handle(DeviceLost(self.cfg.device, f"the model host cannot load its re-dealt range: {e}"))
-            return
+            self._tasks.append(asyncio.ensure_future(self._send(d, REPLY, msg)))
+        async with self._redeal_lock:
+            if r.first_lap != self._latest_redeal:
+                return  # superseded: the later re-deal loads its own range
+            try:
+                await self._take_range(r.stages, r.first_lap)
+            except Exception as e:  # the weights cannot be loaded here: nothing can be answered
+                log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
+                self.handle(DeviceLost(self.cfg.device, f"the model host cannot load its re-dealt range: {e}"))
+                return
         self._ready(self.cfg.device, r.first_lap)
 
     async def _replan(self, msg: Replan) -> None:
+        if msg.first_lap < self._latest_redeal:
+            return  # an older plan than one already taken
+        self._latest_redeal = msg.first_lap
         self.grace_until = time.monotonic() + REDEAL_GRACE_S
         deal = msg.deal()
         self.chain.adopt(deal, msg.first_lap)
         self.deal = deal
-        try:
-            await self._take_range(msg.stages, msg.first_lap, msg.manifests.get(self.cfg.device),
-                                   msg.copy_ranges.get(self.cfg.device))
-        except Exception as e:  # say nothing: the host notices this device is missing
-            log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
-            return
-        if any(d == self.cfg.device for d, _, _ in msg.stages):
+        async with self._redeal_lock:  # one load at a time; a later Replan supersedes this one
+            if msg.first_lap != self._latest_redeal:
+                return
+            try:
+                await self._take_range(msg.stages, msg.first_lap, msg.manifests.get(self.cfg.device),
+                                       msg.copy_ranges.get(self.cfg.device))
+            except Exception as e:  # say nothing: the host notices this device is missing
+                log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
+                return
+        if msg.first_lap == self._latest_redeal and any(d == self.cfg.device for d, _, _ in msg.stages):
             await self._send(self.cfg.host, REPLY, encode_control(Ready(first_lap=msg.first_lap)))
 
     def _ready(self, device: str, first_lap: int) -> None:
@@ -476,7 +498,8 @@ class Node:
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
             now = time.monotonic()
-            quiet = {d for waiting in self.awaiting.values() for d in waiting}  # loading a re-dealt range
+            quiet = ({d for waiting in self.awaiting.values() for d in waiting}  # loading a re-dealt range
+                     if now < self.grace_until - REDEAL_GRACE_S + REDEAL_LOAD_TIMEOUT_S else set())
             for p in self.cfg.peers:
                 if p in self.lost_peers:
                     continue

@@ -8,9 +8,15 @@ messages go through a per-peer paced sender that hands them to aiortc in pieces 
 ``BULK_PIECE_BYTES``, one at a time: after each piece it waits for the channel's
 ``bufferedamountlow`` event (aiortc's public ``bufferedAmountLowThreshold``, set to 0:
 the piece has left the data-channel queue for SCTP), then, while more than
-``bulk_inflight_bytes`` are sent and not yet acknowledged, for the acknowledgements
-(aiortc exposes no event for those: its ``_flight_size`` is polled every millisecond,
-falling back to ``bufferedAmount`` if the private name moves). Replies go before weights.
+``bulk_inflight_bytes`` are sent and not yet acknowledged, for the acknowledgements.
+
+No public aiortc mechanism says what is acknowledged: aiortc (1.16) lowers a channel's
+``bufferedAmount`` as soon as ``_data_channel_flush`` has handed the message to SCTP's
+outbound queue, before it is transmitted, and ``RTCSctpTransport`` exposes neither its
+congestion window nor its bytes in flight, nor an event per SACK. So the in-flight bound
+reads the private ``_flight_size`` (polled every millisecond) and falls back to the
+public ``bufferedAmount`` if the private names move (docs/transport.md, "Why the pacer
+still reads aiortc's private _flight_size"). Replies go before weights.
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ MAX_NEW = 12
 class Hub:
     """In-process transport: send() delivers on the next loop turn, in order."""
 
-    def __init__(self):
+    def __init__(self, block_dead: float = 0.0):
         self.handlers = {}
         self.sent = []
         self.dead = set()  # killed devices: what they send and what is sent to them vanishes
+        self.block_dead = block_dead  # seconds a send to a dead device takes to return (aiortc's paced channels)
 
     def transport(self, device):
         hub = self
@@ -39,6 +40,8 @@ class Hub:
                 return hub.handlers.get(device)
 
             async def send(self, dst, channel, data):
+                if hub.block_dead and dst in hub.dead and device not in hub.dead:
+                    await asyncio.sleep(hub.block_dead)
                 if device in hub.dead or dst in hub.dead:
                     return
                 hub.sent.append((device, dst, channel, len(data)))
@@ -156,6 +159,20 @@ def test_a_worker_lost_mid_answer_ends_the_room_with_refusals(model_dir, tokeniz
     assert all(v.startswith("refused: w1 left the room") for v in ended.values())
 
 
+def _nodes(model_dir, tokenizer, chain, hub, **cfg) -> list:
+    """One Node per ``[device, start, end]`` of ``chain`` over ``hub`` (the first hosts and
+    asks PROMPTS), heartbeats every 0.1 s; ``cfg``: more NodeConfig fields."""
+    sc = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
+    nodes = []
+    for n, a, b in chain:
+        c = NodeConfig(device=n, host="host", stages=chain, scheduler=sc, model_dir=str(model_dir),
+                       prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW,
+                       peers=[m for m, _, _ in chain if m != n], heartbeat_s=0.1, **cfg)
+        nodes.append(Node(c, make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host"))),
+                          hub.transport(n), tokenizer if n == "host" else None))
+    return nodes
+
+
 @pytest.mark.parametrize("lose,after,from_peer", [("w1", 4, False), ("w2", 15, False), ("w2", 6, True)])
 def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_token(model_dir, tokenizer,
                                                                                       reference, lose, after,
@@ -168,16 +185,8 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     from disk) and the replay continues: both answers equal single-process greedy
     decoding."""
     chain = [["host", 0, 9], ["w1", 9, 21], ["w2", 21, 30]]
-    sc = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
     hub = Hub()
-    nodes = []
-    for n, a, b in chain:
-        cfg = NodeConfig(device=n, host="host", stages=chain, scheduler=sc, model_dir=str(model_dir),
-                         prompts=PROMPTS if n == "host" else [], max_new_tokens=MAX_NEW,
-                         peers=[m for m, _, _ in chain if m != n], heartbeat_s=0.1, heartbeat_timeout_s=2.0,
-                         weights_from_peer=from_peer)
-        nodes.append(Node(cfg, make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host"))),
-                          hub.transport(n), tokenizer if n == "host" else None))
+    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0, weights_from_peer=from_peer)
     host = nodes[0]
 
     async def go():
@@ -213,3 +222,33 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
         assert want <= sent < want * 1.01  # the 9 layers it lacked, not its whole new range
         (copy,) = [c for c in rec["copies"] if c["device"] == "w1"]
         assert (copy["source"], copy["start"], copy["end"], copy["nbytes"]) == ("host", 21, 30, want)
+
+
+def test_two_workers_lost_at_once_the_host_ends_up_with_every_layer_and_answers_right(model_dir, tokenizer,
+                                                                                     reference):
+    """host 1-4, w1 5-23, w2 24-30 (home.yaml's deal); both workers die in the same
+    instant (both losses reach the host before its first re-deal has loaded anything: the
+    second Redeal supersedes the first). The host must end up holding layers 1-30 and
+    answer with the greedy tokens; before the fix the first re-deal's range (1-23) was
+    loaded last, and a served room answered wrong text while /health said ready."""
+    chain = [["host", 0, 4], ["w1", 4, 23], ["w2", 23, 30]]
+    hub = Hub(block_dead=1.0)  # the Replan sent to w2, dead, is held a second as over WebRTC
+    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=30.0)
+    host = nodes[0]
+
+    async def go():
+        for node in nodes:
+            node.start()
+        while host.emitted < 4:
+            await asyncio.sleep(0.005)
+        hub.dead.update({"w1", "w2"})
+        host._on_lost("w1", "killed")  # as the transport reports two failed connections at once
+        host._on_lost("w2", "killed")
+        await asyncio.wait_for(host.done.wait(), 60)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    assert (host.stage.start, host.stage.end) == (0, 30)
+    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
+    assert [r.stages for r in redeals] == [(("host", 0, 23), ("w2", 23, 30)), (("host", 0, 30),)]
