@@ -121,13 +121,41 @@ def chain_deal(host: str, stages) -> Deal:
 
 class Hello(_Model):
     """A device introduces itself. ``layers`` is ``[start, end)`` 0-based, None for
-    "deal them" (``--layers auto``); ``lends`` bytes (0: unknown)."""
+    "deal them" (``--layers auto``); ``lends`` bytes (0: unknown). ``proof``: in a room
+    with a key, :func:`room_proof` of the key, this device's id and the fingerprint of
+    the DTLS certificate it uses on this connection (hex), so the id is bound to the
+    certificate the peer's DTLS has verified."""
 
     type: Literal["hello"] = "hello"
     device: DEVICE_ID
     host: bool = False
     layers: Optional[tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]] = None
     lends: int = Field(0, ge=0)
+    proof: Optional[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = None
+
+
+def room_proof(key: str, device: str, fingerprint: str) -> str:
+    """HMAC-SHA256 (RFC 2104) keyed with the room key over ``device`` and its DTLS
+    certificate ``fingerprint`` (as in the SDP's ``a=fingerprint``, e.g. ``sha-256
+    AB:CD:...``; compared without regard to case), as 64 hex digits."""
+    import hashlib
+    import hmac
+    msg = b"splitroom-hello\x00" + device.encode() + b"\x00" + fingerprint.strip().lower().encode()
+    return hmac.new(key.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def check_proof(key: str, hello: "Hello", fingerprint: Optional[str]) -> Optional[str]:
+    """Why ``hello`` does not prove the room key for the connection whose remote DTLS
+    certificate has ``fingerprint`` (None: it does): no proof, no fingerprint known, or
+    a proof made with another key or for another certificate (an impostor)."""
+    import hmac
+    if hello.proof is None:
+        return "its hello carries no proof of the room key"
+    if not fingerprint:
+        return "the connection's certificate fingerprint is unknown"
+    if not hmac.compare_digest(hello.proof, room_proof(key, hello.device, fingerprint)):
+        return "its hello's proof does not match the room key and its connection's certificate"
+    return None
 
 
 class Plan(_Model):

@@ -447,6 +447,9 @@ def main(host: str = "127.0.0.1", port: int = 8765) -> None:
         asyncio.get_running_loop().set_exception_handler(_one_line)
         runner, url = await run_relay(host, port)
         print(f"splitroom relay listening on {url}/room/ROOM", flush=True)
+        import secrets
+        print(f"a room with a key (give every device the same URL): {url}/room/ROOM?key="
+              f"{secrets.token_urlsafe(24)}", flush=True)
         try:
             await asyncio.Event().wait()
         finally:

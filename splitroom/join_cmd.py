@@ -93,6 +93,22 @@ def parse_room_url(url: str) -> tuple[str, str]:
     return f"{u.scheme}://{u.netloc}", parts[1]
 
 
+def parse_room_key(url: str) -> Optional[str]:
+    """The room key of a room URL ``ws://HOST:PORT/room/NAME?key=KEY`` (None without
+    one). The key never reaches the relay: it only keys the devices' proofs of identity.
+
+    Raises JoinError (status 2) for a key that is not 16-128 letters, digits, ``-`` or ``_``."""
+    from urllib.parse import parse_qs
+    keys = parse_qs(urlsplit(url).query).get("key")
+    if not keys:
+        return None
+    key = keys[-1]
+    if not (16 <= len(key) <= 128) or not all(c.isascii() and (c.isalnum() or c in "-_") for c in key):
+        raise JoinError("the room URL's key must be 16-128 letters, digits, '-' or '_' "
+                        "(as `splitroom relay` prints it)")
+    return key
+
+
 def parse_layers(text: Optional[str], n_layers: int) -> Optional[tuple[int, int]]:
     """``--layers`` as people write it, 1-based inclusive ``A-B`` (``1-15`` is the first
     fifteen layers), -> 0-based half-open ``(A - 1, B)``; ``auto`` (or None) -> None.
@@ -256,10 +272,14 @@ class _Mux:
     given to the Node (``send``, ``set_handler`` and ``set_lost_handler``): a lost peer
     reaches the Node, or, before the Node exists, the control queue as a lost marker."""
 
-    def __init__(self, transport):
+    def __init__(self, transport, key: Optional[str] = None):
         from runtime.control import ControlError, parse_control
         self._parse, self._error = parse_control, ControlError
         self.t = transport
+        #: the room key: a peer counts only once its hello proves it (runtime.control.check_proof)
+        self.key = key
+        self.verified: set[str] = set()
+        self.refused: dict[str, str] = {}  # peer -> why its hello was refused
         self.control: asyncio.Queue = asyncio.Queue()
         self.node_handler = None
         self.lost_handler = None
@@ -276,6 +296,15 @@ class _Mux:
             except self._error as e:
                 log.warning("control message from %s ignored: %s", src, e)
                 return
+            if self.key is not None and src not in self.verified:
+                if msg.type != "hello":
+                    return  # nothing from a peer counts before its hello proves the room key
+                self._check_hello(src, msg)
+                if src not in self.verified:
+                    return
+        elif self.key is not None and src not in self.verified:
+            return
+        if channel == CONTROL:
             if msg.type in ("heartbeat", "replan", "ready", "crash", "fault"):  # the running room's: the Node's
                 if self.node_handler is not None:
                     self.node_handler(src, channel, data)
@@ -285,6 +314,32 @@ class _Mux:
             self.early.append((src, channel, data))
         else:
             self.node_handler(src, channel, data)
+
+    def _check_hello(self, src: str, msg) -> None:
+        """Count ``src`` as verified when its hello proves the room key over the DTLS
+        certificate of its connection; otherwise refuse it (logged, and a marker wakes a
+        device waiting for hellos or the plan)."""
+        from runtime.control import check_proof
+        if msg.device != src:
+            why = f"its hello claims to be {msg.device!r}"
+        else:
+            fps = self.t.fingerprints(src) if hasattr(self.t, "fingerprints") else (None, None)
+            why = check_proof(self.key, msg, fps[1])
+        if why is None:
+            self.verified.add(src)
+            return
+        log.warning("refused the hello of %s: %s", src, why)
+        self.refused[src] = why
+        self.control.put_nowait((src, None))
+
+    def hello_for(self, peer: str, hello):
+        """``hello`` as sent to ``peer``: with the proof of the room key over this side's
+        certificate on that connection (unchanged without a room key)."""
+        if self.key is None:
+            return hello
+        from runtime.control import room_proof
+        local = self.t.fingerprints(peer)[0] if hasattr(self.t, "fingerprints") else None
+        return hello.model_copy(update={"proof": room_proof(self.key, hello.device, local or "")})
 
     def _on_lost(self, peer: str, reason: str) -> None:
         self.lost[peer] = reason
@@ -314,6 +369,7 @@ class _Mux:
 
     async def reconnect(self, peer: str, timeout_s: float) -> None:
         """A new connection to ``peer`` (see RtcTransport.reconnect); it is no longer lost."""
+        self.verified.discard(peer)  # a new connection, a new certificate: its hello proves it again
         await self.t.reconnect(peer, timeout_s)
         self.lost.pop(peer, None)
 
@@ -375,6 +431,9 @@ async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
     from runtime.control import Abort
     while True:
         for peer in needed:
+            if peer in mux.refused:
+                raise JoinError(f"refused {peer}: {mux.refused[peer]} (not the device it claims to be, "
+                                "or a device given another room key)", 3)
             if peer in mux.lost:
                 raise JoinError(f"lost {peer} while waiting for {what}: {mux.lost[peer]}", 3)
         left = deadline - time.monotonic()
@@ -447,6 +506,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     from runtime.weights import WeightsError, ensure_safetensors
 
     relay_url, room = parse_room_url(opts.room_url)
+    key = parse_room_key(opts.room_url)
     peers = [p for p in dict.fromkeys(p.strip() for p in opts.peers) if p]
     if not peers:
         raise JoinError("--peers must name the other devices of the room (comma-separated ids)")
@@ -503,7 +563,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         if api is not None:
             await api[1].cleanup()
         raise JoinError(f"could not join room {room!r}: {e}", 3) from None
-    mux = _Mux(transport)
+    mux = _Mux(transport, key)
     stop = stop_on_signals()
     kept = None  # a worker's ((start, end), loaded) kept while the host was away
     host = None
@@ -512,7 +572,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             hello = Hello(device=opts.device, host=bool(opts.host), layers=mine, lends=lends)
             for p in peers:
                 try:
-                    await mux.say(p, hello)
+                    await mux.say(p, mux.hello_for(p, hello))
                 except TransportError as e:  # a peer lost earlier: the host decides without it
                     log.info("hello to %s not sent: %s", p, e)
             if opts.host:

@@ -55,6 +55,7 @@ def emulate_delay(transport: "Transport", one_way_s: float) -> None:
 
 
 _MAX_MSG_RE = re.compile(r"^a=max-message-size:(\d+)\s*$", re.M)
+_FINGERPRINT_RE = re.compile(r"^a=fingerprint:(sha-256) ([0-9A-Fa-f:]+)\s*$", re.M)
 
 
 def remote_max_message_size(sdp: str) -> int:
@@ -82,6 +83,21 @@ class RtcTransport(Transport):
     def _wire_limit(self, dst: str, channel: str) -> int:
         lim = self._links[dst].max_message_bytes
         return lim if channel == "residual" else min(lim, BULK_PIECE_BYTES)
+
+    def fingerprints(self, peer: str) -> tuple[str | None, str | None]:
+        """``(local, remote)`` DTLS certificate fingerprints of the connection to
+        ``peer`` as its SDPs state them (``"sha-256 AB:..."``; None when unknown). aiortc's
+        DTLS checks the peer's certificate against the remote one, so a message that
+        arrives on this connection comes from the holder of that certificate."""
+        lk = self._links.get(peer)
+        pc = lk.pc if lk is not None else None
+
+        def fp(desc) -> str | None:
+            m = _FINGERPRINT_RE.search(desc.sdp) if desc is not None else None
+            return f"{m.group(1).lower()} {m.group(2).upper()}" if m else None
+        if pc is None:
+            return None, None
+        return fp(pc.localDescription), fp(pc.remoteDescription)
 
     def _link(self, dst: str) -> _Link:
         lk = self._links[dst]

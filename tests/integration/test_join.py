@@ -45,11 +45,15 @@ def test_people_write_layers_1_based_inclusive():
     assert dealt[0][:2] == ["a", 0] and dealt[-1][2] == 30
 
 
-def two_devices(room: str, answers: Path, *host_args: str) -> tuple[str, str, str]:
+def two_devices(room: str, answers: Path, *host_args: str, key: str | None = None) -> tuple[str, str, str]:
     """Host h (layers 1-15, asks PROMPT, ``host_args`` added) and worker w (16-30) join
-    ``room`` through a relay; returns the host's stdout and stderr and the worker's
-    stderr once both exited 0 (bounded: 100 s, room for a machine shared by other work)."""
+    ``room`` through a relay (with the room key ``key`` in the URL when given: every
+    device then proves it over its DTLS certificate); returns the host's stdout and
+    stderr and the worker's stderr once both exited 0 (bounded: 100 s, room for a
+    machine shared by other work)."""
     with relay_room(room) as (url, env, procs):
+        if key is not None:
+            url += f"?key={key}"
         common = ["--address", "127.0.0.1", "--timeout", "100"]
         worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
                                   + common, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -73,7 +77,7 @@ def test_two_joined_devices_answer_like_one_process(tmp_path: Path):
     want = [t for t in generate_greedy([whole], tok.encode_chat(PROMPT), MAX_NEW).ids if t != 2]
 
     answers = tmp_path / "answers.json"
-    h_out, h_err, w_err = two_devices("jointest", answers)
+    h_out, h_err, w_err = two_devices("jointest", answers, key="test-room-key-0123456789")
     got = json.loads(answers.read_text())
     assert got["stages"] == [["h", 0, 15], ["w", 15, 30]]
     (a,) = got["answers"]
