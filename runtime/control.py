@@ -144,6 +144,15 @@ def room_proof(key: str, device: str, fingerprint: str) -> str:
     return hmac.new(key.encode(), msg, hashlib.sha256).hexdigest()
 
 
+def manifest_signature(key: str, device: str, start: int, end: int, manifest_sha: str) -> str:
+    """HMAC-SHA256 with the room key over the weights a host tells ``device`` to copy:
+    layers ``[start, end)`` and their manifest's sha256 (64 hex digits)."""
+    import hashlib
+    import hmac
+    msg = f"splitroom-manifest\x00{device}\x00{start}\x00{end}\x00{manifest_sha}".encode()
+    return hmac.new(key.encode(), msg, hashlib.sha256).hexdigest()
+
+
 def check_proof(key: str, hello: "Hello", fingerprint: Optional[str]) -> Optional[str]:
     """Why ``hello`` does not prove the room key for the connection whose remote DTLS
     certificate has ``fingerprint`` (None: it does): no proof, no fingerprint known, or
@@ -209,6 +218,9 @@ class Replan(_Model):
     #: its whole new range
     copy_ranges: dict[DEVICE_ID, tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]] = \
         Field(default_factory=dict)
+    #: device -> :func:`manifest_signature` of its manifest hash and copy range with the
+    #: room key (in a room with a key; a device checks it before it trusts the hash)
+    signatures: dict[DEVICE_ID, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(default_factory=dict)
 
     def deal(self) -> Deal:
         """The new chain as a pinned Deal."""
@@ -297,6 +309,10 @@ class NodeConfig(BaseModel):
         weights, kv: how this device stores its weights and KV cache (runtime.precision:
             ``f32``/``f16``/``q8`` and ``f32``/``f16``); the residual's dtype on the wire is
             the scheduler's ``dtype``.
+        room_key: the room's key (``join ...?key=``; ``run --real`` makes one per run): the
+            host signs the manifest hash of every weights copy it asks for
+            (:func:`manifest_signature`) and a worker copies only when the signature
+            checks, else it reads the layers from its own disk.
         host_wait_s: a worker that loses the model host keeps its weights and waits this
             many seconds for the host to come back ("Host reconnecting"), then leaves
             ("Room over"); 0: leaves at once.
@@ -329,6 +345,7 @@ class NodeConfig(BaseModel):
     weights: Literal["f32", "f16", "q8"] = "f32"
     kv: Literal["f32", "f16"] = "f32"
     host_wait_s: float = Field(HOST_WAIT_S, ge=0.0)
+    room_key: Optional[str] = Field(None, min_length=16, max_length=128)
 
     def precision(self):
         """This device's :class:`runtime.precision.Precision` (residual from the scheduler's dtype)."""

@@ -37,9 +37,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.frames import FrameError, FrameHeader, FrameKind
-from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived,
-                              LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame,
-                              Wake, WeightsCopied)
+from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
+                              FrameArrived, LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage,
+                              SendFrame, Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain
 from planner.deal import Stage as DealStage
@@ -303,6 +303,12 @@ class Node:
                 self.compute_errors += 1
                 self.residual.pop(getattr(c, "lap_id", None), None)
                 log.warning("%s: %s dropped: %s: %s", self.cfg.device, type(c).__name__, type(e).__name__, e)
+                why = f"{type(c).__name__} failed on {self.cfg.device}: {type(e).__name__}: {e}"
+                if type(c) is Draft:  # the question ends with the reason (no drafts: the scheduler aborts it)
+                    log.warning("%s: %s", self.cfg.device, why)
+                    self.handle(DraftReady(c.draft_id, ()))
+                elif type(c) is not RollbackKV:  # its lap's question ends with the reason, never a hang
+                    self._fault(c.lap_id, self.cfg.device, why)
                 continue
             await self._pad(t0)
             if type(c) is not RollbackKV:
@@ -445,8 +451,12 @@ class Node:
                 if gained is not None:
                     copies[d] = gained
                     manifests[d] = await loop.run_in_executor(None, self._manifest_sha, *gained)
+        sigs = {}
+        if self.cfg.room_key:
+            from .control import manifest_signature
+            sigs = {d: manifest_signature(self.cfg.room_key, d, *copies[d], sha) for d, sha in manifests.items()}
         msg = encode_control(Replan(lost=r.lost, host=r.host, stages=r.stages, first_lap=r.first_lap,
-                                    manifests=manifests, copy_ranges=copies))
+                                    manifests=manifests, copy_ranges=copies, signatures=sigs))
         for d in others:
             self._tasks.append(asyncio.ensure_future(self._send(d, REPLY, msg)))
         async with self._redeal_lock:
@@ -471,9 +481,20 @@ class Node:
         async with self._redeal_lock:  # one load at a time; a later Replan supersedes this one
             if msg.first_lap != self._latest_redeal:
                 return
+            sha = msg.manifests.get(self.cfg.device)
+            if sha is not None and self.cfg.room_key:
+                import hmac
+
+                from .control import manifest_signature
+                a, b = msg.copy_ranges.get(self.cfg.device) or next(
+                    (x, y) for d, x, y in msg.stages if d == self.cfg.device)
+                want = manifest_signature(self.cfg.room_key, self.cfg.device, a, b, sha)
+                if not hmac.compare_digest(msg.signatures.get(self.cfg.device, ""), want):
+                    log.warning("%s: the manifest hash in the Replan is not signed with the room key; "
+                                "reading the layers from this device's disk instead", self.cfg.device)
+                    sha = None
             try:
-                await self._take_range(msg.stages, msg.first_lap, msg.manifests.get(self.cfg.device),
-                                       msg.copy_ranges.get(self.cfg.device))
+                await self._take_range(msg.stages, msg.first_lap, sha, msg.copy_ranges.get(self.cfg.device))
             except Exception as e:  # say nothing: the host notices this device is missing
                 log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
                 return

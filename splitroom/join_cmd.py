@@ -619,7 +619,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan.scheduler,
                              model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
                              max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device],
-                             host_wait_s=opts.host_wait_s, weights_from_peer=True,
+                             host_wait_s=opts.host_wait_s, weights_from_peer=True, room_key=key,
                              drafter=spec.drafter if spec is not None else "ngram")
             if is_host:
                 smp = plan.scheduler.sampling

@@ -94,6 +94,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
     prompts = real_prompts(scn)
     crash, crash_s, redeals = _faults(scn, deal)
+    key = secrets.token_urlsafe(24)  # signs the weights manifests the host hands out
     out = []
     for dev in members:
         d = scn.device(dev)
@@ -108,7 +109,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               crash_at_s=crash_s if dev == deal.host else [],
                               crashable=any(f.device == dev for f in scn.faults),
                               redeals=redeals if dev == deal.host else {}, weights=weights, kv=kv,
-                              weights_from_peer=bool(scn.faults)))
+                              weights_from_peer=bool(scn.faults), room_key=key))
     return out
 
 

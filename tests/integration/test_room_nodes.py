@@ -173,7 +173,8 @@ def _nodes(model_dir, tokenizer, chain, hub, **cfg) -> list:
     return nodes
 
 
-@pytest.mark.parametrize("lose,after,from_peer", [("w1", 4, False), ("w2", 15, False), ("w2", 6, True)])
+@pytest.mark.parametrize("lose,after,from_peer", [("w1", 4, False), ("w2", 15, False), ("w2", 6, True),
+                                                   ("w2", 6, "unsigned")])
 def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_token(model_dir, tokenizer,
                                                                                       reference, lose, after,
                                                                                       from_peer, caplog):
@@ -183,11 +184,16 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     ``from_peer``, w1 copies the layers it lacks, 22-30, from the host over the weights
     channel, checked against the manifest hash in the Replan, and reads its own 10-21
     from disk) and the replay continues: both answers equal single-process greedy
-    decoding."""
+    decoding. The host signs the manifest hash with the room key; ``"unsigned"``: w1
+    holds another key, so the signature does not check and w1 reads 22-30 from its
+    disk instead of copying."""
     chain = [["host", 0, 9], ["w1", 9, 21], ["w2", 21, 30]]
     hub = Hub()
-    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0, weights_from_peer=from_peer)
+    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0, weights_from_peer=bool(from_peer),
+                   room_key="room-key-0123456789abcdef")
     host = nodes[0]
+    if from_peer == "unsigned":
+        nodes[1].cfg = nodes[1].cfg.model_copy(update={"room_key": "another-key-0123456789ab"})
 
     async def go():
         for node in nodes:
@@ -211,7 +217,12 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     redeal = next(o for _, o in trace if type(o).__name__ == "Redeal")
     want = [("host", 0, 21), ("w2", 21, 30)] if lose == "w1" else [("host", 0, 9), ("w1", 9, 30)]
     assert [tuple(s) for s in redeal.stages] == want
-    if from_peer:
+    if from_peer == "unsigned":
+        assert "w1: the manifest hash in the Replan is not signed with the room key" in caplog.text
+        assert not any(ch == "weights" for _, _, ch, _ in hub.sent)
+        (copy,) = [c for c in rec["copies"] if c["device"] == "w1"]
+        assert (copy["source"], copy["start"], copy["end"]) == ("disk", 9, 30)
+    elif from_peer:
         assert "w1: layers 22-30 copied and verified" in caplog.text
         assert "w1: copying layers 22-30 from host: 100%" in caplog.text  # progress by quarters
         from safetensors import safe_open
@@ -252,3 +263,33 @@ def test_two_workers_lost_at_once_the_host_ends_up_with_every_layer_and_answers_
     assert [host.answers[i] for i in range(len(PROMPTS))] == reference
     redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
     assert [r.stages for r in redeals] == [(("host", 0, 23), ("w2", 23, 30)), (("host", 0, 30),)]
+
+
+def test_a_compute_failure_on_the_host_ends_that_question_with_a_reason_not_a_hang(model_dir, tokenizer,
+                                                                                    reference):
+    """The host's output head raises once (as a broken backend would): the question of
+    that lap is refused at once with a reason naming the host and the failure, and the
+    next question is answered with the greedy tokens."""
+    hub = Hub()
+    nodes = _nodes(model_dir, tokenizer, [["host", 0, 15], ["w1", 15, 30]], hub)
+    host = nodes[0]
+    head = host.stage.head
+    calls = []
+
+    def broken_once(hidden):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device memory lost")
+        return head(hidden)
+    host.stage.head = broken_once
+
+    async def go():
+        for node in nodes:
+            node.start()
+        await asyncio.wait_for(host.done.wait(), 60)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    assert host.ended[0].startswith("refused: ") and "host" in host.ended[0]
+    assert "RuntimeError: device memory lost" in host.ended[0]
+    assert host.ended[1] == "answered" and host.answers[1] == reference[1]
