@@ -46,12 +46,22 @@ PROMPTS = [
 ]
 
 
+def q8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp Q8_0's rule with float32 scales: per block of 32 along a row, ``d = max|x| / 127``,
+    ``q = rint(x / d)``. Returns ``(q int8 [out, in], d float32 [out, in / 32])``."""
+    b = np.asarray(w, dtype=np.float32).reshape(w.shape[0], -1, 32)
+    d = (np.abs(b).max(axis=-1) / np.float32(127.0)).astype(np.float32)
+    q = np.clip(np.rint(b / np.where(d == 0, np.float32(1.0), d)[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(w.shape), d
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=16, help="greedy tokens per prompt")
     ap.add_argument("--prompts", type=int, default=4, help=f"how many of the {len(PROMPTS)} prompts")
     ap.add_argument("--backend", default="wgpu", choices=["numpy", "wgpu"])
-    ap.add_argument("--formats", default="f32,f16,q8")
+    ap.add_argument("--formats", default="f32,f16,q8", help="f32, f16, q8 (runtime/precision.py), and on wgpu "
+                    "q8-block: int8 with one scale per block of 32 (llama.cpp's Q8_0 rule) instead of q8's scales")
     a = ap.parse_args(argv)
     d = ensure_safetensors()
     cfg = ModelConfig.load(d)
@@ -61,11 +71,17 @@ def main(argv=None) -> None:
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS[: a.prompts]]
 
     def stage(fmt: str):
-        p = Precision(weights=fmt)
+        p = Precision(weights="q8" if fmt == "q8-block" else fmt)
         if a.backend == "wgpu":
-            from runtime.backends.wgpu_backend import WgpuStage
+            from runtime.backends import wgpu_backend
 
-            return WgpuStage(cfg, spec, dict(w32), max_ctx=256, precision=p)
+            q8 = wgpu_backend.quantize_q8
+            if fmt == "q8-block":  # the kernels read any per-block scales; numpy stores one per row
+                wgpu_backend.quantize_q8 = q8_blocks
+            try:
+                return wgpu_backend.WgpuStage(cfg, spec, dict(w32), max_ctx=256, precision=p)
+            finally:
+                wgpu_backend.quantize_q8 = q8
         return NumpyStage(cfg, spec, dict(w32), max_ctx=256, precision=p)
 
     def run(st):

@@ -25,9 +25,9 @@ from a list prepared at construction, calling wgpu-native directly (about 0.5 us
 instead of several through the Python wrappers).
 
 Weights are stored as ``precision.weights`` (:mod:`runtime.precision`): ``f32``, ``f16`` (half the
-bytes) or ``q8`` (blocks of 32 along each row share one float32 scale, 9 bits per weight; the same
-values as the numpy backend's :func:`runtime.backends.kernels.quantize_q8`, so both backends
-compute one function per precision); the kernels widen them to float32 as they load
+bytes) or ``q8`` (int8 in blocks of 32 along each row, one float32 scale per block, 9 bits per
+weight, filled by the numpy backend's :func:`runtime.backends.kernels.quantize_q8`, so both
+backends compute one function per precision); the kernels widen them to float32 as they load
 (:func:`wgsl.weight_decl`). Activations, norms, the KV cache and all sums are float32.
 """
 
