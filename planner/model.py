@@ -92,6 +92,9 @@ class ModelSpec:
             empty when every layer weighs ``layer_bytes``. With sizes given,
             ``layer_bytes`` is their mean (rounded up), kept for models of compute
             that take one number per layer.
+        source: where the weights are, for the real runtime: ``"gguf:PATH"`` or
+            ``"safetensors:DIR"`` for a model read from a checkpoint, ``""`` for a catalog
+            or inline model (the planner never reads it).
     """
 
     id: str
@@ -108,6 +111,7 @@ class ModelSpec:
     draft_bytes: int = 0
     residual_bytes_per_token: int = 0
     layer_sizes: tuple[int, ...] = ()
+    source: str = ""
 
     def __post_init__(self) -> None:
         if self.layer_sizes and len(self.layer_sizes) != self.layers:

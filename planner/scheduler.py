@@ -76,6 +76,8 @@ class SchedulerConfig:
         wake: send phones a wake message at the start of each lap.
         phones: device ids that are phones (woken when they hold layers).
         eos_token: stop when the head predicts this token (None: never).
+        stop_tokens: more tokens that end an answer like ``eos_token`` (e.g. Llama 3's
+            ``<|eot_id|>`` beside ``<|end_of_text|>``).
         dtype: residual dtype on the wire.
         context: positions every stage's KV cache holds, tokens (None: unbounded). A
             question whose prompt + max new tokens exceeds it is refused when asked,
@@ -94,9 +96,11 @@ class SchedulerConfig:
     dtype: DType = DType.FLOAT32
     context: int | None = None
     sampling: Sampling = GREEDY
+    stop_tokens: tuple[int, ...] = ()
 
     @classmethod
-    def from_scenario(cls, scn: Scenario, eos_token: int | None = None) -> "SchedulerConfig":
+    def from_scenario(cls, scn: Scenario, eos_token: int | None = None,
+                      stop_tokens: tuple[int, ...] = ()) -> "SchedulerConfig":
         """The settings a scenario asks for. Residuals travel as float32 when the
         model's residual is 4 bytes per value (the real runtime's SmolLM2), else f16.
         A sampling section without a seed takes the scenario's ``seed``."""
@@ -108,13 +112,14 @@ class SchedulerConfig:
                    return_path=scn.decoding.return_path, wake=scn.decoding.wake,
                    phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
                    eos_token=eos_token, dtype=DType.FLOAT32 if f32 else DType.FLOAT16,
-                   context=scn.options.context_tokens, sampling=_seeded(scn.decoding.sampling, scn.seed))
+                   context=scn.options.context_tokens, sampling=_seeded(scn.decoding.sampling, scn.seed),
+                   stop_tokens=tuple(sorted(set(stop_tokens) - {eos_token})))
 
     def to_json(self) -> dict:
         """As a JSON-ready mapping (phones a sorted list, dtype its code, sampling a mapping)."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
             "phones": sorted(self.phones), "dtype": int(self.dtype), "return_path": str(self.return_path),
-            "sampling": self.sampling.to_json()}
+            "sampling": self.sampling.to_json(), "stop_tokens": list(self.stop_tokens)}
 
     def __post_init__(self):
         if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:
@@ -448,7 +453,7 @@ class HostScheduler:
             if q.generated >= q.max_new:
                 q.done = True
                 break
-            if self.config.eos_token is not None and t == self.config.eos_token:
+            if (self.config.eos_token is not None and t == self.config.eos_token) or t in self.config.stop_tokens:
                 q.done = True
                 q.reason = "eos"
                 break

@@ -94,6 +94,7 @@ class SchedulerSettings(_Model):
     dtype: int = Field(int(DType.FLOAT32), ge=0, le=1)
     context: Optional[int] = Field(None, ge=1)
     sampling: SamplingSettings = SamplingSettings()
+    stop_tokens: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, config: SchedulerConfig) -> "SchedulerSettings":
@@ -106,7 +107,7 @@ class SchedulerSettings(_Model):
                                draft_tokens=self.draft_tokens, async_laps=self.async_laps,
                                return_path=self.return_path, wake=self.wake, phones=frozenset(self.phones),
                                eos_token=self.eos_token, dtype=DType(self.dtype), context=self.context,
-                               sampling=self.sampling.sampling())
+                               sampling=self.sampling.sampling(), stop_tokens=tuple(self.stop_tokens))
 
 
 StageRow = tuple[DEVICE_ID, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]

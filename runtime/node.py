@@ -42,11 +42,20 @@ log = logging.getLogger("splitroom.node")
 DONE, BAD_CONFIG, NO_ROOM, TIMED_OUT, LOST_HOST = 0, 2, 3, 4, 5
 
 
-def load_device(cfg: NodeConfig, max_ctx: int = 2048):
+#: KV positions of a device whose scheduler settings give no context
+DEFAULT_MAX_CTX = 2048
+
+
+def load_device(cfg: NodeConfig, max_ctx: int | None = None):
     """Load what ``cfg.device`` computes with: ``(stage or None, tokenizer or None,
     drafter or None)``. The stage holds only the device's range (the host's also the
-    embedding and head); the host gets the tokenizer, and its drafter when the
-    scheduler drafts. Raises OSError/ValueError from the weights (missing files, bad range)."""
+    embedding and head), with a KV cache of ``max_ctx`` positions: by default the room's
+    context (the scenario's ``context``, carried in the scheduler settings; the planner
+    counts the KV cache at it), :data:`DEFAULT_MAX_CTX` when the settings have none. The
+    host gets the tokenizer, and its drafter when the scheduler drafts. Raises
+    OSError/ValueError from the weights (missing files, bad range)."""
+    if max_ctx is None:
+        max_ctx = cfg.scheduler.context or DEFAULT_MAX_CTX
     mine = [s for s in cfg.stages if s[0] == cfg.device]
     is_host = cfg.device == cfg.host
     stage = tokenizer = drafter = None

@@ -46,11 +46,29 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def load_scenario(path: str, sets: Optional[List[str]]):
-    """Load a scenario or exit 2 with its one-line error."""
+ModelOpt = typer.Option(None, "--model", help="A GGUF file or safetensors directory to run (instead of the "
+                        "scenario's model; default: the bundled SmolLM2-135M-Instruct).")
+
+
+def model_override(path: Optional[str]) -> list[str]:
+    """``--model PATH`` as a scenario override (``model={gguf: PATH}`` or
+    ``{safetensors: PATH}``, absolute), or exit 2 with one line for a bad path."""
+    if path is None:
+        return []
+    from splitroom.models import ModelError, checkpoint_kind
+    p = Path(path).expanduser()
+    try:
+        kind = checkpoint_kind(p)
+    except (ModelError, OSError, ValueError) as e:
+        fail(f"--model: {e}")
+    return [f"model={{{kind}: {json.dumps(str(p.resolve()))}}}"]
+
+
+def load_scenario(path: str, sets: Optional[List[str]], model: Optional[str] = None):
+    """Load a scenario (with ``--model PATH`` replacing its model) or exit 2 with its one-line error."""
     from splitroom.scenario import ScenarioError, load
     try:
-        return load(path, list(sets or []))
+        return load(path, list(sets or []) + model_override(model))
     except ScenarioError as e:
         fail(str(e))
 
@@ -336,7 +354,8 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="Also predict the run before it "
                                                   "starts from this calibration profile (splitroom calibrate)."),
         write_measured: Optional[str] = typer.Option(None, "--write-measured",
-                                                     help="Write this run's measured ms per layer here (YAML).")):
+                                                     help="Write this run's measured ms per layer here (YAML)."),
+        model: Optional[str] = ModelOpt):
     """Run a real room (one process per device, WebRTC between them) and print measured beside predicted."""
     if not real:
         fail("splitroom run needs --real (to predict without running, use splitroom simulate)")
@@ -344,7 +363,7 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         fail(f"--backend {backend}: choose numpy or wgpu")
     if not timeout > 0:
         fail(f"--timeout {timeout:g}: must be more than 0 seconds")
-    scn = load_scenario(scenario, set_)
+    scn = load_scenario(scenario, set_, model)
     check_output(write_measured, "--write-measured")
     profile = None
     if calibration:
@@ -441,14 +460,15 @@ def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
           bind: str = typer.Option("127.0.0.1", "--bind", help="Address to listen on (0.0.0.0 for a LAN)."),
           set_: Optional[List[str]] = SetOpt,
           backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
-          netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces.")):
+          netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces."),
+          model: Optional[str] = ModelOpt):
     """Start the room (one process per device, WebRTC between them) and serve an OpenAI-compatible API
     on the model host (/v1/chat/completions, /v1/models, /metrics, /health) until Ctrl-C."""
     if not 0 <= port <= 65535:
         fail(f"--port {port}: expected a TCP port 0-65535")
     if backend not in ("numpy", "wgpu"):
         fail(f"--backend {backend}: choose numpy or wgpu")
-    scn = load_scenario(scenario, set_)
+    scn = load_scenario(scenario, set_, model)
     d = deal_scenario(scn, scenario)
     from runtime.netem import NetemError
     from splitroom.real import RealRunError
@@ -583,7 +603,7 @@ SeedOpt = typer.Option(None, "--seed", help="Seed of the sampled answer (0..2^64
 
 
 @app.command()
-def generate(prompt: str = typer.Argument(..., help="The question to answer."),
+def generate(prompt: Optional[str] = typer.Argument(None, help="The question to answer."),
              backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
              layers: Optional[str] = typer.Option(None, "--layers",
                  help="Host layer range(s), half-open 0-based START-END, comma-separated (e.g. 0-15); "
@@ -592,12 +612,18 @@ def generate(prompt: str = typer.Argument(..., help="The question to answer."),
              system: Optional[str] = typer.Option(None, "--system", help="System message."),
              raw: bool = typer.Option(False, "--raw", help="Send PROMPT as is, without the chat template."),
              temperature: float = TemperatureOpt, top_p: float = TopPOpt, top_k: int = TopKOpt,
-             seed: Optional[int] = SeedOpt):
-    """Answer PROMPT with the real model (SmolLM2-135M-Instruct), streaming, then print tokens/s."""
+             seed: Optional[int] = SeedOpt,
+             model: Optional[str] = typer.Option(None, "--model", help="A GGUF file or safetensors directory "
+                                                 "(default: the bundled SmolLM2-135M-Instruct)."),
+             ids: Optional[str] = typer.Option(None, "--ids", help="The prompt as token ids, e.g. 1,2,3 "
+                                               "(instead of PROMPT; no chat template)."),
+             as_json: bool = typer.Option(False, "--json", help="Print the answer and its token ids as JSON.")):
+    """Answer PROMPT with the real model (SmolLM2-135M-Instruct or --model PATH), streaming, then print tokens/s."""
     from splitroom.generate_cmd import run_generate
     try:
         code = run_generate(prompt, backend=backend, layers=layers, max_new_tokens=max_tokens, system=system, raw=raw,
-                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, model=model, ids=ids,
+                            as_json=as_json)
     except ValueError as e:
         fail(str(e))
     raise typer.Exit(code)
@@ -645,7 +671,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                                                      "temperature (0: greedy, the default)."),
          top_p: Optional[float] = typer.Option(None, "--top-p", help="Host: nucleus sampling threshold."),
          top_k: Optional[int] = typer.Option(None, "--top-k", help="Host: keep the K likeliest tokens (0: all)."),
-         seed: Optional[int] = typer.Option(None, "--seed", help="Host: seed of the sampled answers.")):
+         seed: Optional[int] = typer.Option(None, "--seed", help="Host: seed of the sampled answers."),
+         model: Optional[str] = ModelOpt):
     """Join a room on a LAN as one device: hold a layer range, and (--host) ask and stream answers."""
     if serve is not None and not 0 <= serve <= 65535:
         fail(f"--serve {serve}: expected a TCP port 0-65535")
@@ -658,7 +685,7 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                        timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
                        host_wait_s=host_wait,
                        scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
-                       top_p=top_p, top_k=top_k, seed=seed)
+                       top_p=top_p, top_k=top_k, seed=seed, model=model)
     try:
         code = run_join(opts)
     except JoinError as e:

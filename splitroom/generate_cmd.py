@@ -1,11 +1,16 @@
 """``splitroom generate``: answer one prompt with the real model, streaming, then report speed.
 
+The model is the bundled SmolLM2-135M-Instruct or ``--model PATH`` (a GGUF file or a
+safetensors directory); ``--ids 1,2,3`` gives the prompt as token ids (no chat template, for
+checkpoints without a tokenizer and for comparisons); ``--json`` prints the answer with its ids.
+
 Wires :mod:`runtime` (weights, tokenizer, a backend, greedy generation) for the CLI; the
 Typer command in :mod:`splitroom.cli` imports this lazily.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from typing import TextIO
@@ -75,53 +80,99 @@ def parse_layers(spec: str | None, n_layers: int) -> StagePlan:
     return StagePlan(tuple(ranges))
 
 
+def parse_ids(text: str, vocab: int) -> list[int]:
+    """``--ids 1,2,3`` -> ``[1, 2, 3]``. Raises ValueError (one line) unless every item is an
+    integer in ``[0, vocab)`` and there is at least one."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        ids = [int(p) for p in parts if p]
+    except ValueError:
+        raise ValueError(f"--ids {text[:80]!r}: write token ids as integers separated by commas, e.g. 1,2,3") from None
+    if not ids:
+        raise ValueError("--ids: give at least one token id")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"--ids: id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
 def run_generate(
-    prompt: str,
+    prompt: str | None,
     backend: str = "numpy",
     layers: str | None = None,
     max_new_tokens: int = 256,
     system: str | None = None,
     raw: bool = False,
-    out: TextIO = sys.stdout,
-    err: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
     seed: int | None = None,
+    model: str | None = None,
+    ids: str | None = None,
+    as_json: bool = False,
 ) -> int:
-    """Generate an answer to ``prompt`` and stream it to ``out``; return the process exit code
-    (0, or 1 after a numerical fault: a NaN or an inf reached the head, said in one line).
+    """Generate an answer to ``prompt`` (or to the token ids ``ids``, ``"1,2,3"``) and stream it
+    to ``out``; with ``as_json`` print one JSON object instead (``model``, ``text``,
+    ``token_ids``, ``prompt_ids``, ``stopped``, timings). Return the process exit code (0, or 1
+    after a numerical fault: a NaN or an inf reached the head, said in one line).
 
     ``temperature`` 0 (the default) decodes greedily; above 0 the answer is sampled
     (``top_p``, ``top_k``) from the ``seed``'s stream (a fresh seed when None; the
     speed line names it, so the answer can be had again).
 
+    ``model``: a GGUF file or safetensors directory (None: the bundled SmolLM2). ``out`` /
+    ``err``: default ``sys.stdout`` / ``sys.stderr`` at the time of the call.
+
     Raises:
-        ValueError: unknown backend, bad ``layers`` or a sampling value out of range.
+        ValueError: unknown backend, bad ``layers`` or ``ids``, a sampling value out of range,
+            both or neither of prompt and ids, a model path that cannot be used
+            (:class:`splitroom.models.ModelError`), a model without a tokenizer given a text
+            prompt, or a backend that lacks a model feature.
     """
     from runtime.config import ModelConfig
     from runtime.tokenizer import ChatTokenizer
-    from runtime.weights import ensure_safetensors
+    from splitroom.models import model_dir as resolve
+    from splitroom.models import read_config
 
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     sampling = _sampling(temperature, top_p, top_k, seed)
-    model_dir = ensure_safetensors()
+    if (prompt is None) == (ids is None):
+        raise ValueError("give a PROMPT or --ids 1,2,3, not both" if prompt is not None else
+                         "give a PROMPT (or the prompt as token ids: --ids 1,2,3)")
+    if model is not None:  # the checkpoint's metadata first: bad input is refused before any conversion
+        head = read_config(model)
+        parse_layers(layers, head.n_layers)
+        if ids is not None:
+            parse_ids(ids, head.vocab)
+    model_dir = resolve(model)
     cfg = ModelConfig.load(model_dir)
     plan = parse_layers(layers, cfg.n_layers)
-    tok = ChatTokenizer.from_dir(model_dir)
-    if raw:
-        ids = tok.encode(prompt)
+    tok = ChatTokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").is_file() else None
+    if ids is not None:
+        prompt_ids = parse_ids(ids, cfg.vocab)
+    elif tok is None:
+        raise ValueError(f"{model or 'the model'} has no tokenizer: give the prompt as token ids (--ids 1,2,3)")
+    elif raw:
+        prompt_ids = tok.encode(prompt)
     else:
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        ids = tok.encode_chat(msgs)
-    ctx = len(ids) + max_new_tokens + 1
-    stages = [make_stage(backend, model_dir, StageSpec(a, b, host=(i == 0)), max_ctx=ctx) for i, (a, b) in enumerate(plan.ranges)]
-    print(f"[{backend}; {plan.describe()}]", file=err, flush=True)
-    dec = tok.stream_decoder()
+        prompt_ids = tok.encode_chat(msgs)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty once tokenized")
+    stops = frozenset(i for i in (cfg.all_stop_ids | (tok.stop_ids if tok else frozenset())) if i >= 0)
+    ctx = len(prompt_ids) + max_new_tokens + 1
+    stages = [make_stage(backend, model_dir, StageSpec(a, b, host=(i == 0)), max_ctx=ctx)
+              for i, (a, b) in enumerate(plan.ranges)]
+    print(f"[{cfg.name or cfg.arch}; {backend}; {plan.describe()}]", file=err, flush=True)
+    dec = tok.stream_decoder() if tok is not None and not as_json else None
 
     def on_token(t: int) -> None:
-        if t in tok.stop_ids:
+        if dec is None or t in stops:
             return
         piece = dec.push(t)
         if piece:
@@ -131,16 +182,26 @@ def run_generate(
     from runtime.work import NumericalFault
     try:
         if sampling.greedy:
-            res = generate_greedy(stages, ids, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids,
+            res = generate_greedy(stages, prompt_ids, max_new_tokens=max_new_tokens, stop_ids=stops,
                                   on_token=on_token)
         else:
-            res = generate_sampled(stages, ids, sampling, max_new_tokens=max_new_tokens, stop_ids=tok.stop_ids,
+            res = generate_sampled(stages, prompt_ids, sampling, max_new_tokens=max_new_tokens, stop_ids=stops,
                                    on_token=on_token)
     except NumericalFault as e:  # an error, never token 0
-        out.write(dec.flush() + "\n")
+        if dec is not None:
+            out.write(dec.flush() + "\n")
         print(f"error: numerical fault: {e}", file=err, flush=True)
         return 1
-    out.write(dec.flush() + "\n")
+    if as_json:
+        answer = [t for t in res.ids if t not in stops]
+        json.dump({"model": cfg.name, "text": tok.decode(answer) if tok is not None else None,
+                   "token_ids": res.ids, "prompt_ids": list(prompt_ids), "stopped": res.stopped,
+                   "prefill_s": res.prefill_s, "decode_tok_per_s": res.decode_tok_per_s,
+                   "seed": None if sampling.greedy else sampling.seed}, out, ensure_ascii=False)
+        out.write("\n")
+        out.flush()
+        return 0
+    out.write((dec.flush() if dec is not None else ",".join(str(t) for t in res.ids)) + "\n")
     n = len(res.ids)
     out.write(
         f"-- {n} tokens; decode {res.decode_tok_per_s:.1f} tok/s; prefill {res.prompt_tokens} tokens "

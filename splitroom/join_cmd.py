@@ -153,14 +153,15 @@ def parse_lends(text: Optional[str]) -> int:
 # --------------------------------------------------------------------------- the plan
 
 
-def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "memory") -> list[list]:
+def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "memory", spec=None) -> list[list]:
     """The chain ``[[device, start, end], ...]`` (0-based half-open, host first) from
     every device's hello (the host's own included).
 
     Explicit ranges must be given by every device and tile ``[0, n_layers)`` with the
     host's first. ``auto`` (every device) deals with :func:`planner.deal.deal` over
     what each lends, the host forced (``DealOptions(host=..., split=split)``); devices
-    dealt no layers are left out of the chain.
+    dealt no layers are left out of the chain. ``spec``: the model's
+    :class:`planner.model.ModelSpec` (default: the bundled smollm2-135m from the catalog).
 
     Raises JoinError (status 2) naming what is wrong.
     """
@@ -174,7 +175,7 @@ def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "m
         from planner.room import DealOptions, Device
         devices = [Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items())]
         try:
-            dl = deal(devices, lookup(MODEL_ID), DealOptions(host=host, split=split))
+            dl = deal(devices, spec if spec is not None else lookup(MODEL_ID), DealOptions(host=host, split=split))
         except (DealError, ValueError) as e:
             raise JoinError(f"cannot deal the layers: {e}") from None
         if not dl.fits:
@@ -244,22 +245,26 @@ def room_decoding(opts: "JoinOptions"):
     return replace(dec, speculative=spec, sampling=s), seed or 0
 
 
-def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg, decoding=None, seed: int = 0) -> dict:
+def model_spec(mcfg, model_id: str):
+    """The planner's model of the model on disk (``mcfg``, a runtime ModelConfig), at the
+    runtime's storage, named ``model_id``."""
+    from planner.model import spec_from_architecture
+    return spec_from_architecture(model_id, mcfg.name or model_id, mcfg.architecture())
+
+
+def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg, decoding=None, seed: int = 0,
+                        model_id: str = MODEL_ID) -> dict:
     """The room's scheduler settings as JSON, made as every room makes them
     (:meth:`SchedulerConfig.from_scenario` over a scenario of the joined devices with
     ``decoding``, :func:`room_decoding`; the default decoding when None), stopping on
-    the model's own eos id (``mcfg.eos_id``).
-
-    Raises JoinError (status 2) when the model on disk is not the catalog's model."""
-    from planner.model import lookup
+    the model's own eos id (``mcfg.eos_id``) and its other stop ids."""
     from planner.room import Decoding, Device, Scenario
     from planner.scheduler import SchedulerConfig
-    model = lookup(MODEL_ID)
-    if model.hidden != mcfg.hidden:
-        raise JoinError(f"the model on disk has hidden {mcfg.hidden}, {MODEL_ID} has {model.hidden}")
     devices = tuple(Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items()))
-    scn = Scenario(name=room, seed=seed, model=model, devices=devices, decoding=decoding or Decoding())
-    return SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id).to_json()
+    scn = Scenario(name=room, seed=seed, model=model_spec(mcfg, model_id), devices=devices,
+                   decoding=decoding or Decoding())
+    return SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id if mcfg.eos_id >= 0 else None,
+                                         stop_tokens=tuple(i for i in mcfg.stop_ids if i >= 0)).to_json()
 
 
 # --------------------------------------------------------------------------- one device
@@ -405,6 +410,9 @@ class JoinOptions:
     split: str = "memory"
     answers_json: Optional[str] = None
     model_dir: Optional[str] = None
+    #: a GGUF file or safetensors directory (None: the bundled SmolLM2); every device of
+    #: the room must give the same model
+    model: Optional[str] = None
     answers: list = field(default_factory=list)
     #: the host serves the OpenAI-compatible API on this TCP port (runtime/serve/) and
     #: takes questions from it until Ctrl-C instead of asking ``asks``
@@ -503,7 +511,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     from runtime.control import Abort, Bye, Hello, NodeConfig, Plan
     from runtime.node import LOST_HOST, TIMED_OUT, await_host, load_device, run_device, stop_on_signals
     from runtime.transport import TransportError, connect_room
-    from runtime.weights import WeightsError, ensure_safetensors
+    from splitroom.models import ModelError
+    from splitroom.models import model_dir as resolve_model
 
     relay_url, room = parse_room_url(opts.room_url)
     key = parse_room_key(opts.room_url)
@@ -530,10 +539,13 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         raise JoinError(f"only the host (--host) decides how the room decodes: {', '.join(decoding_flags)}")
     decoding, scn_seed = room_decoding(opts) if opts.host else (None, 0)
     try:
-        model_dir = opts.model_dir or str(ensure_safetensors())
+        model_dir = opts.model_dir or str(resolve_model(opts.model))
         mcfg = ModelConfig.load(model_dir)
-    except (WeightsError, OSError) as e:
+    except ModelError as e:
+        raise JoinError(f"--model: {e}" if opts.model else f"no model here: {e}") from None
+    except (ValueError, OSError) as e:
         raise JoinError(f"no model here: {e}") from None
+    model_id = MODEL_ID if opts.model is None and opts.model_dir is None else (mcfg.name or MODEL_ID)
     mine = parse_layers(opts.layers, mcfg.n_layers)
     lends = parse_lends(opts.lends)
     if mine is not None and opts.host and mine[0] != 0:
@@ -552,7 +564,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             sock = socket.create_server((opts.serve_bind, opts.serve_port))
         except OSError as e:
             raise JoinError(f"--serve {opts.serve_port}: cannot listen on {opts.serve_bind}: {e.strerror or e}") from None
-        api = await start_api(sock, "smollm2-135m")
+        api = await start_api(sock, model_id)
         api[0].set_phase("connecting", f"the room is starting: waiting for {', '.join(peers)}")
         say(f"serving the API at http://{opts.serve_bind}:{sock.getsockname()[1]}/v1")
     try:
@@ -586,9 +598,9 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                         raise JoinError(reason)
                     hellos[src] = {"layers": list(msg.layers) if msg.layers else None, "lends": msg.lends}
                 try:
-                    chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split)
+                    chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split, model_spec(mcfg, model_id))
                     plan = Plan(host=opts.device, stages=chain,
-                                scheduler=_scheduler_settings(room, hellos, mcfg, decoding, scn_seed),
+                                scheduler=_scheduler_settings(room, hellos, mcfg, decoding, scn_seed, model_id),
                                 max_new_tokens=opts.max_new_tokens)
                 except JoinError as e:
                     for p in peers:
@@ -602,7 +614,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             host = plan.host
             if api is not None:  # what the room page shows (the host's hellos and the plan)
                 api[0].room_info.update({
-                    "name": room, "model": {"id": "smollm2-135m", "name": "SmolLM2-135M-Instruct",
+                    "name": room, "model": {"id": model_id,
+                                            "name": "SmolLM2-135M-Instruct" if model_id == MODEL_ID else mcfg.name,
                                             "layers": mcfg.n_layers}, "host": host,
                     "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
                                 for d, h in hellos.items()],

@@ -73,6 +73,18 @@ class RealResult:
         return [(i, e) for i, e in enumerate(self.ended) if e != "answered"]
 
 
+def real_model_dir(scn: Scenario) -> Path:
+    """The model directory a real room of ``scn`` loads: the bundled SmolLM2 for the catalog
+    id ``smollm2-135m``, else the checkpoint the scenario names (``model: {gguf: PATH}`` /
+    ``{safetensors: DIR}``), converted once. Raises RealRunError (one line) for a model with no
+    weights here or a checkpoint the runtime cannot use."""
+    from splitroom.models import ModelError, model_dir
+    try:
+        return model_dir(scn.model)
+    except ModelError as e:
+        raise RealRunError(str(e)) from None
+
+
 def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backend: str) -> list:
     """One runtime.room.NodeConfig per device that holds layers or hosts."""
     from runtime.room import NodeConfig
@@ -89,7 +101,10 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
         raise RealRunError(f"the {backend} backend stores weights as {', '.join(has_w)} and KV as "
                            f"{', '.join(has_kv)}; the scenario asks weights {weights}, kv_cache {kv} "
                            f"(set them with --set weights=f32 --set kv_cache=f32, or use --backend numpy)")
-    sched = SchedulerConfig.from_scenario(scn, eos_token=2).to_json()  # SmolLM2 stops on eos 2
+    from runtime.config import ModelConfig
+    mcfg = ModelConfig.load(model_dir)  # the checkpoint's own eos (SmolLM2: 2, <|im_end|>) and stop ids
+    sched = SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id if mcfg.eos_id >= 0 else None,
+                                          stop_tokens=tuple(i for i in mcfg.stop_ids if i >= 0)).to_json()
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
     prompts = real_prompts(scn)
@@ -356,8 +371,8 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     The work folder (device configs, traces, logs) is a temporary directory removed
     when the run ends, failed or not (``SPLITROOM_KEEP_WORKDIR=1`` keeps it).
 
-    Raises RealRunError when the scenario's model is not the bundled SmolLM2-135M, a
-    device process fails (with the last line of its log), or the run exceeds
+    Raises RealRunError when the scenario's model has no weights here (see
+    :func:`real_model_dir`), a device process fails (with the last line of its log), or the run exceeds
     ``timeout_s`` seconds.
     """
     import shutil
@@ -380,10 +395,7 @@ def _last_log_line(workdir: Path, name: str) -> str:
 
 def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: float, log, profile,
               workdir: Path) -> RealResult:
-    if scn.model.id != "smollm2-135m":
-        raise RealRunError(f"real runs serve the bundled smollm2-135m, not {scn.model.id!r}")
-    from runtime.weights import ensure_safetensors
-    model_dir = str(ensure_safetensors())
+    model_dir = str(real_model_dir(scn))
     cfgs = node_configs(scn, deal, model_dir, workdir, backend)
     room = "r" + secrets.token_hex(4)
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -317,9 +317,29 @@ WEIGHTS_BITS = {"f32": 32.0, "f16": 16.0, "q8": 9.0}
 RESIDUAL_BYTES = {"f32": 4, "f16": 2}
 
 
-def _model_spec(m: Any, bits: float | None = None) -> ModelSpec:
+def _checkpoint_spec(m: dict, base: Path | None, bits: float | None = None) -> ModelSpec:
+    """``{gguf: PATH}`` / ``{safetensors: DIR}``: the architecture read from the checkpoint's
+    metadata (splitroom.models); PATH relative to the scenario file's folder; ``bits``: the
+    scenario's ``weights`` (default float32, the runtime's own storage)."""
+    kind, raw = next(iter(m.items()))
+    if not isinstance(raw, str) or not raw.strip() or "\0" in raw:
+        raise _KeyProblem(f"model.{kind}", f"expected a path, got {units.show(raw)}")
+    from splitroom.models import ModelError, spec_from_checkpoint
+    p = Path(raw).expanduser()
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    try:
+        return spec_from_checkpoint(p, kind, 32.0 if bits is None else bits)
+    except ModelError as e:
+        raise _KeyProblem(f"model.{kind}", str(e)) from None
+    except OSError as e:  # a name too long, a loop of links
+        raise _KeyProblem(f"model.{kind}", f"cannot read {units.show(raw)} ({e.strerror or e})") from None
+
+
+def _model_spec(m: Any, bits: float | None = None, base: Path | None = None) -> ModelSpec:
     """The model's spec; ``bits`` (the scenario's ``weights``) re-derives every weight size
-    at that many bits per weight, which needs architecture numbers."""
+    at that many bits per weight, which needs architecture numbers. ``base``: the folder a
+    checkpoint's relative path starts from."""
     if isinstance(m, str):
         try:
             if bits is None:
@@ -334,8 +354,7 @@ def _model_spec(m: Any, bits: float | None = None) -> ModelSpec:
             raise
     if isinstance(m, dict):
         if set(m) in ({"gguf"}, {"safetensors"}):
-            raise _KeyProblem("model", f"{next(iter(m))}: reading model files is not supported yet; "
-                                       "use a catalog id or an inline mapping")
+            return _checkpoint_spec(m, base, bits)
         try:
             m = InlineModelIn.model_validate(m)
         except ValidationError as e:
@@ -376,14 +395,14 @@ class _KeyProblem(Exception):
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
 
-def _to_scenario(s: ScenarioIn) -> Scenario:
+def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
     ids = [d.id for d in s.devices]
     for i, d in enumerate(ids):
         if d in ids[:i]:
             raise _KeyProblem(f"devices[{i}].id", f"duplicate device id {units.show(d)}")
     if s.host is not None and s.host not in ids:
         raise _KeyProblem("host", f"{units.show(s.host)} is not a device (devices: {', '.join(ids)})")
-    model = _model_spec(s.model, WEIGHTS_BITS[s.weights] if s.weights else None)
+    model = _model_spec(s.model, WEIGHTS_BITS[s.weights] if s.weights else None, base)
     if s.residual is not None:
         model = replace(model, residual_bytes_per_token=model.hidden * RESIDUAL_BYTES[s.residual])
     devices = tuple(
@@ -621,8 +640,10 @@ def _read_yaml(text: str, name: str, what: str = "") -> Any:
         raise ScenarioError(f"{name}: {what}not a value this tool reads ({units.show(str(e))})") from None
 
 
-def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = ()) -> Scenario:
+def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = (), base: Path | None = None) -> Scenario:
     """Validate a raw scenario mapping (as loaded from YAML) and apply ``--set`` overrides.
+    ``base``: the folder relative model paths (``model: {gguf: PATH}``) start from (the
+    scenario file's; None: the working directory).
 
     Raises ScenarioError with a one-line ``source: key.path: problem`` message.
     """
@@ -638,7 +659,7 @@ def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = (
             raise ScenarioError(f"{source}: {e}") from None
     try:
         parsed = ScenarioIn.model_validate(data)
-        return _to_scenario(parsed)
+        return _to_scenario(parsed, base)
     except ValidationError as e:
         path, msg = _first_error(e)
         raise ScenarioError(f"{source}: {path}: {msg}") from None
@@ -678,7 +699,8 @@ def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
                 raise ScenarioError(f"{p.name}: {what}{e}") from None
             from splitroom.calibration import CalibrationError, apply_profile
             try:
-                return apply_profile(from_mapping(data, p.name, overrides), profile, f"{p.name}: {what}".rstrip(": "))
+                return apply_profile(from_mapping(data, p.name, overrides, p.parent), profile,
+                                     f"{p.name}: {what}".rstrip(": "))
             except CalibrationError as e:
                 raise ScenarioError(str(e)) from None
         if not isinstance(cal, dict) or not isinstance(cal.get("measured"), dict):
@@ -688,4 +710,4 @@ def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
         merged = dict(cal["measured"])
         merged.update(data.get("measured") or {})
         data["measured"] = merged
-    return from_mapping(data, p.name, overrides)
+    return from_mapping(data, p.name, overrides, p.parent)

@@ -100,11 +100,12 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
     Raises:
         ServeError: see the class; nothing is left running when it is raised.
     """
-    if scn.model.id != "smollm2-135m":
-        raise ServeError(f"a served room runs the bundled smollm2-135m, not {scn.model.id!r}")
-    from runtime.weights import ensure_safetensors
-    from splitroom.real import (device_argv, node_configs, plan_network, start_process, start_relay, stop_room,
-                                write_config, _last_log_line)
+    from splitroom.real import (RealRunError, device_argv, node_configs, plan_network, real_model_dir, start_process,
+                                start_relay, stop_room, write_config, _last_log_line)
+    try:
+        model_dir = str(real_model_dir(scn))  # before anything starts: a bad model leaves nothing running
+    except RealRunError as e:
+        raise ServeError(str(e)) from None
     sock = _listen(bind, port)
     port = sock.getsockname()[1]
     url = f"http://{'127.0.0.1' if bind in ('0.0.0.0', '') else bind}:{port}"
@@ -123,7 +124,6 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
         except ValueError:  # not the main thread (tests): should_stop does it
             pass
     try:
-        model_dir = str(ensure_safetensors())
         cfgs = [c.model_copy(update={"prompts": [], "trace_path": "", "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S})
                 for c in node_configs(scn, deal, model_dir, workdir, backend)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -10,8 +10,6 @@ layers split 2 and 3 ways (stages in one process, the residual passed between th
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -23,6 +21,7 @@ from runtime.backends import StageSpec, make_stage, wgpu_unsupported  # noqa: E4
 from runtime.config import ModelConfig, UnsupportedModel, describe  # noqa: E402
 from runtime.generate import generate_greedy, prefill  # noqa: E402
 from runtime.weights import prepare_model  # noqa: E402
+from tests.tinymodels import greedy_reference, make_model, write_gguf  # noqa: E402
 
 N_LAYERS = 6
 PROMPT = [5, 77, 3, 190, 42, 42, 9, 250, 11, 0, 133, 64]
@@ -46,86 +45,6 @@ CONFIGS = {
 }
 
 
-def _randomize(model, seed: int) -> None:
-    """Weights with spread (transformers' init gives near-uniform logits): matrices N(0, 1/fan_in)
-    (the embedding N(0, 1)), norm weights 1 + N(0, 0.1^2), biases N(0, 0.1^2)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 2:
-                std = 1.0 if "embed" in name else 1.0 / math.sqrt(p.shape[1])
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-            else:
-                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
-
-
-def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute, the reference for the stored layout."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _llama3_rope_factors(c) -> np.ndarray:
-    """llama.cpp's rope_freqs for Llama 3 scaling (convert_hf_to_gguf.py, LlamaModel), per frequency."""
-    rp = c.rope_parameters
-    dim = c.head_dim
-    freqs = 1.0 / (rp["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-    old, low, high, factor = (rp["original_max_position_embeddings"], rp["low_freq_factor"],
-                              rp["high_freq_factor"], rp["factor"])
-    out = []
-    for f in freqs:
-        wl = 2 * math.pi / f
-        if wl < old / high:
-            out.append(1.0)
-        elif wl > old / low:
-            out.append(factor)
-        else:
-            s = (old / wl - low) / (high - low)
-            out.append(1.0 / ((1 - s) / factor + s))
-    return np.asarray(out, dtype=np.float32)
-
-
-def _write_gguf(model, path) -> None:
-    """Write the model as llama.cpp would: Mistral as the llama architecture, Q/K permuted there."""
-    c = model.config
-    arch = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[c.model_type]
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{c.model_type}")
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_vocab_size(c.vocab_size)
-    if c.model_type == "qwen3":
-        w.add_key_length(c.head_dim)
-        w.add_value_length(c.head_dim)
-    if getattr(c, "sliding_window", None) and c.model_type == "mistral":
-        w.add_sliding_window(c.sliding_window)
-    tmap = gguf.get_tensor_name_map({"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-                                     "qwen3": gguf.MODEL_ARCH.QWEN3}[arch], c.num_hidden_layers)
-    sd = model.state_dict()
-    if c.tie_word_embeddings:
-        sd.pop("lm_head.weight", None)
-    for name, t in sd.items():
-        a = t.detach().numpy().astype(np.float32)
-        if arch == "llama" and name.endswith("q_proj.weight"):
-            a = _llama_cpp_permute(a, c.num_attention_heads)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
-            a = _llama_cpp_permute(a, c.num_key_value_heads)
-        w.add_tensor(tmap.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(a))
-    if c.rope_parameters.get("rope_type") == "llama3":
-        w.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", _llama3_rope_factors(c))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """{arch: (hf model, safetensors dir, gguf model dir)}; conversions cached under tmp."""
@@ -134,30 +53,17 @@ def checkpoints(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPLITROOM_CACHE", str(root / "cache"))
         for i, (key, make) in enumerate(CONFIGS.items()):
-            torch.manual_seed(i)
-            model = transformers.AutoModelForCausalLM.from_config(make(), dtype=torch.float32)
-            _randomize(model, 100 + i)
-            model.eval()
+            model = make_model(make(), i)
             d = root / key
             model.save_pretrained(d)
-            _write_gguf(model, root / f"{key}.gguf")
+            write_gguf(model, root / f"{key}.gguf")
             out[key] = (model, prepare_model(d, progress=None), prepare_model(root / f"{key}.gguf", progress=None))
     return out
 
 
-def _reference(model, steps: int = STEPS) -> tuple[np.ndarray, list[int]]:
-    """transformers' logits of PROMPT and its greedy continuation (full recompute each step)."""
-    ids = list(PROMPT)
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].numpy()
-        for _ in range(steps):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return logits, ids[len(PROMPT):]
-
-
 @pytest.fixture(scope="module")
 def references(checkpoints):
-    return {k: _reference(m) for k, (m, _, _) in checkpoints.items()}
+    return {k: greedy_reference(m, PROMPT, STEPS) for k, (m, _, _) in checkpoints.items()}
 
 
 def _stages(model_dir, bounds):
