@@ -149,5 +149,7 @@ def model_dir(spec_or_path: ModelSpec | str | Path | None, progress=None) -> Pat
         raise ModelError(f"{path}: {e}") from None
     except WeightsError as e:
         raise ModelError(str(e)) from None
-    except (ValueError, OSError) as e:
-        raise ModelError(f"{path}: cannot read it ({_one_line(e)})") from None
+    except ModelError:
+        raise
+    except Exception as e:  # converting an untrusted file (e.g. a tensor type gguf cannot dequantize): one line
+        raise ModelError(f"{path}: cannot convert it ({_one_line(e)})") from None

@@ -80,9 +80,13 @@ def real_model_dir(scn: Scenario) -> Path:
     weights here or a checkpoint the runtime cannot use."""
     from splitroom.models import ModelError, model_dir
     try:
-        return model_dir(scn.model)
+        d = model_dir(scn.model)
     except ModelError as e:
         raise RealRunError(str(e)) from None
+    if not (d / "tokenizer.json").is_file():
+        raise RealRunError(f"{scn.model.id} has no tokenizer here: a real room takes its questions as text "
+                           "(splitroom generate --ids runs such a model on token ids)")
+    return d
 
 
 def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backend: str) -> list:

@@ -151,3 +151,47 @@ def greedy_reference(model, prompt, steps: int):
         for _ in range(steps):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     return logits, ids[len(prompt):]
+
+
+def write_random_gguf(path, layers: int = 6, hidden: int = 64, heads: int = 4, kv_heads: int = 2, ffn: int = 96,
+                      tokenizer=None, seed: int = 0) -> None:
+    """A Llama GGUF of random float32 weights written without torch (for tests that need a
+    checkpoint's shape, not a reference); ``tokenizer`` as in :func:`write_gguf` sets the vocabulary."""
+    import gguf
+
+    vocab = len(tokenizer[0][0]) if tokenizer is not None else 256
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-random")
+    w.add_block_count(layers)
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(vocab)
+    if tokenizer is not None:
+        add_tokenizer(w, *tokenizer)
+    d = hidden // heads
+
+    def t(name, *shape):
+        w.add_tensor(name, (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32))
+
+    t("token_embd.weight", vocab, hidden)
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+        t(f"blk.{i}.attn_q.weight", heads * d, hidden)
+        t(f"blk.{i}.attn_k.weight", kv_heads * d, hidden)
+        t(f"blk.{i}.attn_v.weight", kv_heads * d, hidden)
+        t(f"blk.{i}.attn_output.weight", hidden, heads * d)
+        t(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        t(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        t(f"blk.{i}.ffn_down.weight", hidden, ffn)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
