@@ -129,7 +129,9 @@ def probabilities(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
     renormalise.
 
     Args:
-        logits: ``[rows, vocab]`` (or ``[vocab]``), any float dtype, finite.
+        logits: ``[rows, vocab]`` (or ``[vocab]``), any float dtype, finite; float32 logits
+            are scaled and exponentiated in float32 (relative error ~1e-7, the logits'
+            own precision), anything else in float64.
         sampling: not greedy (temperature > 0).
     Returns:
         ``[rows, vocab]`` float64 (``[vocab]`` for a 1-d input), each row summing to 1.
@@ -138,15 +140,16 @@ def probabilities(logits: np.ndarray, sampling: Sampling) -> np.ndarray:
     """
     if sampling.greedy:
         raise ValueError("greedy decoding has no sampling distribution; take the argmax")
-    x = np.asarray(logits, dtype=np.float64)
+    x = np.asarray(logits)
+    x = x if x.dtype == np.float32 else x.astype(np.float64)  # float32 logits: exp in float32 (5x faster here)
     one = x.ndim == 1
-    x = np.atleast_2d(x) / sampling.temperature
+    x = np.atleast_2d(x) / x.dtype.type(sampling.temperature)
     vocab = x.shape[1]
     if 0 < sampling.top_k < vocab:
         kth = np.partition(x, vocab - sampling.top_k, axis=1)[:, vocab - sampling.top_k][:, None]
         x = np.where(x < kth, -np.inf, x)
     x = x - x.max(axis=1, keepdims=True)
-    p = np.exp(x)
+    p = np.exp(x).astype(np.float64)
     p /= p.sum(axis=1, keepdims=True)
     if sampling.top_p < 1.0:
         p = np.stack([_nucleus(row, sampling.top_p) for row in p])

@@ -174,3 +174,11 @@ def test_trace_records_keep_sampling_uniforms_and_lap_failures():
     rec["sampling"]["temperature"] = -1
     with pytest.raises(TraceError):
         from_record(rec)
+
+
+def test_float32_logits_give_the_float64_distribution_to_float32_precision():
+    logits = (np.random.default_rng(9).standard_normal((3, 5000)) * 6).astype(np.float32)
+    for s in (Sampling(0.7), Sampling(1.1, top_k=50), Sampling(0.9, top_p=0.8)):
+        p32 = probabilities(logits, s)
+        assert p32.dtype == np.float64
+        np.testing.assert_allclose(p32, probabilities(logits.astype(np.float64), s), rtol=2e-6, atol=1e-12)
