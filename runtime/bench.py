@@ -228,6 +228,55 @@ def cpu_report(precisions=("f32", "f16", "q8"), reps: int = 7, decode_tokens: in
     return out
 
 
+def kernel_sweep(rows=(1, 5, 9), sweeps: int = 9, layers: int = 30, seed: int = 0) -> dict:
+    """Products with SmolLM2's 30 layers of weight matrices (random values, real shapes: 212 MB
+    in float32 per ``wgu``-sized matrix set, far past the 32 MB L3 here), each timed alone and
+    kept at its **minimum over** ``sweeps`` passes, then summed: on a machine shared with other
+    work the minimum of a sub-millisecond product is the run that had a core to itself, so the
+    sums approach what a quiet machine does. For ``rows`` in ``rows``: BLAS (``x @ W.T``, the
+    numpy backend before issue 14) and the streaming kernels in f32, f16, q8. The limit is BLAS
+    sgemv (one row) over the same matrices the same way; every figure is also GB/s of weights.
+    """
+    from .backends.kernels import Linear
+
+    rng = np.random.default_rng(seed)
+    c = SMOLLM2_135M
+    shapes = [(c.hidden + 2 * c.kv_dim, c.hidden), (c.hidden, c.hidden), (2 * c.ffn, c.hidden), (c.hidden, c.ffn)]
+    mats = [rng.standard_normal(sh, dtype=np.float32) for _ in range(layers) for sh in shapes]
+    lins = {k: [Linear.of(m, k) for m in mats] for k in ("f32", "f16", "q8")}
+    f32_bytes = sum(m.nbytes for m in mats)
+    out: dict = {"matrices": len(mats), "f32_bytes": f32_bytes, "sweeps": sweeps}
+
+    v = {w: np.ones(w, np.float32) for w in (c.hidden, c.ffn)}
+    xs = {n: {w: np.ones((n, w), np.float32) for w in (c.hidden, c.ffn)} for n in rows}
+    kinds = ["sgemv"] + [f"{k}@{n}" for n in rows for k in ("blas", "f32", "f16", "q8")]
+    best = {k: [float("inf")] * len(mats) for k in kinds}
+    for _ in range(sweeps):  # each sweep streams all matrices once per variant, variants in turn
+        for k in kinds:       # (not back to back per matrix: the second variant would find it in L3)
+            for i, m in enumerate(mats):
+                w = m.shape[1]
+                if k == "sgemv":
+                    f = lambda: m @ v[w]  # noqa: E731
+                else:
+                    kind, n = k.split("@")
+                    x = xs[int(n)][w]
+                    f = (lambda: x @ m.T) if kind == "blas" else (lambda L=lins[kind][i]: L.apply(x))  # noqa: E731
+                t0 = time.perf_counter()
+                f()
+                best[k][i] = min(best[k][i], time.perf_counter() - t0)
+    tot = {k: sum(b) for k, b in best.items()}
+    out["limit_sgemv_gbps"] = f32_bytes / tot["sgemv"] / 1e9
+    for n in rows:
+        r = {f"{k}_ms": tot[f"{k}@{n}"] * 1e3 for k in ("blas", "f32", "f16", "q8")}
+        r["blas_over_sgemv"] = tot[f"blas@{n}"] / tot["sgemv"]
+        for k in ("f32", "f16", "q8"):
+            r[f"{k}_over_one_row"] = tot[f"{k}@{n}"] / tot[f"{k}@{rows[0]}"]
+            r[f"{k}_weight_gbps"] = sum(L.nbytes for L in lins[k]) / tot[f"{k}@{n}"] / 1e9
+            r[f"{k}_gbps_of_limit"] = r[f"{k}_weight_gbps"] / out["limit_sgemv_gbps"]
+        out[f"rows={n}"] = r
+    return out
+
+
 def llama_cpp_decode(reps: int = 7, tokens: int = 32, prompt_len: int = 64, threads: int | None = None) -> dict:
     """llama.cpp (llama-cpp-python) decode tok/s on the bundled GGUF (as shipped, Q4_1 with
     some Q8_0/F32 tensors), greedy, ``threads`` (default: numpy's BLAS thread count).
@@ -283,7 +332,14 @@ def main(argv=None) -> None:
     ap.add_argument("--cpu-report", action="store_true", help="numpy: limit, precisions, verify, head, llama.cpp")
     ap.add_argument("--precisions", default="f32,f16,q8", help="with --cpu-report: weight precisions to measure")
     ap.add_argument("--no-llama", action="store_true", help="with --cpu-report: leave llama.cpp out")
+    ap.add_argument("--kernels", action="store_true", help="per-product minimum sweep (see kernel_sweep)")
     a = ap.parse_args(argv)
+    if a.kernels:
+        out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_before": _loadavg()}
+        out.update(kernel_sweep(sweeps=max(5, a.reps)))
+        out["loadavg_after"] = _loadavg()
+        print(json.dumps(out, indent=1))
+        return
     if a.cpu_report:
         out = {"machine": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                "loadavg_before": _loadavg()}
