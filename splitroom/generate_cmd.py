@@ -168,7 +168,9 @@ def run_generate(
     ctx = len(prompt_ids) + max_new_tokens + 1
     stages = [make_stage(backend, model_dir, StageSpec(a, b, host=(i == 0)), max_ctx=ctx)
               for i, (a, b) in enumerate(plan.ranges)]
-    print(f"[{cfg.name or cfg.arch}; {backend}; {plan.describe()}]", file=err, flush=True)
+    from splitroom.models import BUNDLED_ID
+    name = BUNDLED_ID if model is None else (cfg.name or cfg.arch)  # the bundled model's catalog id
+    print(f"[{name}; {backend}; {plan.describe()}]", file=err, flush=True)
     dec = tok.stream_decoder() if tok is not None and not as_json else None
 
     def on_token(t: int) -> None:
@@ -194,7 +196,7 @@ def run_generate(
         return 1
     if as_json:
         answer = [t for t in res.ids if t not in stops]
-        json.dump({"model": cfg.name, "text": tok.decode(answer) if tok is not None else None,
+        json.dump({"model": name, "text": tok.decode(answer) if tok is not None else None,
                    "token_ids": res.ids, "prompt_ids": list(prompt_ids), "stopped": res.stopped,
                    "prefill_s": res.prefill_s, "decode_tok_per_s": res.decode_tok_per_s,
                    "seed": None if sampling.greedy else sampling.seed}, out, ensure_ascii=False)
