@@ -760,3 +760,107 @@ def try_weights_request(server, data: bytes) -> Outcome:
     if h.get("error", "").startswith("request failed"):  # the catch-all: something unforeseen
         return Outcome("crash", h["error"])
     return Outcome("ok" if h.get("ok") else "refused")
+
+
+# --------------------------------------------------------------------------- serve API requests
+
+#: A chat request the API accepts (the room behind it is not attached: 503 after parsing).
+GOOD_CHAT = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+             "max_tokens": 5, "stream": False}
+_HEADER_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=60)
+
+
+@st.composite
+def api_requests(draw) -> tuple[bytes, dict]:
+    """``(body, headers)`` for ``POST /v1/chat/completions``: the accepted request with 1-3
+    fields (top level or in a message) replaced by anything, extra fields, random JSON,
+    text that is not JSON, random bytes; headers with any Content-Type, Authorization
+    and Accept (printable ASCII, as HTTP carries them)."""
+    import json
+    kind = draw(st.sampled_from(["mutate", "mutate", "mutate", "json", "text", "bytes"]))
+    if kind == "bytes":
+        body = draw(st.binary(max_size=300))
+    elif kind == "text":
+        body = draw(st.text(max_size=200)).encode("utf-8", "surrogatepass")
+    else:
+        if kind == "json":
+            obj = draw(VALUES)
+        else:
+            obj = json.loads(json.dumps(GOOD_CHAT))
+            for _ in range(draw(st.integers(1, 3))):
+                where = draw(st.sampled_from(["top", "top", "message", "messages"]))
+                value = draw(st.one_of(VALUES, st.sampled_from([float("inf"), float("nan"), -1, 0, 2**63, 10**30,
+                                                                "", "x" * 5000, None, [], {}])))
+                if where == "top":
+                    key = draw(st.sampled_from(["model", "messages", "max_tokens", "max_completion_tokens",
+                                                "stream", "stop", "temperature", "top_p", "top_k", "seed", "n",
+                                                "stream_options", "logprobs", "tools", "user"])
+                               | st.text(max_size=12))
+                    obj[key] = value
+                elif where == "message" and isinstance(obj.get("messages"), list) and obj["messages"] \
+                        and isinstance(obj["messages"][0], dict):
+                    key = draw(st.sampled_from(["role", "content", "name"]) | st.text(max_size=8))
+                    obj["messages"][0][key] = value
+                elif where == "messages":
+                    obj["messages"] = draw(st.lists(VALUES, max_size=4))
+        try:
+            body = json.dumps(obj, allow_nan=True).encode("utf-8", "surrogatepass")
+        except (ValueError, TypeError):
+            body = b"{}"
+    headers = {}
+    if draw(st.booleans()):
+        headers["Content-Type"] = draw(st.sampled_from(["application/json", "text/plain", "application/json; "
+                                                         "charset=latin-1", ""]) | _HEADER_TEXT)
+    if draw(st.booleans()):
+        headers["Authorization"] = draw(st.sampled_from(["Bearer k", "Bearer ", "Basic x"]) | _HEADER_TEXT)
+    if draw(st.booleans()):
+        headers["Accept"] = draw(_HEADER_TEXT)
+    return body, headers
+
+
+class ApiFuzzer:
+    """The serve API (runtime.serve.server.RoomServer, no room attached) on 127.0.0.1 in
+    its own event loop: each request must get a status other than 500 within the time
+    limit, and /health must answer 200 after it (the server is alive)."""
+
+    def __init__(self):
+        from runtime.serve.host import start_api
+        import socket
+        self.loop = asyncio.new_event_loop()
+        sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        self.server, self.runner = self.loop.run_until_complete(start_api(sock, "smollm2-135m"))
+        self.session = None
+        self.statuses: dict[int, int] = {}
+
+    async def _feed(self, body: bytes, headers: dict) -> Outcome:
+        import aiohttp
+        if self.session is None:
+            self.session = aiohttp.ClientSession()
+        async with self.session.post(self.url + "/v1/chat/completions", data=body, headers=headers) as r:
+            await r.read()
+            status = r.status
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        async with self.session.get(self.url + "/health") as h:
+            if h.status != 200:
+                return Outcome("crash", f"/health answered {h.status} after a request")
+        if status >= 500 and status != 503:
+            return Outcome("crash", f"status {status} for {body[:200]!r} {headers}")
+        return Outcome("ok" if status == 503 else "refused")
+
+    def feed(self, given: tuple[bytes, dict]) -> Outcome:
+        try:
+            return self.loop.run_until_complete(asyncio.wait_for(self._feed(*given), HANG_S))
+        except asyncio.TimeoutError:
+            return Outcome("hang", f"over {HANG_S:g} s")
+        except Exception as e:
+            import traceback
+            return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
+
+    def close(self) -> None:
+        async def _close():
+            if self.session is not None:
+                await self.session.close()
+            await self.runner.cleanup()
+        self.loop.run_until_complete(_close())
+        self.loop.close()

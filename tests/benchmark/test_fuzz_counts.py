@@ -100,3 +100,11 @@ def test_fuzz_weights_requests():
     finally:
         srv.close()
         loop.close()
+
+
+def test_fuzz_api_requests():
+    af = fuzzing.ApiFuzzer()
+    try:
+        _run("serve API requests", fuzzing.api_requests(), af.feed)
+    finally:
+        af.close()

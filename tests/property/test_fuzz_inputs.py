@@ -132,3 +132,19 @@ def test_the_frame_classifier_sees_a_good_frame_and_a_long_one():
     assert fuzzing.try_frame(node, ok).kind == "ok"
     long = encode_frame(FrameHeader(FrameKind.PREFILL, 2, 2, 0, 2100, 576), np.zeros((2100, 576), np.float32))
     assert fuzzing.try_frame(node, long).kind == "refused" and node.rejected_frames == 1
+
+
+def test_api_requests_never_get_500_nor_stop_the_server():
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _settings
+    af = fuzzing.ApiFuzzer()
+    try:
+        @_settings(max_examples=int(os.environ.get("SPLITROOM_FUZZ_EXAMPLES", "30")), deadline=None,
+                   database=None, suppress_health_check=list(HealthCheck))
+        @given(req=fuzzing.api_requests())
+        def go(req):
+            check(af.feed(req))
+        go()
+        assert af.statuses.get(503, 0) + af.statuses.get(400, 0) > 0  # parsed and answered, not all refused early
+    finally:
+        af.close()
