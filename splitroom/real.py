@@ -104,7 +104,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     if weights not in has_w or kv not in has_kv:
         raise RealRunError(f"the {backend} backend stores weights as {', '.join(has_w)} and KV as "
                            f"{', '.join(has_kv)}; the scenario asks weights {weights}, kv_cache {kv} "
-                           f"(set them with --set weights=f32 --set kv_cache=f32, or use --backend numpy)")
+                           f"(choose what it stores with --set, e.g. kv_cache=f32, or use --backend numpy)")
     from runtime.config import ModelConfig
     mcfg = ModelConfig.load(model_dir)  # the checkpoint's own eos (SmolLM2: 2, <|im_end|>) and stop ids
     sched = SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id if mcfg.eos_id >= 0 else None,

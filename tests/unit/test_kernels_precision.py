@@ -144,3 +144,24 @@ def test_scenario_precision_keys_count_what_the_runtime_stores():
         assert s.model.residual_bytes_per_token == 576 * RESIDUAL_BYTES[res]
         assert SchedulerConfig.from_scenario(s).dtype == dt
 
+
+
+def test_run_real_carries_the_scenarios_precision_to_every_device():
+    from pathlib import Path
+
+    from planner.deal import deal
+    from runtime.control import NodeConfig
+    from runtime.weights import ensure_safetensors
+    from splitroom.real import RealRunError, node_configs
+    from splitroom.scenario import load
+
+    md = str(ensure_safetensors())
+    s = load("scenarios/home.yaml", ["weights=q8", "residual=f16"])
+    d = deal(s.devices, s.model, s.options)
+    for c in node_configs(s, d, md, Path("/tmp"), "numpy"):
+        back = NodeConfig.model_validate_json(c.model_dump_json())  # as a device process reads it
+        assert back.precision() == Precision("q8", "f16", "f16")   # home.yaml says kv_cache: f16
+    with pytest.raises(RealRunError, match="kv_cache q8 is not stored"):
+        node_configs(load("scenarios/home.yaml", ["kv_cache=q8"]), d, md, Path("/tmp"), "numpy")
+    with pytest.raises(RealRunError, match="wgpu backend"):
+        node_configs(s, d, md, Path("/tmp"), "wgpu")  # wgpu keeps KV in f32
