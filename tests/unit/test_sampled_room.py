@@ -272,14 +272,16 @@ def test_run_real_takes_the_scenarios_sampling_seeded_by_the_scenario(tmp_path):
     """``run --real``: every device's scheduler settings carry decoding.sampling; without
     a seed of its own the scenario's ``seed`` is used."""
     from planner.deal import deal
+    from runtime.weights import ensure_safetensors
     from splitroom.real import node_configs
     from splitroom.scenario import load
+    md = str(ensure_safetensors())
     scn = load("scenarios/home.yaml", ["decoding.sampling={temperature: 0.7, top_p: 0.9}", "seed=77"])
-    cfgs = node_configs(scn, deal(scn.devices, scn.model, scn.options), "/unused", tmp_path, "numpy")
+    cfgs = node_configs(scn, deal(scn.devices, scn.model, scn.options), md, tmp_path, "numpy")
     for c in cfgs:
         assert c.scheduler_config().sampling == Sampling(0.7, 0.9, 0, 77)
     scn = load("scenarios/home.yaml", ["decoding.sampling.seed=5"])
-    assert node_configs(scn, deal(scn.devices, scn.model, scn.options), "/unused", tmp_path,
+    assert node_configs(scn, deal(scn.devices, scn.model, scn.options), md, tmp_path,
                         "numpy")[0].scheduler_config().sampling == Sampling(0.0, 1.0, 0, 5)
 
 
