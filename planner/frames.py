@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+
+from planner.fastdc import frozen
 
 FRAME_MAGIC = b"SRFM"
 FRAME_VERSION = 1
@@ -67,7 +68,7 @@ class FrameError(ValueError):
     """A frame is malformed: bad magic, version, kind, dtype, or sizes that disagree."""
 
 
-@dataclass(frozen=True)
+@frozen
 class FrameHeader:
     """The header fields of a frame (see module doc for the layout)."""
 

@@ -53,138 +53,257 @@ def compute(trace: Iterable[tuple[float, Any]]) -> dict:
     p99,max}, lap_s{mean,p50,p99}`` and ``questions, answered, refused, tokens, laps,
     stale_laps, queue_wait_s, breakdown[{part, kind, mean_s}], duration_s``.
     """
-    trace = list(trace)
-    asked: dict[int, float] = {}
-    begin: dict[int, float] = {}
-    emits: dict[int, list[float]] = defaultdict(list)
-    answered = refused = 0
-    stage_start: dict[tuple[str, int], float] = {}
-    stage_s: dict[tuple[str, int], float] = {}
-    send_t: dict[tuple[str, str, int], float] = {}
-    hop_s: dict[tuple[str, str, int], float] = {}
-    head_start: dict[int, float] = {}
-    head_s: dict[int, float] = {}
-    draft_start: dict[int, float] = {}
-    draft_total = 0.0
-    drafts = 0
-    host_start: dict[int, float] = {}
-    host = None
-    laps: list[tuple[int, float, int]] = []  # (lap, duration, kept)
-    stale = 0
-    t_first = t_last = None
+    acc = Accumulator()
+    add = acc.add
     for t, o in trace:
-        t_first = t if t_first is None else t_first
-        t_last = t
-        cls = type(o)
-        if cls is QuestionAsked:
-            asked[o.question_id] = t
-        elif cls is BeginAnswer:
-            begin[o.question_id] = t
-        elif cls is EmitToken:
-            emits[o.question_id].append(t)
-        elif cls is AnswerDone:
-            answered += 1
-        elif cls is Refuse:
-            refused += 1
-        elif cls is RunStage:
-            stage_start[(o.device, o.lap_id)] = t
-            if o.inputs:
-                host = o.device
-                host_start[o.lap_id] = t
-        elif cls is StageFinished:
-            s0 = stage_start.pop((o.device, o.lap_id), None)
-            if s0 is not None:
-                stage_s[(o.device, o.lap_id)] = t - s0
-        elif cls is SendFrame:
-            send_t[(o.src, o.dst, o.header.lap_id)] = t
-        elif cls is FrameArrived:
-            s0 = send_t.pop((o.src, o.device, o.header.lap_id), None)
-            if s0 is not None:
-                hop_s[(o.src, o.device, o.header.lap_id)] = t - s0
-        elif cls is RunHead:
-            head_start[o.lap_id] = t
-        elif cls is HeadFinished:
-            s0 = head_start.pop(o.lap_id, None)
-            if s0 is not None:
-                head_s[o.lap_id] = t - s0
-        elif cls is Draft:
-            draft_start[o.draft_id] = t
-        elif cls is DraftReady:
-            s0 = draft_start.pop(o.draft_id, None)
-            if s0 is not None:
-                draft_total += t - s0
-                drafts += 1
-        elif cls is LapEnded:
-            if o.kind in ("prefill", "replay"):  # decode and verify laps are the laps measured
-                continue
-            if o.stale:
-                stale += 1
-            elif o.lap_id in host_start:
-                laps.append((o.lap_id, t - host_start[o.lap_id], o.kept))
-
-    ttfts, waits, gaps = [], [], []
-    tok_sum = span_sum = 0.0
-    n_tokens = 0
-    for qid, ts in emits.items():
-        n_tokens += len(ts)
-        if qid in begin:
-            ttfts.append(ts[0] - begin[qid])
-            if qid in asked:
-                waits.append(begin[qid] - asked[qid])
-        if len(ts) >= 2:
-            tok_sum += len(ts) - 1
-            span_sum += ts[-1] - ts[0]
-            gaps.extend(b - a for a, b in zip(ts, ts[1:]))
-    lap_durations = [d for _, d, _ in laps]
-    judged = {lap for lap, _, _ in laps}
-    parts: dict[tuple[str, str], float] = defaultdict(float)
-    for (dev, lap), s in stage_s.items():
-        if lap in judged:
-            parts[("stage", dev)] += s
-    for (src, dst, lap), s in hop_s.items():
-        if lap in judged:
-            parts[("hop", f"{src}->{dst}")] += s
-    for lap, s in head_s.items():
-        if lap in judged:
-            parts[("head", host or "host")] += s
-    n_laps = max(len(laps), 1)
-    breakdown = [{"kind": k, "part": p, "mean_s": v / n_laps} for (k, p), v in parts.items()]
-    if drafts:
-        breakdown.append({"kind": "draft", "part": host or "host", "mean_s": draft_total / n_laps})
-    order = {"stage": 0, "hop": 1, "head": 2, "draft": 3}
-    breakdown.sort(key=lambda r: (order[r["kind"]], r["part"]))
-    lap_arr = np.asarray(lap_durations) if lap_durations else np.zeros(1)
-    recs = recoveries(trace)
-    done = [r["recovery_s"] for r in recs if r["recovery_s"] is not None]
-    return {
-        "recovery": recs,
-        "recovery_s": max(done) if done else None,
-        "tokens_per_s": tok_sum / span_sum if span_sum > 0 else 0.0,
-        "ttft_s": float(np.mean(ttfts)) if ttfts else 0.0,
-        "tokens_per_lap": sum(k for _, _, k in laps) / len(laps) if laps else 0.0,
-        "inter_token_s": _pcts(gaps),
-        "lap_s": {"mean": float(lap_arr.mean()), "p50": float(np.percentile(lap_arr, 50)),
-                  "p99": float(np.percentile(lap_arr, 99))},
-        "questions": len(set(asked) | set(begin)),
-        "answered": answered,
-        "refused": refused,
-        "tokens": n_tokens,
-        "laps": len(laps),
-        "stale_laps": stale,
-        "queue_wait_s": float(np.mean(waits)) if waits else 0.0,
-        "breakdown": breakdown,
-        "duration_s": (t_last - t_first) if t_first is not None else 0.0,
-    }
+        add(t, o)
+    return acc.result()
 
 
-def recoveries(trace: Iterable[tuple[float, Any]]) -> list[dict]:
-    """The timeline of every re-deal after a lost device (see module doc, ``recovery``)."""
+class Accumulator:
+    """:func:`compute`, one record at a time, so a driver can feed records as it makes
+    them instead of keeping a trace.
+
+    :meth:`add` takes any ``(t_s, obj)`` record in trace order. A driver that knows a
+    worker's stage or a hop as a whole may instead call :meth:`stage` / :meth:`hop`
+    (the same numbers as the RunStage/StageFinished or SendFrame/FrameArrived pair)
+    and :meth:`sent` for a SendFrame whose FrameArrived comes later through
+    :meth:`add`; records of one device, one link or one lap must still come in time
+    order, but different ones may interleave out of time order (the sums per device
+    and per link are then taken in the same order as from the sorted trace). Such a
+    driver reports the times of the records it did not :meth:`add` with :meth:`seen`.
+    ``duration_s`` spans the first record added to the last one added, or to the
+    latest time seen when that is later.
+    """
+
+    __slots__ = ("asked", "begin", "emits", "answered", "refused", "stage_start", "stage_s", "send_t", "hop_s",
+                 "head_start", "head_s", "draft_start", "draft_total", "drafts", "host_start", "host", "laps",
+                 "stale", "t_first", "t_last", "t_seen", "_redeal_seen", "_records")
+
+    def __init__(self) -> None:
+        self.asked: dict[int, float] = {}
+        self.begin: dict[int, float] = {}
+        self.emits: dict[int, list[float]] = defaultdict(list)
+        self.answered = self.refused = 0
+        self.stage_start: dict[tuple[str, int], float] = {}
+        self.stage_s: dict[tuple[str, int], float] = {}
+        self.send_t: dict[tuple[str, str, int], float] = {}
+        self.hop_s: dict[tuple[str, str, int], float] = {}
+        self.head_start: dict[int, float] = {}
+        self.head_s: dict[int, float] = {}
+        self.draft_start: dict[int, float] = {}
+        self.draft_total = 0.0
+        self.drafts = 0
+        self.host_start: dict[int, float] = {}
+        self.host: str | None = None
+        self.laps: list[tuple[int, float, int]] = []  # (lap, duration, kept)
+        self.stale = 0
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.t_seen: float | None = None
+        self._redeal_seen = False
+        self._records: list[tuple[float, Any]] = []  # the records recoveries() needs
+
+    # -- feeding ------------------------------------------------------------------------
+
+    def add(self, t: float, o: Any) -> None:
+        """One trace record ``(t_s, obj)``; records of kinds no metric uses are counted
+        in the duration only."""
+        if self.t_first is None:
+            self.t_first = t
+        self.t_last = t
+        h = _HANDLERS.get(type(o))
+        if h is not None:
+            h(self, t, o)
+
+    def add_all(self, t: float, first: Any, rest: Iterable[Any]) -> None:
+        """``add(t, first)`` then ``add(t, o)`` for each ``o`` of ``rest``: the records a
+        driver makes at one instant (an event and the commands it gave)."""
+        if self.t_first is None:
+            self.t_first = t
+        self.t_last = t
+        get = _HANDLERS.get
+        h = get(type(first))
+        if h is not None:
+            h(self, t, first)
+        for o in rest:
+            h = get(type(o))
+            if h is not None:
+                h(self, t, o)
+
+    def seen(self, t: float) -> None:
+        """A record at ``t`` was made out of trace order (not through :meth:`add`): the
+        duration reaches at least ``t``."""
+        if self.t_seen is None or t > self.t_seen:
+            self.t_seen = t
+
+    def stage(self, device: str, lap_id: int, t_run: float, t_done: float) -> None:
+        """A worker's stage (a RunStage without inputs at ``t_run``, its StageFinished at
+        ``t_done``)."""
+        self.stage_s[(device, lap_id)] = t_done - t_run
+
+    def sent(self, src: str, dst: str, lap_id: int, t: float) -> None:
+        """A SendFrame of lap ``lap_id`` at ``t`` (its FrameArrived comes later)."""
+        self.send_t[(src, dst, lap_id)] = t
+
+    def hop(self, src: str, dst: str, lap_id: int, t_send: float, t_arrive: float) -> None:
+        """A SendFrame at ``t_send`` and its FrameArrived at ``t_arrive``."""
+        self.hop_s[(src, dst, lap_id)] = t_arrive - t_send
+
+    # -- one kind each ------------------------------------------------------------------
+
+    def _asked(self, t, o):
+        self.asked[o.question_id] = t
+
+    def _begin(self, t, o):
+        self.begin[o.question_id] = t
+
+    def _emit(self, t, o):
+        self.emits[o.question_id].append(t)
+        if self._redeal_seen:
+            self._records.append((t, o))
+
+    def _done(self, t, o):
+        self.answered += 1
+
+    def _refuse(self, t, o):
+        self.refused += 1
+
+    def _run_stage(self, t, o):
+        self.stage_start[(o.device, o.lap_id)] = t
+        if o.inputs:
+            self.host = o.device
+            self.host_start[o.lap_id] = t
+
+    def _stage_finished(self, t, o):
+        key = (o.device, o.lap_id)
+        s0 = self.stage_start.pop(key, None)
+        if s0 is not None:
+            self.stage_s[key] = t - s0
+
+    def _send(self, t, o):
+        self.send_t[(o.src, o.dst, o.header.lap_id)] = t
+
+    def _arrived(self, t, o):
+        key = (o.src, o.device, o.header.lap_id)
+        s0 = self.send_t.pop(key, None)
+        if s0 is not None:
+            self.hop_s[key] = t - s0
+
+    def _run_head(self, t, o):
+        self.head_start[o.lap_id] = t
+
+    def _head_finished(self, t, o):
+        s0 = self.head_start.pop(o.lap_id, None)
+        if s0 is not None:
+            self.head_s[o.lap_id] = t - s0
+
+    def _draft(self, t, o):
+        self.draft_start[o.draft_id] = t
+
+    def _draft_ready(self, t, o):
+        s0 = self.draft_start.pop(o.draft_id, None)
+        if s0 is not None:
+            self.draft_total += t - s0
+            self.drafts += 1
+
+    def _lap_ended(self, t, o):
+        if o.kind in ("prefill", "replay"):  # decode and verify laps are the laps measured
+            return
+        if o.stale:
+            self.stale += 1
+        elif o.lap_id in self.host_start:
+            self.laps.append((o.lap_id, t - self.host_start[o.lap_id], o.kept))
+
+    def _recovery(self, t, o):
+        if type(o) is Redeal:
+            self._redeal_seen = True
+        self._records.append((t, o))
+
+    # -- result -------------------------------------------------------------------------
+
+    def result(self) -> dict:
+        """The metrics dict (see :func:`compute`)."""
+        laps, host = self.laps, self.host
+        ttfts, waits, gaps = [], [], []
+        tok_sum = span_sum = 0.0
+        n_tokens = 0
+        for qid, ts in self.emits.items():
+            n_tokens += len(ts)
+            if qid in self.begin:
+                ttfts.append(ts[0] - self.begin[qid])
+                if qid in self.asked:
+                    waits.append(self.begin[qid] - self.asked[qid])
+            if len(ts) >= 2:
+                tok_sum += len(ts) - 1
+                span_sum += ts[-1] - ts[0]
+                gaps.extend(b - a for a, b in zip(ts, ts[1:]))
+        lap_durations = [d for _, d, _ in laps]
+        judged = {lap for lap, _, _ in laps}
+        parts: dict[tuple[str, str], float] = defaultdict(float)
+        for (dev, lap), s in self.stage_s.items():
+            if lap in judged:
+                parts[("stage", dev)] += s
+        for (src, dst, lap), s in self.hop_s.items():
+            if lap in judged:
+                parts[("hop", f"{src}->{dst}")] += s
+        for lap, s in self.head_s.items():
+            if lap in judged:
+                parts[("head", host or "host")] += s
+        n_laps = max(len(laps), 1)
+        breakdown = [{"kind": k, "part": p, "mean_s": v / n_laps} for (k, p), v in parts.items()]
+        if self.drafts:
+            breakdown.append({"kind": "draft", "part": host or "host", "mean_s": self.draft_total / n_laps})
+        order = {"stage": 0, "hop": 1, "head": 2, "draft": 3}
+        breakdown.sort(key=lambda r: (order[r["kind"]], r["part"]))
+        lap_arr = np.asarray(lap_durations) if lap_durations else np.zeros(1)
+        recs = recoveries(self._records, t_first=self.t_first)
+        done = [r["recovery_s"] for r in recs if r["recovery_s"] is not None]
+        return {
+            "recovery": recs,
+            "recovery_s": max(done) if done else None,
+            "tokens_per_s": tok_sum / span_sum if span_sum > 0 else 0.0,
+            "ttft_s": float(np.mean(ttfts)) if ttfts else 0.0,
+            "tokens_per_lap": sum(k for _, _, k in laps) / len(laps) if laps else 0.0,
+            "inter_token_s": _pcts(gaps),
+            "lap_s": {"mean": float(lap_arr.mean()), "p50": float(np.percentile(lap_arr, 50)),
+                      "p99": float(np.percentile(lap_arr, 99))},
+            "questions": len(set(self.asked) | set(self.begin)),
+            "answered": self.answered,
+            "refused": self.refused,
+            "tokens": n_tokens,
+            "laps": len(laps),
+            "stale_laps": self.stale,
+            "queue_wait_s": float(np.mean(waits)) if waits else 0.0,
+            "breakdown": breakdown,
+            "duration_s": (self._t_end() - self.t_first) if self.t_first is not None else 0.0,
+        }
+
+    def _t_end(self) -> float:
+        end = self.t_last
+        return end if self.t_seen is None or self.t_seen <= end else self.t_seen
+
+
+#: record kind -> the Accumulator method that takes it (unbound: no reference cycle)
+_HANDLERS = {QuestionAsked: Accumulator._asked, BeginAnswer: Accumulator._begin, EmitToken: Accumulator._emit,
+             AnswerDone: Accumulator._done, Refuse: Accumulator._refuse, RunStage: Accumulator._run_stage,
+             StageFinished: Accumulator._stage_finished, SendFrame: Accumulator._send,
+             FrameArrived: Accumulator._arrived, RunHead: Accumulator._run_head,
+             HeadFinished: Accumulator._head_finished, Draft: Accumulator._draft,
+             DraftReady: Accumulator._draft_ready, LapEnded: Accumulator._lap_ended,
+             DeviceLost: Accumulator._recovery, Redeal: Accumulator._recovery, ChainReady: Accumulator._recovery,
+             WeightsCopied: Accumulator._recovery}
+
+
+def recoveries(trace: Iterable[tuple[float, Any]], t_first: float | None = None) -> list[dict]:
+    """The timeline of every re-deal after a lost device (see module doc, ``recovery``).
+    ``t_first``: the time of the whole trace's first record when ``trace`` holds only
+    some of its records (default: the first record's time)."""
     out: list[dict] = []
     lost: dict[str, tuple[float, float]] = {}  # device -> (lost at, detected at)
     ready: dict[int, dict] = {}  # first lap -> its record
     by_lap: dict[int, dict] = {}  # first lap -> its record (kept after ChainReady)
     waiting: list[dict] = []  # ready, no token yet
-    t_first = None
     for t, o in trace:
         t_first = t if t_first is None else t_first
         cls = type(o)

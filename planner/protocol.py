@@ -16,10 +16,10 @@ agree with them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Union
 
+from planner.fastdc import frozen
 from planner.frames import FrameHeader
 from planner.sampling import Sampling
 
@@ -48,7 +48,7 @@ class ReturnPath(StrEnum):
 # --- events -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class QuestionAsked:
     """``device`` asked a question: ``prompt`` token ids, answer at most ``max_new_tokens``,
     decoded with ``sampling`` (None: the room's, :attr:`SchedulerConfig.sampling`)."""
@@ -60,7 +60,7 @@ class QuestionAsked:
     sampling: Sampling | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class StageFinished:
     """``device`` finished running its layers for lap ``lap_id`` (see RunStage)."""
 
@@ -68,7 +68,7 @@ class StageFinished:
     lap_id: int
 
 
-@dataclass(frozen=True)
+@frozen
 class FrameArrived:
     """A frame from ``src`` arrived at ``device``."""
 
@@ -77,7 +77,7 @@ class FrameArrived:
     header: FrameHeader
 
 
-@dataclass(frozen=True)
+@frozen
 class HeadFinished:
     """The host's output head ran on lap ``lap_id``: ``predictions[i]`` is the next
     token after the lap's i-th input position (as many as RunHead.rows): the argmax, or
@@ -88,7 +88,7 @@ class HeadFinished:
     predictions: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class DraftReady:
     """The host's drafter proposed ``tokens`` for draft request ``draft_id``."""
 
@@ -96,7 +96,7 @@ class DraftReady:
     tokens: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class DeviceLost:
     """``device`` left the room (connection closed, timed out). ``silent_since_s``: when
     it was last heard from (driver clock, seconds), when known: the loss happened then,
@@ -107,7 +107,7 @@ class DeviceLost:
     silent_since_s: float | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class ChainReady:
     """Every device of the chain announced by :class:`Redeal` ``first_lap`` holds its new
     layer range (weights loaded) with an empty KV cache: the host may replay."""
@@ -115,7 +115,7 @@ class ChainReady:
     first_lap: int
 
 
-@dataclass(frozen=True)
+@frozen
 class QuestionWithdrawn:
     """The asker of ``question_id`` no longer wants its answer (it went away, or its
     answer reached one of its stop sequences). A waiting question leaves the queue
@@ -126,7 +126,7 @@ class QuestionWithdrawn:
     question_id: int
 
 
-@dataclass(frozen=True)
+@frozen
 class LapFailed:
     """Lap ``lap_id``'s residual went bad at ``device``: a NaN or an infinity in what
     ``device`` computed or sent (``reason`` says which and how many). The question the
@@ -141,7 +141,7 @@ class LapFailed:
 # --- commands ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class BeginAnswer:
     """Start answering ``question_id`` (it leaves the queue)."""
 
@@ -150,7 +150,7 @@ class BeginAnswer:
     prompt_tokens: int
 
 
-@dataclass(frozen=True)
+@frozen
 class RunStage:
     """Run ``device``'s layers on ``tokens`` positions from ``first_pos`` for lap ``lap_id``.
 
@@ -167,7 +167,7 @@ class RunStage:
     inputs: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class SendFrame:
     """Send the frame ``header`` (with the residual of lap ``header.lap_id``) from
     ``src`` to ``dst``."""
@@ -177,7 +177,7 @@ class SendFrame:
     header: FrameHeader
 
 
-@dataclass(frozen=True)
+@frozen
 class RunHead:
     """On the host: final norm and output head on the last ``rows`` rows of lap
     ``lap_id``'s returned residual, one token per row out (report HeadFinished): the
@@ -192,7 +192,7 @@ class RunHead:
     uniforms: tuple[tuple[float, float], ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class Draft:
     """On the host: propose ``k`` tokens continuing question ``question_id``'s sequence
     of ``base_len`` committed tokens followed by ``assumed`` (earlier drafts taken as
@@ -205,7 +205,7 @@ class Draft:
     k: int
 
 
-@dataclass(frozen=True)
+@frozen
 class Wake:
     """Tell phone ``device`` a frame is coming for lap ``lap_id``: keep its GPU busy
     until it arrives, at most ``max_s`` seconds (product page 001: 50 ms)."""
@@ -215,7 +215,7 @@ class Wake:
     max_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class RollbackKV:
     """Truncate ``device``'s KV cache for ``question_id`` to ``to_pos`` positions."""
 
@@ -224,7 +224,7 @@ class RollbackKV:
     to_pos: int
 
 
-@dataclass(frozen=True)
+@frozen
 class DropFrame:
     """``device`` dropped a frame (stale lap or wrong question); nothing to do but log."""
 
@@ -233,7 +233,7 @@ class DropFrame:
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen
 class EmitToken:
     """Token ``token`` is answer token number ``index`` of ``question_id``: stream it
     to the asking device."""
@@ -244,7 +244,7 @@ class EmitToken:
     token: int
 
 
-@dataclass(frozen=True)
+@frozen
 class LapEnded:
     """Lap ``lap_id`` came back and was judged: ``kept`` tokens committed, ``stale``
     when an earlier rejection made it useless. Bookkeeping for traces and metrics."""
@@ -257,7 +257,7 @@ class LapEnded:
     stale: bool
 
 
-@dataclass(frozen=True)
+@frozen
 class AnswerDone:
     """``question_id`` is answered (``tokens`` answer tokens, ``reason`` eos|length, or
     withdrawn: the asker withdrew it mid-answer, see :class:`QuestionWithdrawn`)."""
@@ -268,7 +268,7 @@ class AnswerDone:
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Refuse:
     """``question_id`` is refused or aborted, with a reason a person can read."""
 
@@ -277,7 +277,7 @@ class Refuse:
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Redeal:
     """``lost`` left the chain; the host re-dealt the layers over the devices still in
     the room. ``stages`` is the new chain ``((device, start, end), ...)`` 0-based
@@ -295,7 +295,7 @@ class Redeal:
     replay_tokens: int = 0
 
 
-@dataclass(frozen=True)
+@frozen
 class Computed:
     """Trace bookkeeping, written by a driver: ``device`` spent ``seconds`` computing
     ``command`` (RunStage, RunHead, Draft) of lap or draft ``ref``, queue wait excluded."""
@@ -306,7 +306,7 @@ class Computed:
     seconds: float
 
 
-@dataclass(frozen=True)
+@frozen
 class WeightsCopied:
     """Trace bookkeeping, written by a driver: after the re-deal whose first lap is
     ``first_lap``, ``device`` got the weights of layers ``[start, end)`` (0-based,

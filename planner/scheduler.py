@@ -61,6 +61,11 @@ MAX_WAITING_PER_DEVICE = 2
 #: Product page 001: a woken phone keeps its GPU busy "for at most 50 ms".
 WAKE_MAX_S = 0.050
 
+#: What a frame does at a worker (:meth:`WorkerMachine.accept`).
+RUN, ROLLBACK_RUN, DROP, FORWARD, IGNORE = range(5)
+_RUN, _ROLLBACK_RUN, _FORWARD, _IGNORE = (RUN, None), (ROLLBACK_RUN, None), (FORWARD, None), (IGNORE, None)
+_K_RETURN, _K_DECODE, _K_PREFILL = FrameKind.RETURN, FrameKind.DECODE, FrameKind.PREFILL
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -227,6 +232,15 @@ class HostScheduler:
 
     def handle(self, event: Event, now_s: float) -> list[Command]:
         """Feed one event; returns the commands to carry out, in order."""
+        cls = type(event)  # the events of every lap first, by exact type; then any subclass
+        if cls is StageFinished:
+            return self._stage_finished(event) if event.device == self.host else []
+        if cls is FrameArrived:
+            return self._frame_back(event) if event.device == self.host else []
+        if cls is DraftReady:
+            return self._draft_ready(event)
+        if cls is HeadFinished:
+            return self._head_finished(event)
         if isinstance(event, QuestionAsked):
             return self._asked(event)
         if isinstance(event, StageFinished):
@@ -483,8 +497,14 @@ class HostScheduler:
             lap = self._new_lap(q, LapKind.DECODE, len(q.seq) - 1, (q.seq[-1],), returns=True)
             self.inflight.append(lap.lap_id)
             return self._run_host_stage(lap)
-        live = sum(1 for i in self.inflight if not self.laps[i].stale)
-        if q.drafting is not None or live >= self.config.async_laps:
+        if q.drafting is not None:
+            return []
+        live = 0
+        laps = self.laps
+        for i in self.inflight:
+            if not laps[i].stale:
+                live += 1
+        if live >= self.config.async_laps:
             return []
         cmds: list = []
         if live == 0 and q.assumed:
@@ -510,18 +530,17 @@ class HostScheduler:
         q.drafting = None
         if not ev.tokens:
             return self._abort("the drafter returned no tokens")
-        ev_tokens = tuple(ev.tokens)[:self._positions_left(q)]  # a drafter that sent more than asked
-        if not ev_tokens:
+        tokens = tuple(ev.tokens)[:self._positions_left(q)]  # a drafter that sent more than asked
+        if not tokens:
             return self._fill_pipeline(q)
-        ev = DraftReady(ev.draft_id, ev_tokens)
         sync = not q.assumed
         if sync:
             first_pos = len(q.seq) - 1
-            inputs = (q.seq[-1],) + tuple(ev.tokens)
+            inputs = (q.seq[-1],) + tokens
         else:
             first_pos = len(q.seq) + len(q.assumed)
-            inputs = tuple(ev.tokens)
-        q.assumed.extend(ev.tokens)
+            inputs = tokens
+        q.assumed.extend(tokens)
         lap = self._new_lap(q, LapKind.VERIFY, first_pos, inputs, returns=True)
         self.inflight.append(lap.lap_id)
         return self._run_host_stage(lap) + self._fill_pipeline(q)
@@ -678,41 +697,77 @@ class WorkerMachine:
     def handle(self, event: Event, now_s: float) -> list[Command]:
         """Feed one event; returns the commands to carry out."""
         if isinstance(event, FrameArrived) and event.device == self.device:
-            return self._frame(event.header)
+            return self.frame_arrived(event.header)
         if isinstance(event, StageFinished) and event.device == self.device:
-            return self._finished(event.lap_id)
+            return self.stage_finished(event.lap_id)
         return []
 
-    def _frame(self, h: FrameHeader) -> list:
+    def accept(self, h: FrameHeader) -> tuple[int, str | None]:
+        """Take frame ``h`` (updating the cache length and the frames pending) and say
+        what it does here, without building commands: ``(RUN, None)`` run the stage;
+        ``(ROLLBACK_RUN, None)`` roll the cache back to ``h.first_pos``, then run;
+        ``(DROP, reason)``; ``(FORWARD, None)`` a RETURN frame passed on to the
+        previous stage; ``(IGNORE, None)`` a kind a worker does not handle.
+        :meth:`frame_arrived` turns the answer into commands (:meth:`commands_for`)."""
         if h.lap_id < self.first_lap:
-            return [DropFrame(self.device, h, f"lap {h.lap_id} is from before the re-deal")]
-        if h.kind == FrameKind.RETURN:
-            return [SendFrame(self.device, self.prev, h)]
-        if h.kind not in (FrameKind.PREFILL, FrameKind.DECODE):
-            return []
-        cmds: list = []
+            return DROP, f"lap {h.lap_id} is from before the re-deal"
+        kind = h.kind
+        if kind == _K_RETURN:
+            return _FORWARD
+        if kind != _K_DECODE and kind != _K_PREFILL:
+            return _IGNORE
+        kv = self.kv_len
         if h.question_id != self.question_id:
             if h.first_pos != 0:  # a question always starts with a prefill frame at position 0
-                return [DropFrame(self.device, h, "frame of a question this stage is not serving")]
+                return DROP, "frame of a question this stage is not serving"
             self.question_id = h.question_id
-            self.kv_len = 0
-        if h.first_pos > self.kv_len:
-            return [DropFrame(self.device, h, f"stale: starts at {h.first_pos}, cache holds {self.kv_len}")]
-        if h.first_pos < self.kv_len:
-            cmds.append(RollbackKV(self.device, h.question_id, h.first_pos))
-        self.kv_len = h.first_pos + h.tokens
+            kv = 0
+        first = h.first_pos
+        if first > kv:
+            self.kv_len = kv
+            return DROP, f"stale: starts at {first}, cache holds {kv}"
+        self.kv_len = first + h.tokens
         self.pending[h.lap_id] = h
-        cmds.append(RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens))
-        return cmds
+        return _ROLLBACK_RUN if first < kv else _RUN
 
-    def _finished(self, lap_id: int) -> list:
+    def commands_for(self, h: FrameHeader, verdict: int, reason: str | None) -> list[Command]:
+        """The commands of :meth:`accept`'s answer ``(verdict, reason)`` for frame ``h``."""
+        if verdict == RUN:
+            return [RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens)]
+        if verdict == ROLLBACK_RUN:
+            return [RollbackKV(self.device, h.question_id, h.first_pos),
+                    RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens)]
+        if verdict == DROP:
+            return [DropFrame(self.device, h, reason or "")]
+        if verdict == FORWARD:
+            return [SendFrame(self.device, self.prev, h)]
+        return []
+
+    def frame_arrived(self, h: FrameHeader) -> list[Command]:
+        """``handle(FrameArrived(self.device, src, h))`` without building the event (the
+        sender is not used): RunStage, or RollbackKV then RunStage, or DropFrame, or the
+        RETURN frame forwarded (SendFrame)."""
+        verdict, reason = self.accept(h)
+        return self.commands_for(h, verdict, reason)
+
+    def release(self, lap_id: int) -> tuple[str, FrameHeader] | None:
+        """Lap ``lap_id``'s stage finished: ``(destination, header)`` of the frame to send
+        on (the next stage, or the host / previous stage with a RESULT / RETURN
+        header), or None (no such frame pending, or a prefill chunk that does not
+        return). :meth:`stage_finished` makes it a SendFrame."""
         h = self.pending.pop(lap_id, None)
         if h is None:
-            return []
+            return None
         if self.next is not None:
-            return [SendFrame(self.device, self.next, h)]
+            return self.next, h
         if not h.returns:
-            return []
+            return None
         if self.return_path == ReturnPath.DIRECT or self.prev == self.host:
-            return [SendFrame(self.device, self.host, h.with_kind(FrameKind.RESULT))]
-        return [SendFrame(self.device, self.prev, h.with_kind(FrameKind.RETURN))]
+            return self.host, h.with_kind(FrameKind.RESULT)
+        return self.prev, h.with_kind(FrameKind.RETURN)
+
+    def stage_finished(self, lap_id: int) -> list[Command]:
+        """``handle(StageFinished(self.device, lap_id))`` without building the event:
+        the frame on to the next stage or back to the host (SendFrame), or nothing."""
+        out = self.release(lap_id)
+        return [] if out is None else [SendFrame(self.device, out[0], out[1])]

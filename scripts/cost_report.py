@@ -46,7 +46,7 @@ def main(argv: list[str]) -> None:
     for label, (path, sets) in ROOMS.items():
         scn = load(ROOT / path, sets).with_measured()
         d = deal(scn.devices, scn.model, scn.options, scn.network)
-        m = Simulation(scn, d).run().metrics
+        m = Simulation(scn, d, trace=False).run().metrics
         c = room_cost(scn, d, m)
         rows.append((label, "room", f"{len(d.stages)} stages", c["useful_tokens_per_s"], c["room_usd_per_hour"],
                      c["usd_per_million_tokens"]))

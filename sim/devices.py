@@ -106,6 +106,7 @@ A device that gives bandwidth but no ``compute`` gets its kind's default compute
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from planner.model import ARCHITECTURES, ModelSpec, spec_from_architecture
 from planner.profile import DeviceProfile, DrafterProfile
@@ -238,7 +239,9 @@ class DeviceModel:
         one = self._roofline_layer_s(1)
         #: measured seconds per layer-token over the roofline's (1.0 when not measured)
         self.host_scale = (device.s_per_layer / one) if (self.measured and one > 0) else 1.0
+        self._one_s = one
         self._cache: dict[tuple[int, int, int], float] = {}
+        self._per_tokens: dict[int, tuple[float, float]] = {}
         self._busy_end_s = -math.inf
         self._wake_until_s = -math.inf
 
@@ -286,24 +289,109 @@ class DeviceModel:
         :data:`DECODE_MAX_TOKENS` positions).
         Raises ValueError for negative arguments.
         """
-        key = (layers, tokens, context_tokens)
-        s = self._cache.get(key)
-        if s is None:
-            if self.profile is not None:
-                s = self.profile.stage.pass_s(layers, tokens, context_tokens) if layers else 0.0
-            else:
-                s = self.roofline_stage_s(layers, tokens, context_tokens)
-                if self.measured and s > 0:
-                    one = self._roofline_layer_s(1)
-                    s = self.device.s_per_layer * layers * (s / layers) / one
-                elif s > 0:
-                    s = s / self.efficiency + self.pass_overhead_s + layers * self.layer_overhead_s
-                s *= self.slowdown
-            if len(self._cache) < 4096:
-                self._cache[key] = s
         if now_s is None:
+            return self.pass_s(layers, tokens, context_tokens)
+        return self.run_s(layers, tokens, context_tokens, now_s,
+                          tokens <= DECODE_MAX_TOKENS if decode is None else decode)
+
+    def pass_s(self, layers: int, tokens: int, context_tokens: int = 0, weight_scale: float = 1.0) -> float:
+        """:meth:`stage_s` without ``now_s`` (pure): seconds. ``weight_scale``: the
+        stage's weight bytes over ``layers * layer_bytes`` (models whose layers differ
+        in size, ``ModelSpec.layer_sizes``; see :meth:`stage_scale`): the weight read
+        and the FLOPs of a roofline or measured device scale by it (a profiled device
+        is measured on its own layers and ignores it). Raises ValueError for
+        negative arguments."""
+        if self.profile is not None:
+            key = (layers, tokens, context_tokens)
+            s = self._cache.get(key)
+            if s is None:
+                s = self.profile.stage.pass_s(layers, tokens, context_tokens) if layers else 0.0
+                if len(self._cache) < 4096:
+                    self._cache[key] = s
             return s
-        return self.busy_s(now_s, s, decode=tokens <= DECODE_MAX_TOKENS if decode is None else decode)
+        s = self._roofline_pass_s(layers, tokens, context_tokens, weight_scale)
+        if self.measured and s > 0:
+            s = self.device.s_per_layer * layers * (s / layers) / self._one_s
+        elif s > 0:
+            s = s / self.efficiency + self.pass_overhead_s + layers * self.layer_overhead_s
+        return s * self.slowdown
+
+    def run_s(self, layers: int, tokens: int, context_tokens: int, start_s: float, decode: bool,
+              weight_scale: float = 1.0) -> float:
+        """:meth:`stage_s` with ``now_s=start_s`` and ``decode`` given, positionally (the
+        simulator's per-stage call), ``weight_scale`` as in :meth:`pass_s`: seconds, and
+        the GPU marked busy until it ends."""
+        s = self.pass_s(layers, tokens, context_tokens, weight_scale)
+        if not self.clock_down:  # busy_s without the clock-down check (the same numbers)
+            end = start_s + s
+            if end > self._busy_end_s:
+                self._busy_end_s = end
+            return s
+        return self.busy_s(start_s, s, decode=decode)
+
+    def stage_scale(self, start: int, end: int) -> float:
+        """The weight scale of the stage of layers ``[start, end)``: its weight bytes
+        over ``(end - start) * layer_bytes``; exactly 1.0 when every layer weighs
+        ``layer_bytes`` (no ``layer_sizes``) or the stage is empty."""
+        m = self.model
+        if m.uniform or end <= start or not m.layer_bytes:
+            return 1.0
+        return m.weight_bytes(start, end) / ((end - start) * m.layer_bytes)
+
+    def stage_timer(self, layers: int, weight_scale: float = 1.0) -> Callable[[int, int, float, bool], float]:
+        """``f(tokens, context_tokens, start_s, decode) -> seconds``: :meth:`run_s` for a
+        stage of ``layers`` layers, as one function (the simulator calls it per stage
+        per lap). The same numbers as :meth:`run_s`; for a roofline device that does
+        not clock down, the arithmetic is inlined."""
+        if self.profile is not None or self.clock_down or layers <= 0 or weight_scale != 1.0:
+            return lambda tokens, ctx, start, decode: self.run_s(layers, tokens, ctx, start, decode, weight_scale)
+        per_tokens, bw, kvb = self._per_tokens, self.bandwidth_Bps, self.model.kv_bytes_per_token
+        slowdown = self.slowdown
+        if self.measured:
+            spl, one = self.device.s_per_layer, self._one_s
+
+            def finish(s: float) -> float:
+                return (spl * layers * (s / layers) / one if s > 0 else s) * slowdown
+        else:
+            eff, po, lo = self.efficiency, self.pass_overhead_s, self.layer_overhead_s
+
+            def finish(s: float) -> float:
+                return (s / eff + po + layers * lo if s > 0 else s) * slowdown
+
+        def timer(tokens: int, ctx: int, start: float, decode: bool) -> float:
+            if tokens <= 0 or ctx < 0:
+                return self.run_s(layers, tokens, ctx, start, decode)  # 0 s, or the error
+            per = per_tokens.get(tokens)
+            if per is None:
+                self._roofline_pass_s(layers, tokens, ctx)  # fills per_tokens[tokens]
+                per = per_tokens[tokens]
+            mem = (per[0] + ctx * kvb) / bw
+            flops = per[1]
+            s = finish(layers * (mem if mem > flops else flops))
+            end = start + s
+            if end > self._busy_end_s:
+                self._busy_end_s = end
+            return s
+        return timer
+
+    def _roofline_pass_s(self, layers: int, tokens: int, context_tokens: int, weight_scale: float = 1.0) -> float:
+        """:meth:`roofline_stage_s` (the same arithmetic, in the same order), with the
+        weight bytes and FLOP time of ``tokens`` positions kept per ``tokens``: the
+        simulator asks at a new context length every lap."""
+        if layers < 0 or tokens < 0 or context_tokens < 0:
+            raise ValueError(f"layers, tokens, context must be >= 0, got {layers}, {tokens}, {context_tokens}")
+        if layers == 0 or tokens == 0:
+            return 0.0
+        per = self._per_tokens.get(tokens)
+        if per is None:
+            m = self.model
+            per = self._per_tokens[tokens] = (self.layer_bytes_read(tokens),
+                                              tokens * m.layer_flops_per_token / self.compute_flops)
+        if weight_scale != 1.0:  # layers of their own sizes: weights read and FLOPs follow the bytes
+            per = (per[0] * weight_scale, per[1] * weight_scale)
+        mem = (per[0] + context_tokens * self.model.kv_bytes_per_token) / self.bandwidth_Bps
+        flops = per[1]
+        return layers * (mem if mem > flops else flops)
 
     def head_s(self, tokens: int = 1) -> float:
         """Final norm + output head on ``tokens`` positions, seconds: the profile's

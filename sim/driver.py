@@ -18,35 +18,32 @@ devices in ``workload.asked_by`` in turn (the host when empty).
 
 from __future__ import annotations
 
+import gc
+import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable
+from heapq import heappop, heappush
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
-import simpy
 
 from planner.deal import Deal, deal as make_deal
-from planner.frames import frame_bytes
-from planner.metrics import compute as compute_metrics
+from planner.frames import FrameHeader, frame_bytes
+from planner.metrics import Accumulator
 from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
-                              HeadFinished, QuestionAsked, Redeal, Refuse, RunHead, RunStage, SendFrame,
-                              StageFinished, Wake, WeightsCopied)
+                              HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RunHead, RunStage,
+                              SendFrame, StageFinished, Wake, WeightsCopied)
 from planner.room import Scenario
 from planner.chain import Chain, redeal_rule
-from planner.scheduler import SchedulerConfig
+from planner.scheduler import ROLLBACK_RUN, SchedulerConfig
 from sim.acceptance import make_acceptance
 from sim.devices import DECODE_MAX_TOKENS, DeviceModel
 from sim.engines import engine
-from sim.link import Links
+from sim.link import Link, Links
 
 
 def truth(pos: int) -> int:
     """The simulated target model's greedy token at sequence position ``pos``."""
     return 1000 + (pos * 7919) % 40000
-
-
-def _wrong(pos: int) -> int:
-    return truth(pos) + 1
 
 
 def _device_model(d, scn: Scenario, prof, host: str) -> DeviceModel:
@@ -60,27 +57,146 @@ def _device_model(d, scn: Scenario, prof, host: str) -> DeviceModel:
                        layer_overhead_s=eng.layer_overhead_s if eng else 0.0)
 
 
-@dataclass
 class SimResult:
-    """What a simulation gives: the deal, the trace ``[(t_s, obj)]`` and its metrics."""
+    """What a simulation gives: the deal, the trace ``[(t_s, obj)]``, its metrics, and
+    the refusals (:class:`planner.protocol.Refuse` commands, in order).
 
-    deal: Deal
-    trace: list
-    metrics: dict
+    ``trace`` is built on first use from the compact records the run kept: every event
+    and command with its time, sorted by time (records at the same instant in the order
+    they were made). A run with ``trace=False`` kept none (only the metrics)."""
+
+    __slots__ = ("deal", "metrics", "refusals", "_raw", "_trace")
+
+    def __init__(self, deal: Deal, raw: list | None, metrics: dict, refusals: list | None = None):
+        self.deal = deal
+        self.metrics = metrics
+        self.refusals = list(refusals or [])
+        self._raw = raw
+        self._trace: list | None = None
+
+    @property
+    def trace(self) -> list:
+        """``[(t_s, event or command)]`` in time order (planner.trace).
+        Raises ValueError for a run made with ``trace=False``."""
+        if self._trace is None:
+            if self._raw is None:
+                raise ValueError("this simulation kept no trace (run it with trace=True)")
+            out: list = []
+            for t, o in self._raw:
+                if type(o) is _Step:  # a worker's frame in, stage, frame out (Simulation._run_ahead)
+                    src, dst, h, got, done, sent = o
+                    out.append((t, FrameArrived(dst, src, h)))
+                    out.extend((t, c) for c in got)
+                    if done is not None:
+                        out.append((done, StageFinished(dst, h.lap_id)))
+                        out.extend((done, c) for c in sent)
+                else:
+                    out.append((t, o))
+            out.sort(key=_time)
+            self._trace = out
+            self._raw = []
+        return self._trace
+
+
+def _time(rec) -> float:
+    return rec[0]
+
+
+class _Step(NamedTuple):
+    """One worker's part of a lap run ahead of the clock, as one trace entry: the frame
+    ``h`` from ``src`` arrives at worker ``dst`` (at the entry's time), ``got`` is what the
+    worker's machine answered (RunStage, maybe after RollbackKV; or DropFrame), its
+    stage finishes at ``done`` (None: dropped) and ``sent`` is what it answered then."""
+
+    src: str
+    dst: str
+    h: FrameHeader
+    got: list
+    done: float | None
+    sent: list
+
+
+class _Hop:
+    """One hop of a chain run ahead of the clock: the link ``src -> dst``, the
+    receiving worker's machine and stage timer (None: the host), the receiver's
+    "free at" time and the link's last delivery time."""
+
+    __slots__ = ("link", "src", "dst", "worker", "timer", "free", "fired")
+
+    def __init__(self, link: Link, src: str, dst: str, worker, timer) -> None:
+        self.link, self.src, self.dst, self.worker, self.timer = link, src, dst, worker, timer
+        self.free = 0.0
+        self.fired = -math.inf
+
+
+class _Reordered(Exception):
+    """Two frames of one link fire out of send order (module doc): run event by event."""
+
+
+#: SimPy's priorities: a process starting (Initialize) goes before timeouts of its instant
+_URGENT, _NORMAL = 0, 1
+
+
+class _Queue:
+    """The event queue: callbacks at times, in the order SimPy would run them.
+
+    SimPy keeps ``(time, priority, insertion number, event)`` on a heap, and a timeout of
+    ``delay`` fires at ``now + delay``. This queue keeps ``(time, priority, made_at,
+    insertion number, callback, argument)``: for callbacks scheduled at the current
+    time (``made_at == now``) the order is SimPy's exactly; a callback scheduled ahead of
+    the clock (``at(..., made_at=t)``, the driver working ahead: see the module doc)
+    sorts as if scheduled at ``t``. ``now`` is the current time; the driver's links
+    read it too. Seconds.
+    """
+
+    __slots__ = ("now", "_heap", "_n")
+
+    def __init__(self) -> None:
+        self.now: float = 0  # an int at the start, as SimPy's (traces write "t": 0)
+        self._heap: list = []
+        self._n = 0
+
+    def at(self, t: float, fn: Callable, arg=None, made_at: float | None = None, priority: int = _NORMAL) -> None:
+        """Call ``fn(arg)`` at ``t`` (not before ``made_at``, default now), as a SimPy
+        timeout of ``max(t - made_at, 0)`` made at ``made_at``."""
+        now = self.now if made_at is None else made_at
+        n = self._n
+        self._n = n + 1
+        heappush(self._heap, (now + max(t - now, 0.0), priority, now, n, fn, arg))
+
+    def after(self, delay: float, fn: Callable, arg=None) -> None:
+        """Call ``fn(arg)`` ``delay`` seconds from now (a SimPy ``timeout(delay)``:
+        at ``now + delay``)."""
+        now = self.now
+        n = self._n
+        self._n = n + 1
+        heappush(self._heap, (now + delay, _NORMAL, now, n, fn, arg))
+
+    def run(self) -> None:
+        """Run every callback, in time order, until none is left."""
+        heap = self._heap
+        while heap:
+            t, _, _, _, fn, arg = heappop(heap)
+            self.now = t
+            fn(arg)
 
 
 class Simulation:
     """One simulated run of a scenario. Deterministic for the scenario's ``seed``.
 
     ``progress(tokens_done, tokens_total)`` is called as answer tokens are emitted.
-    Raises planner.deal.DealError when the room cannot be dealt.
+    ``ahead``: let the driver run workers ahead of its clock where that gives the same
+    result (module doc); False runs every event through the queue (the reference the
+    tests compare it with). ``trace``: keep the trace (SimResult.trace); without it the
+    run keeps only the metrics and refusals, and is faster (nothing it makes outlives
+    the step that made it). Raises planner.deal.DealError when the room cannot be dealt.
     """
 
     def __init__(self, scn: Scenario, deal: Deal | None = None,
-                 progress: Callable[[int, int], None] | None = None):
+                 progress: Callable[[int, int], None] | None = None, ahead: bool = True, trace: bool = True):
         self.scn = scn
         self.deal = deal or make_deal(scn.devices, scn.model, scn.options)
-        self.env = simpy.Environment()
+        self.loop = _Queue()
         seeds = np.random.SeedSequence(scn.seed)
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
         self.config = SchedulerConfig.from_scenario(scn)
@@ -92,12 +208,15 @@ class Simulation:
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
         prof = scn.profile
         self.devices = {d.id: _device_model(d, scn, prof, self.deal.host) for d in scn.devices}
+        self._scale = self._stage_scales()
         self._free_at: dict[str, float] = {}
-        self.links = Links(self.env, scn.network, np.random.default_rng(link_seed))
+        self.links = Links(self.loop, scn.network, np.random.default_rng(link_seed))
         spec = scn.decoding.speculative
         measured = prof.drafters.get(spec.drafter) if (spec and prof) else None
         self.acceptance = make_acceptance(spec, np.random.default_rng(acc_seed), measured) if spec else None
-        self.trace: list[tuple[float, Any]] = []
+        self.raw: list | None = [] if trace else None  # (t, obj) or (t, _Step): the trace, compact
+        self.refusals: list[Refuse] = []
+        self.acc = Accumulator()  # the metrics, fed as the records are made
         self.progress = progress
         self.tokens_total = scn.workload.questions * scn.workload.answer_tokens
         self.tokens_done = 0
@@ -105,73 +224,115 @@ class Simulation:
         self._lap_span: dict[int, tuple[int, int]] = {}  # lap -> (first position, tokens), from RunStage
         self._in_flight: dict[tuple[str, str], deque] = {}  # link -> frames sent, not yet delivered
         self._prompt_len: dict[int, int] = {}  # question -> prompt tokens (laps before it are prefill)
+        self._faulted = {f.at_token for f in scn.faults if f.at_token is not None}
+        self.ahead = ahead and self._can_run_ahead()
+        self._hops: list[_Hop] | None = None  # the chain run ahead (built on first use)
+        self._t_ahead = -math.inf  # latest record time made ahead of the clock
+        self.reordered = False  # a run ahead met frames out of order and ran again event by event
+        self._execs = {RunStage: self._run_stage, SendFrame: self._send_frame, RunHead: self._run_head,
+                       Draft: self._draft, Wake: self._wake, Redeal: self._redeal, EmitToken: self._emit,
+                       AnswerDone: self._answered, Refuse: self._answered}
+
+    def _can_run_ahead(self) -> bool:
+        """Whether workers may run ahead (module doc): no faults, results return
+        directly, and no worker's clock-down state hears from the host (Wake)."""
+        if self.scn.faults or self.config.return_path != ReturnPath.DIRECT:
+            return False
+        woken = set(self.chain.host.wake_targets) if self.chain.host else set()
+        return not any(self.devices[w].clock_down and not self.devices[w].self_wake for w in self.chain.workers
+                       if w in woken)
 
     # -- plumbing -------------------------------------------------------------------
 
     def dispatch(self, event) -> None:
         """Record ``event`` and feed it to the machine it concerns; run the commands."""
-        now = self.env.now
+        now = self.loop.now
         if self.dead and type(event) in (FrameArrived, StageFinished) and event.device in self.dead:
             return  # work for, or a frame to, a device that died
-        self.trace.append((now, event))
-        for c in self.chain.handle(event, now):
-            self.trace.append((now, c))
-            self.execute(c)
+        cmds = self.chain.handle(event, now)
+        raw = self.raw
+        if raw is not None:
+            raw.append((now, event))
+            raw.extend([(now, c) for c in cmds])
+        self.acc.add_all(now, event, cmds)  # before carrying them out, which adds nothing to it
+        execs = self._execs
+        for c in cmds:
+            x = execs.get(type(c))
+            if x is not None:
+                x(c)
 
     def execute(self, c) -> None:
-        """Carry out one command (as a SimPy process when it takes time)."""
-        env = self.env
-        cls = type(c)
-        if cls is RunStage:
-            if c.inputs:
-                self._lap_span[c.lap_id] = (c.first_pos, c.tokens)
-            self._occupy(c.device, lambda start, c=c: self._stage_s(c, start),
-                         StageFinished(c.device, c.lap_id))
-        elif cls is SendFrame:
-            h = c.header
-            nbytes = frame_bytes(h.tokens, h.hidden, h.dtype)  # the real frame's size
-            arrive = self.links.get(c.src, c.dst).schedule(nbytes)
-            self._deliver(arrive, c.src, c.dst, FrameArrived(c.dst, c.src, h))
-        elif cls is RunHead:
-            dm = self.devices[self.deal.host]
-            first_pos, n = self._lap_span.pop(c.lap_id)
-            first = first_pos + n - c.rows
-            preds = tuple(truth(first + i + 1) for i in range(c.rows))
-            head = self._head_s
-            self._occupy(self.deal.host, lambda start, r=c.rows: head(dm, r),
-                         HeadFinished(c.lap_id, preds))
-        elif cls is Draft:
-            dm = self.devices[self.deal.host]
-            cost = dm.draft_s(c.k, self.scn.decoding.speculative)
-            self._occupy(self.deal.host, lambda start: cost, DraftReady(c.draft_id, self._draft_tokens(c)))
-        elif cls is Wake:
-            self.devices[c.device].wake(env.now, env.now + c.max_s)
-        elif cls is Redeal:
-            self._redeal(c)
-        elif cls is EmitToken:
-            self.tokens_done += 1
+        """Carry out one command (as a timed callback when it takes time). BeginAnswer,
+        RollbackKV, DropFrame, LapEnded: bookkeeping only (the trace)."""
+        x = self._execs.get(type(c))
+        if x is not None:
+            x(c)
+
+    def _run_stage(self, c: RunStage) -> None:
+        if c.inputs:
+            self._lap_span[c.lap_id] = (c.first_pos, c.tokens)
+        done = StageFinished(c.device, c.lap_id)
+        start = self._start_s(c.device)
+        self._occupy(c.device, start + self._stage_s(c, start), done)
+
+    def _send_frame(self, c: SendFrame) -> None:
+        if self.ahead and c.src == self.deal.host and c.dst in self.chain.workers:
+            self._run_ahead(c)
+            return
+        h = c.header
+        nbytes = frame_bytes(h.tokens, h.hidden, h.dtype)  # the real frame's size
+        arrive = self.links.get(c.src, c.dst).schedule(nbytes)
+        self._deliver(arrive, c.src, c.dst, FrameArrived(c.dst, c.src, h))
+
+    def _run_head(self, c: RunHead) -> None:
+        host = self.deal.host
+        first_pos, n = self._lap_span.pop(c.lap_id)
+        first = first_pos + n - c.rows
+        done = HeadFinished(c.lap_id, tuple([truth(first + i + 1) for i in range(c.rows)]))
+        self._occupy(host, self._start_s(host) + self._head_s(self.devices[host], c.rows), done)
+
+    def _draft(self, c: Draft) -> None:
+        host = self.deal.host
+        cost = self.devices[host].draft_s(c.k, self.scn.decoding.speculative)
+        done = DraftReady(c.draft_id, self._draft_tokens(c))
+        self._occupy(host, self._start_s(host) + cost, done)
+
+    def _wake(self, c: Wake) -> None:
+        now = self.loop.now
+        self.devices[c.device].wake(now, now + c.max_s)
+
+    def _emit(self, c: EmitToken) -> None:
+        self.tokens_done += 1
+        if self.tokens_done in self._faulted:
             for f in self.scn.faults:
                 if f.at_token == self.tokens_done:
                     self._kill(f)
-            if self.progress is not None and self.tokens_done % 64 == 0:
-                self.progress(self.tokens_done, self.tokens_total)
-        elif cls is AnswerDone or cls is Refuse:
-            env.process(self._ask_next())
-        # BeginAnswer, RollbackKV, DropFrame, LapEnded: bookkeeping only
+        if self.progress is not None and self.tokens_done % 64 == 0:
+            self.progress(self.tokens_done, self.tokens_total)
+
+    def _answered(self, c: AnswerDone | Refuse) -> None:
+        if type(c) is Refuse:
+            self.refusals.append(c)
+        self._start(self._ask_next)
+
+    def _start(self, fn: Callable[[], None]) -> None:
+        """What ``env.process`` of a process that first yields ``timeout(0)`` does: an
+        urgent start now, which schedules ``fn`` behind everything already due now."""
+        loop = self.loop
+        loop.at(loop.now, lambda _a: loop.at(loop.now, lambda _b: fn()), priority=_URGENT)
 
     # -- timed work -----------------------------------------------------------------
     # A device computes one thing at a time, first come first served: its work is
     # placed at max(now, when it is next free), the same as a capacity-1 FIFO
-    # simpy.Resource, at one SimPy event per piece of work instead of four.
+    # simpy.Resource, at one queued callback per piece of work instead of four.
 
     def _at(self, t: float, event) -> None:
-        ev = self.env.timeout(max(t - self.env.now, 0.0))
-        ev.callbacks.append(lambda _e: self.dispatch(event))
+        self.loop.at(t, self.dispatch, event)
 
-    def _deliver(self, t: float, src: str, dst: str, event) -> None:
+    def _deliver(self, t: float, src: str, dst: str, event, made_at: float | None = None) -> None:
         """Deliver frame ``event`` on the link ``src -> dst`` at ``t``, in send order.
 
-        SimPy fires at ``now + delay``; in floating point two frames a link delivers
+        A timeout fires at ``now + delay``; in floating point two frames a link delivers
         at the same ``t`` (one waited for the other, sim/link.py) can land an ulp
         apart in either order, and a worker then dropped the later frame as "not
         serving" and the simulated room stopped with nothing answered (issue 9: a
@@ -181,14 +342,98 @@ class Simulation:
         if q is None:
             q = self._in_flight[(src, dst)] = deque()
         q.append(event)
-        ev = self.env.timeout(max(t - self.env.now, 0.0))
-        ev.callbacks.append(lambda _e: self.dispatch(q.popleft()))
+        self.loop.at(t, self._pop_deliver, q, made_at)
 
-    def _occupy(self, device: str, duration: Callable[[float], float], done_event) -> None:
-        start = max(self.env.now, self._free_at.get(device, 0.0))
-        end = start + duration(start)
+    def _pop_deliver(self, q: deque) -> None:
+        self.dispatch(q.popleft())
+
+    def _start_s(self, device: str) -> float:
+        """When work handed to ``device`` now starts: max(now, when it is next free)."""
+        now = self.loop.now
+        free = self._free_at.get(device, 0.0)
+        return free if free > now else now
+
+    def _occupy(self, device: str, end: float, done_event) -> None:
+        """``device`` works until ``end`` (its start from :meth:`_start_s`), then
+        ``done_event`` happens."""
         self._free_at[device] = end
         self._at(end, done_event)
+
+    # -- workers ahead of the clock -------------------------------------------------
+    # With no faults, a direct return path and no worker woken by the host, a worker
+    # hears only the frames of its chain, in the order the host sent them (links and
+    # devices are FIFO), and sends only to the next stage. So when the host sends a
+    # frame, the driver runs it through every worker at once -- each worker's machine,
+    # device, link and jitter stream see the same calls in the same order, at the same
+    # (future) times, as event by event -- and queues only its return to the host.
+    # The one thing that can differ: a link whose two frames would fire an ulp out of
+    # send order (see _deliver) delivers the earlier frame at the later one's instant
+    # event by event; that is detected and the run starts again event by event.
+
+    def _stage_scales(self) -> dict[str, float]:
+        """Device -> its stage's weight scale (DeviceModel.stage_scale: 1.0 unless the
+        model's layers differ in size, then the stage's bytes over layers x mean)."""
+        return {s.device: self.devices[s.device].stage_scale(s.start, s.end) for s in self.deal.stages}
+
+    def _ahead_hops(self) -> list[_Hop]:
+        """The chain as hops: host -> first worker, ..., last worker -> host."""
+        names = [self.deal.host] + list(self.chain.host.workers) + [self.deal.host]
+        out = []
+        for src, dst in zip(names, names[1:]):
+            w = self.chain.workers.get(dst)
+            out.append(_Hop(self.links.get(src, dst), src, dst, w,
+                            self.devices[dst].stage_timer(self.stage_layers.get(dst, 0), self._scale.get(dst, 1.0))
+                            if w else None))
+        return out
+
+    def _run_ahead(self, c: SendFrame) -> None:
+        hops = self._hops
+        if hops is None:
+            hops = self._hops = self._ahead_hops()
+        acc, raw = self.acc, self.raw
+        hop_s, stage_s = acc.hop_s, acc.stage_s  # Accumulator.hop / .stage, inlined
+        t = self.loop.now
+        h = c.header
+        lap, tokens, pos = h.lap_id, h.tokens, h.first_pos  # the same all the way round
+        nbytes = frame_bytes(tokens, h.hidden, h.dtype)
+        decode = pos >= self._prompt_len.get(h.question_id, 0) and tokens <= DECODE_MAX_TOKENS
+        for hp in hops:
+            arrive = hp.link.schedule(nbytes, t)
+            worker = hp.worker
+            if worker is None:  # back to the host: through the queue
+                acc.sent(hp.src, hp.dst, lap, t)
+                self._deliver(arrive, hp.src, hp.dst, FrameArrived(hp.dst, hp.src, h), made_at=t)
+                break
+            d = arrive - t
+            fire = t + (d if d > 0.0 else 0.0)  # t + max(arrive - t, 0.0), as a timeout fires
+            if fire < hp.fired:
+                raise _Reordered
+            hp.fired = fire
+            hop_s[(hp.src, hp.dst, lap)] = fire - t
+            verdict, reason = worker.accept(h)
+            if verdict > ROLLBACK_RUN:  # dropped (a stale lap) or not for a worker
+                if raw is not None:
+                    raw.append((fire, _Step(hp.src, hp.dst, h, worker.commands_for(h, verdict, reason), None, ())))
+                t = fire
+                break
+            # Simulation._run_stage / _stage_s for a worker (no inputs to embed)
+            start = hp.free
+            if start < fire:
+                start = fire
+            end = start + hp.timer(tokens, pos, start, decode)
+            hp.free = end
+            d = end - fire
+            t = fire + (d if d > 0.0 else 0.0)
+            stage_s[(hp.dst, lap)] = t - fire
+            out = worker.release(lap)
+            if raw is not None:
+                raw.append((fire, _Step(hp.src, hp.dst, h, worker.commands_for(h, verdict, reason), t,
+                                        [] if out is None else [SendFrame(hp.dst, out[0], out[1])])))
+            if out is None:  # a prefill chunk that does not return
+                break
+            h = out[1]  # on to out[0]: the next hop's receiver
+        if t > self._t_ahead:
+            self._t_ahead = t
 
     def _head_s(self, dm: DeviceModel, rows: int) -> float:
         """Head + sampling on ``rows`` rows: measured per row when the scenario has it."""
@@ -198,12 +443,12 @@ class Simulation:
 
     def _stage_s(self, c: RunStage, start: float) -> float:
         dm = self.devices[c.device]
-        # the stage reads the KV cache of the positions before this frame's first
-        s = dm.stage_s(self.stage_layers.get(c.device, 0), c.tokens, now_s=start, context_tokens=c.first_pos,
-                       # a decode/verify pass: past the prompt and small (a replay after a
-                       # re-deal re-runs answer positions in prefill-sized chunks)
-                       decode=c.first_pos >= self._prompt_len.get(c.question_id, 0)
-                       and c.tokens <= DECODE_MAX_TOKENS)
+        # the stage reads the KV cache of the positions before this frame's first;
+        # a decode/verify pass: past the prompt and small (a replay after a re-deal
+        # re-runs answer positions in prefill-sized chunks)
+        s = dm.run_s(self.stage_layers.get(c.device, 0), c.tokens, c.first_pos, start,
+                     c.first_pos >= self._prompt_len.get(c.question_id, 0) and c.tokens <= DECODE_MAX_TOKENS,
+                     self._scale.get(c.device, 1.0))
         if c.inputs:  # the model host embeds its inputs first
             s += dm.embed_s(c.tokens)
         return s
@@ -211,13 +456,17 @@ class Simulation:
     def _draft_tokens(self, c: Draft) -> tuple[int, ...]:
         """Drafts that agree with the reference for as many leading tokens as the
         acceptance model says (none once an earlier assumed draft was already wrong)."""
-        j = c.base_len + len(c.assumed)
-        consistent = all(t == truth(c.base_len + i) for i, t in enumerate(c.assumed))
+        base = c.base_len
+        j = base + len(c.assumed)
+        consistent = True
+        for i, t in enumerate(c.assumed):
+            if t != truth(base + i):
+                consistent = False
+                break
         a = self.acceptance.accepted(c.k) if (consistent and self.acceptance is not None) else 0
-        return tuple(truth(j + i) if i < a else _wrong(j + i) for i in range(c.k))
+        return tuple([truth(j + i) + (i >= a) for i in range(c.k)])  # right for the first a, then truth + 1
 
-    def _ask_next(self):
-        yield self.env.timeout(0)
+    def _ask_next(self) -> None:
         w = self.scn.workload
         if self._asked >= w.questions:
             return
@@ -236,12 +485,8 @@ class Simulation:
         if f.device in self.dead:
             return
         self.dead.add(f.device)
-        self._at(self.env.now + f.detect_s, DeviceLost(f.device, f"no heartbeat for {f.detect_s:g} s",
-                                                       silent_since_s=self.env.now))
-
-    def _kill_at(self, f):
-        yield self.env.timeout(f.at_s)
-        self._kill(f)
+        now = self.loop.now
+        self._at(now + f.detect_s, DeviceLost(f.device, f"no heartbeat for {f.detect_s:g} s", silent_since_s=now))
 
     def _redeal(self, r: Redeal) -> None:
         """The new chain loads its ranges: every device that gained layers copies their
@@ -251,6 +496,7 @@ class Simulation:
         old = {s.device: (s.start, s.end) for s in self.deal.stages}
         self.deal = self.chain.deal
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
+        self._scale = self._stage_scales()
         model, host = self.scn.model, self.deal.host
         copy_s = 0.0
         for d, a, b in r.stages:
@@ -269,11 +515,16 @@ class Simulation:
                 source = host
             ga, gb = (a, b) if hi <= lo else ((a, lo) if a < lo else (hi, b))  # the gained part (one side)
             rec = WeightsCopied(d, r.first_lap, source, ga, gb, int(nbytes), t)
-            ev = self.env.timeout(t)
-            ev.callbacks.append(lambda _e, rec=rec: self.trace.append((self.env.now, rec)))
+            self.loop.after(t, self._record_copied, rec)
             copy_s = max(copy_s, t)
         self._copy_s[r.lost] = copy_s
-        self._at(self.env.now + copy_s, ChainReady(r.first_lap))
+        self._at(self.loop.now + copy_s, ChainReady(r.first_lap))
+
+    def _record_copied(self, rec: WeightsCopied) -> None:
+        now = self.loop.now
+        if self.raw is not None:
+            self.raw.append((now, rec))
+        self.acc.add(now, rec)
 
     # -- run ------------------------------------------------------------------------
 
@@ -283,20 +534,35 @@ class Simulation:
         detected, ``copy_s`` the weights took, ready, next token; ``recovery_s`` from
         the loss to the next answer token, planner.metrics) and ``metrics["recovery_s"]``
         is the longest."""
-        self.env.process(self._ask_next())
+        loop = self.loop
+        self._start(self._ask_next)
         for f in self.scn.faults:
-            if f.at_s is not None:
-                self.env.process(self._kill_at(f))
-        self.env.run()
+            if f.at_s is not None:  # a process that waits at_s, then kills
+                loop.at(0.0, lambda _a, f=f: loop.at(f.at_s, lambda _b: self._kill(f)), priority=_URGENT)
+        collecting = gc.isenabled()
+        gc.disable()  # the run makes ~10^5 objects that live until its end: collections only rescan them
+        try:
+            try:
+                loop.run()
+            except _Reordered:
+                self.reordered = True
+                return Simulation(self.scn, self.first_deal, self.progress, ahead=False,
+                                  trace=self.raw is not None).run()
+            if self._t_ahead > -math.inf:
+                self.acc.seen(self._t_ahead)
+            metrics = self.acc.result()
+            self.acc = Accumulator()  # let the run's records go before collections resume
+        finally:
+            if collecting:
+                gc.enable()
         if self.progress is not None:
             self.progress(self.tokens_done, self.tokens_total)
-        metrics = compute_metrics(self.trace)
         for rec in metrics["recovery"]:
             rec["copy_s"] = self._copy_s.get(rec["device"])
-        return SimResult(self.first_deal, self.trace, metrics)
+        return SimResult(self.first_deal, self.raw, metrics, self.refusals)
 
 
-def simulate(scn: Scenario, deal: Deal | None = None,
-             progress: Callable[[int, int], None] | None = None) -> SimResult:
+def simulate(scn: Scenario, deal: Deal | None = None, progress: Callable[[int, int], None] | None = None,
+             ahead: bool = True, trace: bool = True) -> SimResult:
     """Simulate ``scn`` and return its deal, trace and metrics (see Simulation)."""
-    return Simulation(scn, deal, progress).run()
+    return Simulation(scn, deal, progress, ahead, trace).run()

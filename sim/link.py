@@ -171,14 +171,16 @@ class Uplinks:
         self.env = env
         self._free_at: dict[str, float] = {}
 
-    def reserve(self, device_id: str, hold_s: float) -> tuple[float, float]:
+    def reserve(self, device_id: str, hold_s: float, now_s: float | None = None) -> tuple[float, float]:
         """Queue a frame that holds ``device_id``'s uplink for ``hold_s`` seconds,
         behind every frame reserved before it. Returns ``(start_s, end_s)``, the
-        absolute times its serialization starts and ends.
+        absolute times its serialization starts and ends. ``now_s``: the time the
+        frame is handed over (default ``env.now``; a driver that works ahead of its
+        clock passes it, and must reserve each device's frames in time order).
         Raises ValueError for a negative or NaN ``hold_s``."""
         if not hold_s >= 0:
             raise ValueError(f"hold time must be >= 0, got {hold_s}")
-        now = self.env.now
+        now = self.env.now if now_s is None else now_s
         free = self._free_at.get(device_id, now)
         start = free if free > now else now
         end = start + hold_s
@@ -214,7 +216,7 @@ class Link:
     """
 
     __slots__ = ("env", "uplinks", "src", "dst", "spec", "episodes", "_jitter", "_half_rtt", "_overhead",
-                 "_inv_bw", "_clock", "_last", "frames", "bytes", "_cwnd", "_last_sent")
+                 "_inv_bw", "_clock", "_last", "frames", "bytes", "_cwnd", "_last_sent", "_per_byte", "_free_at")
 
     def __init__(
         self,
@@ -235,6 +237,8 @@ class Link:
         self._half_rtt = spec.rtt_s / 2
         self._overhead = spec.hop_overhead_s
         self._inv_bw = 0.0 if math.isinf(spec.bandwidth_Bps) else 1.0 / spec.bandwidth_Bps
+        self._per_byte = spec.hop_s_per_byte
+        self._free_at = uplinks._free_at  # the uplinks' "free at" times (schedule inlines reserve)
         self._jitter = make_jitter(spec.jitter, rng, base_s=self._half_rtt)
         if episodes is None and spec.episodes is not None:
             episodes = EpisodeClock(spec.episodes, rng)
@@ -251,24 +255,32 @@ class Link:
         """Delivery time of the latest frame sent (``-inf`` before the first)."""
         return self._last
 
-    def schedule(self, frame_bytes: int) -> float:
-        """Send a frame now and return its delivery time (absolute seconds) at once.
+    def schedule(self, frame_bytes: int, now_s: float | None = None) -> float:
+        """Send a frame now (or at ``now_s``, seconds) and return its delivery time
+        (absolute seconds) at once.
 
         Reserves the sender's uplink, draws the jitter and reads the stall clock at
         the moment the last byte leaves. Use it from a driver that schedules its own
         wake-up (e.g. ``env.timeout(t - env.now)``); :meth:`send` wraps it as a
-        process. Raises ValueError for a negative ``frame_bytes``.
+        process. A driver that works ahead of its clock passes ``now_s`` and must
+        send each device's frames in time order. Raises ValueError for a negative
+        ``frame_bytes``.
         """
         if frame_bytes < 0:
             raise ValueError(f"frame_bytes must be >= 0, got {frame_bytes}")
-        _, left = self.uplinks.reserve(self.src, frame_bytes * self._inv_bw)
+        # Uplinks.reserve(self.src, frame_bytes / bandwidth, now_s), inlined (one call per hop)
+        up = self._free_at
+        now = self.uplinks.env.now if now_s is None else now_s
+        free = up.get(self.src, now)
+        left = (free if free > now else now) + frame_bytes * self._inv_bw
+        up[self.src] = left
         delay = self._half_rtt + self._jitter.sample()  # >= 0: clamped in sim.jitter
         clock = self._clock
         if clock is not None:
             delay += 0.5 * clock.extra_rtt_s(left)
         if self._cwnd is not None:
             delay += self._window_rounds(frame_bytes, left) * 2 * self._half_rtt
-        arrive = left + delay + self._overhead + frame_bytes * self.spec.hop_s_per_byte
+        arrive = left + delay + self._overhead + frame_bytes * self._per_byte
         if arrive < self._last:  # ordered channel: never overtake an earlier frame
             arrive = self._last
         self._last = arrive

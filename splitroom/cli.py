@@ -116,13 +116,12 @@ def with_profile(scn, path: Optional[str]):
         fail(f"--calibration {e}")
 
 
-def check_answered(m: dict, source: str, trace=None) -> None:
+def check_answered(m: dict, source: str, refusals=None) -> None:
     """Exit 2 when a simulated room answered nothing it was asked: a prediction of
-    nothing is an error, never 0.0 tok/s. With the run's ``trace``, the line names the
-    first refusal's reason."""
+    nothing is an error, never 0.0 tok/s. With the run's ``refusals`` (Refuse commands,
+    in order), the line names the first one's reason."""
     if m.get("questions", 0) and not m.get("answered", 0):
-        from planner.protocol import Refuse
-        why = next((o.reason for _, o in (trace or ()) if type(o) is Refuse), None)
+        why = next((o.reason for o in (refusals or ())), None)
         fail(f"{source}: the simulated room answered none of its {m['questions']} questions "
              f"({m.get('refused', 0)} refused{': ' + why if why else ''}); no prediction")
 
@@ -257,12 +256,13 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         except DealError as e:
             fail(f"{scenario}: {e}")
     from splitroom.report import run_simulation
-    result = run_simulation(scn, d, show_progress=progress and not as_json, console=err)
-    check_answered(result.metrics, scenario, result.trace)
+    result = run_simulation(scn, d, show_progress=progress and not as_json, console=err,
+                            keep_trace=bool(trace or plot))
+    check_answered(result.metrics, scenario, result.refusals)
     privacy = None
     if scn.ends_local is not None:
         from splitroom.privacy_run import privacy_summary
-        plain = run_simulation(plain_scn, plain_deal, show_progress=False)
+        plain = run_simulation(plain_scn, plain_deal, show_progress=False, keep_trace=False)
         privacy = privacy_summary(scn, result.metrics, plain.metrics)
     try:
         if trace:
@@ -546,12 +546,23 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
           calibration: Optional[str] = CalibrationOpt,
           plot: Optional[str] = typer.Option(None, "--plot", help="Write a bar chart of tokens/s (PNG)."),
           jobs: int = typer.Option(0, "--jobs", help="Processes to spread the runs over (0: one per core)."),
-          sort: str = typer.Option("tokens_per_s", "--sort", help="tokens_per_s (best first) or ttft_s (best first).")):
+          sort: str = typer.Option("tokens_per_s", "--sort", help="tokens_per_s, ttft_s or cost (USD per million "
+                                   "useful tokens; needs device prices), best first."),
+          executor: str = typer.Option("process", "--executor", help="process (this machine's cores) or ray "
+                                       "(the Ray cluster RAY_ADDRESS names, else a local one; pip install "
+                                       "'splitroom[ray]').")):
     """Predict every combination of the --vary values, best first, and mark the best."""
-    from splitroom.sweep import SweepError, combinations, run_sweep
+    from splitroom.sweep import EXECUTORS, SORT_KEYS, SweepError, combinations, run_sweep, sort_rows
     check_output(plot, "--plot")
-    if sort not in ("tokens_per_s", "ttft_s"):
-        fail(f"--sort: expected tokens_per_s or ttft_s, got {sort!r}")
+    if sort not in SORT_KEYS:
+        fail(f"--sort: expected {', '.join(SORT_KEYS)}, got {sort!r}")
+    if executor not in EXECUTORS:
+        fail(f"--executor: expected {' or '.join(EXECUTORS)}, got {executor!r}")
+    if executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            fail("--executor ray: the ray package is not installed (pip install 'splitroom[ray]')")
     try:
         combos = combinations(vary)
     except SweepError as e:
@@ -566,11 +577,13 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     try:
         rows = run_sweep(scenario, base, combos, calibration, jobs=jobs,
                          progress=None if as_json else (lambda i, n: err.print(f"  {i}/{n} predicted",
-                                                                                highlight=False)))
+                                                                                highlight=False)),
+                         executor=executor)
     except SweepError as e:
         fail(f"{scenario}: {e}")
-    key = (lambda r: -r["tokens_per_s"]) if sort == "tokens_per_s" else (lambda r: r["ttft_s"])
-    rows.sort(key=lambda r: (r["error"] is not None, key(r) if r["error"] is None else 0))
+    if sort == "cost" and not any(r.get("usd_per_million_tokens") is not None for r in rows):
+        fail(f"--sort cost: no device of {scenario} has a price (add price: to a device)")
+    rows = sort_rows(rows, sort)
     if plot:
         from splitroom.plots import plot_sweep
         plot_sweep(rows, plot, title=f"{scenario}: sweep")
@@ -582,15 +595,18 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     t.add_column("")
     for k in keys:
         t.add_column(k)
-    for col in ("tok/s", "first token", "tokens/lap", "answered"):
+    priced = any(r.get("usd_per_million_tokens") is not None for r in rows)
+    for col in ("tok/s", "first token", "tokens/lap", "answered") + (("USD / M tokens",) if priced else ()):
         t.add_column(col, justify="right")
     for i, r in enumerate(rows):
         vals = [str(v) for _, v in r["values"]]
         if r["error"] is not None:
-            t.add_row("", *vals, "-", "-", "-", escape(r["error"]))
+            t.add_row("", *vals, "-", "-", "-", escape(r["error"]), *(("-",) if priced else ()))
             continue
+        cost = r.get("usd_per_million_tokens")
         t.add_row("[bold green]best[/]" if i == 0 else "", *vals, f"{r['tokens_per_s']:.2f}", _ms(r["ttft_s"]),
-                  f"{r['tokens_per_lap']:.2f}", f"{r['answered']} of {r['questions']}")
+                  f"{r['tokens_per_lap']:.2f}", f"{r['answered']} of {r['questions']}",
+                  *((f"{cost:.2f}" if cost is not None else "-",) if priced else ()))
     out.print(t)
     if plot:
         out.print(f"picture written to {plot}")

@@ -32,7 +32,7 @@ def _simulate_machine(scn: Scenario, m: Machine) -> dict:
     if hasattr(one, "profile"):
         one = replace(one, profile=None)
     d = deal(one.devices, one.model, one.options)
-    metrics = Simulation(one, d).run().metrics
+    metrics = Simulation(one, d, trace=False).run().metrics
     c = token_cost(d, one.devices, metrics["tokens"], metrics["duration_s"], electricity(scn))
     return {"id": m.id, "name": m.name, "tokens_per_s": metrics["tokens_per_s"],
             "useful_tokens_per_s": c.useful_tokens_per_s, "usd_per_hour": c.room_usd_per_hour,

@@ -343,7 +343,7 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     predicted room answers fewer questions than it is asked (never a silent 0.0)."""
     from sim.driver import simulate
     pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens).with_profile(profile)
-    m = simulate(pred_scn, deal).metrics
+    m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
     return m
 
@@ -464,7 +464,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     if scn.faults:  # only the devices that run a process can take a lost range, as in the real room
         pred_scn = dataclasses.replace(pred_scn, devices=tuple(
             d for d in pred_scn.devices if d.id == deal.host or any(s.device == d.id for s in deal.stages)))
-    predicted = simulate(pred_scn, deal).metrics
+    predicted = simulate(pred_scn, deal, trace=False).metrics
     cal["wall_s"] = wall
     emulated = [f"{c.device}: compute padded {c.slowdown:g}x" for c in cfgs if c.slowdown > 1]
     _check_answered(predicted, "the same-run prediction")

@@ -11,15 +11,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from planner.trace import to_record
 
 
-def run_simulation(scn, deal, show_progress: bool = True, console: Console | None = None):
-    """Simulate ``scn`` with ``deal``; a progress bar of answer tokens on ``console``."""
+def run_simulation(scn, deal, show_progress: bool = True, console: Console | None = None, keep_trace: bool = True):
+    """Simulate ``scn`` with ``deal``; a progress bar of answer tokens on ``console``.
+    ``keep_trace``: keep the trace (for --trace, --plot); without it the run is faster."""
     from sim.driver import Simulation
     if not show_progress:
-        return Simulation(scn, deal).run()
+        return Simulation(scn, deal, trace=keep_trace).run()
     with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console or Console(stderr=True), transient=True) as bar:
         task = bar.add_task("sim", total=scn.workload.questions * scn.workload.answer_tokens)
-        return Simulation(scn, deal, progress=lambda done, total: bar.update(task, completed=done)).run()
+        return Simulation(scn, deal, progress=lambda done, total: bar.update(task, completed=done),
+                          trace=keep_trace).run()
 
 
 def write_trace(path: str | Path, trace) -> None:

@@ -56,7 +56,7 @@ def room_info(scn: Scenario, deal: Deal) -> dict:
     pred = None
     try:
         from sim.driver import simulate
-        pred = simulate(scn, deal).metrics.get("tokens_per_s")
+        pred = simulate(scn, deal, trace=False).metrics.get("tokens_per_s")
     except Exception:  # a prediction is a nicety: serving does not depend on it
         pred = None
     return {"name": scn.name, "model": {"id": scn.model.id, "name": scn.model.name, "layers": scn.model.layers},

@@ -58,3 +58,24 @@ def test_cli_sweep_sorts_best_first_and_marks_it(tmp_path):
 def test_cli_sweep_rejects_a_bad_value_before_running_anything():
     r = CliRunner().invoke(app, ["sweep", "scenarios/home.yaml", "--vary", "network.rtt=1ms,fast"])
     assert r.exit_code == 2 and "network.rtt" in r.output
+
+
+def test_sort_cost_orders_by_dollars_per_million_useful_tokens_by_hand():
+    """Two combinations differ only in the price of the host (rent, USD per hour): the
+    room runs the same, so USD per million useful tokens = price / (tokens per hour) x
+    1e6, and the cheaper host comes first; without prices --sort cost is refused."""
+    from splitroom.sweep import sort_rows
+    combos = combinations(["devices[0].price={per_hour: 3 USD},{per_hour: 1 USD}"])
+    rows = run_sweep("scenarios/home.yaml", [], combos, jobs=1)
+    assert rows[0]["tokens_per_s"] == rows[1]["tokens_per_s"]
+    best = sort_rows(rows, "cost")
+    assert [r["values"][0][1] for r in best] == ["{per_hour: 1 USD}", "{per_hour: 3 USD}"]
+    from sim.driver import simulate
+    from splitroom.scenario import load
+    m = simulate(load("scenarios/home.yaml", ["devices[0].price={per_hour: 1 USD}"]), trace=False).metrics
+    per_hour = m["tokens"] / m["duration_s"] * 3600  # useful tokens per hour, stalls and idle time included
+    assert best[0]["usd_per_million_tokens"] == pytest.approx(1.0 / per_hour * 1e6, rel=1e-12)
+    assert best[1]["usd_per_million_tokens"] == pytest.approx(3 * best[0]["usd_per_million_tokens"], rel=1e-12)
+    out = CliRunner().invoke(app, ["sweep", "scenarios/home.yaml", "--vary", "network.rtt=1ms,2ms", "--sort",
+                                   "cost", "--jobs", "1", "--json"])
+    assert out.exit_code == 2 and "no device" in out.output and "price" in out.output

@@ -1,7 +1,8 @@
 """Regression oracle for the simulator: identical predictions before and after a change.
 
-tests/data/sim_oracle.json was written by scripts/record_sim_oracle.py from the code at
-commit f9ca79e, the commit *before* the simulator was sped up (issue 14: "identical
+tests/data/sim_oracle.json was written by scripts/record_sim_oracle.py from the SimPy-based
+driver *before* the simulator was sped up (f9ca79e; the fault cases again at 7a767fc,
+which added the weights-copy records; issue 14: "identical
 metrics before and after for a fixed seed (a test compares the whole metrics dict on the
 three shipped scenarios)"). For each case -- scenarios/gb10_m5.yaml, home.yaml,
 wan_glm.yaml at their own seeds, the simulator benchmark's WAN room
@@ -46,3 +47,15 @@ def test_simulation_matches_the_recorded_oracle(name, path, overrides):
     assert got["records"] == want["records"]
     assert got["metrics"] == want["metrics"]
     assert got["trace_sha256"] == want["trace_sha256"]
+
+
+@pytest.mark.parametrize("name,path,overrides", CASES, ids=[c[0] for c in CASES])
+def test_event_by_event_and_without_a_trace_the_same(name, path, overrides):
+    """The driver's two ways (workers run ahead of the clock where allowed, or every
+    event through the queue: sim/driver.py) and a run that keeps no trace give the
+    recorded metrics too."""
+    want = ORACLE[name]
+    slow = record_case(path, overrides, ahead=False)
+    assert (slow["metrics"], slow["records"], slow["trace_sha256"]) == (
+        want["metrics"], want["records"], want["trace_sha256"])
+    assert record_case(path, overrides, trace=False)["metrics"] == want["metrics"]
