@@ -262,3 +262,14 @@ def test_calibration_path_with_a_nul_character(tmp_path):
     """Found by the long fuzzing run: open() raised ValueError (embedded null byte)."""
     f = write(tmp_path, ONE + 'calibration: "a\\0b"\n')
     one_line_exit_2(invoke("plan", f), "room.yaml: calibration", "not a file name")
+
+
+@pytest.mark.parametrize("args,parts", [
+    (["--executor", "dask"], ["--executor", "process or ray", "dask"]),
+    (["--sort", "price"], ["--sort", "cost", "price"]),
+    (["--sort", "cost"], ["--sort cost", "no device", "price"]),  # no device of ONE has a price
+])
+def test_sweep_executor_and_sort_are_checked(tmp_path, args, parts):
+    scn = tmp_path / "one.yaml"
+    scn.write_text(ONE)
+    one_line_exit_2(invoke("sweep", str(scn), "--vary", "network.rtt=1ms,2ms", "--jobs", "1", "--json", *args), *parts)
