@@ -82,3 +82,24 @@ def test_running_ahead_equals_event_by_event_on_more_rooms(path, overrides):
     fast, slow = record_case(path, overrides), record_case(path, overrides, ahead=False)
     assert fast == slow
     assert fast["metrics"]["answered"] == fast["metrics"]["questions"] > 0
+
+
+def test_frames_out_of_order_ahead_start_the_run_again_event_by_event(monkeypatch):
+    """When running ahead meets two frames of one link firing out of send order (the
+    driver raises _Reordered), the run starts again event by event: same result as the
+    reference way, and the simulation says so."""
+    import sim.driver as drv
+    from splitroom.scenario import load
+    scn = load("scenarios/gb10_m5.yaml", ["workload.questions=1", "workload.answer_tokens=40"])
+    calls = []
+
+    def reorder(self, c):
+        calls.append(c)
+        raise drv._Reordered
+
+    want = drv.simulate(scn, ahead=False).metrics
+    monkeypatch.setattr(drv.Simulation, "_run_ahead", reorder)
+    sim = drv.Simulation(scn)
+    assert sim.ahead
+    got = sim.run()
+    assert calls and sim.reordered and got.metrics == want
