@@ -1,0 +1,77 @@
+"""Speculation in the real room at an emulated round trip (issue 14): plain against
+prompt-lookup (ngram) drafting, on an input-grounded workload (copying a given passage,
+where the draft is right most of the time) and on a chat question, each measured by
+``splitroom run --real`` in network namespaces and predicted beforehand from a
+calibration profile (``splitroom calibrate``).
+
+    python scripts/spec_gain.py --calibration cal.yaml [--rtt 80ms] [--repeats 3] [--out gain.json]
+
+Prints one row per workload and drafting setting (median measured tokens per second
+over the repeats, min-max, predicted, and the gain over plain) and writes them as JSON.
+Needs root and the tools of runtime/netem.py; run it alone (timings)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+WORKLOADS = {
+    "grounded": "Copy this sentence exactly, word for word: The quick brown fox jumps over the lazy dog near the "
+                "old river bank, and then it runs back home before the sun goes down.",
+    "chat": "What is the capital of France?",
+}
+SETTINGS = {"plain": "null", "ngram k=4": "{drafter: ngram, draft_tokens: 4}",
+            "ngram k=8": "{drafter: ngram, draft_tokens: 8}"}
+
+
+def run_once(prompt: str, spec: str, rtt: str, calibration: str, answer_tokens: int) -> dict:
+    """One ``run --real --json`` of home.yaml's two-device room; returns its JSON."""
+    sets = [f"network.rtt={rtt}", "devices[2].lends=0 B", "workload.questions=1",
+            f"workload.answer_tokens={answer_tokens}", f"workload.prompts=[{json.dumps(prompt)}]",
+            f"decoding.speculative={spec}"]
+    argv = [sys.executable, "-c", "from splitroom.cli import main; main()", "run", "--real", "scenarios/home.yaml",
+            "--json", "--calibration", calibration] + [a for s in sets for a in ("--set", s)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"run --real failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    return json.loads(r.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calibration", required=True)
+    ap.add_argument("--rtt", default="80ms")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--answer-tokens", type=int, default=40)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = []
+    for wl, prompt in WORKLOADS.items():
+        base = None
+        for name, spec in SETTINGS.items():
+            runs = [run_once(prompt, spec, a.rtt, a.calibration, a.answer_tokens) for _ in range(a.repeats)]
+            tps = [r["measured"]["tokens_per_s"] for r in runs]
+            pred = runs[0]["predicted_from_profile"]["tokens_per_s"]
+            row = {"workload": wl, "setting": name, "measured_tokens_per_s": statistics.median(tps),
+                   "min": min(tps), "max": max(tps), "predicted_tokens_per_s": pred,
+                   "tokens_per_lap": statistics.median(r["measured"]["tokens_per_lap"] for r in runs),
+                   "answer": runs[0]["answers"][0]["text"]}
+            if name == "plain":
+                base = row
+            row["gain"] = row["measured_tokens_per_s"] / base["measured_tokens_per_s"]
+            row["predicted_gain"] = pred / base["predicted_tokens_per_s"]
+            rows.append(row)
+            print(f"{wl:9s} {name:10s} measured {row['measured_tokens_per_s']:6.2f} tok/s "
+                  f"[{row['min']:.2f}-{row['max']:.2f}]  predicted {pred:6.2f}  "
+                  f"gain {row['gain']:.2f}x (predicted {row['predicted_gain']:.2f}x)  "
+                  f"tokens/lap {row['tokens_per_lap']:.2f}", flush=True)
+    if a.out:
+        with open(a.out, "w", encoding="utf-8") as f:
+            json.dump({"rtt": a.rtt, "repeats": a.repeats, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
