@@ -9,6 +9,19 @@ import sys
 import time
 from typing import Iterator
 
+def greedy_reference(prompt: str, max_new: int) -> list[int]:
+    """The bundled model's greedy answer ids (eos dropped) from one process holding all
+    30 layers: the independent reference a room's answer is compared with."""
+    from runtime.backends import StageSpec, make_stage
+    from runtime.generate import generate_greedy
+    from runtime.tokenizer import ChatTokenizer
+    from runtime.weights import ensure_safetensors
+    model_dir = ensure_safetensors()
+    whole = make_stage("numpy", model_dir, StageSpec(0, 30, host=True))
+    ids = ChatTokenizer.from_dir(model_dir).encode_chat(prompt)
+    return [t for t in generate_greedy([whole], ids, max_new).ids if t != 2]
+
+
 #: the splitroom CLI as a child process of this interpreter
 SPLITROOM = [sys.executable, "-c", "from splitroom.cli import main; main()"]
 

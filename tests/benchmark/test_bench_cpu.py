@@ -7,13 +7,11 @@ limit's matrix is small). ``extra_info`` carries the ratios; docs/benchmarks.md 
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from runtime.backends import StageSpec, make_stage
-from runtime.bench import mv_limit, weight_bytes
+from runtime.bench import _time, mv_limit, weight_bytes
 from runtime.precision import Precision
 from runtime.weights import ensure_safetensors
 
@@ -23,13 +21,8 @@ PROMPT = 64
 
 
 def _median_s(fn, reps=5):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    """Median seconds of ``reps`` calls of ``fn`` after one warm-up (runtime.bench's timer)."""
+    return _time(fn, reps)["median"]
 
 
 @pytest.fixture(scope="module")
