@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-__all__ = ["PROFILE_VERSION", "ProfileError", "Curve", "PassCurve", "DeviceProfile", "DrafterProfile",
+__all__ = ["PROFILE_VERSION", "WORKLOAD_KINDS", "ProfileError", "Curve", "PassCurve", "DeviceProfile", "DrafterProfile",
            "TransportProfile", "Profile", "fit_line"]
 
 #: the profile format's version; bump on any incompatible change
@@ -212,14 +212,36 @@ class DeviceProfile:
                    Curve.from_mapping(m["head_s"], f"{where}.head_s"), slowdown)
 
 
+#: kinds of workload a profile can hold acceptance for (``workload.kind`` of a scenario):
+#: ``chat`` open questions answered from the model's own knowledge (the calibration
+#: prompts of runtime.calibrate); ``grounded`` rewriting, copying or editing a passage
+#: given in the prompt, where prompt-lookup drafts are right most of the time
+WORKLOAD_KINDS = ("chat", "grounded")
+
+
 @dataclass(frozen=True)
 class DrafterProfile:
     """One drafter as measured: ``call_s`` (k -> seconds of one draft call of k tokens)
     and ``accepted`` (k -> accepted lengths of every draft of a greedy speculative walk
-    over the calibration prompts, each in ``[0, k]``)."""
+    over the chat calibration prompts, each in ``[0, k]``). ``workloads`` holds the
+    same walk over the prompts of other workload kinds (:data:`WORKLOAD_KINDS`, e.g.
+    ``{"grounded": {k: lengths}}``): acceptance depends on what is asked far more than
+    on the room, so a prediction draws from the kind its scenario names."""
 
     call_s: Curve
     accepted: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    workloads: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+
+    def for_workload(self, kind: str) -> "DrafterProfile":
+        """This drafter with the accepted lengths measured on ``kind`` prompts
+        (``chat``: itself). Raises ProfileError when the profile has none for ``kind``."""
+        if kind == "chat":
+            return self
+        if kind not in self.workloads:
+            has = ", ".join(["chat", *sorted(self.workloads)])
+            raise ProfileError(f"the profile has no drafter acceptance for workload.kind {kind} (it has: {has}); "
+                               f"calibrate again (splitroom calibrate measures every kind)")
+        return DrafterProfile(self.call_s, dict(self.workloads[kind]))
 
     def draft_s(self, k: int) -> float:
         """Seconds of one draft call of ``k`` tokens (0 for k = 0)."""
@@ -237,26 +259,45 @@ class DrafterProfile:
         return tuple(min(a, k) for a in self.accepted[kk])
 
     def to_mapping(self) -> dict:
-        return {"call_s": self.call_s.to_mapping(),
-                "accepted": {int(k): list(v) for k, v in sorted(self.accepted.items())}}
+        out = {"call_s": self.call_s.to_mapping(),
+               "accepted": {int(k): list(v) for k, v in sorted(self.accepted.items())}}
+        if self.workloads:
+            out["workloads"] = {w: {int(k): list(v) for k, v in sorted(acc.items())}
+                                for w, acc in sorted(self.workloads.items())}
+        return out
 
     @classmethod
     def from_mapping(cls, m: Any, where: str) -> "DrafterProfile":
         if not isinstance(m, Mapping) or "call_s" not in m:
             raise ProfileError(f"{where}: needs call_s")
-        acc = m.get("accepted") or {}
-        if not isinstance(acc, Mapping):
-            raise ProfileError(f"{where}.accepted: expected a mapping of k: [lengths]")
-        out = {}
-        for k, v in acc.items():
-            try:
-                kk, vals = int(k), tuple(int(x) for x in v)
-            except (TypeError, ValueError):
-                raise ProfileError(f"{where}.accepted.{k}: expected a list of integers") from None
-            if kk < 1 or any(x < 0 or x > kk for x in vals):
-                raise ProfileError(f"{where}.accepted.{k}: lengths must lie in [0, {k}]")
-            out[kk] = vals
-        return cls(Curve.from_mapping(m["call_s"], f"{where}.call_s"), out)
+        wl = m.get("workloads") or {}
+        if not isinstance(wl, Mapping):
+            raise ProfileError(f"{where}.workloads: expected a mapping of workload kind: {{k: [lengths]}}")
+        for w in wl:
+            if w not in WORKLOAD_KINDS or w == "chat":
+                raise ProfileError(f"{where}.workloads.{w}: not a workload kind with its own acceptance "
+                                   f"(one of: {', '.join(k for k in WORKLOAD_KINDS if k != 'chat')})")
+        return cls(Curve.from_mapping(m["call_s"], f"{where}.call_s"),
+                   _accepted_from_mapping(m.get("accepted"), f"{where}.accepted"),
+                   {str(w): _accepted_from_mapping(v, f"{where}.workloads.{w}") for w, v in wl.items()})
+
+
+def _accepted_from_mapping(acc: Any, where: str) -> dict[int, tuple[int, ...]]:
+    """``{k: (lengths)}`` from a mapping of k: [lengths], each in ``[0, k]``.
+    Raises ProfileError naming ``where`` for anything else."""
+    acc = acc or {}
+    if not isinstance(acc, Mapping):
+        raise ProfileError(f"{where}: expected a mapping of k: [lengths]")
+    out = {}
+    for k, v in acc.items():
+        try:
+            kk, vals = int(k), tuple(int(x) for x in v)
+        except (TypeError, ValueError):
+            raise ProfileError(f"{where}.{k}: expected a list of integers") from None
+        if kk < 1 or any(x < 0 or x > kk for x in vals):
+            raise ProfileError(f"{where}.{k}: lengths must lie in [0, {k}]")
+        out[kk] = vals
+    return out
 
 
 @dataclass(frozen=True)

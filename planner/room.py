@@ -175,13 +175,16 @@ class Workload:
     """What the room is asked: ``questions`` questions of ``prompt_tokens`` tokens,
     each answered with ``answer_tokens`` tokens; ``prompts`` are real prompts for
     runs with a real model. ``asked_by`` names the device asking each question
-    (round robin over this list; the host when empty)."""
+    (round robin over this list; the host when empty). ``kind`` says what the
+    questions are like (:data:`planner.profile.WORKLOAD_KINDS`: ``chat`` or
+    ``grounded``); a calibration profile's drafter acceptance is drawn from that kind."""
 
     questions: int = 1
     prompt_tokens: int = 128
     answer_tokens: int = 128
     prompts: tuple[str, ...] = ()
     asked_by: tuple[str, ...] = ()
+    kind: str = "chat"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ Everything a prediction needs, measured without running any scenario's workload:
   calibration prompt set (:data:`CALIBRATION_PROMPTS`, not any scenario's prompts):
   at each step the drafter proposes ``k`` tokens after the answer so far, the number
   that match the model's own greedy answer is recorded, and the walk moves on by that
-  many plus one, as a verify lap does; each call is timed;
+  many plus one, as a verify lap does; each call is timed; the walk is made once per
+  workload kind (chat: :data:`CALIBRATION_PROMPTS`; grounded, copying a given passage:
+  :data:`GROUNDED_CALIBRATION_PROMPTS`), since what is asked decides acceptance;
 * the transport (:func:`measure_transport`): two processes connected by the project's
   WebRTC data channels through a local relay, ping-ponging residual frames of the
   decode, verify and prefill sizes; one-way time = round trip / 2 (median).
@@ -34,6 +36,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import asyncio  # noqa: E402
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -62,6 +65,18 @@ CALIBRATION_PROMPTS = (
     "List five fruits and their colours.",
     "Give me three tips for learning to cook.",
     "What does a compiler do?",
+)
+
+#: grounded calibration prompts (workload.kind grounded): copying or rewriting a passage
+#: given in the prompt, where prompt-lookup drafts are right most of the time; the
+#: passages are unlike scripts/spec_gain.py's, so its grounded figure stays held out
+GROUNDED_CALIBRATION_PROMPTS = (
+    "Repeat the following text without changing a word: A small boat drifted across the calm lake while two "
+    "herons watched from the reeds by the shore.",
+    "Copy this exactly: Please bring your own notebook, a pencil and a packed lunch to the field trip on "
+    "Friday morning.",
+    "Write this sentence out again, exactly as it is: The library opens at nine, closes at six, and stays open "
+    "late on the first Thursday of every month.",
 )
 
 Log = Callable[[str], None]
@@ -302,20 +317,28 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     t0 = time.perf_counter()
     if quick:
         stage = measure_passes(model_dir, backend, tokens=(1, 5, 16), contexts=(16, 64), reps=3, log=log)
-        prompts, max_new, kinds, ks, n_frames = CALIBRATION_PROMPTS[:1], 16, ("ngram",), (1, 4), 15
+        n_prompts, max_new, ks, n_frames = 1, 16, (1, 4), 15
     else:
         stage = measure_passes(model_dir, backend, log=log)
-        prompts, max_new, kinds, ks, n_frames = CALIBRATION_PROMPTS, 64, ("ngram",), DRAFT_KS, 60
+        n_prompts, max_new, ks, n_frames = len(CALIBRATION_PROMPTS), 64, DRAFT_KS, 60
     head = measure_head(model_dir, backend)
     log("head: timed on " + ", ".join(f"{int(r)}" for r in head.xs) + " rows")
-    answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id,
-                             backend=backend)
-    log(f"drafters: greedy answers to {len(prompts)} calibration prompts "
-        f"({sum(len(a) for _, a in answers)} tokens)")
-    drafters = measure_drafters(model_dir, answers, kinds=kinds, ks=ks, log=log)
-    if not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
-        drafters.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:2]],
-                                         kinds=("early_exit", "model"), ks=(2, 4), log=log))
+    by_kind = {"chat": CALIBRATION_PROMPTS[:n_prompts], "grounded": GROUNDED_CALIBRATION_PROMPTS[:n_prompts]}
+    drafters: dict[str, DrafterProfile] = {}
+    for workload, prompts in by_kind.items():
+        answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend)
+        log(f"drafters ({workload}): greedy answers to {len(prompts)} calibration prompts "
+            f"({sum(len(a) for _, a in answers)} tokens)")
+        measured = measure_drafters(model_dir, answers, kinds=("ngram",), ks=ks, log=log)
+        if not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
+            measured.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:2]],
+                                             kinds=("early_exit", "model"), ks=(2, 4), log=log))
+        for name, dr in measured.items():
+            if workload == "chat":  # the chat walk is the drafter's own; its call times are kept
+                drafters[name] = dr
+            else:
+                drafters[name] = dataclasses.replace(drafters[name], workloads={
+                    **drafters[name].workloads, workload: dr.accepted})
     transport = measure_transport(cfg.hidden, n=n_frames)
     cells = ", ".join(f"{int(b)} B {s * 1e3:.2f} ms" for b, s in zip(transport.one_way_s.xs, transport.one_way_s.ys))
     log(f"transport: one-way {cells}")

@@ -27,9 +27,12 @@ SETTINGS = {"plain": "null", "ngram k=4": "{drafter: ngram, draft_tokens: 4}",
             "ngram k=8": "{drafter: ngram, draft_tokens: 8}"}
 
 
-def run_once(prompt: str, spec: str, rtt: str, calibration: str, answer_tokens: int) -> dict:
-    """One ``run --real --json`` of home.yaml's two-device room; returns its JSON."""
+def run_once(prompt: str, kind: str, spec: str, rtt: str, calibration: str, answer_tokens: int) -> dict:
+    """One ``run --real --json`` of home.yaml's two-device room, ``kind`` its
+    ``workload.kind`` (which of the profile's measured acceptances predicts it);
+    returns its JSON."""
     sets = [f"network.rtt={rtt}", "devices[2].lends=0 B", "workload.questions=1",
+            f"workload.kind={kind}",
             f"workload.answer_tokens={answer_tokens}", f"workload.prompts=[{json.dumps(prompt)}]",
             f"decoding.speculative={spec}"]
     argv = [sys.executable, "-c", "from splitroom.cli import main; main()", "run", "--real", "scenarios/home.yaml",
@@ -52,7 +55,7 @@ def main() -> None:
     for wl, prompt in WORKLOADS.items():
         base = None
         for name, spec in SETTINGS.items():
-            runs = [run_once(prompt, spec, a.rtt, a.calibration, a.answer_tokens) for _ in range(a.repeats)]
+            runs = [run_once(prompt, wl, spec, a.rtt, a.calibration, a.answer_tokens) for _ in range(a.repeats)]
             tps = [r["measured"]["tokens_per_s"] for r in runs]
             pred = runs[0]["predicted_from_profile"]["tokens_per_s"]
             row = {"workload": wl, "setting": name, "measured_tokens_per_s": statistics.median(tps),

@@ -213,6 +213,8 @@ class Simulation:
         self.links = Links(self.loop, scn.network, np.random.default_rng(link_seed))
         spec = scn.decoding.speculative
         measured = prof.drafters.get(spec.drafter) if (spec and prof) else None
+        if measured is not None:  # the acceptance measured on this scenario's kind of questions
+            measured = measured.for_workload(scn.workload.kind)
         self.acceptance = make_acceptance(spec, np.random.default_rng(acc_seed), measured) if spec else None
         self.raw: list | None = [] if trace else None  # (t, obj) or (t, _Step): the trace, compact
         self.refusals: list[Refuse] = []

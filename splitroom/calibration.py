@@ -198,12 +198,20 @@ def load_profile(path: str | Path) -> Profile:
 def check_covers(scn: Scenario, profile: Profile, name: str = "profile") -> None:
     """Raise CalibrationError (one line starting with ``name``) when ``profile`` profiles
     none of ``scn``'s devices that can hold layers: a profile of another scenario, whose
-    times would silently not be used (devices the profile lacks keep their roofline)."""
+    times would silently not be used (devices the profile lacks keep their roofline),
+    or when the scenario drafts with a drafter the profile measured but not on the
+    scenario's ``workload.kind`` of questions."""
     ids = [d.id for d in scn.devices if d.webgpu]
     if ids and not any(i in profile.devices for i in ids):
         has = ", ".join(sorted(profile.devices)) or "none"
         raise CalibrationError(f"{name}: profiles none of this scenario's devices ({', '.join(ids)}; the profile "
                                f"has: {has}); calibrate with this scenario (splitroom calibrate SCENARIO --out FILE)")
+    spec = scn.decoding.speculative
+    if spec is not None and spec.drafter in profile.drafters:
+        try:
+            profile.drafters[spec.drafter].for_workload(scn.workload.kind)
+        except ProfileError as e:
+            raise CalibrationError(f"{name}: {e}") from None
 
 
 def apply_profile(scn: Scenario, profile: Profile, name: str = "profile") -> Scenario:

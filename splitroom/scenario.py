@@ -195,6 +195,8 @@ class WorkloadIn(_Strict):
     answer_tokens: int = Field(default=128, ge=1, le=MAX_CONTEXT)
     prompts: list[str] = []
     asked_by: list[str] = []
+    # planner.profile.WORKLOAD_KINDS: which measured drafter acceptance a profile lends
+    kind: Literal["chat", "grounded"] = "chat"
 
 
 class SpeculativeIn(_Strict):
@@ -460,7 +462,7 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
             raise _KeyProblem(f"workload.asked_by[{i}]", f"{units.show(who)} is not a device")
     w = s.workload
     workload = Workload(questions=w.questions, prompt_tokens=w.prompt_tokens, answer_tokens=w.answer_tokens,
-                        prompts=tuple(w.prompts), asked_by=tuple(w.asked_by))
+                        prompts=tuple(w.prompts), asked_by=tuple(w.asked_by), kind=w.kind)
     sp = s.decoding.speculative
     spec = None
     if sp is not None:

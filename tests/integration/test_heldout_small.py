@@ -49,6 +49,10 @@ def test_calibrate_cli_quick_writes_a_profile_that_simulate_reads(tmp_path):
     # the phone's process pads to 3x (emulate: {slowdown: 3}): so does its profile
     assert p.devices["phone"].stage.pass_s(5, 1, 16) == pytest.approx(3 * p.devices["desktop"].stage.pass_s(5, 1, 16))
     assert p.drafters["ngram"].accepted and p.transport is not None
+    # the grounded walk copies a given passage: prompt lookup is right more often than on chat
+    ngram = p.drafters["ngram"]
+    chat, grounded = ngram.accepted_lengths(4), ngram.for_workload("grounded").accepted_lengths(4)
+    assert sum(grounded) / len(grounded) > sum(chat) / len(chat)
     r = CliRunner().invoke(app, ["simulate", "scenarios/home.yaml", "--calibration", str(prof), "--json",
                                  "--no-progress"])
     assert r.exit_code == 0, r.output

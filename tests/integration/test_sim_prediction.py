@@ -78,3 +78,40 @@ def test_decode_slows_as_the_context_grows():
     long = simulate(long_scn).metrics["tokens_per_s"]
     assert short / long == pytest.approx(expected, rel=0.01)
     assert expected > 1.07
+
+
+def test_a_grounded_workload_draws_the_profiles_grounded_acceptance():
+    # issue 14: the profile's chat walk accepts nothing, its grounded walk every draft;
+    # 64 answer tokens, the first from the prefill: 63 verify laps of 1 token (chat),
+    # ceil(63 / (4 + 1)) = 13 laps of up to 5 (grounded)
+    from planner.profile import Curve, DrafterProfile, Profile
+    prof = Profile({}, {"ngram": DrafterProfile(Curve((4.0,), (1e-5,)), {4: (0,)}, {"grounded": {4: (4,)}})})
+    spec = {"speculative": {"drafter": "ngram", "draft_tokens": 4}}
+    laps = {}
+    for kind in ("chat", "grounded"):
+        scn = _two(spec)
+        scn = dataclasses.replace(scn, workload=dataclasses.replace(scn.workload, kind=kind)).with_profile(prof)
+        m = simulate(scn).metrics
+        assert m["answered"] == 1
+        laps[kind] = m["laps"]
+    assert laps == {"chat": 63, "grounded": 13}
+
+
+def test_a_profile_without_the_workloads_acceptance_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Profile
+    from splitroom.calibration import save_profile
+    from splitroom.cli import app
+    base = load("scenarios/home.yaml")
+    stage = PassCurve(tokens=(1, 5), contexts=(100, 300), fixed_s=((0.001, 0.002),) * 2,
+                      per_layer_s=((0.001, 0.002),) * 2)
+    prof = Profile({"desktop": DeviceProfile(stage, Curve((1.0,), (0.01,)), 1.0)}, {"ngram": DrafterProfile(Curve((4.0,), (1e-5,)), {4: (1,)})})
+    f = tmp_path / "p.yaml"
+    save_profile(prof, f)
+    r = CliRunner().invoke(app, ["simulate", "scenarios/home.yaml", "--calibration", str(f), "--set",
+                                 "decoding.speculative={drafter: ngram, draft_tokens: 4}", "--set",
+                                 "workload.kind=grounded"])
+    assert r.exit_code == 2, r.output
+    assert "no drafter acceptance for workload.kind grounded" in r.output
+    assert base.workload.kind == "chat"  # the default

@@ -80,3 +80,28 @@ def test_a_profile_round_trips_through_its_mapping():
 def test_malformed_profiles_name_the_key(mapping, words):
     with pytest.raises(ProfileError, match=words.replace(".", r"\.")):
         Profile.from_mapping(mapping)
+
+
+def test_a_drafter_lends_the_acceptance_of_the_workload_kind_asked():
+    d = DrafterProfile(Curve((4.0,), (1e-5,)), {4: (0, 1)}, {"grounded": {4: (4, 3)}})
+    assert d.for_workload("chat") is d
+    g = d.for_workload("grounded")
+    assert g.accepted_lengths(4) == (4, 3) and g.accepted_lengths(2) == (2, 2) and g.draft_s(4) == d.draft_s(4)
+    with pytest.raises(ProfileError, match="no drafter acceptance for workload.kind poetry"):
+        d.for_workload("poetry")
+    with pytest.raises(ProfileError, match=r"\(it has: chat\)"):
+        DrafterProfile(Curve((4.0,), (1e-5,)), {4: (0,)}).for_workload("grounded")
+    p = Profile({}, {"ngram": d})
+    assert Profile.from_mapping(p.to_mapping()) == p
+
+
+@pytest.mark.parametrize("workloads, words", [
+    ({"grounded": {4: [5]}}, "drafters.ngram.workloads.grounded.4: lengths must lie in [0, 4]"),
+    ({"poetry": {4: [1]}}, "drafters.ngram.workloads.poetry: not a workload kind"),
+    ({"chat": {4: [1]}}, "drafters.ngram.workloads.chat: not a workload kind"),
+    ([1, 2], "drafters.ngram.workloads: expected a mapping"),
+])
+def test_malformed_workload_acceptance_names_the_key(workloads, words):
+    m = {"splitroom_profile": PROFILE_VERSION, "drafters": {"ngram": {"call_s": {1: 1e-5}, "workloads": workloads}}}
+    with pytest.raises(ProfileError, match=words.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
+        Profile.from_mapping(m)
