@@ -35,11 +35,19 @@ Wire protocol (every message on the ``weights`` channel; little endian)::
 Requests carry no payload: ``{"id": N, "op": "manifest", "start", "end", "embedding",
 "head"}`` (``"host": true`` stands for embedding and head), ``{"id", "op": "tensor",
 "name", "offset", "length"}`` (a byte slice of one tensor, at most
-``MAX_PART_BYTES``) and ``{"id", "op": "file", "name"}``. A reply's header is ``{"id",
-"ok": true, ...}`` followed by the bytes (manifest JSON, tensor slice, file), or
-``{"id", "ok": false, "error": "..."}``. A server refuses (``ok: false``) any tensor
+``MAX_PART_BYTES``) and ``{"id", "op": "file", "name"}``. A tensor request may add
+``"form": "packed"``: the slice is then of the tensor's packed form (lossless, about
+5.3x smaller for float32 weights dequantized from 4-bit GGUF blocks; see
+:mod:`runtime.weights_codec`) when it has one, and of the stored bytes when not; the
+reply's ``form`` (``packed`` or ``raw``) and ``total`` (bytes of that form) say which.
+A reply's header is ``{"id", "ok": true, ...}`` followed by the bytes (manifest JSON,
+tensor slice, file), or ``{"id", "ok": false, "error": "..."}``. A server refuses (``ok: false``) any tensor
 or range it does not hold, malformed requests, and files other than the model
 directory's config and tokenizer files.
+
+Packed copies exist because the transport is CPU-bound (aiortc's SCTP in Python,
+about 2 MB/s here, docs/transport.md): a recovering device's 14.2 MB layer takes 7 s
+raw and 1.4 s packed.
 
 Pacing: the transport hands ``weights`` messages to SCTP in 16 KiB pieces behind
 residuals and replies, with a cap on bytes in flight (docs/transport.md), so a copy
@@ -74,6 +82,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import weights as _weights
+from . import weights_codec as _codec
 from .config import ModelConfig
 
 log = logging.getLogger("splitroom.weights_share")
@@ -299,6 +308,7 @@ class WeightsServer:
     stats: dict = field(default_factory=lambda: {"requests": 0, "refused": 0, "bytes": 0})
     refusals: list = field(default_factory=list)
     _tasks: set = field(default_factory=set)
+    _packs: dict = field(default_factory=dict)  # tensor name -> packed bytes or None
 
     def _on_message(self, src: str, channel: str, data: bytes) -> None:
         if channel != CHANNEL or not data or data[0] != _REQ:
@@ -344,11 +354,22 @@ class WeightsServer:
                 off, length = _req_int(req, "offset"), _req_int(req, "length")
                 if name not in self.held:
                     return self._refuse(src, rid, f"does not hold tensor {name[:100]}")
+                packed = self._packed(name) if req.get("form") == "packed" else None
+                if packed is not None:  # a slice of the packed form (runtime.weights_codec)
+                    if off < 0 or length <= 0 or length > MAX_PART_BYTES or off >= len(packed):
+                        return self._refuse(src, rid, f"bad slice {off}+{length} of packed {name} "
+                                            f"({len(packed)} bytes)")
+                    part = memoryview(packed)[off:off + length]
+                    self.stats["bytes"] += len(part)
+                    return encode(_REP, {"id": rid, "ok": True, "op": "tensor", "name": name, "offset": off,
+                                         "form": "packed", "total": len(packed)}, part)
                 _, _, a, b = self.tf.entries[name]
+                length = min(length, b - a - off) if req.get("form") == "packed" else length
                 if off < 0 or length <= 0 or length > MAX_PART_BYTES or off + length > b - a:
                     return self._refuse(src, rid, f"bad slice {off}+{length} of {name} ({b - a} bytes)")
                 v = memoryview(self.tf.mm)[a + off:a + off + length]
-                msg = encode(_REP, {"id": rid, "ok": True, "op": "tensor", "name": name, "offset": off}, v)
+                msg = encode(_REP, {"id": rid, "ok": True, "op": "tensor", "name": name, "offset": off,
+                                    "form": "raw", "total": b - a}, v)
                 v.release()
                 self.stats["bytes"] += length
                 return msg
@@ -364,6 +385,21 @@ class WeightsServer:
             return self._refuse(src, rid, str(e))
         except (KeyError, TypeError, ValueError, OverflowError) as e:
             return self._refuse(src, rid, f"malformed request: {type(e).__name__}: {str(e)[:100]}")
+
+    def _packed(self, name: str) -> Optional[bytes]:
+        """The packed form of a float32 tensor (runtime.weights_codec), made once and
+        kept; None when it has none (another dtype, or too few blocks of that form)."""
+        if name not in self._packs:
+            dtype, shape, a, b = self.tf.entries[name]
+            packed = None
+            if dtype == "F32":
+                v = memoryview(self.tf.mm)[a:b]
+                try:
+                    packed = _codec.pack(np.frombuffer(v, dtype="<f4"))
+                finally:
+                    v.release()
+            self._packs[name] = packed
+        return self._packs[name]
 
     def _safe_reply(self, src: str, data: bytes) -> bytes:
         """:meth:`_reply`, and a refusal for anything it did not foresee: a request never
@@ -628,41 +664,82 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
                 raise WeightsError(f"file {fn} from {peer}: sha256 mismatch")
             files[fn] = data
 
-        bufs = {n: bytearray(e["nbytes"]) for n, e in m["tensors"].items()}
-        parts = [(n, off, min(part_bytes, e["nbytes"] - off))
-                 for n, e in m["tensors"].items() for off in range(0, e["nbytes"], part_bytes)]
-        queue = iter(parts)
-        left = {n: e["nbytes"] for n, e in m["tensors"].items()}
-        total = sum(left.values())
-        got = [0]
-
-        async def worker() -> None:
-            for n, off, length in queue:
-                h, payload = await cl.ask({"op": "tensor", "name": n, "offset": off, "length": length})
-                if h.get("name") != n or h.get("offset") != off or len(payload) != length:
-                    raise WeightsError(f"tensor {n} from {peer}: wrong slice in reply")
-                bufs[n][off:off + length] = payload
-                left[n] -= length
-                got[0] += length
-                if progress is not None:
-                    try:
-                        progress(got[0], total)
-                    except Exception as e:  # a display's bug never stops a copy
-                        log.warning("weights progress callback failed: %s: %s", type(e).__name__, e)
-                if left[n] == 0 and hashlib.sha256(bufs[n]).hexdigest() != m["tensors"][n]["sha256"]:
-                    raise WeightsError(f"tensor {n} from {peer}: sha256 mismatch")  # stop early
-
-        tasks = [asyncio.ensure_future(worker()) for _ in range(window)]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
+        # Each tensor's first slice is asked in the packed form (runtime.weights_codec):
+        # the reply says which form comes ("packed", or "raw" for a tensor without one)
+        # and its total size; the rest is asked in that form. A packed tensor is unpacked
+        # to float32 when complete; either way its sha256 is checked on the stored bytes.
+        size = {n: e["nbytes"] for n, e in m["tensors"].items()}
+        total = sum(size.values())
+        form: dict[str, str] = {}
+        wire: dict[str, int] = {}
+        bufs: dict[str, bytearray] = {}
+        left: dict[str, int] = {}
+        got = [0.0]
         tensors: dict[str, np.ndarray] = {}
-        for n, e in m["tensors"].items():
-            if left[n] != 0:  # cannot happen: every slice was fetched and checked
+
+        def received(n: str, off: int, h: dict, payload: memoryview) -> None:
+            bufs[n][off:off + len(payload)] = payload
+            left[n] -= len(payload)
+            got[0] += len(payload) * size[n] / wire[n]  # progress in stored bytes
+            if progress is not None:
+                try:
+                    progress(int(got[0]), total)
+                except Exception as e:  # a display's bug never stops a copy
+                    log.warning("weights progress callback failed: %s: %s", type(e).__name__, e)
+            if left[n] == 0:
+                e = m["tensors"][n]
+                data = bytes(bufs[n])
+                if form[n] == "packed":
+                    try:
+                        data = _codec.unpack(data, size[n] // 4)
+                    except _codec.PackError as err:
+                        raise WeightsError(f"tensor {n} from {peer}: malformed packed form: {err}") from None
+                if hashlib.sha256(data).hexdigest() != e["sha256"]:
+                    raise WeightsError(f"tensor {n} from {peer}: sha256 mismatch")  # stop early
+                del bufs[n]
+                tensors[n] = np.frombuffer(data, dtype=_NP_DTYPES[e["dtype"]]).reshape(e["shape"])
+
+        async def first(n: str) -> None:
+            packable = m["tensors"][n]["dtype"] == "F32"
+            req = {"op": "tensor", "name": n, "offset": 0, "length": min(part_bytes, size[n])}
+            h, payload = await cl.ask(dict(req, form="packed") if packable else req)
+            f = h.get("form", "raw") if packable else "raw"
+            t = h.get("total", size[n])
+            if h.get("name") != n or h.get("offset") != 0 or f not in ("raw", "packed") or not _is_int(t) \
+                    or (f == "raw" and t != size[n]) or not (0 < t <= size[n]) \
+                    or len(payload) != min(part_bytes, t):
+                raise WeightsError(f"tensor {n} from {peer}: wrong slice in reply")
+            form[n], wire[n], left[n] = f, t, t
+            bufs[n] = bytearray(t)
+            received(n, 0, h, payload)
+
+        async def rest(n: str, off: int, length: int) -> None:
+            req = {"op": "tensor", "name": n, "offset": off, "length": length}
+            h, payload = await cl.ask(dict(req, form="packed") if form[n] == "packed" else req)
+            if h.get("name") != n or h.get("offset") != off or len(payload) != length \
+                    or h.get("form", "raw") != form[n]:
+                raise WeightsError(f"tensor {n} from {peer}: wrong slice in reply")
+            received(n, off, h, payload)
+
+        async def run(jobs) -> None:
+            jobs = iter(jobs)
+
+            async def worker() -> None:
+                for job in jobs:
+                    await job()
+            tasks = [asyncio.ensure_future(worker()) for _ in range(window)]
+            try:
+                await asyncio.gather(*tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+
+        await run([lambda n=n: first(n) for n in size])
+        await run([lambda n=n, off=off: rest(n, off, min(part_bytes, wire[n] - off))
+                   for n in size for off in range(part_bytes, wire[n], part_bytes)])
+        for n in size:
+            if n not in tensors:  # cannot happen: every slice was fetched and checked
                 raise WeightsError(f"tensor {n} from {peer}: incomplete")
-            tensors[n] = np.frombuffer(bufs[n], dtype=_NP_DTYPES[e["dtype"]]).reshape(e["shape"])
     finally:
         if _chain(transport) == cl.on_message:
             transport.set_handler(cl.prev)
