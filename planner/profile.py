@@ -304,10 +304,14 @@ def _accepted_from_mapping(acc: Any, where: str) -> dict[int, tuple[int, ...]]:
 class TransportProfile:
     """One-way seconds of a residual frame by size (bytes) on the measuring machine,
     without any emulated delay; ``window_bytes`` the transport's initial congestion
-    window (None: not window-limited)."""
+    window (None: not window-limited); ``weights_Bps`` stored weight bytes per second
+    of a peer's copy of a layer range (runtime.weights_share, packing and checks
+    included; None: not measured), which a re-deal's copy cannot beat whatever the
+    link's bandwidth."""
 
     one_way_s: Curve
     window_bytes: float | None = None
+    weights_Bps: float | None = None
 
     @property
     def fit(self) -> tuple[float, float]:
@@ -320,8 +324,11 @@ class TransportProfile:
 
     def to_mapping(self) -> dict:
         fixed, per_byte = self.fit
-        return {"one_way_s": self.one_way_s.to_mapping(), "window_bytes": self.window_bytes,
-                "fit": {"fixed_s": fixed, "s_per_byte": per_byte}}
+        out = {"one_way_s": self.one_way_s.to_mapping(), "window_bytes": self.window_bytes,
+               "fit": {"fixed_s": fixed, "s_per_byte": per_byte}}
+        if self.weights_Bps is not None:
+            out["weights_Bps"] = self.weights_Bps
+        return out
 
     @classmethod
     def from_mapping(cls, m: Any, where: str) -> "TransportProfile":
@@ -334,7 +341,14 @@ class TransportProfile:
             raise ProfileError(f"{where}.window_bytes: expected a number of bytes") from None
         if w is not None and not (math.isfinite(w) and w > 0):
             raise ProfileError(f"{where}.window_bytes: expected more than 0 bytes (or null), got {w:g}")
-        return cls(Curve.from_mapping(m["one_way_s"], f"{where}.one_way_s"), w)
+        r = m.get("weights_Bps")
+        try:
+            r = None if r is None else float(r)
+        except (TypeError, ValueError):
+            raise ProfileError(f"{where}.weights_Bps: expected bytes per second") from None
+        if r is not None and not (math.isfinite(r) and r > 0):
+            raise ProfileError(f"{where}.weights_Bps: expected more than 0 bytes per second (or null), got {r:g}")
+        return cls(Curve.from_mapping(m["one_way_s"], f"{where}.one_way_s"), w, r)
 
 
 @dataclass(frozen=True)

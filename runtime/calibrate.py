@@ -19,7 +19,9 @@ Everything a prediction needs, measured without running any scenario's workload:
   :data:`GROUNDED_CALIBRATION_PROMPTS`), since what is asked decides acceptance;
 * the transport (:func:`measure_transport`): two processes connected by the project's
   WebRTC data channels through a local relay, ping-ponging residual frames of the
-  decode, verify and prefill sizes; one-way time = round trip / 2 (median).
+  decode, verify and prefill sizes; one-way time = round trip / 2 (median); and a
+  peer's copy of single layers' weights (:func:`measure_weights_copy`), the rate a
+  re-dealt device gets its layers at.
 
 The measured times are this process's, on this machine; a device with an emulated
 slowdown gets them times its slowdown (the device process pads its compute exactly
@@ -289,6 +291,63 @@ def measure_transport(hidden: int, token_counts: Sequence[int] = (1, 5, 9, 16), 
                             window_bytes=float(INITIAL_WINDOW_BYTES))
 
 
+async def _weights_copy(model_dir: str, layers: Sequence[int]) -> list[tuple[int, float]]:
+    """``[(stored bytes, seconds)]`` of copying each of ``layers`` (0-based) from a peer
+    process over the project's transport, as a recovering device does."""
+    import tempfile
+
+    from runtime.relay import run_relay
+    from runtime.transport import connect_room
+    from runtime.weights_share import fetch_range, make_manifest
+    runner, url = await run_relay("127.0.0.1", 0)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "runtime.calibrate", "--weights-peer", url,
+                                                model_dir, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE)
+    try:
+        a = await connect_room(url, "calw", "a", ["b"], host_addresses=["127.0.0.1"])
+        await asyncio.wait_for(proc.stdout.readline(), 30)  # the peer serves
+        out = []
+        with tempfile.TemporaryDirectory(prefix="splitroom-calw-") as tmp:
+            for i, layer in enumerate(layers):
+                m = make_manifest(model_dir, layer, layer + 1, False, False)
+                t0 = time.perf_counter()
+                await fetch_range(a, "b", layer, layer + 1, False, False, f"{tmp}/{i}", m["sha256"])
+                out.append((sum(e["nbytes"] for e in m["tensors"].values()), time.perf_counter() - t0))
+        await a.close()
+        return out
+    finally:
+        if proc.returncode is None:
+            proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        await runner.cleanup()
+
+
+async def _weights_peer(url: str, model_dir: str) -> None:
+    """The serving side of :func:`_weights_copy`: serve every tensor of ``model_dir``
+    until stdin closes."""
+    from runtime.transport import connect_room
+    from runtime.weights_share import serve_weights
+    b = await connect_room(url, "calw", "b", ["a"], host_addresses=["127.0.0.1"])
+    srv = serve_weights(b, model_dir)
+    print("serving", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    srv.close()
+    await b.close()
+
+
+def measure_weights_copy(model_dir: str, layers: Sequence[int] = (3, 17, 26)) -> float:
+    """Stored bytes per second of a peer copy of one layer between two processes on
+    loopback (median over ``layers``), as :func:`runtime.weights_share.fetch_range`
+    makes it when a device is re-dealt layers: manifest, packed slices, checks. On one
+    machine the transport's CPU work, not a wire, sets the rate (docs/transport.md)."""
+    res = asyncio.run(_weights_copy(model_dir, layers))
+    return float(statistics.median(n / s for n, s in res))
+
+
 def machine_notes(backend: str) -> dict[str, str]:
     """Where and how a profile was measured (free text for the profile's notes)."""
     import os
@@ -342,6 +401,9 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     transport = measure_transport(cfg.hidden, n=n_frames)
     cells = ", ".join(f"{int(b)} B {s * 1e3:.2f} ms" for b, s in zip(transport.one_way_s.xs, transport.one_way_s.ys))
     log(f"transport: one-way {cells}")
+    weights_Bps = measure_weights_copy(model_dir, layers=(3,) if quick else (3, 17, 26))
+    transport = dataclasses.replace(transport, weights_Bps=weights_Bps)
+    log(f"transport: a peer's copy of a layer moves {weights_Bps / 1e6:.1f} MB/s of stored weights")
     notes = machine_notes(backend)
     notes["took"] = f"{time.perf_counter() - t0:.0f} s"
     return {"stage": stage.to_mapping(), "head_s": head.to_mapping(),
@@ -354,6 +416,9 @@ def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by sp
     progress lines on stderr. Exit 0, or 1 with one line on stderr."""
     import logging
     logging.basicConfig(level=logging.ERROR)
+    if argv and argv[0] == "--weights-peer":  # the serving side of measure_weights_copy
+        asyncio.run(_weights_peer(argv[1], argv[2]))
+        return 0
     try:
         out = measure_all(argv[0], argv[2], quick=len(argv) > 3 and argv[3] == "quick",
                           log=lambda s: print(s, file=sys.stderr, flush=True))

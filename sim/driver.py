@@ -492,7 +492,8 @@ class Simulation:
 
     def _redeal(self, r: Redeal) -> None:
         """The new chain loads its ranges: every device that gained layers copies their
-        weights from the model host over their link (bytes / bandwidth + rtt/2); the
+        weights from the model host over their link (bytes / bandwidth + rtt/2, at most
+        the rate a calibration profile measured for a peer's copy: ``weights_Bps``); the
         host itself reads from its disk at its copy speed (instant when not given). All
         copy at once; then ChainReady, and the host replays."""
         old = {s.device: (s.start, s.end) for s in self.deal.stages}
@@ -513,7 +514,10 @@ class Simulation:
                 source = "disk"
             else:
                 spec = self.links.get(host, d).spec
-                t = nbytes / spec.bandwidth_Bps + spec.rtt_s / 2
+                prof = self.scn.profile
+                measured = prof.transport.weights_Bps if (prof and prof.transport) else None
+                rate = min(spec.bandwidth_Bps, measured) if measured else spec.bandwidth_Bps
+                t = nbytes / rate + spec.rtt_s / 2
                 source = host
             ga, gb = (a, b) if hi <= lo else ((a, lo) if a < lo else (hi, b))  # the gained part (one side)
             rec = WeightsCopied(d, r.first_lap, source, ga, gb, int(nbytes), t)

@@ -159,7 +159,7 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
                for k, v in profile.devices.items()}
     tr = profile.transport
     if tr is not None:
-        tr = TransportProfile(tr.one_way_s.shifted(room["hop_s"]), tr.window_bytes)
+        tr = TransportProfile(tr.one_way_s.shifted(room["hop_s"]), tr.window_bytes, tr.weights_Bps)
     notes = dict(profile.notes)
     notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: stage times x"
                      f"{room['stage_ratio']:.4f}, per hop {room['hop_s'] * 1e3:+.3f} ms, per head "

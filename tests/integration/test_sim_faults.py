@@ -76,3 +76,20 @@ def test_bad_faults_are_one_line_errors(bad, msg):
     with pytest.raises(ScenarioError, match=msg.replace("[", r"\[").replace("]", r"\]")) as e:
         load("scenarios/home.yaml", [bad])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("weights_Bps", [2e6, 1e12])
+def test_a_profiles_measured_copy_rate_caps_the_links_bandwidth(weights_Bps):
+    # a calibration measures how fast a peer's copy moves stored weights on its machine
+    # (runtime.calibrate.measure_weights_copy); the re-dealt layers come at the smaller
+    # of that and the link's bandwidth, by hand
+    from planner.profile import Curve, Profile, TransportProfile
+    scn = load("scenarios/home.yaml", BASE + ["faults=[{device: laptop, at: token 20, detect: 1 s}]"])
+    prof = Profile({}, {}, TransportProfile(Curve((2304.0, 36864.0), (1e-4, 2e-4)), None, weights_Bps))
+    res = simulate(scn.with_profile(prof))
+    (rec,) = res.metrics["recovery"]
+    redeal = next(x for _, x in res.trace if type(x).__name__ == "Redeal")
+    _, pa, pb = redeal.stages[1]
+    n = scn.network
+    rate = min(weights_Bps, n.bandwidth_Bps)
+    assert rec["copy_s"] == pytest.approx((pb - pa) * scn.model.layer_bytes / rate + n.rtt_s / 2)

@@ -59,7 +59,7 @@ def test_accepted_lengths_come_from_the_next_larger_k_capped():
 def test_a_profile_round_trips_through_its_mapping():
     p = Profile({"a": DeviceProfile(_curve(), Curve((1.0, 4.0), (0.01, 0.02)), 3.0)},
                 {"ngram": DrafterProfile(Curve((1.0,), (1e-5,)), {4: (0, 1, 4)})},
-                TransportProfile(Curve((100.0, 200.0), (0.001, 0.002)), 11600.0), {"machine": "test"})
+                TransportProfile(Curve((100.0, 200.0), (0.001, 0.002)), 11600.0, 3.5e6), {"machine": "test"})
     q = Profile.from_mapping(p.to_mapping())
     assert q == p
     assert q.devices["a"].stage.scaled(2).pass_s(1, 1, 100) == pytest.approx(2 * 0.011)
@@ -75,6 +75,10 @@ def test_a_profile_round_trips_through_its_mapping():
     ({"splitroom_profile": PROFILE_VERSION, "drafters": {"ngram": {"call_s": {1: 1e-5}, "accepted": {2: [3]}}}},
      "drafters.ngram.accepted.2"),
     ({"splitroom_profile": PROFILE_VERSION, "transport": {"one_way_s": {"x": 1}}}, "transport.one_way_s"),
+    ({"splitroom_profile": PROFILE_VERSION, "transport": {"one_way_s": {1: 1e-4}, "weights_Bps": -1}},
+     "transport.weights_Bps"),
+    ({"splitroom_profile": PROFILE_VERSION, "transport": {"one_way_s": {1: 1e-4}, "weights_Bps": "fast"}},
+     "transport.weights_Bps"),
     ({"splitroom_profile": PROFILE_VERSION, "devices": {"a": {"stage": {}, "head_s": {1: -1.0}}}}, "devices.a"),
 ])
 def test_malformed_profiles_name_the_key(mapping, words):
