@@ -678,6 +678,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
          serve_bind: str = typer.Option("127.0.0.1", "--serve-bind", help="Address for --serve (0.0.0.0: LAN)."),
          host_wait: float = typer.Option(60.0, "--host-wait", help="Worker: seconds to wait for a model host that "
                                          "left to come back (Host reconnecting) before the room is over."),
+         queue: Optional[str] = typer.Option(None, "--queue", help="Host: keep the questions in this file; a host "
+                                             "started again with it asks first those that never ended."),
          scenario: Optional[str] = typer.Option(None, "--scenario", help="Host: decode as this scenario's "
                                                 "decoding: section says (speculation, async laps, sampling)."),
          draft_tokens: Optional[int] = typer.Option(None, "--draft-tokens", help="Host: speculative decoding "
@@ -699,7 +701,7 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
                        timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
-                       host_wait_s=host_wait,
+                       host_wait_s=host_wait, queue_file=queue,
                        scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, model=model)
     try:

@@ -422,6 +422,9 @@ class JoinOptions:
     serve_bind: str = "127.0.0.1"
     #: a worker that loses the model host waits this long for it to come back, seconds
     host_wait_s: float = 60.0
+    #: the host's question queue on disk (splitroom/host_queue.py): questions a host
+    #: that died never ended are asked first when it comes back with the same file
+    queue_file: Optional[str] = None
     #: the host's decoding (:func:`room_decoding`): a scenario's ``decoding:`` section,
     #: speculation and sampling flags over it (None: as the scenario, or the default)
     scenario: Optional[str] = None
@@ -462,8 +465,10 @@ async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
         log.info("control message %r from %s ignored while waiting for %s", msg.type, src, what)
 
 
-async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions) -> None:
-    """Print each answer as its tokens arrive, then its length and speed."""
+async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions, queue=None, numbers=()) -> None:
+    """Print each answer as its tokens arrive, then its length and speed; with a
+    ``queue`` (splitroom.host_queue.HostQueue), write each question's end to it
+    (``numbers[i]``: question i's number in the queue)."""
     qid = 0
     while qid < len(opts.asks):
         out.write(f"\n> {opts.asks[qid]}\n")
@@ -499,6 +504,11 @@ async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions) -> None:
         opts.answers.append({"prompt": opts.asks[qid], "text": tok.decode([t for t in ids if t not in tok.stop_ids]),
                              "token_ids": list(ids), "ended": node.ended[qid], "tokens_per_s": rate,
                              "ttft_s": ttft})
+        if queue is not None:
+            try:
+                queue.end(numbers[qid], node.ended[qid])
+            except Exception as e:  # a full disk must not stop the answers: said, not raised
+                log.warning("the queue file was not updated: %s", e)
         qid += 1
 
 
@@ -525,8 +535,22 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         raise JoinError(f"--peers must not contain this device ({opts.device!r})")
     if opts.serve_port is not None and not opts.host:
         raise JoinError("only the model host (--host) serves the API (--serve PORT)")
+    if opts.queue_file is not None and (not opts.host or opts.serve_port is not None):
+        raise JoinError("--queue keeps the questions of a host that asks them (--host with --ask), "
+                        "not of a worker or of --serve")
+    queue, numbers, pending = None, [], []
+    if opts.queue_file is not None:
+        from splitroom.host_queue import HostQueue, QueueError
+        try:
+            queue = HostQueue.open(opts.queue_file)
+            pending = queue.pending()
+            numbers = pending + [queue.take(p) for p in opts.asks]
+        except QueueError as e:
+            raise JoinError(str(e)) from None
+        opts.asks = [queue.prompts[n] for n in numbers]
     if opts.host and not opts.asks and opts.serve_port is None:
-        raise JoinError("the host needs at least one --ask \"QUESTION\" (or --serve PORT)")
+        raise JoinError("the host needs at least one --ask \"QUESTION\" (or --serve PORT, or a --queue "
+                        "with questions not yet ended)")
     if opts.asks and not opts.host:
         raise JoinError("only the host (--host) asks questions")
     if opts.backend not in BACKENDS:
@@ -558,6 +582,9 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         print(f"[{opts.device}] {line}", file=err, flush=True)
 
     say(f"joining room {room!r} at {relay_url} with {', '.join(peers)}")
+    if queue is not None and pending:
+        say(f"resuming {len(pending)} question{'s' if len(pending) != 1 else ''} from the queue {opts.queue_file} "
+            "that never ended")
     api = None
     if opts.serve_port is not None:  # up at once: 503 with the reason until the room is ready
         import socket
@@ -654,7 +681,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             printer: list = []
 
             def stream(node) -> None:
-                printer.append(asyncio.ensure_future(_stream_answers(node, loaded[1], out, opts)))
+                printer.append(asyncio.ensure_future(_stream_answers(node, loaded[1], out, opts, queue, numbers)))
 
             until = [] if is_host else [_next_control(mux, (Bye,), deadline, "the host's bye")]
             if api is not None:

@@ -1,8 +1,9 @@
 """The model host's process is killed (SIGKILL, by pid) while it streams an answer in a
 ``splitroom join`` room on 127.0.0.1. The worker says "Host reconnecting" and keeps
-its weights; a host started again within the wait resumes the room (the worker keeps
-its loaded layers, the new host's answer is token for token the single-process
-greedy answer); a host that does not come back ends the room: the worker says "Room
+its weights; a host started again within the wait resumes the room with its queue (the
+worker keeps its loaded layers; the new host, given the same ``--queue`` file and no
+question, asks the one that never ended, and its answer is token for token the
+single-process greedy answer); a host that does not come back ends the room: the worker says "Room
 over" and exits with status 5 once the wait (2 s here, 60 s by default) has passed."""
 
 from __future__ import annotations
@@ -51,11 +52,16 @@ class Lines:
         return "".join(self.lines)
 
 
-def _host(url: str, env: dict, answers: Path | None = None) -> subprocess.Popen:
-    argv = SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers", "w", "--ask", PROMPT,
+def _host(url: str, env: dict, answers: Path | None = None, queue: Path | None = None,
+          ask: bool = True) -> subprocess.Popen:
+    argv = SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers", "w",
                         "--max-tokens", str(MAX_NEW), "--address", "127.0.0.1", "--timeout", "50"]
+    if ask:
+        argv += ["--ask", PROMPT]
     if answers is not None:
         argv += ["--answers-json", str(answers)]
+    if queue is not None:
+        argv += ["--queue", str(queue)]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -74,24 +80,30 @@ def _kill_while_streaming(host: subprocess.Popen) -> None:
 
 def test_a_host_that_comes_back_resumes_the_room_with_the_worker_weights_kept(tmp_path: Path):
     want = greedy_reference(PROMPT, MAX_NEW)
+    queue = tmp_path / "queue.jsonl"
     with relay_room("hostback") as (url, env, procs):
         worker, w_err = _worker(url, env, 30)
-        first = _host(url, env)
+        first = _host(url, env, queue=queue)
         procs += [worker, first]
         _kill_while_streaming(first)
         w_err.wait_for("Host reconnecting", 10)
+        # the question is taken (on disk) and never ended: the host that comes back asks it
+        assert [json.loads(x) for x in queue.read_text().splitlines()] == [{"asked": 0, "prompt": PROMPT}]
         answers = tmp_path / "answers.json"
-        again = _host(url, env, answers)
+        again = _host(url, env, answers, queue=queue, ask=False)  # no --ask: the queue's question
         procs.append(again)
         _, h_err = again.communicate(timeout=50)
         assert again.returncode == 0, h_err
         assert worker.wait(timeout=15) == 0
         log = w_err.text()
+    assert "resuming 1 question from the queue" in h_err
     got = json.loads(answers.read_text())
     (a,) = got["answers"]
+    assert a["prompt"] == PROMPT
     assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"
     assert "h is back" in log and "kept loaded while the host was away" in log
     assert log.count("holding layers 16-30") == 2  # once loaded, once kept
+    assert [json.loads(x) for x in queue.read_text().splitlines()][1:] == [{"ended": 0, "how": "answered"}]
 
 
 def test_a_host_that_does_not_come_back_ends_the_room_after_the_wait():
