@@ -79,6 +79,12 @@ GROUNDED_CALIBRATION_PROMPTS = (
     "Friday morning.",
     "Write this sentence out again, exactly as it is: The library opens at nine, closes at six, and stays open "
     "late on the first Thursday of every month.",
+    "Repeat after me, word for word: Every morning the baker lights the oven, kneads the dough and sets the "
+    "loaves to rise by the window.",
+    "Copy the following line exactly: Trains to the city leave every twenty minutes from platform four, except "
+    "on Sundays and public holidays.",
+    "Please write out this sentence again without any changes: My grandmother kept a small garden with "
+    "tomatoes, beans, and a row of bright yellow sunflowers.",
 )
 
 Log = Callable[[str], None]
@@ -382,7 +388,8 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
         n_prompts, max_new, ks, n_frames = len(CALIBRATION_PROMPTS), 64, DRAFT_KS, 60
     head = measure_head(model_dir, backend)
     log("head: timed on " + ", ".join(f"{int(r)}" for r in head.xs) + " rows")
-    by_kind = {"chat": CALIBRATION_PROMPTS[:n_prompts], "grounded": GROUNDED_CALIBRATION_PROMPTS[:n_prompts]}
+    by_kind = {"chat": CALIBRATION_PROMPTS[:n_prompts],
+               "grounded": GROUNDED_CALIBRATION_PROMPTS[:n_prompts if quick else None]}
     drafters: dict[str, DrafterProfile] = {}
     for workload, prompts in by_kind.items():
         answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend)

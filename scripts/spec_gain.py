@@ -21,7 +21,7 @@ import sys
 WORKLOADS = {
     "grounded": "Copy this sentence exactly, word for word: The quick brown fox jumps over the lazy dog near the "
                 "old river bank, and then it runs back home before the sun goes down.",
-    "chat": "What is the capital of France?",
+    "chat": "Describe how bread is made, step by step.",
 }
 SETTINGS = {"plain": "null", "ngram k=4": "{drafter: ngram, draft_tokens: 4}",
             "ngram k=8": "{drafter: ngram, draft_tokens: 8}"}
