@@ -529,12 +529,16 @@ def profile_table(prof) -> Table:
         t.add_row(f"{dev}: head, 1 / 5 rows", f"{_ms(dp.head(1))} / {_ms(dp.head(5))}")
     for name, dr in prof.drafters.items():
         k = 4 if 4 in dr.accepted else max(dr.accepted or {1: ()})
-        acc = dr.accepted.get(k, ())
-        mean = sum(acc) / len(acc) if acc else 0.0
-        t.add_row(f"drafter {name}: one call of {k} / mean accepted", f"{_ms(dr.draft_s(k))} / {mean:.2f}")
+        means = []
+        for kind in ("chat", *sorted(dr.workloads)):
+            acc = dr.for_workload(kind).accepted.get(k, ())
+            means.append(f"{sum(acc) / len(acc) if acc else 0.0:.2f} {kind}")
+        t.add_row(f"drafter {name}: one call of {k} / mean accepted", f"{_ms(dr.draft_s(k))} / {', '.join(means)}")
     if prof.transport is not None:
         fixed, per_byte = prof.transport.fit
         t.add_row("hop: fixed + per KiB", f"{_ms(fixed)} + {per_byte * 1024 * 1000:.3f} ms")
+        if prof.transport.weights_Bps:
+            t.add_row("weights copied from a peer", f"{prof.transport.weights_Bps / 1e6:.1f} MB/s stored")
     return t
 
 
