@@ -334,21 +334,23 @@ class TransportProfile:
     def from_mapping(cls, m: Any, where: str) -> "TransportProfile":
         if not isinstance(m, Mapping) or "one_way_s" not in m:
             raise ProfileError(f"{where}: needs one_way_s")
-        w = m.get("window_bytes")
-        try:
-            w = None if w is None else float(w)
-        except (TypeError, ValueError):
-            raise ProfileError(f"{where}.window_bytes: expected a number of bytes") from None
-        if w is not None and not (math.isfinite(w) and w > 0):
-            raise ProfileError(f"{where}.window_bytes: expected more than 0 bytes (or null), got {w:g}")
-        r = m.get("weights_Bps")
-        try:
-            r = None if r is None else float(r)
-        except (TypeError, ValueError):
-            raise ProfileError(f"{where}.weights_Bps: expected bytes per second") from None
-        if r is not None and not (math.isfinite(r) and r > 0):
-            raise ProfileError(f"{where}.weights_Bps: expected more than 0 bytes per second (or null), got {r:g}")
+        w = _positive_or_none(m.get("window_bytes"), f"{where}.window_bytes", "bytes")
+        r = _positive_or_none(m.get("weights_Bps"), f"{where}.weights_Bps", "bytes per second")
         return cls(Curve.from_mapping(m["one_way_s"], f"{where}.one_way_s"), w, r)
+
+
+def _positive_or_none(v: Any, where: str, unit: str) -> float | None:
+    """``v`` as a finite float > 0, or None when ``v`` is None.
+    Raises ProfileError naming ``where`` (and ``unit``) for anything else."""
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: expected a number of {unit}") from None
+    if not (math.isfinite(x) and x > 0):
+        raise ProfileError(f"{where}: expected more than 0 {unit} (or null), got {x:g}")
+    return x
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
+
+from _runreal import run_real_json
 
 SETS = ["host=desktop", "devices[0].lends=1 GB", "devices[1].lends=1 GB", "devices[2].lends=1 GB",
         "stages=[{device: desktop, layers: '1-10'}, {device: laptop, layers: '11-29'}, {device: phone, layers: '30'}]",
@@ -38,12 +38,7 @@ def parts(rec: dict) -> dict:
 
 def run_once(calibration: str) -> dict:
     """One ``run --real --loopback --json`` of the room above; returns its JSON."""
-    argv = [sys.executable, "-c", "from splitroom.cli import main; main()", "run", "--real", "scenarios/home.yaml",
-            "--loopback", "--json", "--calibration", calibration] + [a for s in SETS for a in ("--set", s)]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise SystemExit(f"run --real failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
-    return json.loads(r.stdout)
+    return run_real_json("scenarios/home.yaml", SETS, ["--loopback", "--calibration", calibration])
 
 
 def main() -> None:

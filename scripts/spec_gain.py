@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
+
+from _runreal import run_real_json
 
 WORKLOADS = {
     "grounded": "Copy this sentence exactly, word for word: The quick brown fox jumps over the lazy dog near the "
@@ -35,12 +35,7 @@ def run_once(prompt: str, kind: str, spec: str, rtt: str, calibration: str, answ
             f"workload.kind={kind}",
             f"workload.answer_tokens={answer_tokens}", f"workload.prompts=[{json.dumps(prompt)}]",
             f"decoding.speculative={spec}"]
-    argv = [sys.executable, "-c", "from splitroom.cli import main; main()", "run", "--real", "scenarios/home.yaml",
-            "--json", "--calibration", calibration] + [a for s in sets for a in ("--set", s)]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise SystemExit(f"run --real failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
-    return json.loads(r.stdout)
+    return run_real_json("scenarios/home.yaml", sets, ["--calibration", calibration])
 
 
 def main() -> None:
