@@ -220,11 +220,16 @@ def cpu_report(precisions=("f32", "f16", "q8"), reps: int = 7, decode_tokens: in
     if "f32" in out and "q8" in out:
         out["q8_over_f32_decode"] = out["q8"]["decode"]["tok_s"] / out["f32"]["decode"]["tok_s"]
     if llama:
+        # llama.cpp at each precision numpy runs, from the same weights (the shipped Q4_1
+        # GGUF requantized by llama.cpp itself), plus the file as shipped
         out["llama_cpp"] = llama_cpp_decode(reps=reps, tokens=decode_tokens, prompt_len=prompt_len)
-        if out["llama_cpp"].get("tok_s") and "f32" in out:
-            out["numpy_f32_over_llama_cpp"] = out["f32"]["decode"]["tok_s"] / out["llama_cpp"]["tok_s"]
-            if "q8" in out:
-                out["numpy_q8_over_llama_cpp"] = out["q8"]["decode"]["tok_s"] / out["llama_cpp"]["tok_s"]
+        for name, ftype in (("f32", "f32"), ("q8", "q8_0")):
+            if name not in out or out["llama_cpp"].get("skipped"):
+                continue
+            r = llama_cpp_decode(reps=reps, tokens=decode_tokens, prompt_len=prompt_len, ftype=ftype)
+            out[f"llama_cpp_{ftype}"] = r
+            if r.get("tok_s"):
+                out[f"numpy_{name}_over_llama_cpp_{ftype}"] = out[name]["decode"]["tok_s"] / r["tok_s"]
     return out
 
 
@@ -277,9 +282,33 @@ def kernel_sweep(rows=(1, 5, 9), sweeps: int = 9, layers: int = 30, seed: int = 
     return out
 
 
-def llama_cpp_decode(reps: int = 7, tokens: int = 32, prompt_len: int = 64, threads: int | None = None) -> dict:
+def llama_cpp_gguf(ftype: str) -> Path:
+    """The bundled GGUF requantized by llama.cpp (``llama_model_quantize``, requantizing
+    allowed) to ``ftype`` (``f32``: every tensor float32, the weights numpy's f32 holds;
+    ``q8_0``: 8-bit blocks of 32), made once in the cache. Raises ImportError without
+    llama-cpp-python, RuntimeError when llama.cpp fails."""
+    import llama_cpp
+
+    from .weights import cache_dir_for, find_gguf
+    src = find_gguf()
+    dst = cache_dir_for(src) / f"llama-cpp-{ftype}.gguf"
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = {"f32": llama_cpp.LLAMA_FTYPE_ALL_F32, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[ftype]
+        params.allow_requantize = True
+        tmp = dst.with_suffix(".tmp")
+        if llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+            raise RuntimeError(f"llama.cpp could not requantize {src.name} to {ftype}")
+        tmp.replace(dst)
+    return dst
+
+
+def llama_cpp_decode(reps: int = 7, tokens: int = 32, prompt_len: int = 64, threads: int | None = None,
+                     ftype: str | None = None) -> dict:
     """llama.cpp (llama-cpp-python) decode tok/s on the bundled GGUF (as shipped, Q4_1 with
-    some Q8_0/F32 tensors), greedy, ``threads`` (default: numpy's BLAS thread count).
+    some Q8_0/F32 tensors; or requantized to ``ftype``, see :func:`llama_cpp_gguf`),
+    greedy, ``threads`` (default: numpy's BLAS thread count).
     ``{"skipped": reason}`` when llama-cpp-python is not installed."""
     try:
         import llama_cpp
@@ -294,9 +323,9 @@ def llama_cpp_decode(reps: int = 7, tokens: int = 32, prompt_len: int = 64, thre
         except Exception:  # noqa: BLE001 - threadpoolctl is optional
             import os
             threads = os.cpu_count() or 1
-    path = str(find_gguf())
+    path = str(find_gguf() if ftype is None else llama_cpp_gguf(ftype))
     llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=threads, n_threads_batch=threads,
-                          n_batch=prompt_len, verbose=False)
+                          n_batch=prompt_len, logits_all=True, verbose=False)  # scores for every position
     rng = np.random.default_rng(1)
     prompt = rng.integers(3, 49152, prompt_len).tolist()
 
