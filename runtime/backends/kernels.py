@@ -64,36 +64,11 @@ _ROWS_PER_TASK = 16  # output rows one parallel task widens with one buffer
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
 def _dot_rows(x, wrow, out, o, d):  # pragma: no cover - compiled
-    """``out[r, o] = d * (x[r] . wrow)`` for every row r of ``x`` ``[n, k]``: the rows go in
-    blocks that share each load of ``wrow`` (one accumulator a row), so a weight is loaded
-    once per block, not once per row. Blocks of 5 while blocks of 4 would leave a remainder
-    (5 rows, a k=4 verify, is one pass, not 4 + 1), then 4s, then one tail of 3, 2 or 1.
-    ``wrow`` is float32, or int8 widened to float32 as it is loaded (no buffer pass).
-    On SmolLM2's 30 layers of matrices (scripts/kernel_rows.py, 2026-11-30, quiet, two
-    threads, median of 25) this cut 5 rows from 23.1 to 21.3 ms and 3 rows from 22.2 to
-    21.0 ms against 19.5 ms for one row."""
+    """``out[r, o] = d * (x[r] . wrow)`` for every row r: four rows share each load of ``wrow``
+    (four accumulators), so a weight is loaded once per four multiply-adds, not once per one.
+    ``wrow`` is float32, or int8 widened to float32 as it is loaded (no buffer pass)."""
     n, k = x.shape
     r = 0
-    while n - r >= 5 and (n - r) % 4 != 0:
-        x0, x1, x2, x3, x4 = x[r], x[r + 1], x[r + 2], x[r + 3], x[r + 4]
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        a3 = np.float32(0.0)
-        a4 = np.float32(0.0)
-        for i in range(k):
-            wi = np.float32(wrow[i])
-            a0 += x0[i] * wi
-            a1 += x1[i] * wi
-            a2 += x2[i] * wi
-            a3 += x3[i] * wi
-            a4 += x4[i] * wi
-        out[r, o] = a0 * d
-        out[r + 1, o] = a1 * d
-        out[r + 2, o] = a2 * d
-        out[r + 3, o] = a3 * d
-        out[r + 4, o] = a4 * d
-        r += 5
     while r + 4 <= n:
         x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
         a0 = np.float32(0.0)
@@ -111,37 +86,13 @@ def _dot_rows(x, wrow, out, o, d):  # pragma: no cover - compiled
         out[r + 2, o] = a2 * d
         out[r + 3, o] = a3 * d
         r += 4
-    if n - r == 3:
-        x0, x1, x2 = x[r], x[r + 1], x[r + 2]
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        a2 = np.float32(0.0)
-        for i in range(k):
-            wi = np.float32(wrow[i])
-            a0 += x0[i] * wi
-            a1 += x1[i] * wi
-            a2 += x2[i] * wi
-        out[r, o] = a0 * d
-        out[r + 1, o] = a1 * d
-        out[r + 2, o] = a2 * d
-        r += 3
-    elif n - r == 2:
-        x0, x1 = x[r], x[r + 1]
-        a0 = np.float32(0.0)
-        a1 = np.float32(0.0)
-        for i in range(k):
-            wi = np.float32(wrow[i])
-            a0 += x0[i] * wi
-            a1 += x1[i] * wi
-        out[r, o] = a0 * d
-        out[r + 1, o] = a1 * d
-        r += 2
-    elif n - r == 1:
+    while r < n:
         xr = x[r]
         a = np.float32(0.0)
         for i in range(k):
             a += xr[i] * np.float32(wrow[i])
         out[r, o] = a * d
+        r += 1
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
