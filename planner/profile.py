@@ -277,9 +277,12 @@ class DrafterProfile:
             if w not in WORKLOAD_KINDS or w == "chat":
                 raise ProfileError(f"{where}.workloads.{w}: not a workload kind with its own acceptance "
                                    f"(one of: {', '.join(k for k in WORKLOAD_KINDS if k != 'chat')})")
+        workloads = {str(w): _accepted_from_mapping(v, f"{where}.workloads.{w}") for w, v in wl.items()}
+        for w, acc in workloads.items():
+            if not acc:
+                raise ProfileError(f"{where}.workloads.{w}: no accepted lengths (calibrate again)")
         return cls(Curve.from_mapping(m["call_s"], f"{where}.call_s"),
-                   _accepted_from_mapping(m.get("accepted"), f"{where}.accepted"),
-                   {str(w): _accepted_from_mapping(v, f"{where}.workloads.{w}") for w, v in wl.items()})
+                   _accepted_from_mapping(m.get("accepted"), f"{where}.accepted"), workloads)
 
 
 def _accepted_from_mapping(acc: Any, where: str) -> dict[int, tuple[int, ...]]:
@@ -291,12 +294,18 @@ def _accepted_from_mapping(acc: Any, where: str) -> dict[int, tuple[int, ...]]:
     out = {}
     for k, v in acc.items():
         try:
-            kk, vals = int(k), tuple(int(x) for x in v)
+            kk = int(k) if not isinstance(k, (bool, float)) else None
         except (TypeError, ValueError):
-            raise ProfileError(f"{where}.{k}: expected a list of integers") from None
-        if kk < 1 or any(x < 0 or x > kk for x in vals):
+            kk = None
+        if kk is None or kk < 1:
+            raise ProfileError(f"{where}.{k}: k must be a whole number of drafted tokens, at least 1")
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            raise ProfileError(f"{where}.{k}: expected a list of whole numbers (accepted lengths)")
+        if not v:
+            raise ProfileError(f"{where}.{k}: no accepted lengths (an empty walk says nothing)")
+        if any(x < 0 or x > kk for x in v):
             raise ProfileError(f"{where}.{k}: lengths must lie in [0, {k}]")
-        out[kk] = vals
+        out[kk] = tuple(v)
     return out
 
 
@@ -344,9 +353,11 @@ def _positive_or_none(v: Any, where: str, unit: str) -> float | None:
     Raises ProfileError naming ``where`` (and ``unit``) for anything else."""
     if v is None:
         return None
+    if isinstance(v, bool):
+        raise ProfileError(f"{where}: expected a number of {unit}, got {v}")
     try:
         x = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ProfileError(f"{where}: expected a number of {unit}") from None
     if not (math.isfinite(x) and x > 0):
         raise ProfileError(f"{where}: expected more than 0 {unit} (or null), got {x:g}")

@@ -108,6 +108,7 @@ class Node:
                            redeal=config.redeal_rule() if config.recover else None)
         self.last_heard: dict[str, float] = {}  # peer -> time.monotonic() it was last heard from
         self.lost_peers: set[str] = set()
+        self._stopped = False  # stop() began: a peer's connection closing now is the room ending
         self.awaiting: dict[int, set[str]] = {}  # host: re-deal first lap -> devices not ready yet
         self.emitted = 0
         self._tasks: list[asyncio.Future] = []
@@ -200,6 +201,9 @@ class Node:
         and stops); a worker that lost the model host sets :attr:`lost_host` (its device
         loop then ends with a clear status)."""
         if peer in self.lost_peers:
+            return
+        if self._stopped:  # the room is ending: peers closing their connections are no loss
+            log.info("%s: %s closed after the room ended: %s", self.cfg.device, peer, reason)
             return
         self.lost_peers.add(peer)
         log.warning("%s: lost %s: %s", self.cfg.device, peer, reason)
@@ -612,7 +616,9 @@ class Node:
         asyncio.ensure_future(self._send(device, REPLY, encode_control(Crash())))
 
     async def stop(self) -> None:
-        """Stop the compute, heartbeat and re-deal tasks."""
+        """Stop the compute, heartbeat and re-deal tasks; losses heard from now on are
+        the room ending, not faults (logged at info, no re-deal)."""
+        self._stopped = True
         for h in self._timers:
             h.cancel()
         for t in [self._task, *self._tasks]:

@@ -48,7 +48,11 @@ class HostQueue:
     def open(cls, path: str | Path) -> "HostQueue":
         """Read ``path`` (a missing file is an empty queue). Raises QueueError for a
         file that cannot be read or a malformed line (naming the line)."""
+        if not str(path).strip():
+            raise QueueError("--queue: give a file name")
         q = cls(Path(path))
+        if q.path.exists() and not q.path.is_file():  # a directory, a FIFO (would block), a device
+            raise QueueError(f"{path}: the queue must be a regular file")
         try:
             data = q.path.read_bytes() if q.path.exists() else b""
         except OSError as e:
@@ -70,8 +74,8 @@ class HostQueue:
     def _take(self, rec, where: str) -> None:
         if isinstance(rec, dict) and set(rec) == {"asked", "prompt"}:
             n, prompt = rec["asked"], rec["prompt"]
-            if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS:
-                raise QueueError(f"{where}: prompt must be text of at most {MAX_PROMPT_CHARS} characters")
+            if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS or not _is_unicode(prompt):
+                raise QueueError(f"{where}: prompt must be Unicode text of at most {MAX_PROMPT_CHARS} characters")
             if not _is_index(n) or n != len(self.prompts):
                 raise QueueError(f"{where}: asked must be the next question number ({len(self.prompts)})")
             self.prompts.append(prompt)
@@ -117,6 +121,16 @@ class HostQueue:
                 os.fsync(f.fileno())
         except OSError as e:
             raise QueueError(f"{self.path}: cannot write the queue: {e.strerror or e}") from None
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode a tokenizer takes (no lone surrogates such as
+    ``"\\ud800"``, which JSON can spell but UTF-8 cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_index(v) -> bool:

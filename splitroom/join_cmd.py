@@ -535,6 +535,11 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         raise JoinError(f"--peers must not contain this device ({opts.device!r})")
     if opts.serve_port is not None and not opts.host:
         raise JoinError("only the model host (--host) serves the API (--serve PORT)")
+    for i, ask in enumerate(opts.asks):
+        try:
+            ask.encode("utf-8")
+        except UnicodeEncodeError:
+            raise JoinError(f"--ask number {i + 1} is not valid Unicode text (bytes that are not UTF-8?)") from None
     if opts.queue_file is not None and (not opts.host or opts.serve_port is not None):
         raise JoinError("--queue keeps the questions of a host that asks them (--host with --ask), "
                         "not of a worker or of --serve")

@@ -40,7 +40,8 @@ def test_a_last_line_cut_short_by_the_crash_is_dropped_before_the_next_write(tmp
 
 @pytest.mark.parametrize("text, words", [
     ('{"asked": 1, "prompt": "a"}\n', "q.jsonl:1: asked must be the next question number (0)"),
-    ('{"asked": 0, "prompt": 5}\n', "q.jsonl:1: prompt must be text"),
+    ('{"asked": 0, "prompt": 5}\n', "q.jsonl:1: prompt must be Unicode text"),
+    ('{"asked": 0, "prompt": "\\ud800 hi"}\n', "q.jsonl:1: prompt must be Unicode text"),  # a lone surrogate
     ('{"ended": 0, "how": "answered"}\n', "q.jsonl:1: ended must name a question taken"),
     ('{"asked": 0, "prompt": "a"}\n{"ended": 0, "how": "x"}\n{"ended": 0, "how": "x"}\n', "q.jsonl:3: ended"),
     ('{"asked": true, "prompt": "a"}\n', "q.jsonl:1: asked must be"),
@@ -65,6 +66,10 @@ def test_join_refuses_a_malformed_queue_in_one_line(tmp_path):
     assert r.exit_code == 2 and "q.jsonl:1: not a JSON line" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(app, ["join", "ws://127.0.0.1:9/room/r", "--device", "w", "--peers", "h", "--queue", str(f)])
     assert r.exit_code == 2 and "--queue keeps the questions of a host" in r.output
+    # a question that is not Unicode (a lone surrogate, as undecodable argv bytes arrive)
+    r = CliRunner().invoke(app, ["join", "ws://127.0.0.1:9/room/r", "--device", "h", "--host", "--peers", "w",
+                                 "--ask", "bad \udced bytes"])
+    assert r.exit_code == 2 and "--ask number 1 is not valid Unicode text" in r.output
 
 
 @settings(max_examples=300, deadline=None)
@@ -78,3 +83,15 @@ def test_any_bytes_open_as_a_queue_or_one_error(tmp_path_factory, data):
         assert "\n" not in str(e)
         return
     assert all(n < len(q.prompts) for n in q.pending())
+
+
+def test_a_queue_that_is_not_a_regular_file_or_has_no_name_is_refused(tmp_path):
+    import os
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # reading it would block the host for ever
+    with pytest.raises(QueueError, match="must be a regular file"):
+        HostQueue.open(fifo)
+    with pytest.raises(QueueError, match="must be a regular file"):
+        HostQueue.open(tmp_path)
+    with pytest.raises(QueueError, match="give a file name"):
+        HostQueue.open("")

@@ -79,6 +79,10 @@ def test_a_profile_round_trips_through_its_mapping():
      "transport.weights_Bps"),
     ({"splitroom_profile": PROFILE_VERSION, "transport": {"one_way_s": {1: 1e-4}, "weights_Bps": "fast"}},
      "transport.weights_Bps"),
+    ({"splitroom_profile": PROFILE_VERSION, "transport": {"one_way_s": {1: 1e-4}, "weights_Bps": 10 ** 400}},
+     "transport.weights_Bps"),
+    ({"splitroom_profile": PROFILE_VERSION, "transport": {"one_way_s": {1: 1e-4}, "weights_Bps": True}},
+     "transport.weights_Bps"),
     ({"splitroom_profile": PROFILE_VERSION, "devices": {"a": {"stage": {}, "head_s": {1: -1.0}}}}, "devices.a"),
 ])
 def test_malformed_profiles_name_the_key(mapping, words):
@@ -104,6 +108,12 @@ def test_a_drafter_lends_the_acceptance_of_the_workload_kind_asked():
     ({"poetry": {4: [1]}}, "drafters.ngram.workloads.poetry: not a workload kind"),
     ({"chat": {4: [1]}}, "drafters.ngram.workloads.chat: not a workload kind"),
     ([1, 2], "drafters.ngram.workloads: expected a mapping"),
+    ({"grounded": {}}, "drafters.ngram.workloads.grounded: no accepted lengths"),
+    ({"grounded": {4: []}}, "drafters.ngram.workloads.grounded.4: no accepted lengths"),
+    ({"grounded": {4: [1.5, 2]}}, "drafters.ngram.workloads.grounded.4: expected a list of whole numbers"),
+    ({"grounded": {4: [True, False]}}, "drafters.ngram.workloads.grounded.4: expected a list of whole numbers"),
+    ({"grounded": {4: "123"}}, "drafters.ngram.workloads.grounded.4: expected a list of whole numbers"),
+    ({"grounded": {0: [0]}}, "drafters.ngram.workloads.grounded.0: k must be a whole number of drafted tokens"),
 ])
 def test_malformed_workload_acceptance_names_the_key(workloads, words):
     m = {"splitroom_profile": PROFILE_VERSION, "drafters": {"ngram": {"call_s": {1: 1e-5}, "workloads": workloads}}}
