@@ -409,10 +409,20 @@ class WeightsServer:
         except Exception as e:
             return self._refuse(src, None, f"request failed: {type(e).__name__}")
 
+    def _slow(self, data: bytes) -> bool:
+        """Whether answering ``data`` hashes a range (a manifest: about 0.3 s per 100 MB
+        the first time) or packs a tensor not packed yet (10-20 ms a layer matrix): work
+        kept off the event loop, so this device's residuals keep moving meanwhile."""
+        try:
+            _, req, _ = decode(data)
+        except ValueError:
+            return False
+        name = req.get("name")
+        return req.get("op") == "manifest" or (req.get("op") == "tensor" and req.get("form") == "packed"
+                                               and isinstance(name, str) and name not in self._packs)
+
     async def _answer(self, src: str, data: bytes) -> None:
-        if b'"manifest"' in bytes(data[:256]):
-            # hashing a range takes ~0.3 s per 100 MB the first time: off the event loop,
-            # so this device's residuals keep moving meanwhile
+        if self._slow(data):
             msg = await asyncio.get_running_loop().run_in_executor(None, self._safe_reply, src, data)
         else:
             msg = self._safe_reply(src, data)
