@@ -154,6 +154,14 @@ def manifest_signature(key: str, device: str, start: int, end: int, manifest_sha
     return hmac.new(key.encode(), msg, hashlib.sha256).hexdigest()
 
 
+def check_manifest_signature(key: str, device: str, start: int, end: int, manifest_sha: str,
+                             signature: str) -> bool:
+    """Whether ``signature`` is :func:`manifest_signature` of these values with ``key``
+    (compared in constant time)."""
+    import hmac
+    return hmac.compare_digest(str(signature), manifest_signature(key, device, start, end, manifest_sha))
+
+
 def check_proof(key: str, hello: "Hello", fingerprint: Optional[str]) -> Optional[str]:
     """Why ``hello`` does not prove the room key for the connection whose remote DTLS
     certificate has ``fingerprint`` (None: it does): no proof, no fingerprint known, or

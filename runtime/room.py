@@ -118,6 +118,7 @@ class Node:
         self._redeal_lock = asyncio.Lock()  # re-dealt ranges load one at a time, in order
         self.loading = False  # loading a re-dealt range (heartbeat silence is not a loss then)
         self.grace_until = 0.0  # time.monotonic() until which silence is not a loss (a re-deal)
+        self.quiet_until = 0.0  # time.monotonic() until which devices loading a re-dealt range are spared
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -435,13 +436,20 @@ class Node:
         return make_stage(self.cfg.backend, md, StageSpec(a, b, host=host),
                           max_ctx=getattr(self.stage, "max_ctx", 2048), precision=self.cfg.precision(), weights=w)
 
+    def _start_grace(self) -> None:
+        """A re-deal began: silence is no loss for REDEAL_GRACE_S, and a device loading
+        its new range is spared for REDEAL_LOAD_TIMEOUT_S."""
+        now = time.monotonic()
+        self.grace_until = now + REDEAL_GRACE_S
+        self.quiet_until = now + REDEAL_LOAD_TIMEOUT_S
+
     async def _host_redeal(self, r: Redeal) -> None:
         """Carry out the host's Redeal ``r``: tell the new chain (Replan, sent without
         waiting: a send to a peer that is gone may block), load this device's new range,
         then count itself Ready. Re-deals load one after another, and one superseded by a
         later Redeal (a second device lost meanwhile) loads nothing: only the latest
         chain's range may end up in this device's stage."""
-        self.grace_until = time.monotonic() + REDEAL_GRACE_S
+        self._start_grace()
         self.deal = self.chain.deal
         others = [d for d, _, _ in r.stages if d != self.cfg.device]
         self.awaiting = {r.first_lap: set(others) | {self.cfg.device}}  # an earlier re-deal is superseded
@@ -478,7 +486,7 @@ class Node:
         if msg.first_lap < self._latest_redeal:
             return  # an older plan than one already taken
         self._latest_redeal = msg.first_lap
-        self.grace_until = time.monotonic() + REDEAL_GRACE_S
+        self._start_grace()
         deal = msg.deal()
         self.chain.adopt(deal, msg.first_lap)
         self.deal = deal
@@ -487,13 +495,10 @@ class Node:
                 return
             sha = msg.manifests.get(self.cfg.device)
             if sha is not None and self.cfg.room_key:
-                import hmac
-
-                from .control import manifest_signature
-                a, b = msg.copy_ranges.get(self.cfg.device) or next(
-                    (x, y) for d, x, y in msg.stages if d == self.cfg.device)
-                want = manifest_signature(self.cfg.room_key, self.cfg.device, a, b, sha)
-                if not hmac.compare_digest(msg.signatures.get(self.cfg.device, ""), want):
+                from .control import check_manifest_signature
+                rng = msg.copy_ranges.get(self.cfg.device)  # the host signs a manifest with its copy range
+                if rng is None or not check_manifest_signature(self.cfg.room_key, self.cfg.device, *rng, sha,
+                                                               msg.signatures.get(self.cfg.device, "")):
                     log.warning("%s: the manifest hash in the Replan is not signed with the room key; "
                                 "reading the layers from this device's disk instead", self.cfg.device)
                     sha = None
@@ -524,7 +529,7 @@ class Node:
             await asyncio.sleep(self.cfg.heartbeat_s)
             now = time.monotonic()
             quiet = ({d for waiting in self.awaiting.values() for d in waiting}  # loading a re-dealt range
-                     if now < self.grace_until - REDEAL_GRACE_S + REDEAL_LOAD_TIMEOUT_S else set())
+                     if now < self.quiet_until else set())
             for p in self.cfg.peers:
                 if p in self.lost_peers:
                     continue

@@ -145,26 +145,26 @@ def run_generate(
         raise ValueError("give a PROMPT or --ids 1,2,3, not both" if prompt is not None else
                          "give a PROMPT (or the prompt as token ids: --ids 1,2,3)")
     if model is not None:  # the checkpoint's metadata first: bad input is refused before any conversion
-        head = read_config(model)
-        parse_layers(layers, head.n_layers)
-        if ids is not None:
-            parse_ids(ids, head.vocab)
+        shape = read_config(model)
+        plan = parse_layers(layers, shape.n_layers)
+        prompt_ids = parse_ids(ids, shape.vocab) if ids is not None else None
     model_dir = resolve(model)
     cfg = ModelConfig.load(model_dir)
-    plan = parse_layers(layers, cfg.n_layers)
+    if model is None:
+        plan = parse_layers(layers, cfg.n_layers)
+        prompt_ids = parse_ids(ids, cfg.vocab) if ids is not None else None
     tok = ChatTokenizer.from_dir(model_dir) if (model_dir / "tokenizer.json").is_file() else None
-    if ids is not None:
-        prompt_ids = parse_ids(ids, cfg.vocab)
-    elif tok is None:
+    if prompt_ids is None and tok is None:
         raise ValueError(f"{model or 'the model'} has no tokenizer: give the prompt as token ids (--ids 1,2,3)")
-    elif raw:
+    if prompt_ids is None and raw:
         prompt_ids = tok.encode(prompt)
-    else:
+    elif prompt_ids is None:
         msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         prompt_ids = tok.encode_chat(msgs)
     if not prompt_ids:
         raise ValueError("the prompt is empty once tokenized")
-    stops = frozenset(i for i in (cfg.all_stop_ids | (tok.stop_ids if tok else frozenset())) if i >= 0)
+    # the tokenizer's stop ids already hold the checkpoint's (ChatTokenizer.from_dir)
+    stops = frozenset(i for i in (tok.stop_ids if tok else cfg.all_stop_ids) if i >= 0)
     ctx = len(prompt_ids) + max_new_tokens + 1
     stages = [make_stage(backend, model_dir, StageSpec(a, b, host=(i == 0)), max_ctx=ctx)
               for i, (a, b) in enumerate(plan.ranges)]

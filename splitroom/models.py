@@ -142,9 +142,7 @@ def model_dir(spec_or_path: ModelSpec | str | Path | None, progress=None) -> Pat
     try:
         if path is None:
             return ensure_safetensors(**kw)
-        p = Path(path).expanduser()
-        checkpoint_kind(p)
-        return prepare_model(p, **kw)
+        return prepare_model(Path(path).expanduser(), **kw)  # checks the kind, with checkpoint_kind's messages
     except UnsupportedModel as e:
         raise ModelError(f"{path}: {e}") from None
     except WeightsError as e:

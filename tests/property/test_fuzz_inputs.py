@@ -80,12 +80,9 @@ def test_sdps_are_accepted_or_refused(text):
 
 
 def test_relay_sessions_leave_the_relay_serving():
-    from hypothesis import HealthCheck
-    from hypothesis import settings as _settings
     rf = fuzzing.RelayFuzzer()
     try:
-        @_settings(max_examples=int(os.environ.get("SPLITROOM_FUZZ_EXAMPLES", "30")), deadline=None,
-                   database=None, suppress_health_check=list(HealthCheck))
+        @FAST
         @given(msgs=fuzzing.relay_sessions())
         def go(msgs):
             check(rf.feed(msgs))
@@ -97,8 +94,6 @@ def test_relay_sessions_leave_the_relay_serving():
 def test_weights_requests_are_answered_or_refused():
     import asyncio
 
-    from hypothesis import HealthCheck
-    from hypothesis import settings as _settings
 
     from runtime.transport import LoopbackHub
     from runtime.weights import ensure_safetensors
@@ -109,8 +104,7 @@ def test_weights_requests_are_answered_or_refused():
     loop = asyncio.new_event_loop()
     srv = loop.run_until_complete(make())
     try:
-        @_settings(max_examples=int(os.environ.get("SPLITROOM_FUZZ_EXAMPLES", "30")), deadline=None,
-                   database=None, suppress_health_check=list(HealthCheck))
+        @FAST
         @given(data=fuzzing.weights_requests())
         def go(data):
             check(fuzzing.try_weights_request(srv, data))
@@ -135,12 +129,9 @@ def test_the_frame_classifier_sees_a_good_frame_and_a_long_one():
 
 
 def test_api_requests_never_get_500_nor_stop_the_server():
-    from hypothesis import HealthCheck
-    from hypothesis import settings as _settings
     af = fuzzing.ApiFuzzer()
     try:
-        @_settings(max_examples=int(os.environ.get("SPLITROOM_FUZZ_EXAMPLES", "30")), deadline=None,
-                   database=None, suppress_health_check=list(HealthCheck))
+        @FAST
         @given(req=fuzzing.api_requests())
         def go(req):
             check(af.feed(req))
