@@ -26,7 +26,8 @@ def frozen(cls: type) -> type:
     fs = dataclasses.fields(cls)
     init_params = list(inspect.signature(cls.__init__).parameters)[1:]  # an InitVar adds one
     if (hasattr(cls, "__post_init__") or "__slots__" in cls.__dict__ or init_params != [f.name for f in fs]
-            or any(not f.init or f.default_factory is not dataclasses.MISSING for f in fs)):
+            or any(not f.init or f.kw_only or f.name.startswith("_fastdc")
+                   or f.default_factory is not dataclasses.MISSING for f in fs)):
         return cls
     params, body, env = [], [], {}
     for f in fs:
@@ -35,8 +36,9 @@ def frozen(cls: type) -> type:
         else:
             env[f"_dflt_{f.name}"] = f.default
             params.append(f"{f.name}=_dflt_{f.name}")
-        body.append(f"    d[{f.name!r}] = {f.name}")
-    src = f"def __init__(self, {', '.join(params)}):\n    d = self.__dict__\n" + "\n".join(body or ["    pass"])
+        body.append(f"    _fastdc_d[{f.name!r}] = {f.name}")
+    # the local's name cannot be a field's: fields starting with "_fastdc" fall back above
+    src = f"def __init__(self, {', '.join(params)}):\n    _fastdc_d = self.__dict__\n" + "\n".join(body or ["    pass"])
     exec(src, env)  # noqa: S102 - generated from the field names, as dataclasses itself does
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"

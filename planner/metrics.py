@@ -65,9 +65,10 @@ class Accumulator:
     them instead of keeping a trace.
 
     :meth:`add` takes any ``(t_s, obj)`` record in trace order. A driver that knows a
-    worker's stage or a hop as a whole may instead call :meth:`stage` / :meth:`hop`
-    (the same numbers as the RunStage/StageFinished or SendFrame/FrameArrived pair)
-    and :meth:`sent` for a SendFrame whose FrameArrived comes later through
+    worker's stage or a hop as a whole may instead write its seconds into ``stage_s``
+    (``(device, lap) -> seconds``) / ``hop_s`` (``(src, dst, lap) -> seconds``), the
+    same numbers as the RunStage/StageFinished or SendFrame/FrameArrived pair,
+    and call :meth:`sent` for a SendFrame whose FrameArrived comes later through
     :meth:`add`; records of one device, one link or one lap must still come in time
     order, but different ones may interleave out of time order (the sums per device
     and per link are then taken in the same order as from the sorted trace). Such a
@@ -137,18 +138,9 @@ class Accumulator:
         if self.t_seen is None or t > self.t_seen:
             self.t_seen = t
 
-    def stage(self, device: str, lap_id: int, t_run: float, t_done: float) -> None:
-        """A worker's stage (a RunStage without inputs at ``t_run``, its StageFinished at
-        ``t_done``)."""
-        self.stage_s[(device, lap_id)] = t_done - t_run
-
     def sent(self, src: str, dst: str, lap_id: int, t: float) -> None:
         """A SendFrame of lap ``lap_id`` at ``t`` (its FrameArrived comes later)."""
         self.send_t[(src, dst, lap_id)] = t
-
-    def hop(self, src: str, dst: str, lap_id: int, t_send: float, t_arrive: float) -> None:
-        """A SendFrame at ``t_send`` and its FrameArrived at ``t_arrive``."""
-        self.hop_s[(src, dst, lap_id)] = t_arrive - t_send
 
     # -- one kind each ------------------------------------------------------------------
 

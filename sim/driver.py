@@ -1,11 +1,23 @@
-"""The SimPy driver: runs the shared scheduler against a model of the room.
+"""The simulator's driver: runs the shared scheduler against a model of the room.
 
-The driver owns a SimPy environment, one compute resource per device (stages run one
-at a time, in arrival order), one link per ordered pair of devices (sim/link.py), a
-device model per device (sim/devices.py) and an acceptance model (sim/acceptance.py).
-It feeds events to the room's :class:`planner.chain.Chain` (the host's scheduler and
-every worker's machine behind one router), carries out the commands it returns as
-timed SimPy processes, and records every event and command in the trace.
+The driver keeps its own event queue (a heap of callbacks in SimPy's order: time,
+priority, insertion; SimPy itself is no longer used here), the time each device's
+compute is busy until (stages run one at a time, in arrival order), one link per
+ordered pair of devices (sim/link.py), a device model per device (sim/devices.py) and
+an acceptance model (sim/acceptance.py). It feeds events to the room's
+:class:`planner.chain.Chain` (the host's scheduler and every worker's machine behind
+one router), carries out the commands it returns as timed callbacks, and records every
+event and command in the trace (or only the metrics, ``trace=False``).
+
+Running ahead: with no faults, a direct return path and no worker woken by the host,
+a worker hears only the frames of its chain, in the order the host sent them (links
+and devices are FIFO), and sends only to the next stage. So when the host sends a
+frame, the driver runs it through every worker at once -- each worker's machine,
+device, link and jitter stream see the same calls in the same order, at the same
+(future) times, as event by event -- and queues only its return to the host. The one
+thing that can differ: a link whose two frames would fire an ulp out of send order
+(see ``_deliver``) delivers the earlier frame at the later one's instant event by
+event; that is detected and the run starts again event by event.
 
 Tokens are synthetic but consistent: the target model's greedy answer is a fixed
 sequence ``truth(pos)``; the host's head predicts it exactly, and the drafter proposes
@@ -263,13 +275,6 @@ class Simulation:
             if x is not None:
                 x(c)
 
-    def execute(self, c) -> None:
-        """Carry out one command (as a timed callback when it takes time). BeginAnswer,
-        RollbackKV, DropFrame, LapEnded: bookkeeping only (the trace)."""
-        x = self._execs.get(type(c))
-        if x is not None:
-            x(c)
-
     def _run_stage(self, c: RunStage) -> None:
         if c.inputs:
             self._lap_span[c.lap_id] = (c.first_pos, c.tokens)
@@ -361,16 +366,7 @@ class Simulation:
         self._free_at[device] = end
         self._at(end, done_event)
 
-    # -- workers ahead of the clock -------------------------------------------------
-    # With no faults, a direct return path and no worker woken by the host, a worker
-    # hears only the frames of its chain, in the order the host sent them (links and
-    # devices are FIFO), and sends only to the next stage. So when the host sends a
-    # frame, the driver runs it through every worker at once -- each worker's machine,
-    # device, link and jitter stream see the same calls in the same order, at the same
-    # (future) times, as event by event -- and queues only its return to the host.
-    # The one thing that can differ: a link whose two frames would fire an ulp out of
-    # send order (see _deliver) delivers the earlier frame at the later one's instant
-    # event by event; that is detected and the run starts again event by event.
+    # -- workers ahead of the clock (module doc, "Running ahead") --------------------
 
     def _stage_scales(self) -> dict[str, float]:
         """Device -> its stage's weight scale (DeviceModel.stage_scale: 1.0 unless the
@@ -393,7 +389,7 @@ class Simulation:
         if hops is None:
             hops = self._hops = self._ahead_hops()
         acc, raw = self.acc, self.raw
-        hop_s, stage_s = acc.hop_s, acc.stage_s  # Accumulator.hop / .stage, inlined
+        hop_s, stage_s = acc.hop_s, acc.stage_s  # a hop and a stage as a whole (Accumulator doc)
         t = self.loop.now
         h = c.header
         lap, tokens, pos = h.lap_id, h.tokens, h.first_pos  # the same all the way round

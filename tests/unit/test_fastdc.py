@@ -66,3 +66,22 @@ def test_a_class_with_post_init_or_a_factory_keeps_the_standard_init():
         Checked(-1)
     assert "__dict__" not in Checked.__init__.__code__.co_names
     assert Listed().xs == () and "__dict__" not in Listed.__init__.__code__.co_names
+
+
+def test_a_field_named_like_a_local_and_keyword_only_fields_behave_as_dataclasses():
+    def define(decorate):
+        @decorate
+        class Odd:
+            d: int
+            self_: int = 2
+        return Odd
+    fast, ref = define(frozen), define(dataclasses.dataclass(frozen=True))
+    assert dataclasses.asdict(fast(1, 3)) == dataclasses.asdict(ref(1, 3)) == {"d": 1, "self_": 3}
+
+    @frozen
+    class Kw:
+        a: int
+        b: int = dataclasses.field(default=0, kw_only=True)
+    with pytest.raises(TypeError):
+        Kw(1, 2)  # keyword-only, as dataclasses makes it
+    assert Kw(1, b=2).b == 2
