@@ -70,11 +70,21 @@ def test_the_worker_that_takes_a_lost_range_copies_it_from_the_host():
     assert m["ready_at_s"] - m["detected_at_s"] >= m["copy_s"] > 0
 
 
+# A prompt whose greedy answer runs past 300 tokens with no end token (checked below): a
+# timed fault must fire while the answer is still under way. "What is the capital of
+# France?" ends after 7 tokens, which a quick run finishes before 1 s, and the fault
+# timer is cancelled with the answer.
+LONG_PROMPT = "Explain in detail how a car engine works."
+LONG_TOKENS = 240
+
+
 def test_a_fault_at_a_time_kills_the_worker_that_long_after_the_start():
     md = ensure_safetensors()
-    ids = ChatTokenizer.from_dir(md).encode_chat(PROMPT)
-    want = [t for t in generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, 32).ids if t != 2]
-    sets = [s for s in SETS if not s.startswith("workload.answer_tokens")] + ["workload.answer_tokens=32"]
+    ids = ChatTokenizer.from_dir(md).encode_chat(LONG_PROMPT)
+    want = generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, LONG_TOKENS).ids
+    assert len(want) == LONG_TOKENS and 2 not in want  # the answer cannot end before the fault
+    sets = [s for s in SETS if not s.startswith(("workload.answer_tokens", "workload.prompts"))] + [
+        f"workload.answer_tokens={LONG_TOKENS}", f"workload.prompts=['{LONG_PROMPT}']"]
     scn = load("scenarios/home.yaml", sets + ["faults=[{device: laptop, at: 1 s}]"])
     res = run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=120, log=lambda s: None)
     assert res.answers[0]["token_ids"] == want and res.answers[0]["ended"] == "answered"
