@@ -52,6 +52,13 @@ class Device:
         price: rent or purchase (:class:`Price`); planner/cost.py prices a token with it.
         emulate_slowdown: a real run pads this device's compute to this factor.
         engine: a named engine preset (sim/engines.py) scaling its roofline, or None.
+        efficiency: the fraction of the roofline its engine reaches, (0, 1]; None: the
+            engine preset's (1.0 without one).
+        pass_overhead_s, layer_overhead_s: fixed seconds per forward pass and per layer
+            of a pass; None: the engine preset's (0 without one).
+        offload_Bps: opt-in to offload: the weights that do not fit in what it lends
+            (less the headroom) are read from disk or host memory at this rate, bytes/s,
+            on every pass; None: a room that does not fit is an error.
         clocks_down: whether its GPU clocks down when idle (None: phones do, computers
             do not); a real run on one machine has no clock-down to predict.
     """
@@ -70,6 +77,10 @@ class Device:
     clocks_down: bool | None = None
     engine: str | None = None
     price: Price | None = None
+    efficiency: float | None = None
+    pass_overhead_s: float | None = None
+    layer_overhead_s: float | None = None
+    offload_Bps: float | None = None
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,22 @@ roofline: ``stage = roofline / efficiency + pass_overhead + layers * layer_overh
 Without one the roofline is used as is (efficiency 1, no overheads), which is an upper
 bound on speed.
 
+A device's own ``efficiency`` and ``overhead`` (scenario keys) replace its preset's
+numbers one by one; either alone applies to the plain roofline.
+
+Offload
+-------
+A room that does not fit is an error (planner/fit.py) unless each device that is over
+opted in to offload (``offload: {bandwidth: RATE}``). Such a device keeps
+``offload_bytes`` of its stage's weights on disk or in host memory and reads them on
+every pass of its stage, at ``offload_Bps``: ``stage += offload_bytes x share /
+offload_Bps``, where ``share`` is the part of a layer's weights the pass reads (1 for
+dense layers; for MoE the active or touched experts, as above). The read is added, not
+overlapped with compute: prima.cpp (Li et al. 2025, arXiv 2504.08791) prefetches
+mmap'd layers ahead of use and hides part of it, so this is an upper bound on time.
+The read is charged to the simulator's stage passes only (not to a ``model`` drafter's
+pass through the same device).
+
 The model never reads a clock: stateful calls take ``now_s`` (simulation seconds).
 
 Defaults when a device gives neither ``memory_bandwidth`` nor ``ms_per_layer``
@@ -109,8 +125,10 @@ import math
 from typing import Callable
 
 from planner.model import ARCHITECTURES, ModelSpec, spec_from_architecture
+from planner.fit import offload_bytes as room_offload_bytes
 from planner.profile import DeviceProfile, DrafterProfile
 from planner.room import Device, Speculative
+from sim.engines import engine as engine_preset
 
 __all__ = [
     "DEFAULT_BANDWIDTH_BPS",
@@ -122,6 +140,7 @@ __all__ = [
     "NGRAM_S_PER_TOKEN",
     "WAKE_MAX_S",
     "DeviceModel",
+    "device_model",
     "moe_layout",
 ]
 
@@ -182,6 +201,9 @@ class DeviceModel:
         efficiency: fraction of the roofline an engine reaches (0, 1]; 1 by default.
         pass_overhead_s, layer_overhead_s: fixed seconds per pass and per layer of a
             pass (an engine's launch/dispatch cost); 0 by default.
+        offload_bytes: weight bytes of its stage kept outside what it lends
+            (planner.fit.offload_bytes), read on every pass of the stage at
+            ``offload_Bps`` bytes/s (module docstring, "Offload"); 0 by default.
 
     Raises:
         ValueError: a non-positive bandwidth, compute, measured time, slowdown or
@@ -204,6 +226,8 @@ class DeviceModel:
         efficiency: float = 1.0,
         pass_overhead_s: float = 0.0,
         layer_overhead_s: float = 0.0,
+        offload_bytes: float = 0.0,
+        offload_Bps: float | None = None,
     ) -> None:
         self.device = device
         self.model = model
@@ -221,6 +245,8 @@ class DeviceModel:
             raise ValueError(f"device {device.id}: efficiency must be in (0, 1], got {efficiency}")
         if wake_max_s < 0 or sample_s_per_token < 0 or pass_overhead_s < 0 or layer_overhead_s < 0:
             raise ValueError("wake_max_s, sample_s_per_token and overheads must be >= 0")
+        if offload_bytes < 0 or (offload_bytes > 0 and not (offload_Bps or 0) > 0):
+            raise ValueError(f"device {device.id}: offloaded bytes need an offload rate > 0")
         self.profile = profile
         self.drafters = dict(drafters or {})
         if clock_down is None:
@@ -235,6 +261,8 @@ class DeviceModel:
         self.pass_overhead_s = float(pass_overhead_s)
         self.layer_overhead_s = float(layer_overhead_s)
         self.moe = moe if moe is not None else moe_layout(model)
+        self.offload_bytes = float(offload_bytes)
+        self.offload_Bps = offload_Bps
         self.measured = device.s_per_layer is not None
         one = self._roofline_layer_s(1)
         #: measured seconds per layer-token over the roofline's (1.0 when not measured)
@@ -322,6 +350,8 @@ class DeviceModel:
         simulator's per-stage call), ``weight_scale`` as in :meth:`pass_s`: seconds, and
         the GPU marked busy until it ends."""
         s = self.pass_s(layers, tokens, context_tokens, weight_scale)
+        if self.offload_bytes and layers > 0 and tokens > 0:
+            s += self.offload_s(tokens)
         if not self.clock_down:  # busy_s without the clock-down check (the same numbers)
             end = start_s + s
             if end > self._busy_end_s:
@@ -343,7 +373,8 @@ class DeviceModel:
         stage of ``layers`` layers, as one function (the simulator calls it per stage
         per lap). The same numbers as :meth:`run_s`; for a roofline device that does
         not clock down, the arithmetic is inlined."""
-        if self.profile is not None or self.clock_down or layers <= 0 or weight_scale != 1.0:
+        if (self.profile is not None or self.clock_down or layers <= 0 or weight_scale != 1.0
+                or self.offload_bytes):
             return lambda tokens, ctx, start, decode: self.run_s(layers, tokens, ctx, start, decode, weight_scale)
         per_tokens, bw, kvb = self._per_tokens, self.bandwidth_Bps, self.model.kv_bytes_per_token
         slowdown = self.slowdown
@@ -373,6 +404,18 @@ class DeviceModel:
                 self._busy_end_s = end
             return s
         return timer
+
+    def offload_s(self, tokens: int) -> float:
+        """Seconds one pass of its stage on ``tokens`` positions spends reading the
+        offloaded weights: ``offload_bytes`` times the share of a layer's weights the
+        pass reads (1 for dense layers; active experts, or the experts ``tokens``
+        positions touch, for MoE: :meth:`layer_bytes_read` / ``layer_bytes``) over
+        ``offload_Bps``. 0 without offload."""
+        if not self.offload_bytes or tokens <= 0:
+            return 0.0
+        lb = self.model.layer_bytes
+        share = self.layer_bytes_read(tokens) / lb if lb else 1.0
+        return self.offload_bytes * min(share, 1.0) / self.offload_Bps
 
     def _roofline_pass_s(self, layers: int, tokens: int, context_tokens: int, weight_scale: float = 1.0) -> float:
         """:meth:`roofline_stage_s` (the same arithmetic, in the same order), with the
@@ -498,3 +541,26 @@ class DeviceModel:
     def busy_until_s(self) -> float:
         """When the GPU's last known work (or wake spin) ends, seconds."""
         return self._busy_end_s
+
+
+def device_model(d: Device, scn, deal, profile=None) -> DeviceModel:
+    """The cost model of device ``d`` in scenario ``scn`` (a planner.room.Scenario)
+    dealt as ``deal``: its measured profile (``profile``, a planner.profile.Profile, or
+    None), else its engine preset (sim/engines.py) with the device's own
+    ``efficiency`` and overheads replacing the preset's one by one; the weights it
+    offloads (planner/fit.py) when it opted in. The model host wakes itself when wake
+    messages are on. Raises KeyError for an unknown engine, ValueError for bad numbers."""
+    eng = engine_preset(d.engine) if d.engine else None
+
+    def pick(own, preset_value, default):
+        if own is not None:
+            return own
+        return preset_value if eng is not None else default
+    off = room_offload_bytes(deal, scn.devices, scn.model, scn.options).get(d.id, 0) if d.offload_Bps else 0
+    return DeviceModel(d, scn.model, profile=profile.devices.get(d.id) if profile else None,
+                       drafters=profile.drafters if profile else None,
+                       self_wake=scn.decoding.wake and d.id == deal.host,
+                       efficiency=pick(d.efficiency, eng and eng.efficiency, 1.0),
+                       pass_overhead_s=pick(d.pass_overhead_s, eng and eng.pass_overhead_s, 0.0),
+                       layer_overhead_s=pick(d.layer_overhead_s, eng and eng.layer_overhead_s, 0.0),
+                       offload_bytes=off, offload_Bps=d.offload_Bps)

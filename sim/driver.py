@@ -48,25 +48,13 @@ from planner.room import Scenario
 from planner.chain import Chain, redeal_rule
 from planner.scheduler import ROLLBACK_RUN, SchedulerConfig
 from sim.acceptance import make_acceptance
-from sim.devices import DECODE_MAX_TOKENS, DeviceModel
-from sim.engines import engine
+from sim.devices import DECODE_MAX_TOKENS, DeviceModel, device_model
 from sim.link import Link, Links
 
 
 def truth(pos: int) -> int:
     """The simulated target model's greedy token at sequence position ``pos``."""
     return 1000 + (pos * 7919) % 40000
-
-
-def _device_model(d, scn: Scenario, prof, host: str) -> DeviceModel:
-    """The cost model of device ``d``: its profile when the scenario has one, its
-    engine preset's efficiency and overheads (sim/engines.py) when it names one."""
-    eng = engine(d.engine) if d.engine else None
-    return DeviceModel(d, scn.model, profile=prof.devices.get(d.id) if prof else None,
-                       drafters=prof.drafters if prof else None, self_wake=scn.decoding.wake and d.id == host,
-                       efficiency=eng.efficiency if eng else 1.0,
-                       pass_overhead_s=eng.pass_overhead_s if eng else 0.0,
-                       layer_overhead_s=eng.layer_overhead_s if eng else 0.0)
 
 
 class SimResult:
@@ -219,7 +207,7 @@ class Simulation:
         self._copy_s: dict[str, float] = {}  # lost device -> seconds the re-dealt weights took to copy
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
         prof = scn.profile
-        self.devices = {d.id: _device_model(d, scn, prof, self.deal.host) for d in scn.devices}
+        self.devices = {d.id: device_model(d, scn, self.deal, prof) for d in scn.devices}
         self._scale = self._stage_scales()
         self._free_at: dict[str, float] = {}
         self.links = Links(self.loop, scn.network, np.random.default_rng(link_seed))

@@ -135,6 +135,19 @@ def deal_scenario(scn, source: str):
         fail(f"{source}: cannot deal the room: {e}")
 
 
+def fitting_deal(scn, source: str):
+    """Deal a scenario's room, or exit 2 naming the problem: a room that cannot be
+    dealt, or whose layers do not fit in what its devices lend (each device's shortfall;
+    planner/fit.py) unless the devices that are over opted in to offload."""
+    d = deal_scenario(scn, source)
+    from planner.fit import RoomDoesNotFit, check_fits
+    try:
+        check_fits(d, scn.devices, scn.model, scn.options)
+    except RoomDoesNotFit as e:
+        fail(f"{source}: {e}")
+    return d
+
+
 def deal_table(deal_, scn) -> Table:
     """The deal as a table: device, role, layers, bytes used of lent, why."""
     from planner.deal import format_bytes
@@ -246,7 +259,7 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     check_output(trace, "--trace")
     check_output(plot, "--plot")
     check_simulable(scn, scenario)
-    d = deal_scenario(scn, scenario)
+    d = fitting_deal(scn, scenario)
     plain_scn, plain_deal = scn, d
     if scn.ends_local is not None:  # privacy: the host keeps its ends; compared with the plain deal below
         from planner.deal import DealError

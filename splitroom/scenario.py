@@ -110,6 +110,19 @@ class PriceIn(_Strict):
         return self
 
 
+class OverheadIn(_Strict):
+    """A device's fixed engine costs: seconds per forward pass and per layer of a pass."""
+
+    pass_: Time = Field(default=0.0, alias="pass")
+    layer: Time = 0.0
+
+
+class OffloadIn(_Strict):
+    """Opt-in to offload: weights that do not fit are read at ``bandwidth`` on every pass."""
+
+    bandwidth: PosRate
+
+
 class DeviceIn(_Strict):
     id: str = Field(pattern=r"^[a-z0-9_-]+$")
     name: str = ""
@@ -127,6 +140,10 @@ class DeviceIn(_Strict):
     clocks_down: bool | None = None
     # sim/engines.py ENGINES: a named engine's efficiency and overheads for the roofline
     engine: Literal["roofline", "llama.cpp-metal", "llama.cpp-cpu"] | None = None
+    # the fraction of the roofline its engine reaches, and its fixed costs (replace the engine's)
+    efficiency: float | None = Field(default=None, gt=0.0, le=1.0)
+    overhead: OverheadIn | None = None
+    offload: OffloadIn | None = None
 
 
 class JitterIn(_Strict):
@@ -414,7 +431,10 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
                price=PriceSpec(per_hour=d.price.per_hour, buy=d.price.buy, years=d.price.years,
                                watts=d.price.watts) if isinstance(d.price, PriceIn) else None,
                emulate_slowdown=d.emulate.slowdown if d.emulate else None, clocks_down=d.clocks_down,
-               engine=d.engine)
+               engine=d.engine, efficiency=d.efficiency,
+               pass_overhead_s=d.overhead.pass_ if d.overhead else None,
+               layer_overhead_s=d.overhead.layer if d.overhead else None,
+               offload_Bps=d.offload.bandwidth if d.offload else None)
         for d in s.devices)
     pins = None
     if s.stages is not None:
@@ -528,7 +548,7 @@ def _loc(loc: tuple) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            part = {"from_": "from", "return_": "return"}.get(str(part), str(part))
+            part = {"from_": "from", "return_": "return", "pass_": "pass"}.get(str(part), str(part))
             # pydantic adds union branch names (str, InlineModelIn, ...) and validator names
             # (function-after[...]): drop them, but keep a user's own key ("Devices" typo).
             if part in _BRANCH_TAGS or "[" in part or part.startswith("function-"):

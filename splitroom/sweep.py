@@ -85,6 +85,7 @@ def predict_one(args: tuple) -> dict:
     ``error`` (one line) when the room cannot be dealt or answers nothing."""
     path, base, combo, calibration = args
     from planner.deal import DealError, deal
+    from planner.fit import check_fits
     from sim.driver import simulate
     from splitroom.calibration import CalibrationError
     from splitroom.scenario import ScenarioError, load
@@ -95,6 +96,7 @@ def predict_one(args: tuple) -> dict:
             from splitroom.calibration import apply_profile, load_profile
             scn = apply_profile(scn, load_profile(calibration), Path(calibration).name)
         d = deal(scn.devices, scn.model, scn.options)
+        check_fits(d, scn.devices, scn.model, scn.options)  # a room that does not fit is a row's error, not a speed
         m = simulate(scn, d, trace=False).metrics
     except (ScenarioError, DealError, ValueError, CalibrationError) as e:
         row["error"] = str(e)

@@ -38,7 +38,7 @@ def test_docs_name_every_key():
     doc = (SCHEMA.parent / "scenario.md").read_text()
     sections = (sc.ScenarioIn, sc.DeviceIn, sc.NetworkIn, sc.JitterIn, sc.EpisodesIn, sc.LinkIn,
                 sc.WorkloadIn, sc.DecodingIn, sc.SpeculativeIn, sc.SamplingIn, sc.InlineModelIn, sc.StageIn,
-                sc.EmulateIn)
+                sc.EmulateIn, sc.OverheadIn, sc.OffloadIn)
     missing = [f"{cls.__name__}.{f.alias or k}" for cls in sections for k, f in cls.model_fields.items()
                if f"`{f.alias or k}`" not in doc]
     assert not missing, missing

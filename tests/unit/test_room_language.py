@@ -1,0 +1,167 @@
+"""Scenario keys for the rooms people run: a room that does not fit, offload, a device's
+engine efficiency and overheads. Each expected number is worked out by hand beside it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.deal import deal
+from planner.fit import RoomDoesNotFit, check_fits, offload_bytes
+from sim.devices import device_model
+from splitroom.cli import app
+from splitroom.scenario import ScenarioError, from_mapping
+
+MiB = 1024 ** 2
+
+#: four layers of exactly 100 MiB, no KV, no embedding or head: what a device holds is
+#: a count of 100 MiB blocks, and a decode pass reads 100 MiB a layer
+ROOM = """\
+name: tight
+model: {name: blocks, layers: 4, hidden: 64, layer_bytes: 100 MiB}
+headroom: 0
+network: {rtt: 0 ms}
+workload: {prompt_tokens: 4, answer_tokens: 8}
+devices:
+  - {id: a, lends: 150 MiB, memory_bandwidth: 100 GiB/s, compute: 1000 TFLOPS}
+  - {id: b, lends: 150 MiB, memory_bandwidth: 100 GiB/s, compute: 1000 TFLOPS}
+"""
+
+
+def scenario(text: str = ROOM, sets: list[str] = ()):
+    import yaml
+    return from_mapping(yaml.safe_load(text), "room.yaml", list(sets))
+
+
+def simulate_cli(tmp_path, text: str, *args: str):
+    f = tmp_path / "room.yaml"
+    f.write_text(text)
+    return CliRunner().invoke(app, ["simulate", str(f), "--no-progress", "--json", *args])
+
+
+# --- a room that does not fit -------------------------------------------------------
+
+def test_room_that_does_not_fit_is_exit_2_with_each_shortfall(tmp_path):
+    # each device holds 1 layer (150 // 100); the speed deal spreads the 2 left over by
+    # memory (equal lends: one each), so a and b hold 2 layers = 200 MiB of 150 MiB: short 50 MiB
+    r = simulate_cli(tmp_path, ROOM)
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert "\n" not in err and "Traceback" not in r.output
+    assert err.startswith("error: ") and "room.yaml: the room does not fit: " in err
+    assert "a needs 200 MiB of 150 MiB (what it lends), short 50 MiB" in err
+    assert "b needs 200 MiB of 150 MiB (what it lends), short 50 MiB" in err
+    assert "offload" in err
+
+
+def test_shortfall_counts_the_headroom():
+    # headroom 0.2 of 150 MiB: ceil(31,457,280) bytes = 30 MiB kept free, 120 MiB usable;
+    # each holds 1 layer, 2 each after the spread: 200 - 120 = 80 MiB short
+    scn = scenario(sets=["headroom=0.2"])
+    d = deal(scn.devices, scn.model, scn.options)
+    with pytest.raises(RoomDoesNotFit) as e:
+        check_fits(d, scn.devices, scn.model, scn.options)
+    assert "a needs 200 MiB of 120 MiB (lends 150 MiB less 20% headroom), short 80 MiB" in str(e.value)
+
+
+def test_a_room_that_fits_passes(tmp_path):
+    r = simulate_cli(tmp_path, ROOM.replace("lends: 150 MiB", "lends: 200 MiB"))
+    assert r.exit_code == 0, r.output
+
+
+def test_sweep_marks_a_combination_that_does_not_fit(tmp_path):
+    import json
+    f = tmp_path / "room.yaml"
+    f.write_text(ROOM)
+    r = CliRunner().invoke(app, ["sweep", str(f), "--vary", "devices[0].lends=150 MiB,200 MiB",
+                                 "--set", "devices[1].lends=200 MiB", "--json", "--jobs", "1"])
+    assert r.exit_code == 0, r.output
+    rows = {row["values"][0][1]: row for row in json.loads(r.stdout)["rows"]}
+    # a at 150 MiB holds 1 layer, b 2: 3 of 4, the last spread to a (150/350 of it, the larger
+    # remainder is b's 200/350: b) -- either way one device is over; at 200 MiB both hold 2
+    assert "does not fit" in rows["150 MiB"]["error"]
+    assert rows["200 MiB"]["error"] is None
+
+
+# --- offload: the explicit opt-in, modelled -----------------------------------------
+
+def test_offload_opt_in_is_modelled_by_hand():
+    scn = scenario(sets=["devices[0].offload={bandwidth: 1 GiB/s}", "devices[1].offload={bandwidth: 1 GiB/s}"])
+    d = deal(scn.devices, scn.model, scn.options)
+    check_fits(d, scn.devices, scn.model, scn.options)  # opted in: no error
+    assert offload_bytes(d, scn.devices, scn.model, scn.options) == {"a": 50 * MiB, "b": 50 * MiB}
+    dm = device_model(scn.device("b"), scn, d)
+    # a decode pass of b's 2 layers: 2 x 100 MiB / 100 GiB/s = 1/512 s = 1.953 ms resident,
+    # plus the 50 MiB offloaded / 1 GiB/s = 1/20.48 s = 48.83 ms
+    want = 2 * 100 / (100 * 1024) + 50 / 1024
+    assert dm.run_s(2, 1, 0, 0.0, True) == pytest.approx(want, rel=1e-12)
+    assert dm.stage_timer(2)(1, 0, 0.0, True) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(0.05078, abs=1e-5)
+
+
+def test_offload_cannot_hold_more_than_the_weights():
+    # 1 MiB lent: 2 layers = 200 MiB, short 199 MiB; the weights (200 MiB) cover it: fine.
+    # A KV cache of 1 MiB per token at context 100 = 100 MiB a layer on top: short 399 MiB,
+    # more than the 200 MiB of weights it may offload -> an error naming it
+    text = ROOM.replace("layer_bytes: 100 MiB}", "layer_bytes: 100 MiB, kv_bytes_per_token: 1 MiB}")
+    scn = scenario(text, ["context=100", "devices[1].lends=1 MiB", "devices[1].offload={bandwidth: 1 GiB/s}",
+                          "devices[0].lends=1000 MiB", "stages=[{device: a, layers: '1-2'}, {device: b, layers: '3-4'}]"])
+    d = deal(scn.devices, scn.model, scn.options)
+    with pytest.raises(RoomDoesNotFit) as e:
+        check_fits(d, scn.devices, scn.model, scn.options)
+    assert "b needs 400 MiB of 1 MiB (what it lends), short 399 MiB, more than its layers' weights (200 MiB)" \
+        in str(e.value)
+
+
+def test_simulated_offload_room_runs_at_the_offload_rate(tmp_path):
+    import json
+    r = simulate_cli(tmp_path, ROOM, "--set", "devices[0].offload={bandwidth: 1 GiB/s}",
+                     "--set", "devices[1].offload={bandwidth: 1 GiB/s}")
+    assert r.exit_code == 0, r.output
+    lap = json.loads(r.stdout)["metrics"]["lap_s"]["mean"]
+    # a decode lap: two stages of 50.78 ms each (above), rtt 0, head/sampling microseconds
+    assert lap == pytest.approx(2 * (2 * 100 / (100 * 1024) + 50 / 1024), rel=0.01)
+
+
+# --- a device's efficiency and overheads ---------------------------------------------
+
+def test_efficiency_and_overheads_by_hand():
+    scn = scenario(ROOM.replace("lends: 150 MiB", "lends: 400 MiB"),
+                   ["devices[1].efficiency=0.5", "devices[1].overhead={pass: 1 ms, layer: 100 us}",
+                    "stages=[{device: a, layers: '1-2'}, {device: b, layers: '3-4'}]"])
+    d = deal(scn.devices, scn.model, scn.options)
+    dm = device_model(scn.device("b"), scn, d)
+    # 2 x 100 MiB / 100 GiB/s = 1.953 ms, over 0.5 = 3.906 ms, + 1 ms + 2 x 0.1 ms = 5.106 ms
+    want = 2 * 100 / (100 * 1024) / 0.5 + 1e-3 + 2 * 1e-4
+    assert dm.run_s(2, 1, 0, 0.0, True) == pytest.approx(want, rel=1e-12)
+    assert dm.stage_timer(2)(1, 0, 0.0, True) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(5.106e-3, abs=1e-6)
+
+
+def test_own_efficiency_replaces_the_presets():
+    # llama.cpp-metal's preset is 0.555; the device's own 0.25 wins, the preset's overheads stay (0)
+    scn = scenario(ROOM.replace("lends: 150 MiB", "lends: 400 MiB"),
+                   ["devices[0].engine=llama.cpp-metal", "devices[1].engine=llama.cpp-metal",
+                    "devices[1].efficiency=0.25"])
+    d = deal(scn.devices, scn.model, scn.options)
+    assert device_model(scn.device("a"), scn, d).efficiency == 0.555
+    assert device_model(scn.device("b"), scn, d).efficiency == 0.25
+
+
+@pytest.mark.parametrize("sets, parts", [
+    (["devices[0].efficiency=0"], ["devices[0].efficiency", "greater than 0"]),
+    (["devices[0].efficiency=1.5"], ["devices[0].efficiency", "less than or equal to 1"]),
+    (["devices[0].overhead={pass: 5}"], ["devices[0].overhead.pass", "expected a time", "got 5"]),
+    (["devices[0].overhead={layer: -1 ms}"], ["devices[0].overhead.layer", "not negative"]),
+    (["devices[0].overhead={launch: 1 ms}"], ["devices[0].overhead.launch", "unknown key"]),
+    (["devices[0].offload={bandwidth: 0 GB/s}"], ["devices[0].offload.bandwidth", "more than 0"]),
+    (["devices[0].offload={}"], ["devices[0].offload.bandwidth", "missing"]),
+])
+def test_bad_values_are_one_line(sets, parts):
+    with pytest.raises(ScenarioError) as e:
+        scenario(sets=sets)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("room.yaml: ")
+    for p in parts:
+        assert p in msg, (p, msg)
