@@ -25,6 +25,7 @@ from planner.room import Price as PriceSpec
 from planner.room import (HEARTBEAT_TIMEOUT_S, DealOptions, Decoding, Device, Episodes, Fault, Jitter, LinkSpec,
                           Network, PinnedStage, Scenario, Speculative, Workload)
 from planner.sampling import Sampling
+from sim.engines import ENGINES
 from splitroom import units
 
 
@@ -139,7 +140,7 @@ class DeviceIn(_Strict):
     emulate: EmulateIn | None = None
     clocks_down: bool | None = None
     # sim/engines.py ENGINES: a named engine's efficiency and overheads for the roofline
-    engine: Literal["roofline", "llama.cpp-metal", "llama.cpp-cpu"] | None = None
+    engine: Literal[tuple(ENGINES)] | None = None
     # the fraction of the roofline its engine reaches, and its fixed costs (replace the engine's)
     efficiency: float | None = Field(default=None, gt=0.0, le=1.0)
     overhead: OverheadIn | None = None

@@ -165,3 +165,40 @@ def test_bad_values_are_one_line(sets, parts):
     assert "\n" not in msg and msg.startswith("room.yaml: ")
     for p in parts:
         assert p in msg, (p, msg)
+
+
+# --- engine presets: each efficiency from its cited single-device figure ------------
+
+GiB = 1024 ** 3
+
+
+@pytest.mark.parametrize("name, bytes_per_token, tokens_per_s, bandwidth_Bps", [
+    ("llama.cpp-metal", 6.67 * GiB, 62.05, 800e9),        # llama.cpp PR #2917, M2 Ultra, 7B Q8_0
+    ("llama.cpp-cuda", 4.33 * GiB, 155.02, 936e9),        # llama.cpp PR #15802, RTX 3090, 8B Q4_0
+    ("vllm", 8.03e9 * 2, 75.0, 1555e9),                   # vLLM 0.23, A100 40GB, Llama-3.1-8B BF16
+    ("hf-eager", 6.74e9 * 2, 1 / 0.03289, 936e9),         # bitsandbytes #347, RTX 3090, 7B fp16
+    ("bnb-int8", 6.74e9, 1 / 0.15455, 936e9),             # bitsandbytes #347, RTX 3090, 7B int8
+    ("mlx", 70.6e9 * 2, 4.7, 800e9),                      # mlx-examples #1069, M2 Ultra, 70B 16-bit
+    ("webgpu-browser", 6.74e9 * 4.5 / 8 * 0.8, 204.8, 1008e9),  # 80% of MLC-LLM on an RTX 4090
+])
+def test_preset_efficiency_is_its_cited_benchmark(name, bytes_per_token, tokens_per_s, bandwidth_Bps):
+    from sim.engines import ENGINES
+    e = ENGINES[name]
+    assert e.efficiency == pytest.approx(bytes_per_token * tokens_per_s / bandwidth_Bps, abs=6e-4)
+    assert e.source and e.name == name
+
+
+def test_nf4_preset_from_its_ratio():
+    from sim.engines import ENGINES
+    # fp16 at hf-eager's efficiency; NF4 reads 4.5/16 of the bytes in 48.6/36.5 of the time
+    assert ENGINES["bnb-nf4"].efficiency == pytest.approx(0.438 * 4.5 / 16 * 36.5 / 48.6, abs=2e-4)
+
+
+def test_every_preset_is_a_scenario_choice():
+    from sim.engines import ENGINES
+    for name in ENGINES:
+        scn = scenario(sets=[f"devices[0].engine={name}"])
+        assert scn.devices[0].engine == name
+    with pytest.raises(ScenarioError) as e:
+        scenario(sets=["devices[0].engine=tensorrt-magic"])
+    assert "devices[0].engine" in str(e.value) and "llama.cpp-cuda" in str(e.value)
