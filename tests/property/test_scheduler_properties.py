@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.deal import Deal, Stage
-from planner.protocol import DeviceLost, EmitToken
+from planner.protocol import AnswerDone, DeviceLost, EmitToken, QuestionAsked, Refuse
 from planner.scheduler import MAX_WAITING, MAX_WAITING_PER_DEVICE, SchedulerConfig
 from tests.harness import Harness, truth
 
@@ -57,6 +57,9 @@ def test_any_event_order_answers_every_question_with_the_greedy_tokens(room, dat
     ended = h.ended()
     # every question ends answered or refused, exactly once
     assert set(ended) == set(range(len(questions)))
+    # and each end is the one product page 001's queue rule gives, replayed from the log
+    # on its own: a question is refused only for a reason it has
+    _check_ends_against_the_queue_rule(h.log, ended)
     ends = [x for x in h.log if type(x).__name__ in ("AnswerDone", "Refuse")]
     assert len(ends) == len(questions)
     # the queue limits hold at every step
@@ -78,3 +81,39 @@ def test_any_event_order_answers_every_question_with_the_greedy_tokens(room, dat
     for qid, toks in answers.items():
         idx = [x.index for x in emits if x.question_id == qid]
         assert idx == list(range(len(toks)))
+
+
+def _check_ends_against_the_queue_rule(log: list, ended: dict[int, str]) -> None:
+    """Replay the asks in ``log`` against the queue rule of product page 001, kept here
+    apart from the scheduler: one question answered at a time, up to MAX_WAITING waiting,
+    at most MAX_WAITING_PER_DEVICE waiting per asker; an empty prompt or a request for no
+    tokens refused. Until a device is lost, each question must end as the rule says
+    (answered, or refused with the rule's reason); after a loss only "left the room"
+    reasons may refuse a question the rule took. A scheduler that refuses questions it
+    should answer fails here, where ``toks == ref[:len(toks)]`` alone holds for ``[]``."""
+    in_room: list[QuestionAsked] = []  # accepted and not yet ended, oldest (the active one) first
+    lost = False
+    for x in log:
+        if isinstance(x, DeviceLost):
+            lost = True
+        elif isinstance(x, (AnswerDone, Refuse)):
+            in_room = [q for q in in_room if q.question_id != x.question_id]
+        elif isinstance(x, QuestionAsked) and not lost:
+            got = ended[x.question_id]
+            waiting = in_room[1:]
+            if not x.prompt:
+                want = "refused: empty prompt"
+            elif x.max_new_tokens < 1:
+                want = "refused: asks for no answer tokens"
+            elif in_room and len(waiting) >= MAX_WAITING:
+                want = "refused: queue full"
+            elif in_room and sum(1 for q in waiting if q.device == x.device) >= MAX_WAITING_PER_DEVICE:
+                want = f"refused: {x.device} already has {MAX_WAITING_PER_DEVICE} questions waiting"
+            else:
+                in_room.append(x)
+                want = "answered"
+            if want == "answered":
+                assert got == "answered" or (any(isinstance(y, DeviceLost) for y in log)
+                                             and "left the room" in got), (x, got)
+            else:
+                assert got.startswith(want), (x, got, want)
