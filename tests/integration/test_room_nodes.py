@@ -212,8 +212,12 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     from planner.metrics import compute
     (rec,) = compute(trace)["recovery"]
     # 2 s here (three nodes share one event loop and two cores with numpy threads: a 1 s
-    # silence happens without a loss); the device processes of run --real and join use 1 s
-    assert rec["device"] == lose and 2.0 <= rec["detected_at_s"] - rec["lost_at_s"] < 4.0
+    # silence happens without a loss); the device processes of run --real and join use 1 s.
+    # Not before the timeout, and noticed by the heartbeats (not the transport's own
+    # timeout): the reason says which rule fired, however loaded the machine is
+    assert rec["device"] == lose and rec["detected_at_s"] - rec["lost_at_s"] >= 2.0
+    (lost,) = [o for _, o in trace if type(o).__name__ == "DeviceLost"]
+    assert lost.device == lose and lost.reason.startswith("no heartbeat for"), lost
     assert rec["recovery_s"] is not None and rec["next_token_at_s"] > rec["ready_at_s"] >= rec["detected_at_s"]
     redeal = next(o for _, o in trace if type(o).__name__ == "Redeal")
     want = [("host", 0, 21), ("w2", 21, 30)] if lose == "w1" else [("host", 0, 9), ("w1", 9, 30)]
