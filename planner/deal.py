@@ -19,7 +19,8 @@ Rules reproduced from the product page "How layers are split" (shared/seeds/000)
 * Memory per layer = weights + the layer's KV share at the room's context (int8 KV
   halves the KV part). Layers may differ in size (``ModelSpec.layer_sizes``): then
   what a device holds depends on where its range starts, and the deal is repeated
-  with each device's capacity at its own position until it settles. The host's own
+  with each device's capacity at its own position until it settles (a range that
+  reaches the last layer counts what it could hold starting earlier). The host's own
   share is what it lends minus embedding, output head and draft layer. The host always
   keeps at least one layer.
 * ``speed``: devices ordered by measured time per layer, fastest first; unmeasured,
@@ -27,8 +28,11 @@ Rules reproduced from the product page "How layers are split" (shared/seeds/000)
   than an unmeasured computer. Each is filled up to what it holds until the model is
   dealt; the rest are guests. When the room cannot hold the model, the leftover layers
   are spread over every device in proportion to what it lends (largest remainder).
-* ``memory``: every computer gets layers in proportion to what it lends (largest
-  remainder), at least one each; phones get none while the computers can hold the
+* ``memory``: every computer gets layers in proportion to what it lends for layers
+  (:func:`layer_budget_bytes`: less the headroom, and for the host less its embedding,
+  head and draft, as the page's table counts what each device holds; largest
+  remainder), at least one each; with layers of different sizes, bytes in that
+  proportion (:func:`cut_by_bytes`). Phones get none while the computers can hold the
   model, unless ``phone_layers``.
 * The chain starts at the host's range, layer 1 onward.
 
@@ -437,7 +441,7 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
         for _ in range(2 * len(order) + 2):
             new = dict(holds)
             for st in stages:
-                new[st.device] = holds_layers(by_id[st.device], model, options, st.device == host_id, st.start)
+                new[st.device] = _holds_from(by_id[st.device], model, options, st.device == host_id, st.start)
             if new == holds:
                 break
             holds = new
@@ -445,12 +449,87 @@ def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | Non
     return _finish(devices, model, options, host_id, options.split, stages, holds, notes + more)
 
 
+def _holds_from(device: Device, model: ModelSpec, options: DealOptions, is_host: bool, start: int) -> int:
+    """What ``device`` holds with its range starting at ``start`` (uneven layer sizes).
+
+    :func:`holds_layers` stops at the model's last layer; a range that starts too early
+    for its device would then look as small as the layers left, and the deal would never
+    move its start later. A range that reaches the last layer with room to spare counts
+    the layers before ``start`` that would fit too (a tail range can start earlier), so
+    the next deal can give it the layers it really holds.
+    """
+    n = holds_layers(device, model, options, is_host, start)
+    if start + n < model.layers or model.uniform:
+        return n
+    kv = model.kv_bytes(options.context_tokens, options.kv_cache)
+    spare = (usable_bytes(device, options) - (model.host_extra_bytes if is_host else 0)
+             - model.range_memory_bytes(start, model.layers, options.context_tokens, options.kv_cache))
+    j = start - 1
+    while j >= 0 and spare >= model.layer_sizes[j] + kv:
+        spare -= model.layer_sizes[j] + kv
+        n += 1
+        j -= 1
+    return n
+
+
+def layer_budget_bytes(device: Device, model: ModelSpec, options: DealOptions, is_host: bool) -> int:
+    """Bytes ``device`` has for layers: what it lends less the headroom and, for the
+    model host, less the embedding, output head and draft layer (never below 0).
+
+    ``split: memory`` deals in proportion to these (product page 000's "By memory"
+    table: "host holds 30, desktop 30" gives 1-20 / 21-40, whatever the host's
+    embedding weighs)."""
+    if not device.webgpu or not computes(device):
+        return 0
+    return max(0, usable_bytes(device, options) - (model.host_extra_bytes if is_host else 0))
+
+
+def cut_by_bytes(costs: Sequence[int], weights: Sequence[float], budgets: Sequence[int] | None = None
+                 ) -> list[int]:
+    """Layer counts for a chain that share ``costs`` (bytes of each layer, in order) in
+    proportion to ``weights`` (one per device, chain order), at least one layer each.
+
+    Each cut goes to the layer boundary whose running bytes are nearest the running
+    quota ``sum(costs) * sum(weights[:k+1]) / sum(weights)`` (the earlier on a tie).
+    With ``budgets`` (bytes each device may hold), cuts then move so that a range over
+    its budget gives layers to its neighbour when the neighbour has room (a forward
+    then a backward pass). Requires ``len(costs) >= len(weights) > 0``.
+    """
+    n, L = len(weights), len(costs)
+    cum = [0]
+    for c in costs:
+        cum.append(cum[-1] + c)
+    total, w_sum = cum[-1], float(sum(weights))
+    cuts = [0]
+    run = 0.0
+    for k in range(n - 1):
+        run += weights[k]
+        target = total * run / w_sum if w_sum > 0 else total * (k + 1) / n
+        lo, hi = cuts[-1] + 1, L - (n - 1 - k)
+        cuts.append(min(range(lo, hi + 1), key=lambda j: (abs(cum[j] - target), j)))
+    cuts.append(L)
+    if budgets is not None:
+        def used(k: int) -> int:
+            return cum[cuts[k + 1]] - cum[cuts[k]]
+        for k in range(n - 1):  # forward: an over range ends earlier when the next has room
+            while (used(k) > budgets[k] and cuts[k + 1] - 1 > cuts[k]
+                   and used(k + 1) + costs[cuts[k + 1] - 1] <= budgets[k + 1]):
+                cuts[k + 1] -= 1
+        for k in range(n - 1, 0, -1):  # backward: an over range starts later when the one before has room
+            while (used(k) > budgets[k] and cuts[k] + 1 < cuts[k + 1]
+                   and used(k - 1) + costs[cuts[k]] <= budgets[k - 1]):
+                cuts[k] += 1
+    return [cuts[k + 1] - cuts[k] for k in range(n)]
+
+
 def _count_and_lay_out(order: list[Device], host_id: str, holds: dict[str, int], model: ModelSpec,
                        options: DealOptions) -> tuple[tuple[Stage, ...], list[str]]:
     """Layer counts by the split's rule, the host's one-layer rule, then the chain."""
     L = model.layers
     if options.split == "memory":
-        layers, notes = _deal_memory(order, host_id, holds, L, options.phone_layers)
+        budget = {d.id: layer_budget_bytes(d, model, options, d.id == host_id) for d in order}
+        layers, notes = _deal_memory(order, host_id, holds, L, options.phone_layers, budget,
+                                     None if model.uniform else model, options)
     else:
         layers, notes = _deal_speed(order, host_id, holds, L)
 
@@ -505,7 +584,8 @@ def _deal_speed(order: list[Device], host_id: str, holds: dict[str, int], L: int
 
 
 def _deal_memory(order: list[Device], host_id: str, holds: dict[str, int], L: int,
-                 phone_layers: bool) -> tuple[dict[str, int], list[str]]:
+                 phone_layers: bool, budget: dict[str, int], uneven: ModelSpec | None,
+                 options: DealOptions) -> tuple[dict[str, int], list[str]]:
     notes = []
     computers = [d for d in order if d.kind == "computer"]
     phones = [d for d in order if d.kind == "phone"]
@@ -529,9 +609,17 @@ def _deal_memory(order: list[Device], host_id: str, holds: dict[str, int], L: in
         takers = [d for d in takers if holds[d.id] > 0]
     # host first, so ties in the largest remainder go to the start of the chain
     takers.sort(key=lambda d: d.id != host_id)
-    shares = apportion(L, [d.lends_bytes for d in takers], caps=[holds[d.id] for d in takers], minimum=1)
+    weights = [budget[d.id] for d in takers]
+    if uneven is not None and len(takers) <= L:  # layers of different sizes: deal bytes, not counts
+        kv = uneven.kv_bytes(options.context_tokens, options.kv_cache)
+        shares = cut_by_bytes([size + kv for size in uneven.layer_sizes], weights, weights)
+        basis = "bytes"
+    else:
+        shares = apportion(L, weights, caps=[holds[d.id] for d in takers], minimum=1)
+        basis = "layers"
     layers = {d.id: n for d, n in zip(takers, shares) if n > 0}
-    notes.append(f"split memory: {len(layers)} devices get layers in proportion to what they lend")
+    notes.append(f"split memory: {len(layers)} devices get {basis} in proportion to what they lend "
+                 "for layers (less the headroom; the host's less its embedding, head and draft)")
     for d, n in zip(takers, shares):
         if n == 0:
             notes.append(f"{d.id} asks only: more devices than layers")
