@@ -442,3 +442,38 @@ def optimal_deal(devices: Sequence[Device], model: ModelSpec, options: DealOptio
 
 
 SPLITS["optimal"] = optimal_deal
+
+#: A deal predicted more than this many times slower than ``split: optimal``'s earns a
+#: warning (:func:`slower_than_optimal`). A product choice (a gap a person notices),
+#: not a measured figure.
+SLOWER_THAN_OPTIMAL_RATIO = 1.2
+
+
+def slower_than_optimal(d: Deal, devices: Sequence[Device], model: ModelSpec, options: DealOptions,
+                        network: Network | None = None, return_path: str = "direct",
+                        ratio: float = SLOWER_THAN_OPTIMAL_RATIO,
+                        how: str = "use split: optimal (--set split=optimal)") -> str | None:
+    """One line saying that deal ``d`` is predicted more than ``ratio`` times slower than
+    ``split: optimal``'s deal of the same room, with both predicted rates (tokens per
+    second, :class:`planner.lapcost.LapCost`, plain decoding) and the deal to use; None
+    when it is not, when ``d`` is the optimal deal itself, or when optimal cannot deal
+    the room or its deal does not fit. A forced ``host`` stays forced. ``how`` ends the
+    line: how to get the better deal with the tool that prints it.
+    """
+    if d.split == "optimal" or not d.stages:
+        return None
+    try:
+        best = optimal_deal(devices, model, replace(options, split="optimal", stages=None), network, return_path)
+    except DealError:
+        return None
+    if not best.fits or best.predicted is None:
+        return None
+    cost = LapCost(list(devices), model, network or Network(), return_path)
+    lap = cost.lap_s(d.host, [(s.device, s.start, s.end) for s in d.stages])
+    best_lap = best.predicted["lap_s"]
+    if not lap > ratio * best_lap:
+        return None
+    use = ", ".join(f"{s.device} {s.shown}" for s in best.stages)
+    return (f"warning: this deal ({d.split}) is predicted at {1 / lap:.1f} tok/s, {lap / best_lap:.2f}x slower "
+            f"than split: optimal's {1 / best_lap:.1f} tok/s ({best.host} hosts: {use}); {how}")
+

@@ -127,12 +127,19 @@ def check_answered(m: dict, source: str, refusals=None) -> None:
 
 
 def deal_scenario(scn, source: str):
-    """Deal a scenario's room or exit 2 naming the problem."""
+    """Deal a scenario's room or exit 2 naming the problem. When the deal is predicted
+    more than 1.2x slower than ``split: optimal``'s, one line on stderr says so, with
+    both figures and the deal to use (:func:`planner.optimal.slower_than_optimal`)."""
     from planner.deal import DealError, deal
+    from planner.optimal import slower_than_optimal
     try:
-        return deal(scn.devices, scn.model, scn.options, scn.network, scn.decoding.return_path)
+        d = deal(scn.devices, scn.model, scn.options, scn.network, scn.decoding.return_path)
     except DealError as e:
         fail(f"{source}: cannot deal the room: {e}")
+    warning = slower_than_optimal(d, scn.devices, scn.model, scn.options, scn.network, scn.decoding.return_path)
+    if warning:
+        err.print(f"{source}: {warning}", highlight=False, soft_wrap=True, markup=False)
+    return d
 
 
 def fitting_deal(scn, source: str):

@@ -160,7 +160,9 @@ def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "m
     Explicit ranges must be given by every device and tile ``[0, n_layers)`` with the
     host's first. ``auto`` (every device) deals with :func:`planner.deal.deal` over
     what each lends, the host forced (``DealOptions(host=..., split=split)``); devices
-    dealt no layers are left out of the chain. ``spec``: the model's
+    dealt no layers are left out of the chain; a deal predicted more than 1.2x slower
+    than ``split: optimal``'s is logged as one warning line
+    (:func:`planner.optimal.slower_than_optimal`). ``spec``: the model's
     :class:`planner.model.ModelSpec` (default: the bundled smollm2-135m from the catalog).
 
     Raises JoinError (status 2) naming what is wrong.
@@ -181,6 +183,12 @@ def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "m
         if not dl.fits:
             raise JoinError("the room cannot hold the model in what it lends (--lends): "
                             + "; ".join(dl.notes))
+        from planner.optimal import slower_than_optimal
+        warning = slower_than_optimal(dl, devices, spec if spec is not None else lookup(MODEL_ID),
+                                      DealOptions(host=host, split=split),
+                                      how="join with those --layers ranges instead of auto")
+        if warning:
+            log.warning("%s", warning)
         chain = [[s.device, s.start, s.end] for s in dl.stages]
         if not chain or chain[0][0] != host:
             raise JoinError(f"the deal does not start at the host {host!r}: {chain}")
