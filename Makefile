@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 VENV := .venv
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench validate
 setup:
 	@scripts/setup.sh
 
@@ -14,3 +14,8 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/python -m pytest -q tests/benchmark --benchmark-enable --benchmark-only
+
+# Reproduce docs/' figures (held-out study, published table, long fuzzing run) and exit 1
+# when a documented goal is missed; not CI (about half an hour; run it alone). QUICK=1: small.
+validate: setup
+	$(VENV)/bin/python scripts/validate.py $(if $(QUICK),--quick)
