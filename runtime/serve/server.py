@@ -11,7 +11,8 @@ Endpoints:
 * ``GET /v1/models``: the model, only while the room is ready (every stage loaded its
   weights and connected, none lost); an empty list otherwise.
 * ``GET /metrics``: Prometheus text (prometheus_client, a registry of its own).
-* ``GET /health``: always 200 while the process lives, with ``ready`` and the reason.
+* ``GET /health``: 200 when the room is ready, else 503 (a load balancer's rule), with
+  ``ready``, the reason, the queue and the stages of the deal the room runs now.
 
 Readiness: until the host's node is attached (its layers loaded and every device's data
 channels open) and while its scheduler is stopped (a device lost for good) or re-dealing,
@@ -284,9 +285,18 @@ class RoomServer:
         self.m_http.labels("models", "200").inc()
         return web.json_response({"object": "list", "data": data})
 
+    def stages(self) -> list[dict]:
+        """The stages of the deal the room runs now (after a re-deal, the new one):
+        ``device``, ``start``, ``end`` (0-based half-open) and ``shown`` (1-based)."""
+        deal = self.node.chain.deal if self.node is not None else None
+        if deal is None:
+            return list(self.room_info.get("stages") or [])
+        return [{"device": s.device, "start": s.start, "end": s.end, "shown": s.shown} for s in deal.stages]
+
     async def health(self, request: web.Request) -> web.Response:
-        """``GET /health``: 200 with ``ready``, ``reason``, the queue (waiting, answering,
-        the most questions one asker has waiting) and the room."""
+        """``GET /health``: 200 when ready, else 503; the body has ``ready``, ``reason``,
+        the queue (waiting, answering, the most questions one asker has waiting), the
+        devices lost, the stages of the deal the room runs now, and the room."""
         ready, reason, _ = self.readiness()
         host = self._host()
         body = {"status": "ready" if ready else ("starting" if self.phase != "serving" else "unavailable"),
@@ -295,9 +305,11 @@ class RoomServer:
                           "answering": bool(host is not None and host.busy),
                           "most_waiting_of_one_asker": max(Tally(q.device for q in host.queue).values(),
                                                            default=0) if host is not None else 0},
-                "lost": list(self.lost), "room": self.room_info}
-        self.m_http.labels("health", "200").inc()
-        return web.json_response(body)
+                "lost": list(self.lost), "stages": self.stages(),
+                "room": {**self.room_info, "stages": self.stages()}}
+        status = 200 if ready else 503
+        self.m_http.labels("health", str(status)).inc()
+        return web.json_response(body, status=status)
 
     async def metrics(self, request: web.Request) -> web.Response:
         """``GET /metrics``: Prometheus text format."""

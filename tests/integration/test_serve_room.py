@@ -89,7 +89,13 @@ class Served:
         raise AssertionError(f"no line matching {pattern!r} in {timeout_s} s: {self.log}")
 
     def health(self) -> dict:
-        return json.loads(_get(self.url + "/health"))
+        """/health's body: 200 when ready, 503 (with the same body) when not."""
+        try:
+            return json.loads(_get(self.url + "/health"))
+        except urllib.error.HTTPError as e:
+            if e.code != 503:
+                raise
+            return json.loads(e.read())
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         end = time.monotonic() + timeout_s
@@ -134,6 +140,14 @@ def aclient(url: str, key: str = "test", timeout_s: float = 60.0) -> openai.Asyn
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=timeout_s)
 
 
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5.0) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5.0) as r:
         return r.read().decode()
@@ -155,7 +169,7 @@ def room():
             c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": FRANCE}], timeout=30.0)
         srv.early = {"status": e.value.status_code, "retry_after": e.value.response.headers.get("Retry-After"),
                      "error": e.value.body, "models": [m.id for m in c.models.list()],
-                     "health": srv.health()}
+                     "health": srv.health(), "health_status": _status(srv.url + "/health")}
         srv.wait_ready()
         srv.ready_models = [m.id for m in c.models.list()]
         srv.kids = srv.children()
@@ -169,6 +183,7 @@ def test_before_ready_chat_gets_503_with_reason_and_models_lists_nothing(room):
     assert early["status"] == 503 and int(early["retry_after"]) >= 1
     assert early["error"]["code"] == "room_not_ready" and "starting" in early["error"]["message"]
     assert early["models"] == [] and early["health"]["ready"] is False and early["health"]["reason"]
+    assert early["health_status"] == 503 and _status(room.url + "/health") == 200
     assert room.ready_models == [MODEL]
 
 

@@ -1,0 +1,85 @@
+"""``/health`` and ``/v1/models`` as a load balancer reads them: 503 unless the room is
+ready, the model listed only when ready, and the stages of the deal the room runs now.
+
+The server (runtime.serve.server.RoomServer) runs on aiohttp's test server with a
+stand-in for the host's node: only the attributes the server reads (its chain's host
+scheduler state and deal); no room, no model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from planner.deal import Deal, Stage
+from runtime.serve.server import RoomServer
+
+INFO = {"host": "a", "stages": [{"device": "a", "start": 0, "end": 15, "shown": "1-15"},
+                                {"device": "b", "start": 15, "end": 30, "shown": "16-30"}]}
+
+
+def fake_node(stages, stopped=None, recovering=None):
+    host = SimpleNamespace(stopped=stopped, recovering=recovering, queue=[], busy=False)
+    deal = Deal(host="a", split="pinned", stages=tuple(Stage(*s) for s in stages), guests=(), fits=True, notes=())
+    return SimpleNamespace(chain=SimpleNamespace(host=host, deal=deal), tokenizer=None, observers=[],
+                           cfg=SimpleNamespace(host="a"))
+
+
+def with_client(server: RoomServer, steps) -> None:
+    """Run ``await steps(get)`` on one event loop, ``get(path) -> (status, json, headers)``."""
+    async def main():
+        async with TestClient(TestServer(server.app)) as c:
+            async def get(path: str):
+                r = await c.get(path)
+                return r.status, await r.json(), r.headers
+            await steps(get)
+    asyncio.run(main())
+
+
+def test_health_is_503_until_ready_then_200():
+    srv = RoomServer("m", INFO)
+
+    async def steps(get):
+        for phase in ("loading", "connecting"):
+            srv.set_phase(phase, f"the room is starting ({phase})")
+            status, body, _ = await get("/health")
+            assert (status, body["ready"], body["status"]) == (503, False, "starting")
+            assert (await get("/v1/models"))[1]["data"] == []
+        srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
+        status, body, _ = await get("/health")
+        assert (status, body["ready"], body["status"]) == (200, True, "ready")
+        assert [m["id"] for m in (await get("/v1/models"))[1]["data"]] == ["m"]
+    with_client(srv, steps)
+
+
+def test_health_is_503_while_re_dealing_and_after_the_room_stopped():
+    srv = RoomServer("m", INFO)
+    node = fake_node([("a", 0, 15), ("b", 15, 30)], recovering=object())
+    srv.attach(node)
+
+    async def steps(get):
+        status, body, _ = await get("/health")
+        assert (status, body["ready"], body["status"]) == (503, False, "unavailable")
+        assert (await get("/v1/models"))[1]["data"] == []
+        node.chain.host.recovering, node.chain.host.stopped = None, "b is lost"
+        status, body, _ = await get("/health")
+        assert status == 503 and "b is lost" in body["reason"]
+    with_client(srv, steps)
+
+
+def test_health_names_the_stages_of_the_deal_after_a_loss():
+    srv = RoomServer("m", INFO)
+    node = fake_node([("a", 0, 15), ("b", 15, 30)])
+    srv.attach(node)
+
+    async def steps(get):
+        assert [s["shown"] for s in (await get("/health"))[1]["stages"]] == ["1-15", "16-30"]
+        # b lost; the host re-dealt every layer to itself
+        node.chain.deal = Deal(host="a", split="pinned", stages=(Stage("a", 0, 30),), guests=(), fits=True,
+                               notes=())
+        _, body, _ = await get("/health")
+        assert [(s["device"], s["shown"]) for s in body["stages"]] == [("a", "1-30")]
+        assert [(s["device"], s["shown"]) for s in body["room"]["stages"]] == [("a", "1-30")]
+    with_client(srv, steps)
