@@ -93,11 +93,16 @@ def check_output(path: Optional[str], option: str) -> None:
 def check_simulable(scn, source: str) -> None:
     """Exit 2 with one line when the simulator cannot run ``scn``: speculative decoding
     with ``acceptance: null`` and neither ``accepted_lengths`` nor ``accepted_sequence``
-    (null is for real runs, where the model decides)."""
+    (null is for real runs, where the model decides), or with the ``draft_layer``
+    drafter on a model that has no draft layer (nothing could run that room)."""
     spec = scn.decoding.speculative
     if spec is not None and spec.acceptance is None and not (spec.accepted_lengths or spec.accepted_sequence):
         fail(f"{source}: decoding.speculative.acceptance: null needs accepted_lengths or accepted_sequence "
              "to simulate (or give a probability 0-1)")
+    if spec is not None and spec.drafter == "draft_layer" and not scn.model.draft_bytes:
+        fail(f"{source}: decoding.speculative.drafter: draft_layer (the default) needs a model with a draft "
+             f"layer (an MTP head); {scn.model.id} has none, so no room can run it: choose ngram, early_exit "
+             "or model")
 
 
 CalibrationOpt = typer.Option(None, "--calibration", help="Predict with this calibration profile "
@@ -395,7 +400,7 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
             fail(f"--calibration {e}")
     elif scn.profile is not None:
         profile = scn.profile
-    d = deal_scenario(scn, scenario)
+    d = fitting_deal(scn, scenario)
     from splitroom.real import RealRunError, run_real
     say = (lambda s: err.print(s, highlight=False))
     privacy = plain = None
@@ -489,7 +494,7 @@ def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     if backend not in ("numpy", "wgpu"):
         fail(f"--backend {backend}: choose numpy or wgpu")
     scn = load_scenario(scenario, set_, model)
-    d = deal_scenario(scn, scenario)
+    d = fitting_deal(scn, scenario)
     from runtime.netem import NetemError
     from splitroom.real import RealRunError
     from splitroom.serve_cmd import ServeError, serve_room

@@ -112,6 +112,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
     prompts = real_prompts(scn)
+    check_prompts_fit(scn, deal, prompt_token_counts(model_dir, prompts) if prompts else [])
     crash, crash_s, redeals = _faults(scn, deal)
     key = secrets.token_urlsafe(24)  # signs the weights manifests the host hands out
     out = []
@@ -323,6 +324,25 @@ def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int],
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(int(round(sum(prompt_tokens) / n)), 1),
                              answer_tokens=max(answer_tokens, 1), questions=n, asked_by=())
     return dataclasses.replace(scn, network=net, workload=wl)
+
+
+def check_prompts_fit(scn: Scenario, deal: Deal, prompt_tokens: Sequence[int]) -> None:
+    """Raise RealRunError (one line, with the lengths) when a question's prompt
+    (``prompt_tokens``, through the chat template) plus its answer cap
+    (``workload.answer_tokens``) is longer than the room holds: the scenario's context,
+    or less when the smallest stage's KV cache holds fewer positions
+    (:attr:`planner.deal.Deal.max_context`)."""
+    limits = [(scn.options.context_tokens, "the context")]
+    if deal.max_context is not None:
+        small = min((sh for sh in deal.shares if sh.max_context is not None
+                     and (sh.layers > 0 or sh.role == "model host")), key=lambda sh: sh.max_context)
+        limits.append((deal.max_context, f"{small.device}'s KV cache (the smallest stage's)"))
+    limit, what = min(limits, key=lambda x: x[0])
+    answer = scn.workload.answer_tokens
+    for i, n in enumerate(prompt_tokens):
+        if n + answer > limit:
+            raise RealRunError(f"question {i + 1} does not fit: a prompt of {n:,} tokens + {answer:,} answer "
+                               f"tokens > {limit:,} positions, what {what} holds")
 
 
 def real_prompts(scn: Scenario) -> list[str]:

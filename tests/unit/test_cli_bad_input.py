@@ -55,10 +55,40 @@ def test_acceptance_null_without_recorded_lengths_cannot_be_simulated(tmp_path):
 
 
 def test_acceptance_null_with_recorded_lengths_simulates(tmp_path):
-    f = write(tmp_path, ONE + "decoding: {speculative: {acceptance: null, draft_tokens: 2, "
+    f = write(tmp_path, ONE + "decoding: {speculative: {acceptance: null, draft_tokens: 2, drafter: ngram, "
                               "accepted_sequence: [2, 1]}}\n")
     r = invoke("simulate", f, "--no-progress", "--json")
     assert r.exit_code == 0, r.stderr
+
+
+def test_simulate_refuses_a_drafter_the_model_does_not_have(tmp_path):
+    # SmolLM2 has no draft layer (MTP head): the default drafter cannot run, in any room.
+    f = write(tmp_path, ONE)
+    one_line_exit_2(invoke("simulate", f, "--no-progress", "--set", "decoding.speculative.draft_tokens=4"),
+                    "room.yaml: ", "decoding.speculative.drafter", "draft_layer", "smollm2-135m", "ngram")
+    r = invoke("simulate", f, "--no-progress", "--json", "--set", "decoding.speculative.draft_tokens=4",
+               "--set", "decoding.speculative.drafter=ngram")
+    assert r.exit_code == 0, r.stderr
+
+
+def test_run_real_refuses_a_room_that_does_not_fit_before_starting_it(tmp_path):
+    # 30 layers of SmolLM2 and its embedding (about 540 MB at float32) in 400 MB lent.
+    f = write(tmp_path, ONE.replace("lends: 1 GiB", "lends: 400 MB"))
+    one_line_exit_2(invoke("run", f, "--real", "--loopback", "--timeout", "20"), "room.yaml: ",
+                    "the room does not fit", "a needs")
+
+
+def test_run_real_refuses_a_prompt_longer_than_the_context_with_the_lengths(tmp_path):
+    # 2,100 words of one token each (" word" is one token of SmolLM2's vocabulary) and
+    # the chat template's few: more than the 2,048 positions of the context.
+    f = write(tmp_path, ONE + "  prompts: [\"" + "word " * 2100 + "\"]\n")
+    f2 = write(tmp_path, open(f).read().replace("workload: {questions: 1, prompt_tokens: 8, answer_tokens: 6}\n"
+                                                "  prompts:", "workload:\n  questions: 1\n  answer_tokens: 6\n"
+                                                "  prompts:"), "room2.yaml")
+    err = one_line_exit_2(invoke("run", f2, "--real", "--loopback", "--timeout", "20"), "room2.yaml: ",
+                          "question 1 does not fit", "+ 6 answer tokens > 2,048 positions")
+    n = int(err.split("a prompt of ")[1].split(" tokens")[0].replace(",", ""))
+    assert 2100 < n < 2200
 
 
 @pytest.mark.parametrize("seed", ["-1", "-99999999999999999999", "1.5", "many", str(2**64)])
