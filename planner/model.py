@@ -80,8 +80,8 @@ class ModelSpec:
         layer_bytes: weight bytes of one layer (all experts for MoE).
         layer_active_bytes: weight bytes one decoded token reads in one layer
             (the active experts only for MoE; equals ``layer_bytes`` for dense).
-        layer_flops_per_token: FLOPs one token costs in one layer (2 per active weight
-            plus attention over the context is ignored here: decode is memory bound).
+        layer_flops_per_token: FLOPs one token costs in one layer's weights (2 per
+            active weight); attention over the context comes on top (``attn_width``).
         kv_bytes_per_token: KV cache bytes per token of context per layer, at f16.
         embedding_bytes: bytes of the token embedding (host only).
         head_bytes: bytes of the output head (0 when tied to the embedding).
@@ -95,6 +95,13 @@ class ModelSpec:
         source: where the weights are, for the real runtime: ``"gguf:PATH"`` or
             ``"safetensors:DIR"`` for a model read from a checkpoint, ``""`` for a catalog
             or inline model (the planner never reads it).
+        experts, active_experts: routed experts per layer and those one token uses
+            (0 for a dense model); ``expert_bytes`` the weight bytes of one routed
+            expert (float). Set by :func:`spec_from_architecture`.
+        attn_width: ``heads * head_dim`` times the fraction of layers that keep a KV
+            cache (0 when unknown): a token's attention over ``n`` positions costs
+            ``4 * n * attn_width`` FLOPs a layer on average (q.k and p.v, a
+            multiply-add each per head dimension).
     """
 
     id: str
@@ -112,6 +119,10 @@ class ModelSpec:
     residual_bytes_per_token: int = 0
     layer_sizes: tuple[int, ...] = ()
     source: str = ""
+    experts: int = 0
+    active_experts: int = 0
+    expert_bytes: float = 0.0
+    attn_width: float = 0.0
 
     def __post_init__(self) -> None:
         if self.layer_sizes and len(self.layer_sizes) != self.layers:
@@ -205,6 +216,10 @@ def spec_from_architecture(model_id: str, name: str, a: Architecture) -> ModelSp
         head_flops_per_token=2.0 * emb,
         draft_bytes=math.ceil(a.draft_layers * total * bytes_per),
         residual_bytes_per_token=a.hidden * a.residual_bytes_per_value,
+        experts=a.experts,
+        active_experts=a.active_experts if a.experts else 0,
+        expert_bytes=3 * a.hidden * a.expert_ffn * a.bits_per_weight / 8 if a.experts else 0.0,
+        attn_width=a.heads * a.head_dim * a.kv_layer_fraction,
     )
 
 

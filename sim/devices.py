@@ -8,7 +8,12 @@ Roofline. One stage of ``L`` layers on ``n`` token positions takes
     max(L * bytes_read(n) / bandwidth,  n * L * layer_flops_per_token / compute)
 
 (+ the KV cache read, ``L * n_ctx * kv_bytes_per_token / bandwidth``, when a context
-length is passed). Decoding one token reads each layer's weights once, which is why
+length is passed; and on the compute side attention over the context:
+``L * 4 * attn_width * (n * n_ctx + n * (n + 1) / 2) / compute``, position ``i`` of the
+chunk attending to ``n_ctx + i`` positions at two multiply-adds a head dimension, q.k
+and p.v: the ``4 x seqlen^2 x head_dim x heads`` forward count of FlashAttention's
+benchmarks, Dao et al. 2022). Decode passes stay memory bound: what context costs them
+is the KV read. Decoding one token reads each layer's weights once, which is why
 decode is memory bound (issue 3: "decode reads each layer's weights once; a chunk of n
 tokens costs max(bytes/bandwidth, flops/compute)").
 
@@ -160,7 +165,8 @@ DRAFTERS = ("draft_layer", "ngram", "early_exit", "model")
 
 
 def moe_layout(model: ModelSpec) -> tuple[int, int, float] | None:
-    """``(experts, active_experts, expert_bytes)`` of a catalog MoE model, or None.
+    """``(experts, active_experts, expert_bytes)`` of a catalog MoE model, or of an
+    inline one described by its architecture (``ModelSpec.experts``), or None.
 
     Found through ``planner.model.ARCHITECTURES[model.id]`` and used only when the
     architecture's derived ``layer_bytes`` and ``layer_active_bytes`` equal the spec's
@@ -168,8 +174,8 @@ def moe_layout(model: ModelSpec) -> tuple[int, int, float] | None:
     weights (gate, up, down) at the architecture's bits per weight.
     """
     entry = ARCHITECTURES.get(model.id)
-    if entry is None:
-        return None
+    if entry is None:  # an inline model given by architecture (model.experts ...)
+        return (model.experts, model.active_experts, model.expert_bytes) if model.experts else None
     name, arch = entry
     if not arch.experts:
         return None
@@ -287,10 +293,21 @@ class DeviceModel:
         touched = e * (1.0 - (1.0 - k / e) ** tokens)
         return float(min(m.layer_bytes, m.layer_active_bytes + (touched - k) * eb))
 
+    def attention_flops(self, tokens: int, context_tokens: int) -> float:
+        """FLOPs of one layer's attention for ``tokens`` positions after
+        ``context_tokens`` cached ones: position ``i`` (1-based) attends to
+        ``context + i`` positions at 4 FLOPs per position per unit of
+        ``ModelSpec.attn_width`` (q.k and p.v), so ``4 * attn_width * (tokens * context
+        + tokens * (tokens + 1) / 2)``; 0 when the width is unknown."""
+        w = self.model.attn_width
+        if not w or tokens <= 0:
+            return 0.0
+        return 4.0 * w * (tokens * context_tokens + tokens * (tokens + 1) / 2)
+
     def _roofline_layer_s(self, tokens: int, context_tokens: int = 0) -> float:
         m = self.model
         mem = (self.layer_bytes_read(tokens) + context_tokens * m.kv_bytes_per_token) / self.bandwidth_Bps
-        flops = tokens * m.layer_flops_per_token / self.compute_flops
+        flops = (tokens * m.layer_flops_per_token + self.attention_flops(tokens, context_tokens)) / self.compute_flops
         return mem if mem > flops else flops
 
     def roofline_stage_s(self, layers: int, tokens: int, context_tokens: int = 0) -> float:
@@ -378,6 +395,7 @@ class DeviceModel:
             return lambda tokens, ctx, start, decode: self.run_s(layers, tokens, ctx, start, decode, weight_scale)
         per_tokens, bw, kvb = self._per_tokens, self.bandwidth_Bps, self.model.kv_bytes_per_token
         slowdown = self.slowdown
+        att = 4.0 * self.model.attn_width / self.compute_flops  # attention_flops over compute, per position pair
         if self.measured:
             spl, one = self.device.s_per_layer, self._one_s
 
@@ -397,7 +415,7 @@ class DeviceModel:
                 self._roofline_pass_s(layers, tokens, ctx)  # fills per_tokens[tokens]
                 per = per_tokens[tokens]
             mem = (per[0] + ctx * kvb) / bw
-            flops = per[1]
+            flops = per[1] + att * (tokens * ctx + tokens * (tokens + 1) / 2) if att else per[1]
             s = finish(layers * (mem if mem > flops else flops))
             end = start + s
             if end > self._busy_end_s:
@@ -434,6 +452,8 @@ class DeviceModel:
             per = (per[0] * weight_scale, per[1] * weight_scale)
         mem = (per[0] + context_tokens * self.model.kv_bytes_per_token) / self.bandwidth_Bps
         flops = per[1]
+        if self.model.attn_width:
+            flops += self.attention_flops(tokens, context_tokens) / self.compute_flops
         return layers * (mem if mem > flops else flops)
 
     def head_s(self, tokens: int = 1) -> float:

@@ -186,6 +186,8 @@ class LinkIn(_Strict):
     hop_overhead: Time | None = None
     episodes: EpisodesIn | None = None
     window: PosSize | None = None
+    round_trips_per_hop: int | None = Field(default=None, ge=1, le=64)
+    poll: Time | None = None
 
     @model_validator(mode="after")
     def _ends(self):
@@ -205,6 +207,9 @@ class NetworkIn(_Strict):
     episodes: EpisodesIn | None = None
     links: list[LinkIn] = []
     window: PosSize | None = None
+    # an engine that makes several round trips per hand-off, or polls for frames
+    round_trips_per_hop: int = Field(default=1, ge=1, le=64)
+    poll: Time = 0.0
 
 
 class WorkloadIn(_Strict):
@@ -263,9 +268,26 @@ class InlineModelIn(_Strict):
     ffn: int | None = Field(default=None, ge=1)
     vocab: int | None = Field(default=None, ge=1)
     dtype: Literal["f32", "f16", "bf16", "q8", "q4"] | None = None
+    # mixture of experts, by architecture: routed experts, those a token uses, always-on
+    # shared experts (each expert_ffn wide); then ffn is not needed
+    experts: int | None = Field(default=None, ge=1, le=65536)
+    active_experts: int | None = Field(default=None, ge=1)
+    shared_experts: int = Field(default=0, ge=0, le=64)
+    expert_ffn: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _sizes_or_architecture(self):
+        moe = (self.experts, self.active_experts, self.expert_ffn)
+        if any(x is not None for x in moe) or self.shared_experts:
+            if None in moe:
+                raise ValueError("a mixture-of-experts model needs experts, active_experts and expert_ffn")
+            if self.active_experts > self.experts:
+                raise ValueError(f"active_experts ({self.active_experts}) is more than experts ({self.experts})")
+            if self.layer_bytes is not None:
+                raise ValueError("give layer_bytes or the experts' architecture, not both")
+            if None in (self.heads, self.vocab):
+                raise ValueError("a mixture-of-experts model needs heads and vocab too (sizes are derived)")
+            return self
         if self.layer_bytes is None and None in (self.heads, self.ffn, self.vocab):
             raise ValueError("an inline model needs layer_bytes, or heads, ffn and vocab to derive it")
         if isinstance(self.layer_bytes, list) and len(self.layer_bytes) != self.layers:
@@ -400,7 +422,9 @@ def _model_spec(m: Any, bits: float | None = None, base: Path | None = None) -> 
                                          else 2 * m.hidden))
     heads = m.heads or 1
     arch = Architecture(layers=m.layers, hidden=m.hidden, heads=heads, kv_heads=m.kv_heads or heads,
-                        head_dim=m.head_dim or m.hidden // heads, ffn=m.ffn or 0, vocab=m.vocab or 0,
+                        head_dim=m.head_dim or m.hidden // heads, ffn=0 if m.experts else (m.ffn or 0),
+                        vocab=m.vocab or 0, experts=m.experts or 0, active_experts=m.active_experts or 0,
+                        expert_ffn=m.expert_ffn or 0, shared_ffn=m.shared_experts * (m.expert_ffn or 0),
                         bits_per_weight=bits if bits is not None else _DTYPE_BITS[m.dtype or "f16"])
     return spec_from_architecture(m.name, m.name, arch)
 
@@ -464,6 +488,21 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
     def ep(e: EpisodesIn | None) -> Episodes | None:
         return None if e is None else Episodes(every_s=e.every, lasting_s=e.lasting, extra_rtt_s=e.extra_rtt)
 
+    n = s.network
+
+    def handoff_s(link: LinkIn | None) -> Time | None:
+        """A hand-off's fixed cost: hop_overhead + (round_trips_per_hop - 1) x rtt + poll / 2
+        (docs/scenario.md), from the link's own values where it gives them, else the room's;
+        None for a link that gives none of the four (it inherits the room's). With one round
+        trip and no poll anywhere, a link's hop_overhead as given (None: inherited)."""
+        if link is not None and link.round_trips_per_hop is None and link.poll is None and (
+                n.round_trips_per_hop == 1 and n.poll == 0 or link.rtt is None and link.hop_overhead is None):
+            return link.hop_overhead
+        pick = (lambda own, room: room if link is None or own is None else own)
+        trips = pick(link and link.round_trips_per_hop, n.round_trips_per_hop)
+        return (pick(link and link.hop_overhead, n.hop_overhead) + (trips - 1) * pick(link and link.rtt, n.rtt)
+                + pick(link and link.poll, n.poll) / 2)
+
     links = []
     for i, link in enumerate(s.network.links):
         ends = tuple(link.between) if link.between is not None else (link.from_, link.to)
@@ -473,10 +512,9 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
         if ends[0] == ends[1]:
             raise _KeyProblem(f"network.links[{i}]", "a link joins two different devices")
         links.append(LinkSpec(between=ends, directed=link.between is None, rtt_s=link.rtt, jitter=jit(link.jitter),
-                              bandwidth_Bps=link.bandwidth, hop_overhead_s=link.hop_overhead,
+                              bandwidth_Bps=link.bandwidth, hop_overhead_s=handoff_s(link),
                               episodes=ep(link.episodes), window_bytes=link.window))
-    n = s.network
-    network = Network(rtt_s=n.rtt, jitter=jit(n.jitter), bandwidth_Bps=n.bandwidth, hop_overhead_s=n.hop_overhead,
+    network = Network(rtt_s=n.rtt, jitter=jit(n.jitter), bandwidth_Bps=n.bandwidth, hop_overhead_s=handoff_s(None),
                       episodes=ep(n.episodes), links=tuple(links), window_bytes=n.window)
     for i, who in enumerate(s.workload.asked_by):
         if who not in ids:

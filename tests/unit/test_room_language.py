@@ -202,3 +202,118 @@ def test_every_preset_is_a_scenario_choice():
     with pytest.raises(ScenarioError) as e:
         scenario(sets=["devices[0].engine=tensorrt-magic"])
     assert "devices[0].engine" in str(e.value) and "llama.cpp-cuda" in str(e.value)
+
+
+# --- mixture of experts by architecture -------------------------------------------
+
+MOE = """\
+model: {name: tiny-moe, layers: 2, hidden: 1024, heads: 8, kv_heads: 8, head_dim: 128, vocab: 1000,
+        experts: 8, active_experts: 2, shared_experts: 1, expert_ffn: 512, dtype: f16}
+devices:
+  - {id: a, lends: 1 GiB, memory_bandwidth: 100 GB/s, compute: 1000 TFLOPS}
+"""
+
+
+def test_moe_sizes_come_from_the_architecture():
+    from sim.devices import DeviceModel
+    scn = scenario(MOE)
+    m = scn.model
+    # attention 1024x8x128 x2 (q, o) + 1024x8x128 x2 (k, v) = 4,194,304; norms 2,048;
+    # router 1024x8 = 8,192; one expert 3x1024x512 = 1,572,864; shared = one expert
+    expert = 3 * 1024 * 512
+    base = 4_194_304 + 2_048 + 8_192 + expert  # attention, norms, router, shared expert
+    assert m.layer_bytes == (base + 8 * expert) * 2 == 36_720_640
+    assert m.layer_active_bytes == (base + 2 * expert) * 2 == 17_846_272
+    assert (m.experts, m.active_experts, m.expert_bytes) == (8, 2, expert * 2)
+    dm = DeviceModel(scn.devices[0], m)
+    assert dm.stage_s(2, 1) == pytest.approx(2 * 17_846_272 / 100e9, rel=1e-12)
+    # a 4-token chunk touches 8 x (1 - (6/8)^4) = 5.46875 experts: 3.46875 more than one token
+    assert dm.layer_bytes_read(4) == pytest.approx(17_846_272 + 3.46875 * 3_145_728, rel=1e-12)
+
+
+@pytest.mark.parametrize("model, parts", [
+    ("{name: m, layers: 2, hidden: 64, heads: 2, vocab: 10, experts: 8, active_experts: 2}",
+     ["model", "experts, active_experts and expert_ffn"]),
+    ("{name: m, layers: 2, hidden: 64, heads: 2, vocab: 10, experts: 4, active_experts: 8, expert_ffn: 32}",
+     ["model", "active_experts (8) is more than experts (4)"]),
+    ("{name: m, layers: 2, hidden: 64, heads: 2, vocab: 10, experts: 0, active_experts: 1, expert_ffn: 32}",
+     ["model.experts", "greater than or equal to 1"]),
+    ("{name: m, layers: 2, hidden: 64, layer_bytes: 1 MB, experts: 4, active_experts: 1, expert_ffn: 32}",
+     ["model", "not both"]),
+])
+def test_bad_moe_is_one_line(model, parts):
+    with pytest.raises(ScenarioError) as e:
+        scenario(MOE.split("model:")[0] + f"model: {model}\n" + MOE[MOE.index("devices:"):])
+    msg = str(e.value)
+    assert "\n" not in msg
+    for p in parts:
+        assert p in msg, (p, msg)
+
+
+# --- attention compute grows with the context ---------------------------------------
+
+def test_attention_flops_by_hand():
+    from sim.devices import DeviceModel
+    scn = scenario("""\
+model: {name: att, layers: 1, hidden: 64, heads: 2, head_dim: 32, ffn: 128, vocab: 100, dtype: f16}
+devices:
+  - {id: a, lends: 1 GiB, memory_bandwidth: 1000000 GB/s, compute: 0.001 TFLOPS}
+""")
+    m = scn.model
+    # weights: q,o 64x64 each, k,v 64x64 each (2 KV heads of 32) = 16,384; MLP 3x64x128 = 24,576;
+    # norms 128: 41,088 parameters, 82,176 FLOPs a token; attention width 2 x 32 = 64
+    assert m.layer_flops_per_token == 82_176 and m.attn_width == 64
+    dm = DeviceModel(scn.devices[0], m)
+    # a 16-token chunk after 1,000 cached positions at 1 GFLOP/s (compute bound):
+    # 16 x 82,176 + 4 x 64 x (16 x 1000 + 16 x 17 / 2) = 1,314,816 + 4,130,816 FLOPs = 5.445632 ms
+    want = (16 * 82_176 + 4 * 64 * (16 * 1000 + 136)) / 1e9
+    assert want == pytest.approx(5.445632e-3, rel=1e-12)
+    assert dm.stage_s(1, 16, context_tokens=1000) == pytest.approx(want, rel=1e-12)
+    assert dm.stage_timer(1)(16, 1000, 0.0, False) == pytest.approx(want, rel=1e-12)
+    # at no context the chunk is 16 x 82,176 + 4 x 64 x 136 FLOPs
+    assert dm.stage_s(1, 16) == pytest.approx((16 * 82_176 + 4 * 64 * 136) / 1e9, rel=1e-12)
+
+
+# --- several round trips per hop, poll waits ------------------------------------------
+
+def test_round_trips_and_poll_fold_into_each_hand_off():
+    from sim.link import resolve_link
+    scn = scenario(sets=["network={rtt: 10 ms, hop_overhead: 1 ms, round_trips_per_hop: 3, poll: 4 ms, "
+                         "links: [{between: [a, b], rtt: 30 ms}, {from: b, to: a, round_trips_per_hop: 1}]}"])
+    # room: 1 ms + (3 - 1) x 10 ms + 4 ms / 2 = 23 ms a hand-off
+    assert scn.network.hop_overhead_s == pytest.approx(0.023, rel=1e-12)
+    # a -> b: its own rtt 30 ms: 1 ms + 2 x 30 ms + 2 ms = 63 ms; the flight is rtt/2 on top
+    ab = resolve_link(scn.network, "a", "b")
+    assert (ab.rtt_s, ab.hop_overhead_s) == (pytest.approx(0.030), pytest.approx(0.063, rel=1e-12))
+    # b -> a: one round trip, the room's rtt (10 ms) for its own figure: 1 ms + 0 + 2 ms = 3 ms
+    # (the directed override sets the hand-off; rtt 30 ms still comes from the undirected one)
+    ba = resolve_link(scn.network, "b", "a")
+    assert (ba.rtt_s, ba.hop_overhead_s) == (pytest.approx(0.030), pytest.approx(0.003, rel=1e-12))
+
+
+def test_simulated_lap_pays_the_extra_round_trips():
+    import yaml
+    from sim.driver import simulate
+    base = ROOM.replace("lends: 150 MiB", "lends: 400 MiB").replace("network: {rtt: 0 ms}",
+                                                                     "network: {rtt: 20 ms}")
+    sets = ["stages=[{device: a, layers: '1-2'}, {device: b, layers: '3-4'}]"]
+    one = simulate(from_mapping(yaml.safe_load(base), "r", sets), trace=False).metrics["lap_s"]["mean"]
+    three = simulate(from_mapping(yaml.safe_load(base), "r", sets + ["network.round_trips_per_hop=3"]),
+                     trace=False).metrics["lap_s"]["mean"]
+    # a decode lap crosses two hand-offs (a -> b, b -> a): each 2 x 20 ms more
+    assert three - one == pytest.approx(2 * 2 * 0.020, rel=1e-6)
+
+
+@pytest.mark.parametrize("sets, parts", [
+    (["network.round_trips_per_hop=0"], ["network.round_trips_per_hop", "greater than or equal to 1"]),
+    (["network.round_trips_per_hop=2.5"], ["network.round_trips_per_hop"]),
+    (["network.poll=5"], ["network.poll", "expected a time", "got 5"]),
+    (["network.links=[{between: [a, b], poll: -1 ms}]"], ["network.links[0].poll", "not negative"]),
+])
+def test_bad_round_trips_and_poll_are_one_line(sets, parts):
+    with pytest.raises(ScenarioError) as e:
+        scenario(sets=sets)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for p in parts:
+        assert p in msg, (p, msg)
