@@ -55,7 +55,10 @@ WAN_SPEC = "decoding.speculative={drafter: model, draft_tokens: 4, acceptance: 0
 
 
 def test_wan_plain_rung_within_5_percent_of_1_87():
-    # hop_overhead is the one number fitted to this rung (see the scenario file)
+    """A regression pin, not validation: hop_overhead (20 ms) is the one number fitted
+    to this rung (see the scenario file), so agreeing with 1.87 only shows the fit still
+    holds. The validation is the other rungs, predicted with that one number unchanged:
+    the direct-return speed-up and the cheaper draft below (docs/validation.md)."""
     assert tok_s(WAN) == pytest.approx(1.87, rel=0.05)
 
 
