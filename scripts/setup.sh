@@ -20,13 +20,20 @@ dpkg -s libnetfilter-queue-dev >/dev/null 2>&1 || need_debs+=(libnetfilter-queue
 # headless chromium and its driver for the room page's browser test (tests/integration/test_serve_browser.py)
 dpkg -s chromium >/dev/null 2>&1 || need_debs+=(chromium)
 dpkg -s chromium-driver >/dev/null 2>&1 || need_debs+=(chromium-driver)
+# coturn (STUN and TURN) for the NAT test bed (tests/natbed.py, tests/integration/test_nat.py);
+# its service is not started: the tests run their own turnserver inside a namespace
+dpkg -s coturn >/dev/null 2>&1 || need_debs+=(coturn)
 if [ ${#need_debs[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: installing Debian packages: ${need_debs[*]}"
     apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_debs[@]}" >/dev/null
+    # the coturn package enables its system service; the tests start their own in a namespace
+    if [[ " ${need_debs[*]} " == *" coturn "* ]] && [ -d /run/systemd/system ]; then
+      systemctl disable --now coturn.service >/dev/null 2>&1 || true
+    fi
   else
-    echo "setup: not root; please install ${need_debs[*]} (wgpu backend, network emulation)" >&2
+    echo "setup: not root; please install ${need_debs[*]} (wgpu backend, network emulation, NAT test bed)" >&2
   fi
 fi
 

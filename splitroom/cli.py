@@ -700,6 +700,12 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
          backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
          address: Optional[List[str]] = typer.Option(None, "--address", help="Offer only this address to peers "
                                                      "(repeatable; default: every interface)."),
+         ice_server: Optional[List[str]] = typer.Option(None, "--ice-server", help="A STUN or TURN server for "
+                                                        "devices behind NAT: stun:HOST:PORT or "
+                                                        "turn:USER:PASS@HOST:PORT?transport=udp|tcp (repeatable; "
+                                                        "default: none, no server is contacted)."),
+         ice_relay_only: bool = typer.Option(False, "--ice-relay-only", help="Connect only through the TURN "
+                                             "server's relay candidates (networks that need it)."),
          timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
          answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host)."),
          serve: Optional[int] = typer.Option(None, "--serve", help="Host: serve the OpenAI-compatible API and the "
@@ -729,7 +735,7 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
     opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
-                       timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
+                       ice_servers=list(ice_server or []), ice_relay_only=ice_relay_only, timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
                        host_wait_s=host_wait, queue_file=queue,
                        scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, model=model)

@@ -416,6 +416,10 @@ class JoinOptions:
     max_new_tokens: int = 128
     backend: str = "numpy"
     addresses: Sequence[str] = ()
+    #: STUN/TURN server URLs (runtime/transport/ice.py; none: no server is contacted)
+    ice_servers: Sequence[str] = ()
+    #: offer and accept only TURN relay candidates
+    ice_relay_only: bool = False
     timeout_s: float = 600.0
     split: str = "memory"
     answers_json: Optional[str] = None
@@ -534,8 +538,16 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     from splitroom.models import ModelError
     from splitroom.models import model_dir as resolve_model
 
+    from runtime.transport.ice import parse_ice_servers
+
     relay_url, room = parse_room_url(opts.room_url)
     key = parse_room_key(opts.room_url)
+    try:
+        ice_servers = parse_ice_servers(opts.ice_servers)
+    except ValueError as e:
+        raise JoinError(f"--ice-server: {e}") from None
+    if opts.ice_relay_only and not any(s.kind == "turn" for s in ice_servers):
+        raise JoinError("--ice-relay-only needs a TURN server: --ice-server turn:USER:PASS@HOST:PORT")
     peers = [p for p in dict.fromkeys(p.strip() for p in opts.peers) if p]
     if not peers:
         raise JoinError("--peers must name the other devices of the room (comma-separated ids)")
@@ -612,11 +624,19 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     try:
         transport = await connect_room(relay_url, room, opts.device, peers,
                                        host_addresses=list(opts.addresses) or None,
-                                       open_timeout_s=max(min(opts.timeout_s, 120.0), 1.0))
+                                       open_timeout_s=max(min(opts.timeout_s, 120.0), 1.0),
+                                       ice_servers=ice_servers, relay_only=opts.ice_relay_only)
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         if api is not None:
             await api[1].cleanup()
         raise JoinError(f"could not join room {room!r}: {e}", 3) from None
+    if ice_servers:
+        say("ICE servers: " + ", ".join(s.redacted() for s in ice_servers)
+            + (" (relay candidates only)" if opts.ice_relay_only else ""))
+    for p in peers:
+        pair = getattr(transport, "ice_pair", lambda _p: None)(p)
+        if pair is not None:
+            say(f"connected to {p} through ICE candidate pair {pair[0]} {pair[1]} -> {pair[2]} {pair[3]}")
     mux = _Mux(transport, key)
     stop = stop_on_signals()
     kept = None  # a worker's ((start, end), loaded) kept while the host was away

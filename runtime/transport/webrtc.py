@@ -2,10 +2,13 @@
 
 ``connect_room(relay_url, room, device, peers)`` joins the signalling relay
 (runtime/relay.py), builds one ``RTCPeerConnection`` per peer (full mesh; the
-lexicographically smaller device id makes the offer), with no STUN/TURN server
-(``RTCConfiguration(iceServers=[])``; ``None`` would add a public STUN server), and
-returns a :class:`RtcTransport` once every data channel to every peer is open. The relay
-sees only SDP; every message goes peer to peer.
+lexicographically smaller device id makes the offer), with the STUN/TURN servers it is
+given and none by default (``RTCConfiguration(iceServers=[])``; ``None`` would add a
+public STUN server; runtime/transport/ice.py), and returns a :class:`RtcTransport` once
+every data channel to every peer is open. The relay sees only SDP; every message goes
+peer to peer. Each connection logs the candidate pair ICE chose (``host``, ``srflx``
+through a NAT found by STUN, ``relay`` through TURN); when ICE finds none the error says
+why in one line (:func:`~runtime.transport.ice.no_path_hint`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Optional, Sequence
 from .base import Transport, TransportError
 from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN, DEFAULT_REMOTE_MAX_MESSAGE_SIZE,
                       Reassembler)
+from .ice import IceServer, check_ice_servers, chosen_pair, no_path_hint, to_rtc_ice_servers
 from .pacing import BULK_INFLIGHT_BYTES, BULK_PIECE_BYTES, _Link
 from .patches import _host_addresses, install_candidate_patch, tune_sctp
 
@@ -75,6 +79,7 @@ class RtcTransport(Transport):
         super().__init__(device, peers, max_message_bytes_in)
         self._links: dict[str, _Link] = {p: _Link(p) for p in peers}
         self._relay: tuple = ("", "", None)  # (relay URL, room, host addresses) for reconnect()
+        self._ice: tuple[tuple[IceServer, ...], bool] = ((), False)  # (servers, relay only) for reconnect()
 
     @property
     def max_message_bytes(self) -> int:
@@ -98,6 +103,13 @@ class RtcTransport(Transport):
         if pc is None:
             return None, None
         return fp(pc.localDescription), fp(pc.remoteDescription)
+
+    def ice_pair(self, peer: str) -> tuple[str, str, str, str] | None:
+        """The candidate pair ICE chose for the connection to ``peer``: ``(local type,
+        local ADDRESS:PORT, remote type, remote ADDRESS:PORT)``, types ``host``,
+        ``srflx``, ``prflx`` or ``relay`` (None when unknown)."""
+        lk = self._links.get(peer)
+        return chosen_pair(lk.pc) if lk is not None and lk.pc is not None else None
 
     def _link(self, dst: str) -> _Link:
         lk = self._links[dst]
@@ -302,10 +314,19 @@ async def _open_link(transport: "RtcTransport", sig: "_Signalling", peer: str, o
     lk = transport._links[peer]
     stage = ["creating the connection"]
 
+    servers, relay_only = transport._ice
+    ice_failed = loop.create_future()
+
     async def build() -> None:
-        from aiortc import RTCConfiguration, RTCPeerConnection
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        from aiortc import RTCConfiguration, RTCIceTransportPolicy, RTCPeerConnection
+        policy = RTCIceTransportPolicy.RELAY if relay_only else RTCIceTransportPolicy.ALL
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=to_rtc_ice_servers(servers), iceTransportPolicy=policy))
         lk.pc = pc
+
+        @pc.on("iceconnectionstatechange")
+        def _ice_state() -> None:
+            if pc.iceConnectionState == "failed" and not ice_failed.done():
+                ice_failed.set_result(None)
         opened = []
         for i, name in enumerate(CHANNELS):
             ch = pc.createDataChannel(name, ordered=True, negotiated=True, id=i)
@@ -343,14 +364,49 @@ async def _open_link(transport: "RtcTransport", sig: "_Signalling", peer: str, o
             await sig.signal(peer, pc.localDescription)
         lk.max_message_bytes = remote_max_message_size(pc.remoteDescription.sdp)
         stage[0] = "opening the data channels (ICE, DTLS, SCTP)"
-        await asyncio.gather(*opened)
+        channels = asyncio.gather(*opened)
+        try:
+            await asyncio.wait([channels, ice_failed], return_when=asyncio.FIRST_COMPLETED)
+            if not channels.done():
+                raise _IceFailed()
+        finally:
+            if not channels.done():
+                channels.cancel()
+                channels.add_done_callback(_consume)
+        await channels
+
+    def no_path() -> str:
+        pc = lk.pc
+        local = pc.localDescription.sdp if pc is not None and pc.localDescription is not None else ""
+        remote = pc.remoteDescription.sdp if pc is not None and pc.remoteDescription is not None else ""
+        return no_path_hint(local, remote, servers)
 
     try:
         await asyncio.wait_for(build(), open_timeout_s)
+    except _IceFailed:
+        raise TransportError(f"{device}: ICE to peer {peer!r} failed: {no_path()}") from None
     except asyncio.TimeoutError:
+        if stage[0].startswith("opening") and lk.pc is not None and lk.pc.iceConnectionState != "completed":
+            raise TransportError(f"{device}: ICE to peer {peer!r} found no path within {open_timeout_s:g} s: "
+                                 f"{no_path()}") from None
         raise TransportError(f"{device}: channels to peer {peer!r} did not open within "
                              f"{open_timeout_s:g} s ({stage[0]})") from None
+    pair = chosen_pair(lk.pc)
+    if pair is not None:
+        log.info("%s: connected to %s through ICE pair %s %s -> %s %s", device, peer, *pair)
     lk.bulk_task = asyncio.ensure_future(transport._bulk_sender(lk))
+
+
+def _consume(fut: asyncio.Future) -> None:
+    """Retrieve a cancelled gather's outcome (asyncio logs one never retrieved)."""
+    try:
+        fut.exception()
+    except BaseException:
+        pass
+
+
+class _IceFailed(Exception):
+    """ICE gave up on every candidate pair (``iceConnectionState == "failed"``)."""
 
 
 async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[str], *,
@@ -358,11 +414,13 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
                        max_message_bytes_in: int = DEFAULT_MAX_MESSAGE_BYTES_IN,
                        host_addresses: Optional[Sequence[str]] = None,
                        sctp_tuning: bool = True,
-                       bulk_inflight_bytes: int = BULK_INFLIGHT_BYTES) -> Transport:
+                       bulk_inflight_bytes: int = BULK_INFLIGHT_BYTES,
+                       ice_servers: Sequence[IceServer] = (),
+                       relay_only: bool = False) -> Transport:
     """Join ``room`` on the relay at ``relay_url`` (``ws://host:port``) as ``device``,
     open data channels to every device in ``peers`` and return the Transport.
 
-    Full mesh: one RTCPeerConnection per peer, no STUN/TURN servers; the smaller id
+    Full mesh: one RTCPeerConnection per peer; the smaller id
     (string order) offers once the relay reports the other present. Each peer's
     connection must have its three channels open within ``open_timeout_s`` seconds
     (waiting for the peer to join, the SDP exchange, ICE, DTLS and SCTP included).
@@ -373,17 +431,27 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
     before connecting; False leaves aiortc's SCTP as it is set now.
     ``bulk_inflight_bytes``: reply/weights pieces are handed to SCTP only while at
     most this many bytes are unacknowledged (residual latency vs bulk throughput).
+    ``ice_servers``: at most one STUN and one TURN server (runtime/transport/ice.py);
+    none by default, when only host candidates are offered and no server is contacted.
+    ``relay_only``: offer and accept only TURN relay candidates (needs a TURN server).
+    The candidate pair chosen per peer is logged (logger ``splitroom.transport``).
 
     The relay websocket is closed once every channel is open: the relay sees the SDP
     exchange and nothing after it.
 
     Raises TransportError when the relay cannot be reached or closes the connection,
-    or a peer's channels do not open in time (the message names the peer); ValueError
-    for a peer list that contains ``device`` or duplicates.
+    or a peer's channels do not open in time (the message names the peer; when ICE found
+    no candidate pair it says why in one line, NAT without STUN/TURN the usual cause);
+    ValueError for a peer list that contains ``device`` or duplicates, more than one
+    STUN or TURN server, or ``relay_only`` without a TURN server.
     """
     peers = tuple(peers)
     if device in peers or len(set(peers)) != len(peers):
         raise ValueError(f"peers {peers!r} must be distinct and must not contain {device!r}")
+    ice_servers = tuple(ice_servers)
+    check_ice_servers(ice_servers)
+    if relay_only and not any(s.kind == "turn" for s in ice_servers):
+        raise ValueError("relay_only needs a TURN server (turn:USER:PASS@HOST:PORT)")
     install_candidate_patch()
     if sctp_tuning:
         tune_sctp()
@@ -391,6 +459,7 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
     transport = RtcTransport(device, peers, max_message_bytes_in)
     transport._relay = (relay_url, room, tuple(host_addresses) if host_addresses is not None else None)
     transport._bulk_inflight = bulk_inflight_bytes
+    transport._ice = (ice_servers, bool(relay_only))
     for lk in transport._links.values():
         lk.bulk_inflight_bytes = bulk_inflight_bytes
     sig = _Signalling(device, peers)

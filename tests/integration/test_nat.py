@@ -1,0 +1,139 @@
+"""Two `splitroom join` devices in two homes behind NAT routers (tests/natbed.py: network
+namespaces, iptables MASQUERADE, Debian's coturn for STUN and TURN, the relay on the
+"internet"): the answer is token for token the single-process greedy answer through
+each NAT pairing, each device says which ICE candidate pair it chose, and without the
+server a NAT needs the join fails with one line naming the cause.
+
+Pairings: port-restricted <-> port-restricted with STUN (server-reflexive pair), and
+port-restricted <-> symmetric, where STUN alone fails and TURN's relay carries the room.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from runtime.transport.ice import turn_rest_credentials
+from tests import natbed
+from tests.joinroom import SPLITROOM, greedy_reference
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "What is the capital of France?"
+MAX_NEW = 6
+#: homes 1 and 2 behind port-restricted NATs, home 3 behind a symmetric one
+HOMES = ["port-restricted", "port-restricted", "symmetric"]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    why = natbed.missing()
+    if why:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the NAT test bed needs {why}")
+        pytest.skip(why)
+    with natbed.NatBed(HOMES) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def want() -> list[int]:
+    return greedy_reference(PROMPT, MAX_NEW)
+
+
+def turn_url(bed: natbed.NatBed, name: str) -> str:
+    """A TURN URL with time-limited credentials computed here from the bed's secret (the
+    user name ``EXPIRY:NAME`` holds a colon, written ``%3A``)."""
+    user, password = turn_rest_credentials(bed.turn_secret, name, 600, time.time())
+    return f"turn:{quote(user, safe='')}:{quote(password, safe='')}@{natbed.PUBLIC_ADDRESS}:{natbed.TURN_PORT}"
+
+
+def room(bed: natbed.NatBed, name: str, tmp: Path, host_home: int, worker_home: int, host_ice: list[str],
+         worker_ice: list[str], timeout_s: float) -> dict:
+    """Host h (layers 1-15) in home ``host_home`` asks PROMPT of worker w (16-30) in
+    ``worker_home``, through the bed's relay; returns both exit codes and stderr and
+    the host's answers (None when it wrote none)."""
+    url = f"{bed.relay_url}/room/{name}"
+    answers = tmp / f"{name}.json"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def dev(home: int, args: list[str], ice: list[str]) -> subprocess.Popen:
+        argv = SPLITROOM + ["join", url, "--address", bed.home_address(home), "--timeout", f"{timeout_s:g}", *args]
+        for s in ice:
+            argv += ["--ice-server", s]
+        return bed.run_in(f"home{home}", argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    w = dev(worker_home, ["--device", "w", "--layers", "16-30", "--peers", "h"], worker_ice)
+    h = dev(host_home, ["--device", "h", "--host", "--layers", "1-15", "--peers", "w", "--ask", PROMPT,
+                        "--max-tokens", str(MAX_NEW), "--answers-json", str(answers)], host_ice)
+    _, h_err = h.communicate(timeout=timeout_s + 60)
+    try:
+        _, w_err = w.communicate(timeout=timeout_s + 10)
+    except subprocess.TimeoutExpired:
+        w.kill()
+        _, w_err = w.communicate(timeout=5)
+    got = json.loads(answers.read_text())["answers"] if answers.exists() else None
+    return {"h": h.returncode, "w": w.returncode, "h_err": h_err, "w_err": w_err, "answers": got}
+
+
+def pair_line(err: str) -> str:
+    m = re.search(r"connected to \w+ through ICE candidate pair (\w+) \S+ -> (\w+) \S+", err)
+    assert m, err[-2000:]
+    return f"{m.group(1)}->{m.group(2)}"
+
+
+def test_stun_crosses_two_port_restricted_nats(bed, want, tmp_path):
+    stun = [bed.stun_url]
+    r = room(bed, "pr2pr", tmp_path, 1, 2, stun, stun, 90)
+    assert r["h"] == 0 and r["w"] == 0, r["h_err"][-2000:] + r["w_err"][-2000:]
+    assert [t for t in r["answers"][0]["token_ids"] if t != 2] == want
+    # each side reaches the other's NAT mapping, the address STUN saw: a server-reflexive
+    # candidate (or the peer-reflexive one the same packets reveal), never a private host address
+    for err in (r["h_err"], r["w_err"]):
+        pair = pair_line(err)
+        assert pair.split("->")[1] in ("srflx", "prflx"), pair
+        assert "10.0." not in err.split("through ICE candidate pair")[1].split("\n")[0].split("->")[1]
+
+
+def test_turn_carries_a_room_through_a_symmetric_nat(bed, want, tmp_path):
+    ice_h = [bed.stun_url, turn_url(bed, "pr2sym-h")]
+    ice_w = [bed.stun_url, turn_url(bed, "pr2sym-w")]
+    r = room(bed, "pr2sym", tmp_path, 1, 3, ice_h, ice_w, 90)
+    assert r["h"] == 0 and r["w"] == 0, r["h_err"][-2000:] + r["w_err"][-2000:]
+    assert [t for t in r["answers"][0]["token_ids"] if t != 2] == want
+    assert "relay" in pair_line(r["h_err"]) and "relay" in pair_line(r["w_err"])
+    # the password is shown nowhere: the devices print the TURN URL redacted
+    for url, err in ((ice_h[1], r["h_err"]), (ice_w[1], r["w_err"])):
+        password = url.split("@")[0].rsplit(":", 1)[1]
+        assert password not in err and ":***@" in err
+    assert "allocation" in bed.turn_log_text().lower()
+
+
+def one_line_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def test_stun_alone_cannot_cross_a_symmetric_nat(bed, tmp_path):
+    stun = [bed.stun_url]
+    r = room(bed, "sym-stun", tmp_path, 1, 3, stun, stun, 8)
+    assert r["h"] == 3 and r["answers"] is None, r["h_err"][-2000:]
+    line = one_line_error(r["h_err"])
+    assert "symmetric NAT" in line and "TURN" in line, line
+    assert "srflx" in line  # both sides did get their server-reflexive candidates: STUN worked, the NAT did not
+
+
+def test_without_ice_servers_the_error_names_nat(bed, tmp_path):
+    r = room(bed, "pr-none", tmp_path, 1, 2, [], [], 8)
+    assert r["h"] == 3 and r["answers"] is None, r["h_err"][-2000:]
+    line = one_line_error(r["h_err"])
+    assert "NAT" in line and "--ice-server" in line and "no STUN/TURN server" in line, line
+    assert "timed out" not in line
