@@ -169,7 +169,9 @@ class Network:
     transport's initial congestion window (None: frames are not window-limited).
     ``hop_s_per_byte``: a hand-off's cost that grows with the frame, seconds per byte
     (the transport stack's copies; a calibration profile measures it), on top of
-    ``hop_overhead_s``."""
+    ``hop_overhead_s``. ``ice_servers``: the STUN/TURN server URLs a real room's peer
+    connections use (checked and used by runtime/transport/ice.py; the simulator's links
+    do not depend on them)."""
 
     rtt_s: float = 0.001
     jitter: Jitter = field(default_factory=Jitter)
@@ -179,6 +181,7 @@ class Network:
     links: tuple[LinkSpec, ...] = ()
     window_bytes: float | None = None
     hop_s_per_byte: float = 0.0
+    ice_servers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

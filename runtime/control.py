@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType
@@ -325,6 +325,10 @@ class NodeConfig(BaseModel):
         host_wait_s: a worker that loses the model host keeps its weights and waits this
             many seconds for the host to come back ("Host reconnecting"), then leaves
             ("Room over"); 0: leaves at once.
+        ice_servers: STUN/TURN server URLs for this device's peer connections
+            (runtime/transport/ice.py; the scenario's ``network.ice_servers``); none: no
+            server is contacted.
+        ice_relay_only: connect only through the TURN server's relay candidates.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -355,6 +359,20 @@ class NodeConfig(BaseModel):
     kv: Literal["f32", "f16"] = "f32"
     host_wait_s: float = Field(HOST_WAIT_S, ge=0.0)
     room_key: Optional[str] = Field(None, min_length=16, max_length=128)
+    ice_servers: list[str] = Field(default_factory=list, max_length=2)
+    ice_relay_only: bool = False
+
+    @field_validator("ice_servers")
+    @classmethod
+    def _ice_urls(cls, v: list[str]) -> list[str]:
+        from .transport.ice import parse_ice_servers
+        parse_ice_servers(v)  # ValueError names the bad URL, never its password
+        return v
+
+    def ice(self) -> dict:
+        """``connect_room``'s ICE keyword arguments: ``ice_servers`` and ``relay_only``."""
+        from .transport.ice import parse_ice_servers
+        return {"ice_servers": parse_ice_servers(self.ice_servers), "relay_only": self.ice_relay_only}
 
     def precision(self):
         """This device's :class:`runtime.precision.Precision` (residual from the scheduler's dtype)."""

@@ -129,7 +129,8 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               crash_at_s=crash_s if dev == deal.host else [],
                               crashable=any(f.device == dev for f in scn.faults),
                               redeals=redeals if dev == deal.host else {}, weights=weights, kv=kv,
-                              weights_from_peer=bool(scn.faults), room_key=key))
+                              weights_from_peer=bool(scn.faults), room_key=key,
+                              ice_servers=list(scn.network.ice_servers)))
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
-                      model_validator)
+                      field_validator, model_validator)
 
 from planner import model as catalog_mod
 from planner.deal import DEFAULT_HEADROOM
@@ -210,6 +210,15 @@ class NetworkIn(_Strict):
     # an engine that makes several round trips per hand-off, or polls for frames
     round_trips_per_hop: int = Field(default=1, ge=1, le=64)
     poll: Time = 0.0
+    # STUN/TURN URLs for a real room's peer connections (runtime/transport/ice.py)
+    ice_servers: list[str] = Field(default=[], max_length=2)
+
+    @field_validator("ice_servers")
+    @classmethod
+    def _ice_urls(cls, v: list[str]) -> list[str]:
+        from runtime.transport.ice import parse_ice_servers
+        parse_ice_servers(v)  # a one-line ValueError naming the URL, never its password
+        return v
 
 
 class WorkloadIn(_Strict):
@@ -515,7 +524,8 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
                               bandwidth_Bps=link.bandwidth, hop_overhead_s=handoff_s(link),
                               episodes=ep(link.episodes), window_bytes=link.window))
     network = Network(rtt_s=n.rtt, jitter=jit(n.jitter), bandwidth_Bps=n.bandwidth, hop_overhead_s=handoff_s(None),
-                      episodes=ep(n.episodes), links=tuple(links), window_bytes=n.window)
+                      episodes=ep(n.episodes), links=tuple(links), window_bytes=n.window,
+                      ice_servers=tuple(n.ice_servers))
     for i, who in enumerate(s.workload.asked_by):
         if who not in ids:
             raise _KeyProblem(f"workload.asked_by[{i}]", f"{units.show(who)} is not a device")

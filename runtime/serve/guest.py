@@ -17,6 +17,12 @@ browser's address from them (a peer-reflexive candidate), so the connection need
 name resolution. A browser started without the hiding offers plain addresses, which are
 used as they are.
 
+ICE servers: the desk's connections use the room's STUN/TURN servers (none by default),
+and :meth:`GuestDesk.info` hands the same to the page (``ice_servers``, as WebRTC's
+``RTCIceServer`` dictionaries, and ``relay_only``), so a guest behind NAT finds the host.
+A TURN credential handed to a page is one the guest needs; give the room time-limited
+ones (runtime/transport/ice.py, ``turn_rest_credentials``).
+
 Bounds: at most ``max_guests`` connections at once (more offers are ignored), one
 question at a time per guest (a second one while the first is answered gets an error),
 each connection must open within ``open_timeout_s`` and is closed when its channel or
@@ -55,10 +61,12 @@ class GuestDesk:
         keep_mdns: give aiortc the browser's ``.local`` candidates (False: remove them).
         max_guests: connections at once.
         open_timeout_s: seconds a guest's connection has to open its channel.
+        ice_servers: STUN/TURN servers (runtime.transport.ice.IceServer), at most one of each.
+        relay_only: use only TURN relay candidates.
     """
 
     def __init__(self, server, relay_url: str, room: str, desk_id: str, keep_mdns: bool = False,
-                 max_guests: int = 32, open_timeout_s: float = 30.0):
+                 max_guests: int = 32, open_timeout_s: float = 30.0, ice_servers=(), relay_only: bool = False):
         self.server = server
         self.relay_url = relay_url
         self.room = room
@@ -66,6 +74,8 @@ class GuestDesk:
         self.keep_mdns = keep_mdns
         self.max_guests = max_guests
         self.open_timeout_s = open_timeout_s
+        self.ice_servers = tuple(ice_servers)
+        self.relay_only = bool(relay_only)
         self.pcs: dict[str, object] = {}
         self.busy: set[str] = set()
         self.asking: dict[str, asyncio.Task] = {}  # guest -> its question being answered
@@ -75,8 +85,10 @@ class GuestDesk:
         self._tasks: set[asyncio.Task] = set()
 
     def info(self) -> dict:
-        """What a guest's page needs to connect: relay URL, room, desk id."""
-        return {"relay": self.relay_url, "room": self.room, "desk": self.desk_id}
+        """What a guest's page needs to connect: relay URL, room, desk id, ICE servers
+        (``RTCIceServer`` dictionaries) and whether only relay candidates may be used."""
+        return {"relay": self.relay_url, "room": self.room, "desk": self.desk_id,
+                "ice_servers": [s.for_webrtc() for s in self.ice_servers], "relay_only": self.relay_only}
 
     async def start(self) -> None:
         """Join the relay room. Raises OSError/aiohttp errors when the relay is unreachable."""
@@ -116,8 +128,12 @@ class GuestDesk:
         log.warning("guest desk: the relay closed the connection; no new guests can join")
 
     async def _accept(self, guest: str, sdp: str) -> None:
-        from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        from aiortc import RTCConfiguration, RTCIceTransportPolicy, RTCPeerConnection, RTCSessionDescription
+
+        from ..transport.ice import to_rtc_ice_servers
+        policy = RTCIceTransportPolicy.RELAY if self.relay_only else RTCIceTransportPolicy.ALL
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=to_rtc_ice_servers(self.ice_servers),
+                                                iceTransportPolicy=policy))
         self.pcs[guest] = pc
         opened = asyncio.get_running_loop().create_future()
 

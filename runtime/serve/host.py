@@ -114,7 +114,8 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
                          "and connect")
         try:
             transport = await _unless_stopped(
-                connect_room(relay_url, room, cfg.device, cfg.peers, open_timeout_s=open_timeout_s), stop)
+                connect_room(relay_url, room, cfg.device, cfg.peers, open_timeout_s=open_timeout_s, **cfg.ice()),
+                stop)
         except (TransportError, OSError, asyncio.TimeoutError) as e:
             log.error("%s: could not join room %s: %s", cfg.device, room, e)
             server.set_phase("failed", f"the room could not start: {e}")
@@ -124,7 +125,7 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
         log.warning("%s: every device connected; serving", cfg.device)
         if guests:
             from .guest import GuestDesk
-            desk = GuestDesk(server, relay_url, room, f"{cfg.host}.desk")
+            desk = GuestDesk(server, relay_url, room, f"{cfg.host}.desk", **cfg.ice())
             try:
                 await asyncio.wait_for(desk.start(), 10.0)
                 server.guest_info = desk.info()

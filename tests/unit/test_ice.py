@@ -88,3 +88,24 @@ def test_the_no_path_reason_names_what_each_nat_needs():
     assert "symmetric NAT" in stun_only and "TURN" in stun_only and "srflx 198.19.0.11:40000" in stun_only
     turn = no_path_hint(OFFER, ANSWER, [parse_ice_server("turn:u:p@198.19.0.2")])
     assert "no relay candidate" in turn
+
+
+def test_the_scenario_key_network_ice_servers_is_checked_and_reaches_each_device():
+    from runtime.control import NodeConfig
+    from splitroom.scenario import ScenarioError, load
+
+    pw = secrets.token_hex(32)
+    urls = ["stun:198.51.100.1", f"turn:u:{pw}@198.51.100.2:3478"]
+    scn = load("scenarios/home.yaml", [f"network.ice_servers=[{urls[0]}, '{urls[1]}']"])
+    assert scn.network.ice_servers == tuple(urls)
+    for bad, why in (("[ftp:x]", "network.ice_servers: ICE server"), ("[stun:a, stun:b]", "at most one of each")):
+        with pytest.raises(ScenarioError, match=why):
+            load("scenarios/home.yaml", [f"network.ice_servers={bad}"])
+    with pytest.raises(ScenarioError) as e:
+        load("scenarios/home.yaml", [f"network.ice_servers=['turn:u:{pw}@h:99999']"])
+    assert pw not in str(e.value)
+    cfg = NodeConfig(device="a", host="a", stages=[("a", 0, 30)], scheduler=dict(hidden=576), model_dir="/m",
+                     ice_servers=urls)
+    kw = cfg.ice()
+    assert [s.kind for s in kw["ice_servers"]] == ["stun", "turn"] and kw["ice_servers"][1].credential == pw
+    assert NodeConfig.from_json(cfg.to_json()).ice_servers == urls

@@ -129,7 +129,8 @@ async function guestChannel() {
   await withTimeout(new Promise((ok, no) => { ws.onopen = ok; ws.onerror = () => no(new Error("relay unreachable")); }),
                     10000, "the relay");
   ws.send(JSON.stringify({ type: "hello", device: me }));
-  const pc = new RTCPeerConnection({ iceServers: [] });
+  // the room's STUN/TURN servers (none unless the room names some: no server is contacted)
+  const pc = new RTCPeerConnection({ iceServers: g.ice_servers || [], iceTransportPolicy: g.relay_only ? "relay" : "all" });
   const ch = pc.createDataChannel("reply");
   await pc.setLocalDescription(await pc.createOffer());
   await withTimeout(new Promise((ok) => {
