@@ -35,10 +35,8 @@ HOMES = ["port-restricted", "port-restricted", "symmetric"]
 @pytest.fixture(scope="module")
 def bed():
     why = natbed.missing()
-    if why:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"the NAT test bed needs {why}")
-        pytest.skip(why)
+    if why:  # under CI=true tests/conftest.py turns this skip into a failure
+        pytest.skip(f"the NAT test bed cannot be built: {why}")
     with natbed.NatBed(HOMES) as b:
         yield b
 
