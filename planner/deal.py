@@ -155,7 +155,7 @@ class Deal:
         return min(cands) if cands else None
 
     def to_json(self) -> dict:
-        """The keys of SCENARIO.md's ``splitroom plan --json``, plus ``devices`` and
+        """The keys of ``splitroom plan --json``: host, split, stages, guests, fits, notes, plus ``devices`` and
         ``max_context`` (tokens; per stage too; null when no layer keeps a KV cache)."""
         ctx = {sh.device: sh.max_context for sh in self.shares}
         return {

@@ -47,7 +47,7 @@ def _pcts(xs: list[float]) -> dict:
 
 
 def compute(trace: Iterable[tuple[float, Any]]) -> dict:
-    """Metrics of a trace: the SCENARIO.md ``metrics`` keys plus details.
+    """Metrics of a trace: the ``metrics`` keys ``simulate --json`` prints plus details.
 
     Returns a dict with ``tokens_per_s, ttft_s, tokens_per_lap, inter_token_s{p50,p95,
     p99,max}, lap_s{mean,p50,p99}`` and ``questions, answered, refused, tokens, laps,

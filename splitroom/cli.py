@@ -24,7 +24,7 @@ out = Console()
 err = Console(stderr=True)
 
 SetOpt = typer.Option(None, "--set", help="Override a scenario key, e.g. --set host=spark (VALUE is YAML).")
-JsonOpt = typer.Option(False, "--json", help="Print JSON (keys as in SCENARIO.md) instead of tables.")
+JsonOpt = typer.Option(False, "--json", help="Print JSON instead of tables.")
 
 
 @app.callback()

@@ -1,7 +1,6 @@
 """Scenario files: YAML in, a validated :class:`planner.room.Scenario` out.
 
-The format and its keys are the contract in SCENARIO.md (documented in
-docs/scenario.md). Validation is done by pydantic with unknown keys forbidden;
+The format and its keys are documented in docs/scenario.md. Validation is done by pydantic with unknown keys forbidden;
 quantities are strings with units parsed by :mod:`splitroom.units`. Every error is
 raised as :class:`ScenarioError` whose message is one line:
 ``FILE: KEY.PATH: what is wrong``.
