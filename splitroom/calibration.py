@@ -186,7 +186,7 @@ def load_profile(path: str | Path) -> Profile:
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
-        raise CalibrationError(f"{p.name}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        raise CalibrationError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     except yaml.YAMLError as e:
         raise CalibrationError(f"{p.name}: not valid YAML ({getattr(e, 'problem', e)})") from None
     try:

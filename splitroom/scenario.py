@@ -752,7 +752,7 @@ def _read_text(p: Path, name: str) -> str:
 def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
     """Load and validate a scenario file. Raises ScenarioError (one line) on any problem."""
     p = Path(path)
-    text = _read_text(p, p.name)
+    text = _read_text(p, str(path))  # the path as typed: a missing file's folder matters
     data = _read_yaml(text, p.name)
     if isinstance(data, dict):
         check_size(data, p.name)

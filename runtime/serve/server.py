@@ -360,8 +360,9 @@ class RoomServer:
     def _refusal(self, reason: str) -> ApiError:
         """The scheduler's refusal as an HTTP error."""
         if reason.startswith("queue full") or "questions waiting" in reason:
-            return ApiError(429, f"the room's queue is full: {reason}", None, "rate_limit_exceeded",
-                            "rate_limit_error", self._retry_after_full())
+            what = (f"the room's queue is full: {reason.removeprefix('queue full: ')}" if reason.startswith("queue full")
+                    else f"the queue's limit for one asker: {reason}")
+            return ApiError(429, what, None, "rate_limit_exceeded", "rate_limit_error", self._retry_after_full())
         if "does not fit the context" in reason:
             return ApiError(400, f"too long for the room's context: {reason}", "messages",
                             "context_length_exceeded")

@@ -238,3 +238,13 @@ def test_calibration_file_feeds_measured_and_redeal(tmp_path):
     plan = _json.loads(after.stdout)
     assert ranges(plan) == [{"device": "desktop", "start": 0, "end": 1}, {"device": "laptop", "start": 1, "end": 30}]
     assert any("re-deal" in n for n in plan["notes"])
+
+
+def test_a_missing_file_is_named_as_typed_with_its_folder(tmp_path):
+    from typer.testing import CliRunner
+    from splitroom.cli import app
+    typed = str(tmp_path / "scenarios" / "hom.yaml")
+    r = CliRunner().invoke(app, ["plan", typed])
+    assert r.exit_code == 2 and r.stderr.strip() == f"error: {typed}: cannot read (No such file or directory)"
+    r = CliRunner().invoke(app, ["plan", "scenarios/home.yaml", "--calibration", typed])
+    assert r.exit_code == 2 and f"--calibration {typed}: cannot read" in r.stderr

@@ -83,3 +83,12 @@ def test_health_names_the_stages_of_the_deal_after_a_loss():
         assert [(s["device"], s["shown"]) for s in body["stages"]] == [("a", "1-30")]
         assert [(s["device"], s["shown"]) for s in body["room"]["stages"]] == [("a", "1-30")]
     with_client(srv, steps)
+
+
+def test_the_queue_full_message_says_it_once():
+    # the scheduler's two refusals (planner/scheduler.py), as a 429 says them
+    srv = RoomServer("m", INFO)
+    full = srv._refusal("queue full: 10 questions are waiting")
+    assert full.status == 429 and full.message == "the room's queue is full: 10 questions are waiting"
+    mine = srv._refusal("api:key-0123456789abcdef already has 2 questions waiting")
+    assert mine.status == 429 and mine.message.count("waiting") == 1 and "queue is full" not in mine.message
