@@ -48,6 +48,30 @@ from .numpy_backend import rope_tables
 
 F32 = np.float32
 _DEVICE = None
+def _runtime_dir() -> None:
+    """Give the process a valid ``XDG_RUNTIME_DIR`` when it has none (a service, a test
+    run, a container): the Vulkan loader's Wayland surface support looks it up when the
+    adapter is made and prints ``error: XDG_RUNTIME_DIR is invalid or not set`` twice,
+    which reads as a failure though compute needs no display. The directory is this
+    user's own, mode 0700, as the XDG Base Directory Specification asks; an existing
+    valid value is kept."""
+    cur = os.environ.get("XDG_RUNTIME_DIR")
+    if cur and os.path.isdir(cur):
+        return
+    import tempfile
+    path = os.path.join(tempfile.gettempdir(), f"splitroom-runtime-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return
+    st = os.lstat(path)
+    import stat
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700:
+        os.environ["XDG_RUNTIME_DIR"] = path
+
+
 def get_device():
     """The process-wide ``(adapter, device)`` on Vulkan, created once.
 
@@ -58,6 +82,7 @@ def get_device():
     if _DEVICE is not None:
         return _DEVICE
     os.environ.setdefault("WGPU_BACKEND_TYPE", "Vulkan")
+    _runtime_dir()
     try:
         import wgpu
     except ImportError as e:  # pragma: no cover
