@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import secrets
 import time
 
@@ -335,13 +336,31 @@ def test_channel_open_timeout_names_the_peer():
 
 
 def test_sctp_tuning_sends_a_10kb_frame_in_one_burst():
-    """With 20 ms one-way delay emulated in process, aiortc's 4-chunk bursts make a
-    10 KB message take extra round trips; tune_sctp() sends it in one."""
+    """With 20 ms one-way delay emulated in process, aiortc's 3-chunk window and 4-chunk
+    bursts send a 10 KB message (9 DATA chunks of at most 1160 bytes) over several round
+    trips; tune_sctp() sends all 9 before the first SACK can come back. Counted, not
+    timed: the DATA chunks the sender puts in flight before each SACK it receives, which
+    no load on the machine changes (the SACK needs the 40 ms round trip)."""
+    from aiortc.rtcsctptransport import RTCSctpTransport
+
     from runtime.transport import emulate_delay, tune_sctp
 
     one_way = 0.020
+    chunks = math.ceil(10_000 / 1160)  # 9
+    in_flight: dict[int, int] = {}
+    flights: dict[int, list[int]] = {}
+    orig_increase, orig_sack = RTCSctpTransport._flight_size_increase, RTCSctpTransport._receive_sack_chunk
 
-    async def one_way_ms(tuned: bool) -> float:
+    def increase(self, chunk):
+        in_flight[id(self)] = in_flight.get(id(self), 0) + 1
+        return orig_increase(self, chunk)
+
+    async def sack(self, chunk):
+        if in_flight.get(id(self)):
+            flights.setdefault(id(self), []).append(in_flight.pop(id(self)))
+        return await orig_sack(self, chunk)
+
+    async def first_flights(tuned: bool) -> list[int]:
         tune_sctp() if tuned else tune_sctp(None, None)
         runner, _, ts = await room(["a", "b"], sctp_tuning=False)
         try:
@@ -349,23 +368,32 @@ def test_sctp_tuning_sends_a_10kb_frame_in_one_burst():
             for t in ts.values():
                 emulate_delay(t, one_way)
             q: asyncio.Queue = asyncio.Queue()
-            b.set_handler(lambda s, c, d: q.put_nowait(time.perf_counter()))
-            best = float("inf")
+            b.set_handler(lambda s, c, d: q.put_nowait(len(d)))
+            firsts = []
             for _ in range(3):
-                t0 = time.perf_counter()
+                await asyncio.sleep(2 * one_way + 0.05)  # SACKs back: the send starts idle
+                in_flight.clear()
+                flights.clear()
                 await a.send("b", "residual", bytes(10_000))
-                best = min(best, (await q.get()) - t0)
-                await asyncio.sleep(2 * one_way + 0.01)  # SACKs back: the next send starts idle
-            return best * 1e3
+                assert await q.get() == 10_000
+                await asyncio.sleep(2 * one_way + 0.05)
+                for n in in_flight.values():  # a flight whose SACK has not been read yet
+                    flights.setdefault(-1, []).append(n)
+                sender = [f for f in flights.values() if sum(f) >= chunks]
+                assert len(sender) == 1, flights
+                firsts.append(sender[0][0])
+            return firsts
         finally:
             await close_room(runner, ts)
 
+    RTCSctpTransport._flight_size_increase, RTCSctpTransport._receive_sack_chunk = increase, sack
     try:
-        slow = run(one_way_ms(False))
-        fast = run(one_way_ms(True))
+        shipped = run(first_flights(False))
+        tuned = run(first_flights(True))
     finally:
+        RTCSctpTransport._flight_size_increase, RTCSctpTransport._receive_sack_chunk = orig_increase, orig_sack
         tune_sctp()
-    assert fast < one_way * 1e3 * 1.5 + 5, fast  # one burst: about the one-way delay
-    assert slow > one_way * 1e3 * 2, slow  # aiortc as shipped: at least one more round trip
+    assert tuned == [chunks] * 3, tuned  # the whole frame in the first flight, every time
+    assert max(shipped) <= 4, shipped  # aiortc as shipped: a 3-chunk window, 4-chunk bursts
     with pytest.raises(ValueError):
         tune_sctp(max_burst=0)
