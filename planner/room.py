@@ -207,7 +207,11 @@ class Speculative:
     ``drafter``; ``acceptance`` is the per-token acceptance probability the simulator
     draws from (or ``accepted_lengths`` an empirical distribution of accepted lengths,
     or ``accepted_sequence`` a recorded sequence replayed in order).
-    ``draft_s_per_token`` overrides the drafting cost per token, seconds."""
+    ``draft_s_per_token`` overrides the drafting cost per token, seconds.
+    ``draft_model``: a separate draft model (drafter ``model``), run on device
+    ``draft_device`` (None: the model host) with engine preset ``draft_engine`` (None:
+    that device's own); ``draft_extra_passes``: forward passes of it per round beyond
+    the ``draft_tokens`` (1 for engines that run k + 1)."""
 
     drafter: str = "draft_layer"
     draft_tokens: int = 4
@@ -215,6 +219,10 @@ class Speculative:
     accepted_lengths: tuple[int, ...] = ()
     accepted_sequence: tuple[int, ...] = ()
     draft_s_per_token: float | None = None
+    draft_model: ModelSpec | None = None
+    draft_device: str | None = None
+    draft_engine: str | None = None
+    draft_extra_passes: int = 0
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,7 @@ A device that gives bandwidth but no ``compute`` gets its kind's default compute
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable
 
 from planner.model import ARCHITECTURES, ModelSpec, spec_from_architecture
@@ -134,6 +135,7 @@ from planner.fit import offload_bytes as room_offload_bytes
 from planner.profile import DeviceProfile, DrafterProfile
 from planner.room import Device, Speculative
 from sim.engines import engine as engine_preset
+from sim.link import resolve_link
 
 __all__ = [
     "DEFAULT_BANDWIDTH_BPS",
@@ -269,6 +271,10 @@ class DeviceModel:
         self.moe = moe if moe is not None else moe_layout(model)
         self.offload_bytes = float(offload_bytes)
         self.offload_Bps = offload_Bps
+        #: a separate draft model's cost model on its device (drafter ``model``), and the
+        #: round trip from the host to that device and back (seconds); set by device_model
+        self.draft: DeviceModel | None = None
+        self.draft_round_trip_s = 0.0
         self.measured = device.s_per_layer is not None
         one = self._roofline_layer_s(1)
         #: measured seconds per layer-token over the roofline's (1.0 when not measured)
@@ -496,8 +502,11 @@ class DeviceModel:
         ``ngram`` drafter costs 10 us a token (a lookup); ``draft_layer`` (an MTP
         head) reads, per drafted token, the draft layer's active weights and the
         output head; ``early_exit`` runs a quarter of the layers (rounded up) and the
-        head per token; ``model`` the whole model and the head per token; rooflines
-        times ``host_scale`` and ``slowdown``.
+        head per token; ``model`` the whole model and the head per token, or, with a
+        separate draft model (``self.draft``, set by :func:`device_model`), ``k +
+        draft_extra_passes`` passes of all its layers and its head on its own device
+        and engine, plus ``draft_round_trip_s`` when it runs on another device;
+        rooflines times ``host_scale`` and ``slowdown``.
         Raises ValueError for ``k < 0`` or a drafter with no cost model.
         """
         if k < 0:
@@ -514,6 +523,10 @@ class DeviceModel:
         head = self.head_s(1)
         if drafter == "early_exit":
             return k * (self.stage_s(-(-m.layers // 4), 1) + head)
+        if drafter == "model" and self.draft is not None:
+            d = self.draft
+            passes = k + (speculative.draft_extra_passes if speculative is not None else 0)
+            return passes * (d.stage_s(d.model.layers, 1) + d.head_s(1)) + self.draft_round_trip_s
         if drafter == "model":
             return k * (self.stage_s(m.layers, 1) + head)
         if drafter != "draft_layer":
@@ -569,7 +582,9 @@ def device_model(d: Device, scn, deal, profile=None) -> DeviceModel:
     None), else its engine preset (sim/engines.py) with the device's own
     ``efficiency`` and overheads replacing the preset's one by one; the weights it
     offloads (planner/fit.py) when it opted in. The model host wakes itself when wake
-    messages are on. Raises KeyError for an unknown engine, ValueError for bad numbers."""
+    messages are on, and with a separate draft model (``speculative.draft_model``) gets
+    its cost model on the draft device (``DeviceModel.draft``) and the round trip to it.
+    Raises KeyError for an unknown engine, ValueError for bad numbers."""
     eng = engine_preset(d.engine) if d.engine else None
 
     def pick(own, preset_value, default):
@@ -577,10 +592,22 @@ def device_model(d: Device, scn, deal, profile=None) -> DeviceModel:
             return own
         return preset_value if eng is not None else default
     off = room_offload_bytes(deal, scn.devices, scn.model, scn.options).get(d.id, 0) if d.offload_Bps else 0
-    return DeviceModel(d, scn.model, profile=profile.devices.get(d.id) if profile else None,
+    dm = DeviceModel(d, scn.model, profile=profile.devices.get(d.id) if profile else None,
                        drafters=profile.drafters if profile else None,
                        self_wake=scn.decoding.wake and d.id == deal.host,
                        efficiency=pick(d.efficiency, eng and eng.efficiency, 1.0),
                        pass_overhead_s=pick(d.pass_overhead_s, eng and eng.pass_overhead_s, 0.0),
                        layer_overhead_s=pick(d.layer_overhead_s, eng and eng.layer_overhead_s, 0.0),
                        offload_bytes=off, offload_Bps=d.offload_Bps)
+    spec = scn.decoding.speculative
+    if d.id == deal.host and spec is not None and spec.draft_model is not None:
+        dd = scn.device(spec.draft_device or d.id)
+        if spec.draft_engine is not None:
+            dd = replace(dd, engine=spec.draft_engine, efficiency=None, pass_overhead_s=None, layer_overhead_s=None)
+        dd = replace(dd, offload_Bps=None)
+        dm.draft = device_model(dd, replace(scn, model=spec.draft_model, decoding=replace(
+            scn.decoding, speculative=replace(spec, draft_model=None))), deal)
+        if dd.id != d.id:  # the drafts come back over the link, the request goes out
+            there, back = resolve_link(scn.network, d.id, dd.id), resolve_link(scn.network, dd.id, d.id)
+            dm.draft_round_trip_s = (there.rtt_s + back.rtt_s) / 2 + there.hop_overhead_s + back.hop_overhead_s
+    return dm

@@ -224,6 +224,15 @@ def _ms(x: float) -> str:
     return f"{x * 1000:.1f} ms"
 
 
+def round_s(m: dict) -> float | None:
+    """A round's mean seconds: drafting (the breakdown's ``draft`` rows, per judged lap)
+    plus the lap it feeds (``lap_s.mean``, which starts when the host's stage does and
+    so leaves drafting out); None without drafting. With one lap in flight the two do
+    not overlap, so this is what each round of speculation costs."""
+    draft = sum(r["mean_s"] for r in m.get("breakdown", ()) if r["kind"] == "draft")
+    return m["lap_s"]["mean"] + draft if draft else None
+
+
 def metrics_table(m: dict, title: str = "prediction") -> Table:
     """Headline metrics as a two-column table."""
     t = Table(title=title, title_justify="left", show_header=False)
@@ -237,6 +246,7 @@ def metrics_table(m: dict, title: str = "prediction") -> Table:
         ("inter-token p99 / max", f"{_ms(it['p99'])} / {_ms(it['max'])}"),
         ("tokens per lap", f"{m['tokens_per_lap']:.2f}"),
         ("lap mean / p99", f"{_ms(m['lap_s']['mean'])} / {_ms(m['lap_s']['p99'])}"),
+        *([("round: drafting + lap", _ms(round_s(m)))] if round_s(m) is not None else []),
         ("questions answered", f"{m['answered']} of {m['questions']}" + (f" ({m['refused']} refused)"
                                                                           if m["refused"] else "")),
         ("laps (stale)", f"{m['laps']} ({m['stale_laps']})"),
@@ -302,6 +312,8 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     cost = room_cost(scn, d, result.metrics) if has_prices(scn) else None
     if as_json:
         m = {k: v for k, v in result.metrics.items()}
+        if round_s(m) is not None:
+            m["round_s"] = round_s(m)
         print(json.dumps({"plan": d.to_json(), "metrics": m, **({"cost": cost} if cost else {}),
                           **({"privacy": privacy} if privacy else {})}, indent=2))
         return

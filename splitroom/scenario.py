@@ -238,6 +238,21 @@ class SpeculativeIn(_Strict):
     accepted_lengths: list[int] = []
     accepted_sequence: list[int] = []
     draft_cost: Time | None = None
+    # a separate draft model (drafter: model): catalog id or inline mapping, where it
+    # runs, its engine, and whether the engine runs k or k + 1 passes of it a round
+    draft_model: Any = None
+    draft_device: str | None = None
+    draft_engine: Literal[tuple(ENGINES)] | None = None
+    draft_passes: Literal["k", "k+1"] = "k"
+
+    @model_validator(mode="after")
+    def _draft_model_needs_model_drafter(self):
+        given = [k for k in ("draft_model", "draft_device", "draft_engine") if getattr(self, k) is not None]
+        if given and self.drafter != "model":
+            raise ValueError(f"{given[0]} needs drafter: model (got drafter: {self.drafter})")
+        if (self.draft_device is not None or self.draft_engine is not None) and self.draft_model is None:
+            raise ValueError("draft_device and draft_engine describe a draft_model: give draft_model too")
+        return self
 
 
 class SamplingIn(_Strict):
@@ -534,9 +549,21 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
     sp = s.decoding.speculative
     spec = None
     if sp is not None:
+        draft_model = None
+        if sp.draft_model is not None:
+            if isinstance(sp.draft_model, dict) and set(sp.draft_model) & {"gguf", "safetensors"}:
+                raise _KeyProblem("decoding.speculative.draft_model", "a catalog id or an inline mapping "
+                                                                      "(a checkpoint path is for model:)")
+            try:
+                draft_model = _model_spec(sp.draft_model, None, base)
+            except _KeyProblem as e:
+                raise _KeyProblem("decoding.speculative.draft_" + e.path, e.msg) from None
+        if sp.draft_device is not None and sp.draft_device not in ids:
+            raise _KeyProblem("decoding.speculative.draft_device", f"{units.show(sp.draft_device)} is not a device")
         spec = Speculative(drafter=sp.drafter, draft_tokens=sp.draft_tokens, acceptance=sp.acceptance,
                            accepted_lengths=tuple(sp.accepted_lengths), accepted_sequence=tuple(sp.accepted_sequence),
-                           draft_s_per_token=sp.draft_cost)
+                           draft_s_per_token=sp.draft_cost, draft_model=draft_model, draft_device=sp.draft_device,
+                           draft_engine=sp.draft_engine, draft_extra_passes=1 if sp.draft_passes == "k+1" else 0)
         for i, a in enumerate(sp.accepted_lengths + sp.accepted_sequence):
             if a < 0 or a > sp.draft_tokens:
                 raise _KeyProblem("decoding.speculative", f"accepted length {a} outside 0..draft_tokens")

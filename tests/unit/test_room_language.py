@@ -317,3 +317,68 @@ def test_bad_round_trips_and_poll_are_one_line(sets, parts):
     assert "\n" not in msg
     for p in parts:
         assert p in msg, (p, msg)
+
+
+# --- a separate draft model ---------------------------------------------------------
+
+DRAFT_SETS = ["devices[0].lends=400 MiB", "devices[1].lends=400 MiB", "network.rtt=10 ms",
+              "stages=[{device: a, layers: '1-2'}, {device: b, layers: '3-4'}]",
+              "decoding.speculative={drafter: model, draft_tokens: 4, "
+              "draft_model: {name: small, layers: 2, hidden: 64, layer_bytes: 50 MiB}}"]
+
+
+def host_model(sets):
+    scn = scenario(sets=sets)
+    d = deal(scn.devices, scn.model, scn.options)
+    return scn, device_model(scn.device(d.host), scn, d)
+
+
+def test_draft_model_on_the_host_by_hand():
+    scn, dm = host_model(DRAFT_SETS)
+    # 2 layers x 50 MiB / 100 GiB/s = 0.9765625 ms a pass (no head: the inline sizes give none);
+    # k = 4 passes; the target's own layers (4 x 100 MiB) would cost 3.90625 ms a pass
+    assert dm.draft_s(4, scn.decoding.speculative) == pytest.approx(4 * 2 * 50 / (100 * 1024), rel=1e-12)
+
+
+def test_draft_model_k_plus_one_on_another_device_by_hand():
+    sets = DRAFT_SETS[:-1] + [DRAFT_SETS[-1][:-1] + ", draft_passes: k+1, draft_device: b, "
+                                                    "draft_engine: hf-eager}"]
+    scn, dm = host_model(sets)
+    # on b through hf-eager (0.438 of 100 GiB/s): 0.9765625 ms / 0.438 a pass, 5 passes,
+    # plus the round trip a -> b -> a: 10 ms (no hop overhead)
+    want = 5 * (2 * 50 / (100 * 1024)) / 0.438 + 0.010
+    assert dm.draft_s(4, scn.decoding.speculative) == pytest.approx(want, rel=1e-12)
+    assert want == pytest.approx(0.021148, abs=1e-6)
+
+
+@pytest.mark.parametrize("spec, parts", [
+    ("{drafter: ngram, draft_model: qwen2.5-7b}", ["decoding.speculative", "draft_model needs drafter: model"]),
+    ("{drafter: model, draft_device: b}", ["decoding.speculative", "give draft_model too"]),
+    ("{drafter: model, draft_model: qwen9-1t}", ["decoding.speculative.draft_model", "qwen9-1t"]),
+    ("{drafter: model, draft_model: {name: x, layers: 0, hidden: 8, layer_bytes: 1 MB}}",
+     ["decoding.speculative.draft_model.layers"]),
+    ("{drafter: model, draft_model: qwen2.5-7b, draft_device: phone}",
+     ["decoding.speculative.draft_device", "not a device"]),
+    ("{drafter: model, draft_model: qwen2.5-7b, draft_engine: warp}", ["decoding.speculative.draft_engine"]),
+    ("{drafter: model, draft_model: qwen2.5-7b, draft_passes: k+2}", ["decoding.speculative.draft_passes"]),
+])
+def test_bad_draft_model_is_one_line(spec, parts):
+    with pytest.raises(ScenarioError) as e:
+        scenario(sets=[f"decoding.speculative={spec}"])
+    msg = str(e.value)
+    assert "\n" not in msg
+    for p in parts:
+        assert p in msg, (p, msg)
+
+
+def test_drafting_is_in_the_round(tmp_path):
+    import json
+    text = ROOM.replace("network: {rtt: 0 ms}", "network: {rtt: 10 ms}")
+    r = simulate_cli(tmp_path, text, *[a for x in DRAFT_SETS for a in ("--set", x)],
+                     "--set", "decoding.speculative.acceptance=1.0")
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.stdout)["metrics"]
+    draft = [row for row in m["breakdown"] if row["kind"] == "draft"]
+    # every lap is fed by one draft of 4 passes: 4 x 0.9765625 ms = 3.90625 ms
+    assert len(draft) == 1 and draft[0]["mean_s"] == pytest.approx(4 * 2 * 50 / (100 * 1024), rel=1e-6)
+    assert m["round_s"] == pytest.approx(m["lap_s"]["mean"] + draft[0]["mean_s"], rel=1e-12)
