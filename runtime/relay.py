@@ -8,7 +8,8 @@ relay never sees a residual, a prompt or a token.
 
 Protocol (JSON text messages over a websocket at ``ws://HOST:PORT/room/{room}``)::
 
-    client -> relay  {"type": "hello", "device": ID}                 first, once
+    client -> relay  {"type": "hello", "device": ID[, "ice": KEY]}   first, once
+    relay -> client  {"type": "ice", "servers": [...]}               answer to a hello with "ice"
     client -> relay  {"type": "signal", "to": ID, "data": SDP}       any number
     relay -> client  {"type": "peers", "devices": [ID, ...]}         on every join/leave
     relay -> client  {"type": "signal", "from": ID, "data": SDP}     forwarded
@@ -32,6 +33,12 @@ message type other than hello/signal, a signal whose data is not an SDP offer or
 answer, a binary message, a message over 64 KiB, a second hello or a signal before
 hello: all close the connection. A signal to a device that is not in the room is
 dropped with one logged line (the sender's connection stays up).
+
+ICE servers: a hello with ``"ice"`` (a device's P-256 public key, base64url) asks for the
+relay's STUN/TURN servers; the relay answers with one ``ice`` message (empty without a
+``turn`` issuer), the TURN credentials time-limited and their password sealed to that key
+(runtime/transport/ice.py ``TurnIssuer``), so no TURN password crosses the relay's wire
+or its log in clear.
 
 Every message the relay receives (hello) or sends (peers, forwarded signals) is kept
 in an in-memory audit log (:attr:`Relay.audit`), so tests can show what crossed it.
@@ -248,6 +255,10 @@ class Relay:
     log_lines_per_s: int = LOG_LINES_PER_S
     dropped: int = 0
     connections: dict[str, int] = field(default_factory=dict)
+    #: hands out ICE servers to a hello that asks (runtime.transport.ice.TurnIssuer; None: none)
+    turn: Any = None
+    #: the Unix time, seconds (TURN credentials' expiry counts from it)
+    clock: Any = time.time
 
     def __post_init__(self) -> None:
         self._log = _LogBudget(self.log_lines_per_s)
@@ -333,8 +344,11 @@ class Relay:
                     if me is not None:
                         raise RelayReject("second hello")
                     device = obj.get("device")
-                    if set(obj) != {"type", "device"} or not isinstance(device, str) or not _ID_RE.match(device):
-                        raise RelayReject("hello must be {type, device} with a device id of [A-Za-z0-9_.:-]{1,64}")
+                    if (set(obj) - {"ice"} != {"type", "device"} or not isinstance(device, str)
+                            or not _ID_RE.match(device)):
+                        raise RelayReject("hello must be {type, device[, ice]} with a device id of "
+                                          "[A-Za-z0-9_.:-]{1,64}")
+                    ice_msg = self._ice_message(room, device, obj["ice"]) if "ice" in obj else None
                     clients = self.rooms.setdefault(room, {})
                     if device in clients:
                         raise RelayReject(f"device {device!r} is already in room {room!r}")
@@ -344,6 +358,8 @@ class Relay:
                     me = _Client(device, ws)
                     clients[device] = me
                     self._log(logging.INFO, "relay: room %s: %s joined (%d devices)", room, device, len(clients))
+                    if ice_msg is not None:
+                        await self._send(room, me, ice_msg)
                     await self._announce(room)
                 elif kind == "signal":
                     if me is None:
@@ -373,6 +389,18 @@ class Relay:
         if not ws.closed:
             await ws.close()
         return ws
+
+    def _ice_message(self, room: str, device: str, key: Any) -> dict:
+        """The ``ice`` answer to a hello that asked (module doc). Raises RelayReject for a
+        key that is not a P-256 public key in base64url."""
+        if self.turn is None:
+            return {"type": "ice", "servers": []}
+        if not isinstance(key, str):
+            raise RelayReject("hello's ice must be a P-256 public key in base64url")
+        try:
+            return self.turn.message(room, device, key, self.clock())
+        except ValueError as e:
+            raise RelayReject(f"hello's ice: {e}") from None
 
     def _log_reject(self, room: str, device: str | None, reason: str) -> None:
         self._keep(self.rejections, {"t": time.time(), "room": room, "device": device, "reason": reason})
@@ -432,8 +460,9 @@ def relay_of(runner: web.AppRunner) -> Relay:
     return runner.app[RELAY_KEY]
 
 
-def main(host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Run a relay in the foreground until interrupted (``splitroom relay``)."""
+def main(host: str = "127.0.0.1", port: int = 8765, turn: Any = None) -> None:
+    """Run a relay in the foreground until interrupted (``splitroom relay``); ``turn``: a
+    runtime.transport.ice.TurnIssuer for devices that ask for ICE servers."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     budget = _LogBudget(LOG_LINES_PER_S)
@@ -445,8 +474,12 @@ def main(host: str = "127.0.0.1", port: int = 8765) -> None:
 
     async def _serve() -> None:
         asyncio.get_running_loop().set_exception_handler(_one_line)
-        runner, url = await run_relay(host, port)
+        runner, url = await run_relay(host, port, Relay(turn=turn))
         print(f"splitroom relay listening on {url}/room/ROOM", flush=True)
+        if turn is not None:
+            print("handing out ICE servers to devices that ask (join --ice-from-relay): "
+                  + ", ".join(s.url for s in (turn.stun, turn.turn) if s is not None)
+                  + (f", TURN credentials valid {turn.ttl_s:g} s" if turn.turn is not None else ""), flush=True)
         import secrets
         print(f"a room with a key (give every device the same URL): {url}/room/ROOM?key="
               f"{secrets.token_urlsafe(24)}", flush=True)

@@ -688,13 +688,45 @@ def generate(prompt: Optional[str] = typer.Argument(None, help="The question to 
 
 @app.command()
 def relay(host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for a LAN)."),
-          port: int = typer.Option(8765, "--port", help="TCP port.")):
+          port: int = typer.Option(8765, "--port", help="TCP port."),
+          turn_url: Optional[str] = typer.Option(None, "--turn-url", help="A TURN server (turn:HOST:PORT, no "
+                                                 "credentials) whose time-limited credentials this relay hands to "
+                                                 "devices that ask (join --ice-from-relay)."),
+          turn_secret_file: Optional[str] = typer.Option(None, "--turn-secret-file", help="File holding the "
+                                                         "secret shared with the TURN server (coturn's "
+                                                         "static-auth-secret)."),
+          turn_ttl: float = typer.Option(3600.0, "--turn-ttl", help="Seconds the issued TURN credentials last."),
+          stun_url: Optional[str] = typer.Option(None, "--stun-url", help="A STUN server (stun:HOST:PORT) to hand "
+                                                 "out too.")):
     """Run the signalling relay (SDP offers/answers only) at ws://HOST:PORT/room/ROOM."""
     if not 0 <= port <= 65535:
         fail(f"--port {port}: expected a TCP port 0-65535")
     from runtime.relay import main as relay_main
+    from runtime.transport.ice import TurnIssuer, parse_ice_server
+    issuer = None
+    if turn_url is not None or turn_secret_file is not None or stun_url is not None:
+        if (turn_url is None) != (turn_secret_file is None):
+            fail("--turn-url and --turn-secret-file go together")
+        if not 60 <= turn_ttl <= 7 * 86400:  # NaN fails too
+            fail(f"--turn-ttl {turn_ttl}: expected seconds from 60 to 604800")
+        try:
+            turn = parse_ice_server(turn_url, credentials=False) if turn_url is not None else None
+            stun = parse_ice_server(stun_url) if stun_url is not None else None
+        except ValueError as e:
+            fail(str(e))
+        if turn is not None and turn.kind != "turn" or stun is not None and stun.kind != "stun":
+            fail("--turn-url takes a turn: URL and --stun-url a stun: URL")
+        secret = ""
+        if turn_secret_file is not None:
+            try:
+                secret = Path(turn_secret_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                fail(f"--turn-secret-file {turn_secret_file}: cannot read ({getattr(e, 'strerror', None) or e})")
+            if not secret:
+                fail(f"--turn-secret-file {turn_secret_file}: the file is empty")
+        issuer = TurnIssuer(turn=turn, secret=secret, ttl_s=turn_ttl, stun=stun)
     try:
-        relay_main(host, port)
+        relay_main(host, port, issuer)
     except OSError as e:  # address in use, not an address of this machine, no permission
         fail(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})")
 
@@ -718,6 +750,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                                                         "default: none, no server is contacted)."),
          ice_relay_only: bool = typer.Option(False, "--ice-relay-only", help="Connect only through the TURN "
                                              "server's relay candidates (networks that need it)."),
+         ice_from_relay: bool = typer.Option(False, "--ice-from-relay", help="Ask the relay for its STUN/TURN "
+                                             "servers and time-limited TURN credentials (relay --turn-url)."),
          timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
          answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host)."),
          serve: Optional[int] = typer.Option(None, "--serve", help="Host: serve the OpenAI-compatible API and the "
@@ -747,7 +781,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
     opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
-                       ice_servers=list(ice_server or []), ice_relay_only=ice_relay_only, timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
+                       ice_servers=list(ice_server or []), ice_relay_only=ice_relay_only,
+                       ice_from_relay=ice_from_relay, timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
                        host_wait_s=host_wait, queue_file=queue,
                        scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, model=model)

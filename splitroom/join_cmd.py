@@ -420,6 +420,8 @@ class JoinOptions:
     ice_servers: Sequence[str] = ()
     #: offer and accept only TURN relay candidates
     ice_relay_only: bool = False
+    #: ask the relay for its STUN/TURN servers (``splitroom relay --turn-url``)
+    ice_from_relay: bool = False
     timeout_s: float = 600.0
     split: str = "memory"
     answers_json: Optional[str] = None
@@ -546,8 +548,9 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         ice_servers = parse_ice_servers(opts.ice_servers)
     except ValueError as e:
         raise JoinError(f"--ice-server: {e}") from None
-    if opts.ice_relay_only and not any(s.kind == "turn" for s in ice_servers):
-        raise JoinError("--ice-relay-only needs a TURN server: --ice-server turn:USER:PASS@HOST:PORT")
+    if opts.ice_relay_only and not opts.ice_from_relay and not any(s.kind == "turn" for s in ice_servers):
+        raise JoinError("--ice-relay-only needs a TURN server: --ice-server turn:USER:PASS@HOST:PORT, "
+                        "or --ice-from-relay")
     peers = [p for p in dict.fromkeys(p.strip() for p in opts.peers) if p]
     if not peers:
         raise JoinError("--peers must name the other devices of the room (comma-separated ids)")
@@ -625,13 +628,17 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         transport = await connect_room(relay_url, room, opts.device, peers,
                                        host_addresses=list(opts.addresses) or None,
                                        open_timeout_s=max(min(opts.timeout_s, 120.0), 1.0),
-                                       ice_servers=ice_servers, relay_only=opts.ice_relay_only)
+                                       ice_servers=ice_servers, relay_only=opts.ice_relay_only,
+                                       ice_from_relay=opts.ice_from_relay)
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         if api is not None:
             await api[1].cleanup()
         raise JoinError(f"could not join room {room!r}: {e}", 3) from None
-    if ice_servers:
-        say("ICE servers: " + ", ".join(s.redacted() for s in ice_servers)
+    used = getattr(transport, "ice_servers", ice_servers)
+    if used:
+        say("ICE servers: " + ", ".join(s.redacted() for s in used)
+            + (" (TURN credentials from the relay)" if opts.ice_from_relay and any(
+                s.kind == "turn" for s in used if s not in ice_servers) else "")
             + (" (relay candidates only)" if opts.ice_relay_only else ""))
     for p in peers:
         pair = getattr(transport, "ice_pair", lambda _p: None)(p)

@@ -84,7 +84,9 @@ class NatBed:
         turn_secret: coturn's ``static-auth-secret`` (time-limited credentials,
             runtime.transport.ice.turn_rest_credentials); a fresh random one by default.
         prefix: first part of every namespace name (netem's prefix rules).
-        relay_args: extra arguments for ``splitroom relay``.
+        relay_args: extra arguments for ``splitroom relay``, which is always started
+            with the bed's STUN server and TURN secret (``--stun-url``, ``--turn-url``,
+            ``--turn-secret-file``): it issues credentials to a device that asks.
     Raises:
         ValueError: an unknown kind or more than 9 homes.
         NatBedError: on entering, when :func:`missing` names something or a step fails
@@ -235,8 +237,13 @@ class NatBed:
     def _start_relay(self) -> None:
         self._relay_out = Path(f"/tmp/{self.prefix}-{self.run_id}-turn/relay.log")
         f = self._relay_out.open("w")
+        secret = self._relay_out.with_name("relay-turn-secret")
+        secret.write_text(self.turn_secret + "\n")
+        secret.chmod(0o600)
         cmd = [sys.executable, "-c", "from splitroom.cli import main; main()", "relay", "--host", PUBLIC_ADDRESS,
-               "--port", str(RELAY_PORT), *self.relay_args]
+               "--port", str(RELAY_PORT), "--stun-url", self.stun_url,
+               "--turn-url", f"turn:{PUBLIC_ADDRESS}:{TURN_PORT}", "--turn-secret-file", str(secret),
+               "--turn-ttl", "600", *self.relay_args]
         self._relay = self.run_in("pub", cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                                   env=dict(os.environ, PYTHONUNBUFFERED="1"))
         f.close()

@@ -3,7 +3,8 @@ time-limited TURN credentials, and reading which candidate pair ICE chose.
 
 Where they come from: ``splitroom join --ice-server URL`` (repeatable), the scenario key
 ``network.ice_servers``, or the relay (``splitroom relay --turn-url ... --turn-secret-file``
-issues time-limited TURN credentials to each device; see :func:`turn_rest_credentials`).
+issues time-limited TURN credentials to each device that asks, ``join --ice-from-relay``;
+see :class:`TurnIssuer`).
 With none configured no STUN or TURN server is ever contacted: a peer connection is
 built with ``iceServers=[]`` (aiortc's default of ``None`` would add a public STUN server).
 
@@ -83,8 +84,10 @@ class IceServer:
         return d
 
 
-def parse_ice_server(text: str) -> IceServer:
-    """Parse one ``stun:`` or ``turn:`` URL (module doc for the forms).
+def parse_ice_server(text: str, credentials: bool = True) -> IceServer:
+    """Parse one ``stun:`` or ``turn:`` URL (module doc for the forms). ``credentials``:
+    a ``turn:`` URL must carry ``USER:PASSWORD@`` (False: it must not, the relay's
+    ``--turn-url``, whose credentials it makes itself).
 
     Raises:
         ValueError: a one-line message naming what is wrong; it never repeats a password.
@@ -104,6 +107,10 @@ def parse_ice_server(text: str) -> IceServer:
         raise ValueError(f"ICE server {where}: port {port} is not 1-65535")
     if t.startswith("stun:"):
         return IceServer("stun", host, port)
+    if not credentials:
+        if m.group("user") is not None:
+            raise ValueError(f"TURN URL {where}: give it without USER:PASSWORD@ (the relay makes the credentials)")
+        return IceServer("turn", host, port, m.group("transport") or "udp")
     if m.group("user") is None:
         raise ValueError(f"ICE server {where}: a TURN server needs USER:PASSWORD@ (or give the relay "
                          "--turn-secret-file to issue time-limited credentials)")
@@ -167,6 +174,151 @@ def turn_rest_credentials(secret: str, user: str, ttl_s: float, now_s: float) ->
     username = f"{int(now_s + ttl_s)}:{user}"
     digest = hmac.new(secret.encode(), username.encode(), hashlib.sha1).digest()
     return username, base64.b64encode(digest).decode()
+
+
+# --------------------------------------------------------------------------- relay-issued credentials
+
+#: HKDF ``info`` of the key that seals a TURN password from the relay to one device
+SEAL_INFO = b"splitroom turn credential v1"
+
+
+def _b64e(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).decode().rstrip("=")
+
+
+def _b64d(s: str, what: str, most: int = 512) -> bytes:
+    if not isinstance(s, str) or len(s) > most or not re.fullmatch(r"[A-Za-z0-9_-]*", s):
+        raise ValueError(f"{what} is not base64url text")
+    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+
+def _seal_key(private, peer_public_raw: bytes, what: str) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    try:
+        peer = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), peer_public_raw)
+    except ValueError:
+        raise ValueError(f"{what} is not a P-256 public key") from None
+    shared = private.exchange(ec.ECDH(), peer)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=SEAL_INFO).derive(shared)
+
+
+class CredentialKey:
+    """A device's one-use key pair for receiving a TURN password sealed by the relay, so
+    the password never crosses the relay's (possibly plain ``ws://``) wire in clear.
+
+    Scheme: ECDH on P-256 between this key and a fresh relay key, HKDF-SHA256 (RFC 5869,
+    ``info`` :data:`SEAL_INFO`, no salt) to a 256-bit key, AES-GCM (NIST SP 800-38D) with
+    a random 96-bit nonce and the TURN user name as associated data; the sealed form is
+    ``nonce || ciphertext+tag``, base64url. All of it is in browsers' WebCrypto too.
+    It keeps the password from whoever only reads the wire; a relay that lies could hand
+    out credentials of its own, as it could forward any SDP: the DTLS fingerprints (and a
+    room key) are what authenticate the peers, never the TURN server.
+    """
+
+    def __init__(self) -> None:
+        from cryptography.hazmat.primitives.asymmetric import ec
+        self._key = ec.generate_private_key(ec.SECP256R1())
+
+    @property
+    def public(self) -> str:
+        """The public key, an uncompressed P-256 point (65 bytes, SEC 1 2.3.3), base64url."""
+        from cryptography.hazmat.primitives import serialization
+        return _b64e(self._key.public_key().public_bytes(serialization.Encoding.X962,
+                                                         serialization.PublicFormat.UncompressedPoint))
+
+    def open(self, relay_public: str, sealed: str, username: str) -> str:
+        """The password the relay sealed for this key. Raises ValueError when it does not
+        open (another key, a changed user name or ciphertext)."""
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        key = _seal_key(self._key, _b64d(relay_public, "the relay's key"), "the relay's key")
+        raw = _b64d(sealed, "the sealed credential")
+        if len(raw) < 12 + 16:
+            raise ValueError("the sealed credential is too short")
+        try:
+            return AESGCM(key).decrypt(raw[:12], raw[12:], username.encode()).decode()
+        except (InvalidTag, UnicodeDecodeError):
+            raise ValueError("the sealed TURN credential does not open with this device's key") from None
+
+
+def seal_credential(device_public: str, password: str, username: str) -> tuple[str, str]:
+    """Seal ``password`` for the holder of ``device_public`` (:class:`CredentialKey`):
+    returns ``(relay public key, sealed)``, both base64url. Raises ValueError for a key
+    that is not a P-256 public key."""
+    import os as _os
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    mine = ec.generate_private_key(ec.SECP256R1())
+    key = _seal_key(mine, _b64d(device_public, "the device's ice key", 128), "the device's ice key")
+    nonce = _os.urandom(12)
+    sealed = nonce + AESGCM(key).encrypt(nonce, password.encode(), username.encode())
+    pub = mine.public_key().public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    return _b64e(pub), _b64e(sealed)
+
+
+@dataclass(frozen=True)
+class TurnIssuer:
+    """What the relay hands a device that asks for ICE servers: the STUN server, and the
+    TURN server with credentials valid ``ttl_s`` seconds (:func:`turn_rest_credentials`
+    with the secret shared with coturn), the password sealed to the device's key.
+
+    Attributes:
+        turn: the TURN server, without credentials (``parse_ice_server(url, credentials=False)``).
+        secret: coturn's ``static-auth-secret``; never logged, never sent.
+        ttl_s: how long issued credentials stay valid, seconds.
+        stun: a STUN server to hand out too, or None.
+    """
+
+    turn: Optional[IceServer]
+    secret: str = field(default="", repr=False)
+    ttl_s: float = 3600.0
+    stun: Optional[IceServer] = None
+
+    def message(self, room: str, device: str, device_public: str, now_s: float) -> dict:
+        """The relay's ``{"type": "ice", "servers": [...]}`` for ``device`` of ``room``:
+        STUN as ``{"urls"}``, TURN as ``{"urls", "username", "sealed", "key"}``. Raises
+        ValueError for a device key that is not a P-256 public key."""
+        servers: list[dict] = []
+        if self.stun is not None:
+            servers.append({"urls": self.stun.url})
+        if self.turn is not None:
+            user, password = turn_rest_credentials(self.secret, f"{room}.{device}".replace(":", "_"), self.ttl_s, now_s)
+            key, sealed = seal_credential(device_public, password, user)
+            servers.append({"urls": self.turn.url, "username": user, "sealed": sealed, "key": key})
+        return {"type": "ice", "servers": servers}
+
+
+def servers_from_relay(message: dict, key: CredentialKey) -> tuple[IceServer, ...]:
+    """The ICE servers in a relay's ``ice`` message (:meth:`TurnIssuer.message`), the
+    TURN password opened with ``key``. Raises ValueError (one line) for a malformed one."""
+    out = []
+    items = message.get("servers") if isinstance(message, dict) else None
+    if not isinstance(items, list) or len(items) > 2:
+        raise ValueError("the relay's ice message holds no list of at most 2 servers")
+    for it in items:
+        if not isinstance(it, dict) or not isinstance(it.get("urls"), str):
+            raise ValueError("the relay's ice message holds a server without urls")
+        s = parse_ice_server(it["urls"], credentials=False)
+        if s.kind == "turn":
+            user = it.get("username")
+            if not isinstance(user, str) or not 1 <= len(user) <= 256:
+                raise ValueError("the relay's TURN server comes without a user name")
+            s = IceServer("turn", s.host, s.port, s.transport, user, key.open(it.get("key"), it.get("sealed"), user))
+        out.append(s)
+    servers = tuple(out)
+    check_ice_servers(servers)
+    return servers
+
+
+def merge_ice_servers(given: Sequence[IceServer], issued: Sequence[IceServer]) -> tuple[IceServer, ...]:
+    """``given`` (the device's own) plus each kind of ``issued`` (the relay's) that
+    ``given`` lacks: the device's own STUN or TURN server wins."""
+    kinds = {s.kind for s in given}
+    return tuple(given) + tuple(s for s in issued if s.kind not in kinds)
 
 
 # --------------------------------------------------------------------------- candidates

@@ -22,7 +22,8 @@ from typing import Optional, Sequence
 from .base import Transport, TransportError
 from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN, DEFAULT_REMOTE_MAX_MESSAGE_SIZE,
                       Reassembler)
-from .ice import IceServer, check_ice_servers, chosen_pair, no_path_hint, to_rtc_ice_servers
+from .ice import (CredentialKey, IceServer, check_ice_servers, chosen_pair, merge_ice_servers, no_path_hint,
+                  servers_from_relay, to_rtc_ice_servers)
 from .pacing import BULK_INFLIGHT_BYTES, BULK_PIECE_BYTES, _Link
 from .patches import _host_addresses, install_candidate_patch, tune_sctp
 
@@ -79,7 +80,8 @@ class RtcTransport(Transport):
         super().__init__(device, peers, max_message_bytes_in)
         self._links: dict[str, _Link] = {p: _Link(p) for p in peers}
         self._relay: tuple = ("", "", None)  # (relay URL, room, host addresses) for reconnect()
-        self._ice: tuple[tuple[IceServer, ...], bool] = ((), False)  # (servers, relay only) for reconnect()
+        self._ice: tuple[tuple[IceServer, ...], bool] = ((), False)  # (servers, relay only) of new connections
+        self._ice_given: tuple[tuple[IceServer, ...], bool] = ((), False)  # (own servers, ask the relay)
 
     @property
     def max_message_bytes(self) -> int:
@@ -103,6 +105,11 @@ class RtcTransport(Transport):
         if pc is None:
             return None, None
         return fp(pc.localDescription), fp(pc.remoteDescription)
+
+    @property
+    def ice_servers(self) -> tuple[IceServer, ...]:
+        """The STUN/TURN servers of this transport's connections (its own and the relay's)."""
+        return self._ice[0]
 
     def ice_pair(self, peer: str) -> tuple[str, str, str, str] | None:
         """The candidate pair ICE chose for the connection to ``peer``: ``(local type,
@@ -202,7 +209,8 @@ class RtcTransport(Transport):
         token = _host_addresses.set(addrs)
         sig = _Signalling(self.device, [peer])
         try:
-            await sig.open(relay_url, room)
+            await sig.open(relay_url, room, ice=self._ice_given[1])
+            await _use_ice(self, sig)
             await _open_link(self, sig, peer, timeout_s)
         except BaseException:
             fresh.failed = fresh.failed or "reconnect failed"
@@ -234,8 +242,13 @@ class _Signalling:
         self.session = None
         self.ws = None
         self.reader: Optional[asyncio.Task] = None
+        self.ice_key: Optional[CredentialKey] = None
+        self.ice_message: Optional[dict] = None
+        self.ice_arrived = asyncio.Event()
 
-    async def open(self, relay_url: str, room: str) -> None:
+    async def open(self, relay_url: str, room: str, ice: bool = False) -> None:
+        """Connect and say hello; ``ice``: ask the relay for its ICE servers too (the
+        answer lands in :attr:`ice_message`)."""
         import aiohttp
 
         self.session = aiohttp.ClientSession()
@@ -245,7 +258,11 @@ class _Signalling:
         except Exception as e:
             await self.session.close()
             raise TransportError(f"{self.device}: cannot reach the relay at {url}: {e!r}") from e
-        await self.ws.send_str(json.dumps({"type": "hello", "device": self.device}))
+        hello = {"type": "hello", "device": self.device}
+        if ice:
+            self.ice_key = CredentialKey()
+            hello["ice"] = self.ice_key.public
+        await self.ws.send_str(json.dumps(hello))
         self.reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -262,12 +279,16 @@ class _Signalling:
             if obj.get("type") == "peers":
                 self.present = set(obj.get("devices", []))
                 self.changed.set()
+            elif obj.get("type") == "ice" and self.ice_key is not None and self.ice_message is None:
+                self.ice_message = obj
+                self.ice_arrived.set()
             elif obj.get("type") == "signal" and obj.get("from") in self.inbox:
                 self.inbox[obj["from"]].put_nowait(obj.get("data"))
             else:
                 log.info("%s: relay message %r ignored", self.device, str(obj.get("type"))[:20])
         self.closed_reason = f"relay closed the connection ({self.ws.close_code})"
         self.changed.set()
+        self.ice_arrived.set()
         for q in self.inbox.values():
             q.put_nowait(None)
 
@@ -303,6 +324,37 @@ class _Signalling:
         if self.session is not None:
             await self.session.close()
 
+
+
+#: seconds the relay has to answer a hello that asked for ICE servers
+RELAY_ICE_TIMEOUT_S = 10.0
+
+
+async def _use_ice(transport: "RtcTransport", sig: "_Signalling") -> None:
+    """Set the ICE servers of ``transport``'s next connections: its own, plus the relay's
+    (opened from ``sig``'s ``ice`` answer) when it asked. Raises TransportError when the
+    relay does not answer, answers nonsense, or gives no TURN server to a relay-only peer."""
+    given, from_relay = transport._ice_given
+    relay_only = transport._ice[1]
+    servers = tuple(given)
+    if from_relay:
+        try:
+            await asyncio.wait_for(sig.ice_arrived.wait(), RELAY_ICE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise TransportError(f"{transport.device}: the relay sent no ICE servers within "
+                                 f"{RELAY_ICE_TIMEOUT_S:g} s (a relay without --turn-url?)") from None
+        if sig.ice_message is None:
+            raise TransportError(f"{transport.device}: waiting for the relay's ICE servers: {sig.closed_reason}")
+        try:
+            issued = servers_from_relay(sig.ice_message, sig.ice_key)
+        except ValueError as e:
+            raise TransportError(f"{transport.device}: the relay's ICE servers: {e}") from None
+        servers = merge_ice_servers(servers, issued)
+        log.info("%s: ICE servers from the relay: %s", transport.device, ", ".join(s.redacted() for s in issued))
+    if relay_only and not any(s.kind == "turn" for s in servers):
+        raise TransportError(f"{transport.device}: relay candidates only, but no TURN server was given "
+                             "(nor by the relay)")
+    transport._ice = (servers, relay_only)
 
 
 async def _open_link(transport: "RtcTransport", sig: "_Signalling", peer: str, open_timeout_s: float) -> None:
@@ -416,7 +468,8 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
                        sctp_tuning: bool = True,
                        bulk_inflight_bytes: int = BULK_INFLIGHT_BYTES,
                        ice_servers: Sequence[IceServer] = (),
-                       relay_only: bool = False) -> Transport:
+                       relay_only: bool = False,
+                       ice_from_relay: bool = False) -> Transport:
     """Join ``room`` on the relay at ``relay_url`` (``ws://host:port``) as ``device``,
     open data channels to every device in ``peers`` and return the Transport.
 
@@ -434,6 +487,9 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
     ``ice_servers``: at most one STUN and one TURN server (runtime/transport/ice.py);
     none by default, when only host candidates are offered and no server is contacted.
     ``relay_only``: offer and accept only TURN relay candidates (needs a TURN server).
+    ``ice_from_relay``: also ask the relay for its STUN/TURN servers (runtime/relay.py;
+    time-limited TURN credentials sealed to this connection's key); each kind the
+    caller gives itself wins over the relay's.
     The candidate pair chosen per peer is logged (logger ``splitroom.transport``).
 
     The relay websocket is closed once every channel is open: the relay sees the SDP
@@ -450,7 +506,7 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
         raise ValueError(f"peers {peers!r} must be distinct and must not contain {device!r}")
     ice_servers = tuple(ice_servers)
     check_ice_servers(ice_servers)
-    if relay_only and not any(s.kind == "turn" for s in ice_servers):
+    if relay_only and not ice_from_relay and not any(s.kind == "turn" for s in ice_servers):
         raise ValueError("relay_only needs a TURN server (turn:USER:PASS@HOST:PORT)")
     install_candidate_patch()
     if sctp_tuning:
@@ -460,11 +516,13 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
     transport._relay = (relay_url, room, tuple(host_addresses) if host_addresses is not None else None)
     transport._bulk_inflight = bulk_inflight_bytes
     transport._ice = (ice_servers, bool(relay_only))
+    transport._ice_given = (ice_servers, bool(ice_from_relay))
     for lk in transport._links.values():
         lk.bulk_inflight_bytes = bulk_inflight_bytes
     sig = _Signalling(device, peers)
     try:
-        await sig.open(relay_url, room)
+        await sig.open(relay_url, room, ice=ice_from_relay)
+        await _use_ice(transport, sig)
         results = await asyncio.gather(*(_open_link(transport, sig, p, open_timeout_s) for p in peers), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:

@@ -65,7 +65,7 @@ def room(bed: natbed.NatBed, name: str, tmp: Path, host_home: int, worker_home: 
     def dev(home: int, args: list[str], ice: list[str]) -> subprocess.Popen:
         argv = SPLITROOM + ["join", url, "--address", bed.home_address(home), "--timeout", f"{timeout_s:g}", *args]
         for s in ice:
-            argv += ["--ice-server", s]
+            argv += [s] if s.startswith("--") else ["--ice-server", s]
         return bed.run_in(f"home{home}", argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     w = dev(worker_home, ["--device", "w", "--layers", "16-30", "--peers", "h"], worker_ice)
@@ -112,6 +112,21 @@ def test_turn_carries_a_room_through_a_symmetric_nat(bed, want, tmp_path):
         password = url.split("@")[0].rsplit(":", 1)[1]
         assert password not in err and ":***@" in err
     assert "allocation" in bed.turn_log_text().lower()
+
+
+def test_the_relay_issues_turn_credentials_and_a_host_can_use_only_the_relay(bed, want, tmp_path):
+    """No device is given a server: each asks the relay, which hands out the STUN server
+    and time-limited TURN credentials sealed to the device; the host takes relay
+    candidates only."""
+    r = room(bed, "issued", tmp_path, 2, 3, ["--ice-from-relay", "--ice-relay-only"], ["--ice-from-relay"], 90)
+    assert r["h"] == 0 and r["w"] == 0, r["h_err"][-2000:] + r["w_err"][-2000:]
+    assert [t for t in r["answers"][0]["token_ids"] if t != 2] == want
+    assert "relay" == pair_line(r["h_err"]).split("->")[0]  # relay-only: its own side is a relay candidate
+    assert "relay" in pair_line(r["w_err"])
+    for err in (r["h_err"], r["w_err"]):
+        assert "(TURN credentials from the relay)" in err and ":***@" in err
+    # coturn saw the users the relay named, room.device with an expiry
+    assert re.search(r"username=<\d+:issued\.h>", bed.turn_log_text())
 
 
 def one_line_error(err: str) -> str:

@@ -109,3 +109,71 @@ def test_the_scenario_key_network_ice_servers_is_checked_and_reaches_each_device
     kw = cfg.ice()
     assert [s.kind for s in kw["ice_servers"]] == ["stun", "turn"] and kw["ice_servers"][1].credential == pw
     assert NodeConfig.from_json(cfg.to_json()).ice_servers == urls
+
+
+def _openssl_turn_password(secret: str, user: str) -> str:
+    mac = subprocess.run(["openssl", "dgst", "-sha1", "-hmac", secret, "-binary"], input=user.encode(),
+                         capture_output=True, check=True, timeout=10).stdout
+    return base64.b64encode(mac).decode()
+
+
+def test_the_relay_hands_out_turn_credentials_sealed_never_in_clear(caplog):
+    import asyncio
+    import json
+    import logging
+
+    import aiohttp
+
+    from runtime.relay import Relay, relay_of, run_relay
+    from runtime.transport.ice import CredentialKey, TurnIssuer, servers_from_relay
+
+    secret = secrets.token_hex(32)
+    issuer = TurnIssuer(turn=parse_ice_server("turn:198.51.100.9:3478", credentials=False), secret=secret,
+                        ttl_s=600, stun=parse_ice_server("stun:198.51.100.9"))
+    want_user = "1700000600:r1.dev-a"
+    want_pw = _openssl_turn_password(secret, want_user)
+
+    async def main():
+        runner, url = await run_relay("127.0.0.1", 0, Relay(turn=issuer, clock=lambda: 1_700_000_000.0))
+        try:
+            async with aiohttp.ClientSession() as s:
+                key = CredentialKey()
+                async with s.ws_connect(f"{url}/room/r1") as ws:
+                    await ws.send_json({"type": "hello", "device": "dev-a", "ice": key.public})
+                    raw = (await ws.receive(timeout=5)).data
+                    servers = servers_from_relay(json.loads(raw), key)
+                    with pytest.raises(ValueError, match="does not open"):  # another key cannot open it
+                        servers_from_relay(json.loads(raw), CredentialKey())
+                async with s.ws_connect(f"{url}/room/r1") as ws:  # a key that is no P-256 point: refused
+                    await ws.send_json({"type": "hello", "device": "dev-b", "ice": "AAAA"})
+                    msg = await ws.receive(timeout=5)
+                    assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1008
+            audit = json.dumps(relay_of(runner).audit)
+        finally:
+            await runner.cleanup()
+        return raw, servers, audit
+
+    with caplog.at_level(logging.DEBUG):
+        raw, servers, audit = asyncio.run(main())
+    stun, turn = servers
+    assert stun.url == "stun:198.51.100.9:3478" and turn.username == want_user and turn.credential == want_pw
+    assert want_pw not in raw and want_pw not in audit and want_pw not in caplog.text and secret not in audit
+
+
+def test_a_relay_without_turn_answers_an_ice_hello_with_no_servers():
+    import asyncio
+
+    import aiohttp
+
+    from runtime.relay import run_relay
+    from runtime.transport.ice import CredentialKey
+
+    async def main():
+        runner, url = await run_relay("127.0.0.1", 0)
+        try:
+            async with aiohttp.ClientSession() as s, s.ws_connect(f"{url}/room/r2") as ws:
+                await ws.send_json({"type": "hello", "device": "d", "ice": CredentialKey().public})
+                return await ws.receive_json(timeout=5)
+        finally:
+            await runner.cleanup()
+    assert asyncio.run(main()) == {"type": "ice", "servers": []}
