@@ -159,8 +159,14 @@ class RoomServer:
 
     def set_phase(self, phase: str, reason: str) -> None:
         """Before the node is attached: ``phase`` (``loading``, ``connecting``,
-        ``stopping``, ``failed``) and the reason a chat request is told."""
+        ``stopping``, ``failed``) and the reason a chat request is told. ``stopping`` and
+        ``failed`` end every open answer with an error (a streamed one gets an SSE error
+        chunk, as OpenAI's clients expect, not a cut stream)."""
         self.phase, self.phase_reason = phase, reason
+        if phase in ("stopping", "failed"):
+            for t in self.tickets.values():
+                if not t.ended:
+                    t.items.put_nowait(("failed", reason))
         self.m_ready.set(1 if self.readiness()[0] else 0)
         self.page.changed()
 
@@ -415,7 +421,15 @@ class RoomServer:
             except (ConnectionError, asyncio.TimeoutError, RuntimeError):
                 pass
             return resp
-        except asyncio.TimeoutError:  # the "asked" echo never came: the node is not running
+        except (ConnectionError, asyncio.TimeoutError) as e:
+            if resp is not None:
+                # the client went away (closed the stream, even right after [DONE]) or stopped
+                # reading: nothing more can reach it, and it is no error of the room's
+                log.info("chat stream for %s ended by the client (%s)", client, type(e).__name__)
+                return resp
+            if isinstance(e, ConnectionError):
+                raise
+            # the "asked" echo never came: the node is not running
             return self._error("chat", ApiError(503, "the room did not take the question", None, "room_not_ready",
                                                 "service_unavailable", RETRY_STARTING_S))
         finally:
@@ -517,6 +531,9 @@ class RoomServer:
                 if tail and resp is not None:
                     await self._send(resp, chunk_body(req, {"content": tail}))
                 return "".join(parts), ("length" if val == "length" else "stop"), n
+            elif kind == "failed":
+                raise ApiError(503, f"the room failed mid-answer: {val}" if begun else f"the room cannot answer: {val}",
+                               None, "room_not_ready", "service_unavailable", None)
             elif kind == "refused":
                 raise self._refusal(val) if not begun or val.startswith("numerical fault") else ApiError(
                     503, f"the answer was cut off: {val}", None, "room_not_ready", "service_unavailable",
