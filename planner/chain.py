@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Collection, Sequence
 
-from planner.deal import Deal, DealError, Stage, deal as make_deal
+from planner.deal import Deal, DealError, Stage, deal as make_deal, format_bytes, usable_bytes
 from planner.model import ModelSpec
 from planner.protocol import Command, Event, FrameArrived, Redeal, StageFinished
 from planner.room import DealOptions, Device
@@ -62,16 +62,51 @@ def merge_lost(current: Deal, lost: frozenset[str]) -> Deal:
     return Deal(host=current.host, split="pinned", stages=stages, guests=(), fits=current.fits, notes=notes)
 
 
+def check_lent(new: Deal, usable: dict[str, int], layer_bytes: Sequence[int], host_extra_bytes: int = 0,
+               before: Deal | None = None) -> Deal:
+    """``new`` when every stage's layers fit in what its device may use, else DealError.
+    With ``before`` (the deal re-dealt), only stages whose range changed are checked: a
+    device that keeps its range loads nothing new.
+
+    Args:
+        usable: device id -> bytes it may use (what it lends less the headroom,
+            :func:`planner.deal.usable_bytes`); a device not in it is not checked.
+        layer_bytes: memory of each layer (weights + its KV cache at the room's context),
+            0-based, one per layer.
+        host_extra_bytes: embedding, output head and draft, held by the model host.
+    Raises:
+        DealError: one line naming each device that would be over, e.g. ``the devices
+            left cannot hold the model: laptop would hold layers 1-30 (1.1 GiB) in the
+            181 MiB it may use``.
+    """
+    over = []
+    kept = set(before.stages) if before is not None else set()
+    for s in new.stages:
+        if s in kept:
+            continue
+        cap = usable.get(s.device)
+        used = sum(layer_bytes[s.start:s.end]) + (host_extra_bytes if s.device == new.host else 0)
+        if cap is not None and used > cap:
+            over.append(f"{s.device} would hold layers {s.shown} ({format_bytes(used)}) in the "
+                        f"{format_bytes(cap)} it may use")
+    if over:
+        raise DealError("the devices left cannot hold the model: " + "; ".join(over))
+    return new
+
+
 def redeal_rule(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None) -> RedealRule:
     """The planner's rule for re-dealing a room that lost devices: a pinned room merges
     the lost ranges into their neighbours (:func:`merge_lost`); otherwise the layers are
     dealt again with :func:`planner.deal.deal` over ``devices`` less the lost ones, the
-    host kept. The rule raises DealError when the rest cannot hold the model."""
+    host kept. The rule raises DealError when the rest cannot hold the model in what
+    each lends (the merged ranges too: :func:`check_lent`)."""
     opts = options or DealOptions()
+    usable = {d.id: usable_bytes(d, opts) for d in devices}
+    per_layer = [model.range_memory_bytes(i, i + 1, opts.context_tokens, opts.kv_cache) for i in range(model.layers)]
 
     def rule(current: Deal, lost: frozenset[str]) -> Deal:
         if opts.stages is not None or current.split == "pinned":
-            return merge_lost(current, lost)
+            return check_lent(merge_lost(current, lost), usable, per_layer, model.host_extra_bytes, current)
         rest = [d for d in devices if d.id not in lost]
         new = make_deal(rest, model, replace(opts, host=current.host))
         if not new.fits:

@@ -329,6 +329,11 @@ class NodeConfig(BaseModel):
             (runtime/transport/ice.py; the scenario's ``network.ice_servers``); none: no
             server is contacted.
         ice_relay_only: connect only through the TURN server's relay candidates.
+        usable_bytes: the host's re-deal check: device id -> bytes of what it lends that
+            layers may use (``planner.deal.usable_bytes``); a merged re-deal that puts a
+            device over refuses to load (the room stops with the reason). Empty: unchecked.
+        layer_bytes: memory of each layer (weights + KV at the context), one per layer,
+            for the same check; host_extra_bytes: the host's embedding, head and draft.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -361,6 +366,9 @@ class NodeConfig(BaseModel):
     room_key: Optional[str] = Field(None, min_length=16, max_length=128)
     ice_servers: list[str] = Field(default_factory=list, max_length=2)
     ice_relay_only: bool = False
+    usable_bytes: dict[DEVICE_ID, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    layer_bytes: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    host_extra_bytes: int = Field(0, ge=0)
 
     @field_validator("ice_servers")
     @classmethod
@@ -382,9 +390,10 @@ class NodeConfig(BaseModel):
     def redeal_rule(self):
         """The host's re-deal rule: the chain :attr:`redeals` gives for the loss of one
         worker (``[]``: the rest cannot hold the model), else the lost ranges merged into
-        their neighbours (:func:`planner.chain.merge_lost`). Raises ValueError (DealError)
-        when the room cannot go on."""
-        from planner.chain import merge_lost
+        their neighbours (:func:`planner.chain.merge_lost`), checked against what each
+        device lends when :attr:`usable_bytes` is given (:func:`planner.chain.check_lent`).
+        Raises ValueError (DealError) when the room cannot go on."""
+        from planner.chain import check_lent, merge_lost
         from planner.deal import DealError
 
         def rule(current: Deal, lost: frozenset[str]) -> Deal:
@@ -393,7 +402,10 @@ class NodeConfig(BaseModel):
                 if not stages:
                     raise DealError("the devices left cannot hold the model")
                 return chain_deal(self.host, stages)
-            return merge_lost(current, lost)
+            merged = merge_lost(current, lost)
+            if self.usable_bytes and len(self.layer_bytes) >= merged.stages[-1].end:
+                check_lent(merged, self.usable_bytes, self.layer_bytes, self.host_extra_bytes, current)
+            return merged
         return rule
 
     def deal(self) -> Deal:

@@ -115,6 +115,12 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     check_prompts_fit(scn, deal, prompt_token_counts(model_dir, prompts) if prompts else [])
     crash, crash_s, redeals = _faults(scn, deal)
     key = secrets.token_urlsafe(24)  # signs the weights manifests the host hands out
+    from planner.deal import usable_bytes
+    opts = scn.options
+    lent = {"usable_bytes": {d.id: usable_bytes(d, opts) for d in scn.devices if d.id in members},  # the host's re-deal check
+            "layer_bytes": [scn.model.range_memory_bytes(i, i + 1, opts.context_tokens, opts.kv_cache)
+                            for i in range(scn.model.layers)],
+            "host_extra_bytes": scn.model.host_extra_bytes}
     out = []
     for dev in members:
         d = scn.device(dev)
@@ -130,7 +136,8 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
                               crashable=any(f.device == dev for f in scn.faults),
                               redeals=redeals if dev == deal.host else {}, weights=weights, kv=kv,
                               weights_from_peer=bool(scn.faults), room_key=key,
-                              ice_servers=list(scn.network.ice_servers)))
+                              ice_servers=list(scn.network.ice_servers),
+                              **(lent if dev == deal.host else {})))
     return out
 
 

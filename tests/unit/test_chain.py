@@ -132,3 +132,40 @@ def test_without_a_rule_or_when_the_host_is_lost_the_room_ends_with_reasons():
     assert h2.ended()[0].startswith("refused: b left the room and the others cannot take its layers")
     refusals = [x for x in h2.log if isinstance(x, Refuse)]
     assert len(refusals) == 1
+
+
+# --- a re-deal must fit what the devices left lend --------------------------------
+
+GiB = 2**30
+
+
+def gib_model(layers: int = 15):
+    from planner.model import ModelSpec
+    return ModelSpec(id="g", name="g", layers=layers, hidden=4, layer_bytes=GiB, layer_active_bytes=GiB,
+                     layer_flops_per_token=0.0, kv_bytes_per_token=0)
+
+
+def test_a_merged_re_deal_that_puts_a_device_over_what_it_lends_is_refused():
+    # a (host) 1-5, b 6-10, c 11-15, 1 GiB a layer; b lends 6 GiB. Losing c merges 11-15
+    # into b: 10 GiB in 6 -> refused, naming b. Losing b merges 6-10 into a: 10 GiB in
+    # the 10 it lends -> fine. c keeps its range when b is lost, so it is not checked.
+    devices = [Device(id="a", kind="computer", lends_bytes=10 * GiB), Device(id="b", kind="computer",
+               lends_bytes=6 * GiB), Device(id="c", kind="computer", lends_bytes=1 * GiB)]
+    opts = DealOptions()
+    rule = redeal_rule(devices, gib_model(), opts)
+    current = pinned("a", ("a", 0, 5), ("b", 5, 10), ("c", 10, 15))
+    with pytest.raises(DealError, match=r"b would hold layers 6-15 \(10 GiB\) in the 6 GiB it may use"):
+        rule(current, frozenset({"c"}))
+    assert rule(current, frozenset({"b"})).stages == (Stage("a", 0, 10), Stage("c", 10, 15))
+
+
+def test_the_real_hosts_rule_checks_the_same_when_given_what_each_lends():
+    from runtime.control import NodeConfig
+    cfg = NodeConfig(device="a", host="a", stages=[["a", 0, 5], ["b", 5, 10], ["c", 10, 15]],
+                     scheduler={"hidden": 4}, model_dir="/nowhere",
+                     usable_bytes={"a": 10 * GiB, "b": 6 * GiB, "c": GiB}, layer_bytes=[GiB] * 15)
+    rule = cfg.redeal_rule()
+    with pytest.raises(DealError, match="b would hold layers 6-15"):
+        rule(cfg.deal(), frozenset({"c"}))
+    assert [(s.device, s.start, s.end) for s in rule(cfg.deal(), frozenset({"b"})).stages] == [("a", 0, 10),
+                                                                                                 ("c", 10, 15)]
