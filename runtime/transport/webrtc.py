@@ -73,6 +73,21 @@ def remote_max_message_size(sdp: str) -> int:
     return v if v > 0 else AIORTC_MAX_MESSAGE_SIZE
 
 
+
+def _why(e: BaseException) -> str:
+    """A connection error in words: the operating system's reason (``Connection
+    refused``, ``Name or service not known``) or the exception's own message, never
+    aiohttp's repr of its connection key."""
+    import aiohttp
+    if isinstance(e, aiohttp.ClientConnectorError):
+        os_err = e.os_error
+        import os
+        why = os.strerror(os_err.errno) if isinstance(getattr(os_err, "errno", None), int) and os_err.errno > 0 else ""
+        return why or getattr(os_err, "strerror", None) or str(os_err) or type(os_err).__name__
+    if isinstance(e, aiohttp.WSServerHandshakeError):
+        return f"the relay answered HTTP {e.status} ({e.message})"
+    return str(e).strip() or type(e).__name__
+
 class RtcTransport(Transport):
     """A Transport over aiortc data channels; made by :func:`connect_room`."""
 
@@ -257,7 +272,7 @@ class _Signalling:
             self.ws = await self.session.ws_connect(url, max_msg_size=64 * 1024, heartbeat=None)
         except Exception as e:
             await self.session.close()
-            raise TransportError(f"{self.device}: cannot reach the relay at {url}: {e!r}") from e
+            raise TransportError(f"{self.device}: cannot reach the relay at {url}: {_why(e)}") from e
         hello = {"type": "hello", "device": self.device}
         if ice:
             self.ice_key = CredentialKey()

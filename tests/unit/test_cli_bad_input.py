@@ -303,3 +303,16 @@ def test_sweep_executor_and_sort_are_checked(tmp_path, args, parts):
     scn = tmp_path / "one.yaml"
     scn.write_text(ONE)
     one_line_exit_2(invoke("sweep", str(scn), "--vary", "network.rtt=1ms,2ms", "--jobs", "1", "--json", *args), *parts)
+
+
+def test_an_unreachable_relay_is_one_line_in_words():
+    # a loopback port nobody listens on (bound, then closed): the connection is refused
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = invoke("join", f"ws://127.0.0.1:{port}/room/x", "--device", "a", "--peers", "b", "--timeout", "5")
+    assert r.exit_code != 0
+    err = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(err) == 1 and err[0].endswith(f"cannot reach the relay at ws://127.0.0.1:{port}/room/x: "
+                                            "Connection refused"), r.stderr
+    assert "ConnectionKey" not in r.stderr and "Traceback" not in r.stderr
