@@ -416,6 +416,21 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def ended_how(returncode: int, last_line: str) -> str:
+    """How a device process ended, in words: ``killed by SIGKILL`` for a signal (its log
+    then says nothing about why: its last line is older than the kill, so it is not
+    given as the cause), else ``status N`` with the log's last line, which a process that
+    exits by itself writes last (``status 3: could not join room ...``)."""
+    import signal as _signal
+    if returncode < 0:
+        try:
+            name = _signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"status {returncode}" + (f": {last_line}" if last_line else "")
+
+
 def _last_log_line(workdir: Path, name: str) -> str:
     """The last non-empty line of WORKDIR/NAME.log (at most 300 characters), or ""."""
     try:
@@ -464,7 +479,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
             raise RealRunError(f"the room did not finish within {timeout_s:.0f} s") from None
         if rc != 0:
             last = _last_log_line(workdir, deal.host)
-            raise RealRunError(f"the model host exited with status {rc}" + (f": {last}" if last else ""))
+            raise RealRunError(f"the model host's process ended ({ended_how(rc, last)})")
     finally:
         stop_room(procs, relay, net)
     wall = time.time() - t_start

@@ -101,7 +101,7 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
         ServeError: see the class; nothing is left running when it is raised.
     """
     from splitroom.real import (RealRunError, device_argv, node_configs, plan_network, real_model_dir, start_process,
-                                start_relay, stop_room, write_config, _last_log_line)
+                                start_relay, stop_room, write_config, _last_log_line, ended_how)
     try:
         model_dir = str(real_model_dir(scn))  # before anything starts: a bad model leaves nothing running
     except RealRunError as e:
@@ -155,13 +155,13 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
         while stopping["signal"] is None and not (should_stop is not None and should_stop()):
             if host.poll() is not None:
                 last = _last_log_line(workdir, deal.host)
-                log(f"the model host's process ended (status {host.returncode})" + (f": {last}" if last else ""))
+                log(f"the model host's process ended ({ended_how(host.returncode, last)})")
                 return 1
             for dev, p in procs.items():
                 if dev not in gone and p.poll() is not None:
                     gone.add(dev)
                     last = _last_log_line(workdir, dev)
-                    log(f"{dev}'s process ended (status {p.returncode})" + (f": {last}" if last else ""))
+                    log(f"{dev}'s process ended ({ended_how(p.returncode, last)})")
             if not told_ready and time.monotonic() >= next_check:
                 next_check = time.monotonic() + 1.0
                 h = _health(url)

@@ -316,3 +316,12 @@ def test_an_unreachable_relay_is_one_line_in_words():
     assert len(err) == 1 and err[0].endswith(f"cannot reach the relay at ws://127.0.0.1:{port}/room/x: "
                                             "Connection refused"), r.stderr
     assert "ConnectionKey" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_killed_device_is_reported_as_killed_not_by_its_stale_log_line():
+    from splitroom.real import ended_how
+    stale = "w: every device connected; serving"  # what a worker logs long before it is killed
+    assert ended_how(-9, stale) == "killed by SIGKILL"
+    assert ended_how(-15, stale) == "killed by SIGTERM"
+    assert ended_how(3, "w: could not join room r: timed out") == "status 3: w: could not join room r: timed out"
+    assert ended_how(1, "") == "status 1"
