@@ -623,6 +623,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             raise JoinError(f"--serve {opts.serve_port}: cannot listen on {opts.serve_bind}: {e.strerror or e}") from None
         api = await start_api(sock, model_id)
         api[0].set_phase("connecting", f"the room is starting: waiting for {', '.join(peers)}")
+        from runtime.serve.server import watch_relay
+        api = (*api, asyncio.ensure_future(watch_relay(api[0], relay_url)))  # /health: degraded without it
         say(f"serving the API at http://{opts.serve_bind}:{sock.getsockname()[1]}/v1")
     try:
         transport = await connect_room(relay_url, room, opts.device, peers,
@@ -632,6 +634,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                                        ice_from_relay=opts.ice_from_relay)
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         if api is not None:
+            api[2].cancel()
             await api[1].cleanup()
         raise JoinError(f"could not join room {room!r}: {e}", 3) from None
     used = getattr(transport, "ice_servers", ice_servers)
@@ -764,6 +767,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     finally:
         await transport.close()
         if api is not None:
+            api[2].cancel()
             api[0].set_phase("stopping", "the room is shutting down")
             api[0].node = None
             await api[1].cleanup()

@@ -102,6 +102,7 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
     loop = asyncio.get_running_loop()
     transport = None
     desk = None
+    relay_watch = None
     status = DONE
     try:
         server.set_phase("loading", "the room is starting: the model host is loading its layers")
@@ -123,6 +124,8 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
         if transport is None:
             return DONE
         log.warning("%s: every device connected; serving", cfg.device)
+        from .server import watch_relay
+        relay_watch = asyncio.ensure_future(watch_relay(server, relay_url))
         if guests:
             from .guest import GuestDesk
             desk = GuestDesk(server, relay_url, room, f"{cfg.host}.desk", **cfg.ice())
@@ -135,6 +138,8 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
         _, status = await run_device(cfg, transport, lifetime_s, stop, loaded=loaded, on_start=server.attach,
                                      keep_open=True)
     finally:
+        if relay_watch is not None:
+            relay_watch.cancel()
         server.set_phase("stopping", "the room is shutting down")
         server.node = None
         if desk is not None:

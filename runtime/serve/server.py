@@ -12,7 +12,9 @@ Endpoints:
   weights and connected, none lost); an empty list otherwise.
 * ``GET /metrics``: Prometheus text (prometheus_client, a registry of its own).
 * ``GET /health``: 200 when the room is ready, else 503 (a load balancer's rule), with
-  ``ready``, the reason, the queue and the stages of the deal the room runs now.
+  ``ready``, the reason, the queue and the stages of the deal the room runs now; a room
+  that answers but whose relay is gone says ``degraded`` ("relay lost: no device can
+  join", :func:`watch_relay`).
 
 Readiness: until the host's node is attached (its layers loaded and every device's data
 channels open) and while its scheduler is stopped (a device lost for good) or re-dealing,
@@ -117,6 +119,9 @@ class RoomServer:
         self._lap_count = 0
         #: decode rate of the last answer, tokens per second (None before one)
         self.last_tokens_per_s: Optional[float] = None
+        #: why the signalling relay cannot be reached (None: reachable or not watched);
+        #: the room still answers, but no device can join (:func:`watch_relay`)
+        self.relay_lost: Optional[str] = None
         self._metrics()
         self.app = web.Application(client_max_size=1 << 20)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -305,7 +310,10 @@ class RoomServer:
         devices lost, the stages of the deal the room runs now, and the room."""
         ready, reason, _ = self.readiness()
         host = self._host()
-        body = {"status": "ready" if ready else ("starting" if self.phase != "serving" else "unavailable"),
+        status_word = "ready" if ready else ("starting" if self.phase != "serving" else "unavailable")
+        if ready and self.relay_lost:
+            status_word, reason = "degraded", f"relay lost: no device can join ({self.relay_lost})"
+        body = {"status": status_word,
                 "ready": ready, "reason": reason or None, "model": self.model_id,
                 "queue": {"waiting": len(host.queue) if host is not None else 0,
                           "answering": bool(host is not None and host.busy),
@@ -544,3 +552,29 @@ class RoomServer:
 
     async def _write(self, resp: web.StreamResponse, data: bytes) -> None:
         await asyncio.wait_for(resp.write(data), self.write_timeout_s)
+
+
+async def watch_relay(server: RoomServer, relay_url: str, every_s: float = 2.0, timeout_s: float = 2.0) -> None:
+    """Until cancelled, open a TCP connection to the relay of ``relay_url``
+    (``ws://HOST:PORT``) every ``every_s`` seconds and set ``server.relay_lost`` to why
+    it could not (refused, timed out), or back to None when it can. A joined room needs
+    the relay only to seat devices, so its loss is logged once and /health says
+    ``degraded``; nothing else changes."""
+    from urllib.parse import urlsplit
+    u = urlsplit(relay_url)
+    host, port = u.hostname or "127.0.0.1", u.port or 80
+    while True:
+        why = None
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+            writer.close()
+        except asyncio.TimeoutError:
+            why = f"no answer from {host}:{port} in {timeout_s:g} s"
+        except OSError as e:
+            why = f"{host}:{port}: {e.strerror or type(e).__name__}"
+        if why and not server.relay_lost:
+            log.warning("relay lost: no device can join (%s)", why)
+        elif not why and server.relay_lost:
+            log.warning("relay reachable again: devices can join")
+        server.relay_lost = why
+        await asyncio.sleep(every_s)

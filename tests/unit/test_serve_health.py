@@ -92,3 +92,33 @@ def test_the_queue_full_message_says_it_once():
     assert full.status == 429 and full.message == "the room's queue is full: 10 questions are waiting"
     mine = srv._refusal("api:key-0123456789abcdef already has 2 questions waiting")
     assert mine.status == 429 and mine.message.count("waiting") == 1 and "queue is full" not in mine.message
+
+
+def test_a_lost_relay_makes_a_ready_room_degraded_and_back():
+    from runtime.serve.server import watch_relay
+    srv = RoomServer("m", INFO)
+    srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
+
+    async def steps(get):
+        relay = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+        port = relay.sockets[0].getsockname()[1]
+        watch = asyncio.ensure_future(watch_relay(srv, f"ws://127.0.0.1:{port}", every_s=0.01))
+        try:
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if watch.done() or srv.relay_lost is None:
+                    break
+            status, body, _ = await get("/health")
+            assert (status, body["status"], body["ready"]) == (200, "ready", True)
+            relay.close()
+            await relay.wait_closed()
+            for _ in range(500):  # bounded: the next probe finds the port closed
+                if srv.relay_lost:
+                    break
+                await asyncio.sleep(0.01)
+            status, body, _ = await get("/health")
+            assert (status, body["status"], body["ready"]) == (200, "degraded", True)
+            assert body["reason"].startswith("relay lost: no device can join")
+        finally:
+            watch.cancel()
+    with_client(srv, steps)
