@@ -647,6 +647,19 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         pair = getattr(transport, "ice_pair", lambda _p: None)(p)
         if pair is not None:
             say(f"connected to {p} through ICE candidate pair {pair[0]} {pair[1]} -> {pair[2]} {pair[3]}")
+    desk = None
+    if api is not None:  # browser guests (share.html) reach the host through the same relay
+        from runtime.serve.guest import GuestDesk
+        desk = GuestDesk(api[0], relay_url, room, f"{opts.device}.desk", ice_servers=used,
+                         relay_only=opts.ice_relay_only)
+        try:
+            await asyncio.wait_for(desk.start(), 10.0)
+            api[0].guest_info = desk.info()
+            say(f"browser guests: /share.html asks over WebRTC through {relay_url}")
+        except Exception as e:  # the API still serves; only browser guests cannot join
+            say(f"browser guests cannot join: {type(e).__name__}: {e}")
+            await desk.close()
+            desk = None
     mux = _Mux(transport, key)
     stop = stop_on_signals()
     kept = None  # a worker's ((start, end), loaded) kept while the host was away
@@ -765,6 +778,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                     raise JoinError("not every question was answered: " + "; ".join(unanswered), REFUSED)
             return 0
     finally:
+        if desk is not None:
+            await desk.close()
         await transport.close()
         if api is not None:
             api[2].cancel()

@@ -130,6 +130,15 @@ class NatBed:
     def stun_url(self) -> str:
         return f"stun:{PUBLIC_ADDRESS}:{TURN_PORT}"
 
+    def forward(self, k: int, port: int) -> None:
+        """Open TCP ``port`` on home ``k``'s router to its device (a port forward, the
+        way a host lets guests from outside load its page): DNAT on the WAN side."""
+        ipt = ["ip", "netns", "exec", self.ns(f"nat{k}"), "iptables-legacy", "-w"]
+        netem._run(ipt + ["-t", "nat", "-A", "PREROUTING", "-i", "wan0", "-p", "tcp", "--dport", str(port),
+                          "-j", "DNAT", "--to-destination", f"{self.home_address(k)}:{port}"])
+        netem._run(ipt + ["-I", "FORWARD", "1", "-i", "wan0", "-o", "lan0", "-p", "tcp", "--dport", str(port),
+                          "-d", self.home_address(k), "-j", "ACCEPT"])
+
     # -- running things
 
     def run_in(self, name: str, argv: Sequence[str], **popen_kwargs) -> subprocess.Popen:

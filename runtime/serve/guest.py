@@ -156,7 +156,10 @@ class GuestDesk:
             await self._ws.send_str(json.dumps({"type": "signal", "to": guest, "data": {
                 "type": "answer", "sdp": pc.localDescription.sdp}}))
             await asyncio.wait_for(opened, self.open_timeout_s)
-            log.warning("guest %s connected", guest)
+            from ..transport.ice import chosen_pair
+            pair = chosen_pair(pc)
+            log.warning("guest %s connected%s", guest,
+                        f" through ICE candidate pair {pair[0]} {pair[1]} -> {pair[2]} {pair[3]}" if pair else "")
         except Exception as e:  # a bad offer, a relay refusal, no channel in time: this guest only
             log.warning("guest %s could not connect: %s: %s", guest, type(e).__name__, e)
             await self._drop(guest)

@@ -129,6 +129,48 @@ def test_the_relay_issues_turn_credentials_and_a_host_can_use_only_the_relay(bed
     assert re.search(r"username=<\d+:issued\.h>", bed.turn_log_text())
 
 
+def test_a_browser_guest_behind_a_symmetric_nat_asks_through_turn(bed, tmp_path):
+    """share.html from headless chromium in home 3 (symmetric NAT) to a host serving in
+    home 1 (its HTTP port forwarded on its router): the page gets the room's STUN/TURN
+    servers and its data channel to the host's desk goes through TURN."""
+    import shutil
+
+    from runtime.tokenizer import ChatTokenizer
+    from runtime.weights import ensure_safetensors
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("needs Debian's chromium and chromium-driver (scripts/setup.sh installs them)")
+    expected = ChatTokenizer.from_dir(ensure_safetensors()).decode(greedy_reference(PROMPT, 64))
+    bed.forward(1, 8000)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    url = f"{bed.relay_url}/room/guests"
+    common = ["--timeout", "150", "--ice-from-relay"]
+    w = bed.run_in("home2", SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h",
+                                         "--address", bed.home_address(2), *common], env=env,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    h = bed.run_in("home1", SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers", "w",
+                                         "--address", bed.home_address(1), "--serve", "8000", "--serve-bind",
+                                         "0.0.0.0", *common], env=env,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    g = bed.run_in("home3", [os.sys.executable, "-m", "tests.browser_guest",
+                             f"http://{bed.wan_address(1)}:8000/share.html", PROMPT, "100"], env=env,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        g_out, g_err = g.communicate(timeout=130)
+    finally:
+        for p in (h, w):
+            p.terminate()
+        h_err = h.communicate(timeout=20)[1]
+        w.communicate(timeout=20)
+    got = json.loads(g_out.strip().splitlines()[-1]) if g_out.strip() else {"error": g_err[-1500:]}
+    assert got.get("answer") == expected, (got, h_err[-2000:])
+    assert any(u.startswith("turn:") for u in got["ice_servers"])  # the page was given the room's TURN server
+    assert "browser guests: /share.html" in h_err, h_err[-2000:]
+    m = re.search(r"guest guest-\w+ connected through ICE candidate pair (\w+) \S+ -> (\w+) ", h_err)
+    assert m and "relay" in (m.group(1), m.group(2)), h_err[-2000:]  # a symmetric NAT: only TURN gets through
+    # coturn relayed for the guest: an allocation by a user the relay did not name (the page used the host's)
+    assert "incoming packet ALLOCATE processed, success" in bed.turn_log_text()
+
+
 def one_line_error(err: str) -> str:
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
