@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from planner.model import ModelSpec
@@ -128,6 +128,9 @@ class Deal:
         predicted: for ``split: optimal``, the analytic prediction (planner/lapcost.py):
             ``lap_s`` (seconds), ``tokens_per_s``, ``exact``, ``bound_lap_s`` and, when
             the speed deal exists, ``speed_tokens_per_s`` and ``speedup_vs_speed``.
+        kv_caches: questions' KV caches every stage holds at the room's context (the
+            questions that may be in flight at once); None for a deal made by hand
+            (not counted: the scheduler's setting alone decides).
     """
 
     host: str
@@ -138,6 +141,7 @@ class Deal:
     notes: tuple[str, ...]
     shares: tuple[DeviceShare, ...] = field(default=())
     predicted: dict | None = None  # split optimal: lap_s, tokens_per_s, speed_tokens_per_s, ...
+    kv_caches: int | None = None
 
     def stage_of(self, device_id: str) -> Stage | None:
         """The stage of ``device_id``, or None for a guest."""
@@ -166,6 +170,7 @@ class Deal:
             "guests": list(self.guests),
             "fits": self.fits,
             "max_context": self.max_context,
+            "kv_caches": self.kv_caches,
             "notes": list(self.notes),
             **({"predicted": self.predicted} if self.predicted is not None else {}),
             "devices": [
@@ -284,7 +289,7 @@ def holds_layers(device: Device, model: ModelSpec, options: DealOptions, is_host
     if free <= 0:
         return 0
     if not model.uniform and start is not None:
-        kv = model.kv_bytes(options.context_tokens, options.kv_cache)
+        kv = model.kv_bytes(options.kv_tokens, options.kv_cache)
         n, used = 0, 0
         for size in model.layer_sizes[start:]:
             used += size + kv
@@ -292,21 +297,22 @@ def holds_layers(device: Device, model: ModelSpec, options: DealOptions, is_host
                 break
             n += 1
         return n
-    per = model.layer_memory_bytes(options.context_tokens, options.kv_cache)
+    per = model.layer_memory_bytes(options.kv_tokens, options.kv_cache)
     if per <= 0:
         return model.layers
     return int(free // per)
 
 
 def _used_bytes(stage: Stage | None, is_host: bool, model: ModelSpec, options: DealOptions) -> int:
-    used = 0 if stage is None else model.range_memory_bytes(stage.start, stage.end, options.context_tokens,
+    used = 0 if stage is None else model.range_memory_bytes(stage.start, stage.end, options.kv_tokens,
                                                             options.kv_cache)
     return used + (model.host_extra_bytes if is_host else 0)
 
 
 def max_context(device: Device, stage: Stage | None, is_host: bool, model: ModelSpec,
                 options: DealOptions) -> int | None:
-    """The longest context (tokens) ``device`` can hold KV for with ``stage``'s layers.
+    """The longest context (tokens) ``device`` can hold KV for with ``stage``'s layers,
+    for each of ``options.kv_caches`` questions in flight.
 
     What it lends less the headroom, the range's weights and (host) embedding, head
     and draft, divided by the range's KV bytes per token (halved for q8). None when
@@ -322,7 +328,7 @@ def max_context(device: Device, stage: Stage | None, is_host: bool, model: Model
         return None
     weights = 0 if stage is None else model.weight_bytes(stage.start, stage.end)
     free = usable_bytes(device, options) - weights - (model.host_extra_bytes if is_host else 0)
-    return max(0, int(free // per_token))
+    return max(0, int(free // (per_token * max(1, options.kv_caches))))
 
 
 # --- apportionment ----------------------------------------------------------------
@@ -388,7 +394,43 @@ def _speed_estimates(devices: Sequence[Device]) -> dict[str, float]:
 
 def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None,
          network: Network | None = None, return_path: str = "direct") -> Deal:
-    """Deal ``model``'s layers over ``devices`` by the product's rules (module doc).
+    """Deal ``model``'s layers over ``devices`` by the product's rules (module doc),
+    with ``options.kv_caches`` KV caches (questions in flight) on every stage.
+
+    Each cache holds ``options.context_tokens`` positions, so a layer needs
+    ``kv_caches`` times its KV share. When the room cannot hold that many (the deal
+    would not fit, or nobody could hold a layer), it is dealt again with one cache
+    fewer, down to one, and a note says how many fit; the returned deal's
+    :attr:`Deal.kv_caches` is the number it holds, never more than fits (with one cache
+    the deal is the product page's, ``fits`` saying whether it fits). Raises as
+    :func:`deal_one` does with one cache.
+    """
+    options = options or DealOptions()
+    asked = max(1, options.kv_caches)
+    n = asked
+    while True:
+        try:
+            d = deal_one(devices, model, replace(options, kv_caches=n), network, return_path)
+        except DealError:
+            if n == 1:
+                raise
+            n -= 1
+            continue
+        if d.fits or n == 1:
+            break
+        n -= 1
+    notes = d.notes
+    if n < asked:
+        notes = notes + (f"{n} of the {asked} questions in flight fit: each keeps a KV cache of "
+                         f"{options.context_tokens:,} positions on every stage",)
+    return replace(d, kv_caches=n, notes=notes)
+
+
+def deal_one(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None,
+             network: Network | None = None, return_path: str = "direct") -> Deal:
+    """Deal ``model``'s layers over ``devices`` by the product's rules (module doc),
+    counting exactly ``options.kv_caches`` KV caches per layer (:func:`deal` deals
+    fewer when they do not fit).
 
     Returns a :class:`Deal`; it does not depend on the order ``devices`` are listed in.
     ``split: optimal`` goes to :func:`planner.optimal.optimal_deal` (through
@@ -461,9 +503,9 @@ def _holds_from(device: Device, model: ModelSpec, options: DealOptions, is_host:
     n = holds_layers(device, model, options, is_host, start)
     if start + n < model.layers or model.uniform:
         return n
-    kv = model.kv_bytes(options.context_tokens, options.kv_cache)
+    kv = model.kv_bytes(options.kv_tokens, options.kv_cache)
     spare = (usable_bytes(device, options) - (model.host_extra_bytes if is_host else 0)
-             - model.range_memory_bytes(start, model.layers, options.context_tokens, options.kv_cache))
+             - model.range_memory_bytes(start, model.layers, options.kv_tokens, options.kv_cache))
     j = start - 1
     while j >= 0 and spare >= model.layer_sizes[j] + kv:
         spare -= model.layer_sizes[j] + kv
@@ -611,7 +653,7 @@ def _deal_memory(order: list[Device], host_id: str, holds: dict[str, int], L: in
     takers.sort(key=lambda d: d.id != host_id)
     weights = [budget[d.id] for d in takers]
     if uneven is not None and len(takers) <= L:  # layers of different sizes: deal bytes, not counts
-        kv = uneven.kv_bytes(options.context_tokens, options.kv_cache)
+        kv = uneven.kv_bytes(options.kv_tokens, options.kv_cache)
         shares = cut_by_bytes([size + kv for size in uneven.layer_sizes], weights, weights)
         basis = "bytes"
     else:
@@ -660,7 +702,7 @@ def _pinned(devices: list[Device], model: ModelSpec, options: DealOptions, host_
 
 
 def _shortfall_message(devices: list[Device], model: ModelSpec, options: DealOptions, host_id: str) -> str:
-    per = model.layer_memory_bytes(options.context_tokens, options.kv_cache)
+    per = model.layer_memory_bytes(options.kv_tokens, options.kv_cache)
     parts = []
     for d in devices:
         if not d.webgpu:
@@ -670,7 +712,7 @@ def _shortfall_message(devices: list[Device], model: ModelSpec, options: DealOpt
             parts.append(_zero_capacity_why(d))
             continue
         if not model.uniform:
-            per = model.range_memory_bytes(0, 1, options.context_tokens, options.kv_cache)
+            per = model.range_memory_bytes(0, 1, options.kv_tokens, options.kv_cache)
         need = per + (model.host_extra_bytes if d.id == host_id else 0)
         usable = usable_bytes(d, options)
         parts.append(f"{d.id} lends {format_bytes(d.lends_bytes)}"

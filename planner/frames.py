@@ -10,7 +10,8 @@ Layout (little endian, 32-byte header, then the payload)::
     4      1    version            (FRAME_VERSION)
     5      1    kind               (FrameKind)
     6      1    dtype              (DType: 0 float32, 1 float16)
-    7      1    flags              (bit 0: the last stage returns this frame to the host)
+    7      1    flags              (bit 0: the last stage returns this frame to the host;
+                                        bits 1-4: the KV cache slot of its question, 0-15)
     8      4    question id        (uint32)
     12     4    lap id             (uint32)
     16     4    first position     (uint32, position of the first token in the sequence)
@@ -36,6 +37,8 @@ _HEADER = struct.Struct("<4sBBBBIIIIII")
 HEADER_BYTES = _HEADER.size  # 32
 #: Largest payload accepted by decode_header (a 64k-token prefill chunk of a 8192-wide f32 model).
 MAX_PAYLOAD_BYTES = 1 << 31
+#: KV cache slots a frame can name (flags bits 1-4): the most questions in flight.
+MAX_SLOTS = 16
 
 
 class FrameKind(enum.IntEnum):
@@ -80,6 +83,7 @@ class FrameHeader:
     hidden: int
     dtype: DType = DType.FLOAT32
     returns: bool = False
+    slot: int = 0  # the KV cache of its question on every stage (0 .. MAX_SLOTS - 1)
 
     @property
     def payload_bytes(self) -> int:
@@ -94,7 +98,7 @@ class FrameHeader:
     def with_kind(self, kind: FrameKind) -> "FrameHeader":
         """The same header with another kind."""
         return FrameHeader(kind, self.question_id, self.lap_id, self.first_pos, self.tokens, self.hidden,
-                           self.dtype, self.returns)
+                           self.dtype, self.returns, self.slot)
 
 
 def frame_bytes(tokens: int, hidden: int, dtype: DType = DType.FLOAT32) -> int:
@@ -105,7 +109,9 @@ def frame_bytes(tokens: int, hidden: int, dtype: DType = DType.FLOAT32) -> int:
 def encode_header(h: FrameHeader) -> bytes:
     """The 32 header bytes of ``h``. Raises FrameError if a field does not fit uint32."""
     try:
-        return _HEADER.pack(FRAME_MAGIC, FRAME_VERSION, int(h.kind), int(h.dtype), 1 if h.returns else 0,
+        if not 0 <= h.slot < MAX_SLOTS:
+            raise FrameError(f"KV cache slot {h.slot} outside 0-{MAX_SLOTS - 1}")
+        return _HEADER.pack(FRAME_MAGIC, FRAME_VERSION, int(h.kind), int(h.dtype), (1 if h.returns else 0) | h.slot << 1,
                             h.question_id, h.lap_id, h.first_pos, h.tokens, h.hidden, h.payload_bytes)
     except struct.error as e:
         raise FrameError(f"header field out of range: {e}") from None
@@ -140,4 +146,6 @@ def decode_header(data: bytes | bytearray | memoryview) -> FrameHeader:
         raise FrameError(f"payload {payload} bytes but {tokens} x {hidden} x {itemsize(dtype)} expected")
     if len(data) != HEADER_BYTES + payload:
         raise FrameError(f"frame is {len(data)} bytes, header says {HEADER_BYTES + payload}")
-    return FrameHeader(kind, qid, lap, first, tokens, hidden, dtype, bool(flags & 1))
+    if flags >> 5:
+        raise FrameError(f"unknown flags {flags:#04x}")
+    return FrameHeader(kind, qid, lap, first, tokens, hidden, dtype, bool(flags & 1), (flags >> 1) & 0xF)

@@ -127,6 +127,24 @@ class LapCost:
             t += self.stage_s(dev, start, end)
         return t + self.hops_s(host, [s[0] for s in stages])
 
+    def tokens_per_s_in_flight(self, host: str, stages: Sequence[tuple[str, int, int]], in_flight: int) -> float:
+        """Plain decode tokens per second, all questions together, with ``in_flight``
+        questions' laps interleaved through the chain (each lap a pass of its own).
+
+        Each question still takes one lap per token, so ``in_flight`` of them give at
+        most ``in_flight / lap_s``; and each device computes one pass at a time, so no
+        more than one token per ``busy_s`` of the busiest device (its stages' seconds
+        per lap, the host's head and sampling included). The rate is the smaller:
+        ``min(in_flight / lap_s, 1 / max busy_s)`` (the pipeline bound of GPipe, Huang
+        et al. 2019, for a ring). Raises ValueError for ``in_flight`` < 1.
+        """
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+        busy: dict[str, float] = {host: self.head_s(host)}
+        for dev, start, end in stages:
+            busy[dev] = busy.get(dev, 0.0) + self.stage_s(dev, start, end)
+        return min(in_flight / self.lap_s(host, stages), 1.0 / max(busy.values()))
+
     def hops_s(self, host: str, chain: Sequence[str]) -> float:
         """Seconds of every hand-off of one lap through ``chain`` (device ids in order)
         from and back to ``host``, by ``return_path``."""

@@ -9,6 +9,11 @@ Definitions (seconds, tokens):
   the room began answering it (BeginAnswer; queue wait is ``queue_wait_s``).
 * ``tokens_per_s``: decode speed, sum over questions of (answer tokens - 1) divided by
   the sum of (last token time - first token time).
+* ``aggregate_tokens_per_s``: every answer token of every question divided by the
+  span from the first question asked to the last answer token (what a room answering
+  several questions at once delivers in all; ``tokens_per_s`` is one question's rate).
+* ``ttft_asked_s``: first answer token minus the time the question was asked (queue
+  wait included), ``p50`` and ``p99`` over answered questions.
 * ``inter_token_s``: gaps between consecutive answer tokens of a question, pooled;
   tokens accepted together in one verify lap arrive with a gap of 0.
 * ``lap_s``: a decode or verify lap that was not stale, from the host starting its
@@ -217,11 +222,16 @@ class Accumulator:
     def result(self) -> dict:
         """The metrics dict (see :func:`compute`)."""
         laps, host = self.laps, self.host
-        ttfts, waits, gaps = [], [], []
+        ttfts, waits, gaps, from_asked = [], [], [], []
         tok_sum = span_sum = 0.0
         n_tokens = 0
+        last_emit = None
         for qid, ts in self.emits.items():
             n_tokens += len(ts)
+            if ts and (last_emit is None or ts[-1] > last_emit):
+                last_emit = ts[-1]
+            if ts and qid in self.asked:
+                from_asked.append(ts[0] - self.asked[qid])
             if qid in self.begin:
                 ttfts.append(ts[0] - self.begin[qid])
                 if qid in self.asked:
@@ -256,6 +266,10 @@ class Accumulator:
             "recovery_s": max(done) if done else None,
             "tokens_per_s": tok_sum / span_sum if span_sum > 0 else 0.0,
             "ttft_s": float(np.mean(ttfts)) if ttfts else 0.0,
+            "aggregate_tokens_per_s": (n_tokens / (last_emit - min(self.asked.values()))
+                                       if self.asked and last_emit is not None
+                                       and last_emit > min(self.asked.values()) else 0.0),
+            "ttft_asked_s": {k: v for k, v in _pcts(from_asked).items() if k in ("p50", "p99")},
             "tokens_per_lap": sum(k for _, _, k in laps) / len(laps) if laps else 0.0,
             "inter_token_s": _pcts(gaps),
             "lap_s": {"mean": float(lap_arr.mean()), "p50": float(np.percentile(lap_arr, 50)),

@@ -80,7 +80,7 @@ def _caps(devs: list[Device], model: ModelSpec, options: DealOptions) -> tuple[d
         return worker, host
     # per-layer sizes: an optimistic count (the smallest layers), so the search is a
     # relaxation; the cut DP then checks each range's real bytes
-    kv = model.kv_bytes(options.context_tokens, options.kv_cache)
+    kv = model.kv_bytes(options.kv_tokens, options.kv_cache)
     prefix, acc = [], 0
     for size in sorted(model.layer_sizes):
         acc += size + kv

@@ -81,7 +81,7 @@ def ends_local(devices: Sequence[Device], model: ModelSpec, options: DealOptions
                   emulate_slowdown=host.emulate_slowdown, clocks_down=host.clocks_down)
     # what the host's first range and extras leave of its lend is the tail's share,
     # so the tail "fits" exactly when the host's two ranges fit together
-    head_used = model.range_memory_bytes(0, first, options.context_tokens, options.kv_cache) + model.host_extra_bytes
+    head_used = model.range_memory_bytes(0, first, options.kv_tokens, options.kv_cache) + model.host_extra_bytes
     left = usable_bytes(host, options) - head_used
     tail_lends = left + (left * options.headroom / (1 - options.headroom) if options.headroom < 1 else 0)
     tail = replace(tail, lends_bytes=max(0, int(tail_lends)))

@@ -156,7 +156,9 @@ class RunStage:
 
     First truncate that device's KV cache for the question to ``first_pos`` positions.
     On the model host, ``inputs`` are the token ids to embed first (the host's own
-    range may be empty: then only the embedding runs). Report StageFinished.
+    range may be empty: then only the embedding runs). ``slot``: which of the device's
+    KV caches holds the question (one per question in flight; the frame header's).
+    Report StageFinished.
     """
 
     device: str
@@ -165,6 +167,7 @@ class RunStage:
     first_pos: int
     tokens: int
     inputs: tuple[int, ...] = ()
+    slot: int = 0
 
 
 @frozen
@@ -217,11 +220,13 @@ class Wake:
 
 @frozen
 class RollbackKV:
-    """Truncate ``device``'s KV cache for ``question_id`` to ``to_pos`` positions."""
+    """Truncate ``device``'s KV cache for ``question_id`` (its cache ``slot``) to
+    ``to_pos`` positions."""
 
     device: str
     question_id: int
     to_pos: int
+    slot: int = 0
 
 
 @frozen

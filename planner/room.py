@@ -106,6 +106,9 @@ class DealOptions:
         host: force this device id as the model host.
         stages: pin the deal by hand (device and range each); the host may then hold
             zero layers (a coordinator), which the automatic rules never do.
+        kv_caches: KV caches each stage holds, each sized for ``context_tokens`` (one per
+            question in flight, ``decoding.questions_in_flight``); the deal counts them all
+            and, when they do not fit, deals fewer (:attr:`planner.deal.Deal.kv_caches`).
         headroom: fraction of what each device lends kept free for runtime buffers,
             activations and allocator slack (0.05 = 5%); layers are dealt into, and
             ``fits`` is checked against, ``lends - ceil(lends * headroom)``. 0.0 here
@@ -120,6 +123,12 @@ class DealOptions:
     host: str | None = None
     stages: tuple[PinnedStage, ...] | None = None
     headroom: float = 0.0
+    kv_caches: int = 1
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions of KV each layer holds: ``kv_caches`` caches of ``context_tokens``."""
+        return self.context_tokens * self.kv_caches
 
 
 @dataclass(frozen=True)
@@ -191,7 +200,9 @@ class Workload:
     runs with a real model. ``asked_by`` names the device asking each question
     (round robin over this list; the host when empty). ``kind`` says what the
     questions are like (:data:`planner.profile.WORKLOAD_KINDS`: ``chat`` or
-    ``grounded``); a calibration profile's drafter acceptance is drawn from that kind."""
+    ``grounded``); a calibration profile's drafter acceptance is drawn from that kind.
+    ``clients`` people ask at once: each asks its next question when its answer ends
+    (1: one question after another)."""
 
     questions: int = 1
     prompt_tokens: int = 128
@@ -199,6 +210,7 @@ class Workload:
     prompts: tuple[str, ...] = ()
     asked_by: tuple[str, ...] = ()
     kind: str = "chat"
+    clients: int = 1
 
 
 @dataclass(frozen=True)
@@ -229,7 +241,8 @@ class Speculative:
 class Decoding:
     """Prefill and decode settings of the model host; ``sampling``: how the real
     room's head picks tokens (greedy by default; the simulator's timing does not
-    depend on it)."""
+    depend on it). ``questions_in_flight``: questions whose laps share the chain at once
+    (1: product page 001, one question answered at a time)."""
 
     prefill_chunk: int = 16
     speculative: Speculative | None = None
@@ -237,6 +250,7 @@ class Decoding:
     return_path: Literal["direct", "via_stages"] = "direct"
     wake: bool = True
     sampling: Sampling = GREEDY
+    questions_in_flight: int = 1
 
 
 #: A device silent this long (no heartbeat on the control channel) is lost, seconds.

@@ -29,7 +29,8 @@ class TraceError(ValueError):
 def _plain(v: Any) -> Any:
     if isinstance(v, FrameHeader):
         return {"kind": FrameKind(v.kind).name, "question_id": v.question_id, "lap_id": v.lap_id, "first_pos": v.first_pos,
-                "tokens": v.tokens, "hidden": v.hidden, "dtype": DType(v.dtype).name, "returns": v.returns}
+                "tokens": v.tokens, "hidden": v.hidden, "dtype": DType(v.dtype).name, "returns": v.returns,
+                **({"slot": v.slot} if v.slot else {})}
     if isinstance(v, Sampling):
         return v.to_json()
     if isinstance(v, (tuple, list)):
@@ -45,7 +46,8 @@ def _tuples(v: Any) -> Any:
 
 
 #: fields written only when set: a greedy room's records are as they were before sampling
-_ONLY_WHEN_SET = {"sampling": None, "uniforms": ()}
+#: (and a room of one question in flight's, KV cache slot 0)
+_ONLY_WHEN_SET = {"sampling": None, "uniforms": (), "slot": 0}
 
 
 def to_record(t_s: float, obj: Any) -> dict:
@@ -74,7 +76,7 @@ def from_record(rec: dict) -> tuple[float, Any]:
             v = rec[f.name]
             if f.name == "header":
                 v = FrameHeader(FrameKind[v["kind"]], v["question_id"], v["lap_id"], v["first_pos"], v["tokens"],
-                                v["hidden"], DType[v["dtype"]], v["returns"])
+                                v["hidden"], DType[v["dtype"]], v["returns"], v.get("slot", 0))
             elif f.name == "sampling" and v is not None:
                 v = Sampling(**v)
             elif isinstance(v, list):

@@ -50,8 +50,9 @@ def run_work(stage: Stage, c, residual: np.ndarray | None, context: Sequence[int
         context: the question's prompt + committed answer ids (for Draft).
         drafter: ``(context ids, k) -> k ids`` (for Draft).
     Returns:
-        ``(event or None, residual produced or None)``. RunStage truncates the KV cache
-        to the frame's first position first; the host embeds ``c.inputs`` (and runs its
+        ``(event or None, residual produced or None)``. RunStage and RollbackKV act on
+        the KV cache of the command's ``slot`` (:meth:`Stage.use_cache`); RunStage
+        truncates that cache to the frame's first position first; the host embeds ``c.inputs`` (and runs its
         layers, if it holds any); the head returns each row's argmax (lowest id on ties),
         or under sampling each row's token drawn with its uniforms
         (:func:`planner.sampling.head_tokens`; every drafter here is deterministic).
@@ -62,6 +63,8 @@ def run_work(stage: Stage, c, residual: np.ndarray | None, context: Sequence[int
         PositionError, TypeError, ValueError: from the stage (bad positions or shapes).
     """
     cls = type(c)
+    if cls is RollbackKV or cls is RunStage:
+        stage.use_cache(c.slot)  # the KV cache of the command's question
     if cls is RollbackKV:
         if stage.position > c.to_pos:
             stage.rollback(c.to_pos)

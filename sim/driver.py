@@ -25,7 +25,8 @@ it with the acceptance model deciding how many leading drafts are right. The
 scheduler therefore judges drafts exactly as it does with a real model.
 
 Questions are asked one after another (the next when the previous one ends), by the
-devices in ``workload.asked_by`` in turn (the host when empty).
+devices in ``workload.asked_by`` in turn (the host when empty); with ``workload.clients``
+C > 1, C clients ask at once, each its next question when its answer ends.
 """
 
 from __future__ import annotations
@@ -226,6 +227,7 @@ class Simulation:
         self._lap_span: dict[int, tuple[int, int]] = {}  # lap -> (first position, tokens), from RunStage
         self._in_flight: dict[tuple[str, str], deque] = {}  # link -> frames sent, not yet delivered
         self._prompt_len: dict[int, int] = {}  # question -> prompt tokens (laps before it are prefill)
+        self._client_of: dict[int, int] = {}  # question -> the workload client that asked it
         self._faulted = {f.at_token for f in scn.faults if f.at_token is not None}
         self.ahead = ahead and self._can_run_ahead()
         self._hops: list[_Hop] | None = None  # the chain run ahead (built on first use)
@@ -308,7 +310,8 @@ class Simulation:
     def _answered(self, c: AnswerDone | Refuse) -> None:
         if type(c) is Refuse:
             self.refusals.append(c)
-        self._start(self._ask_next)
+        client = self._client_of.pop(c.question_id, 0)
+        self._start(lambda: self._ask_next(client))
 
     def _start(self, fn: Callable[[], None]) -> None:
         """What ``env.process`` of a process that first yields ``timeout(0)`` does: an
@@ -452,13 +455,20 @@ class Simulation:
         a = self.acceptance.accepted(c.k) if (consistent and self.acceptance is not None) else 0
         return tuple([truth(j + i) + (i >= a) for i in range(c.k)])  # right for the first a, then truth + 1
 
-    def _ask_next(self) -> None:
+    def _ask_next(self, client: int = 0) -> None:
+        """Client ``client`` asks the workload's next question (its previous one ended).
+        With one client the askers are ``asked_by`` in turn (the host when empty); with
+        several, client i asks as ``asked_by[i]`` in turn, else as ``client-i``."""
         w = self.scn.workload
         if self._asked >= w.questions:
             return
         qid = self._asked
         self._asked += 1
-        who = w.asked_by[qid % len(w.asked_by)] if w.asked_by else self.deal.host
+        self._client_of[qid] = client
+        if w.clients > 1:
+            who = w.asked_by[client % len(w.asked_by)] if w.asked_by else f"client-{client}"
+        else:
+            who = w.asked_by[qid % len(w.asked_by)] if w.asked_by else self.deal.host
         prompt = tuple(truth(p) for p in range(w.prompt_tokens))
         self._prompt_len[qid] = len(prompt)
         self.dispatch(QuestionAsked(qid, who, prompt, w.answer_tokens))
@@ -519,13 +529,15 @@ class Simulation:
     # -- run ------------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        """Ask the workload's questions one after another and simulate until all end.
+        """Ask the workload's questions (``clients`` at once, each client one after
+        another) and simulate until all end.
         With scenario faults, ``metrics["recovery"]`` lists each one's timeline (lost,
         detected, ``copy_s`` the weights took, ready, next token; ``recovery_s`` from
         the loss to the next answer token, planner.metrics) and ``metrics["recovery_s"]``
         is the longest."""
         loop = self.loop
-        self._start(self._ask_next)
+        for client in range(self.scn.workload.clients):
+            self._start(lambda client=client: self._ask_next(client))
         for f in self.scn.faults:
             if f.at_s is not None:  # a process that waits at_s, then kills
                 loop.at(0.0, lambda _a, f=f: loop.at(f.at_s, lambda _b: self._kill(f)), priority=_URGENT)

@@ -79,6 +79,10 @@ PosSize = Annotated[float, _positive("size")]
 #: simulation that runs for days.
 MAX_CONTEXT = 1 << 24
 MAX_QUESTIONS = 100_000
+#: Most questions in flight at once, and most clients asking at once (each question in
+#: flight holds a KV cache on every stage; product page 001 keeps 10 waiting).
+MAX_IN_FLIGHT = 16
+MAX_CLIENTS = 1_000
 #: Largest scenario after YAML aliases are expanded (values), and deepest nesting: an
 #: alias bomb ("billion laughs") is refused before anything walks it.
 MAX_VALUES = 200_000
@@ -228,6 +232,8 @@ class WorkloadIn(_Strict):
     asked_by: list[str] = []
     # planner.profile.WORKLOAD_KINDS: which measured drafter acceptance a profile lends
     kind: Literal["chat", "grounded"] = "chat"
+    # people asking at once: each asks its next question when its answer ends
+    clients: int = Field(default=1, ge=1, le=MAX_CLIENTS)
 
 
 class SpeculativeIn(_Strict):
@@ -545,7 +551,8 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
             raise _KeyProblem(f"workload.asked_by[{i}]", f"{units.show(who)} is not a device")
     w = s.workload
     workload = Workload(questions=w.questions, prompt_tokens=w.prompt_tokens, answer_tokens=w.answer_tokens,
-                        prompts=tuple(w.prompts), asked_by=tuple(w.asked_by), kind=w.kind)
+                        prompts=tuple(w.prompts), asked_by=tuple(w.asked_by), kind=w.kind,
+                        clients=w.clients)
     sp = s.decoding.speculative
     spec = None
     if sp is not None:

@@ -92,6 +92,33 @@ class Stage(ABC):
         return self.spec.host
 
     _pos: int = 0  # positions held in the KV cache; backends advance it in forward()
+    _slot: int = 0  # the KV cache forward/rollback/position act on (use_cache)
+    _slot_pos: dict | None = None  # positions of the other caches, by slot
+
+    def use_cache(self, slot: int) -> None:
+        """Make KV cache ``slot`` the one :meth:`forward`, :meth:`rollback` and
+        :attr:`position` act on: a stage keeps one cache per question in flight (the
+        scheduler's slot of each question, carried by every frame). A slot not used
+        before starts empty; the others keep their positions. Slot 0 is the cache a
+        stage starts with, so a room of one question never switches.
+
+        Raises:
+            ValueError: ``slot`` < 0.
+        """
+        slot = int(slot)
+        if slot == self._slot:
+            return
+        if slot < 0:
+            raise ValueError(f"KV cache slot {slot} < 0")
+        if self._slot_pos is None:
+            self._slot_pos = {}
+        self._slot_pos[self._slot] = self._pos
+        self._swap_cache(self._slot, slot)
+        self._slot, self._pos = slot, self._slot_pos.pop(slot, 0)
+
+    def _swap_cache(self, old: int, new: int) -> None:
+        """Put away the cache of slot ``old`` and bring in slot ``new``'s (empty when new)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps one KV cache")
 
     @property
     def position(self) -> int:

@@ -102,7 +102,8 @@ class NumpyStage(Stage):
         max_ctx: positions the KV cache may hold (it grows by doubling up to this).
         precision: storage of weights and KV (default float32; ``residual`` is the codec's).
     Memory: the range's weights (4, 2 or 9/8 B/param for f32, f16, q8; norms float32) + KV cache
-    ``2 * n_kv * D * (4 or 2) B`` per layer per position.
+    ``2 * n_kv * D * (4 or 2) B`` per layer per position, for each cache slot used
+    (:meth:`use_cache`: one per question in flight).
     """
 
     def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048,
@@ -148,6 +149,15 @@ class NumpyStage(Stage):
         self._pos = first_pos + n
         assert x.dtype == F32
         return x
+
+    def _swap_cache(self, old: int, new: int) -> None:
+        """Each layer's ``k``/``v`` arrays of slot ``old`` put aside, slot ``new``'s taken
+        back (none yet: allocated on first use)."""
+        store = self.__dict__.setdefault("_kv_store", {})
+        store[old] = [(L.k, L.v) for L in self.layers]
+        back = store.pop(new, None)
+        for i, L in enumerate(self.layers):
+            L.k, L.v = back[i] if back is not None else (None, None)
 
     # ---------------------------------------------------------------- internals
     def _ensure_cache(self, layer: _Layer, need: int) -> None:

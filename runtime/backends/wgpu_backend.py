@@ -127,7 +127,9 @@ class WgpuStage(Stage):
     Args:
         cfg, spec: model shape and layer range.
         weights: ``{hf_name: float32}`` from :func:`runtime.weights.load_range`; consumed.
-        max_ctx: KV cache positions (allocated up front: ``2 * kv_dim * 4 B`` per layer per position).
+        max_ctx: KV cache positions (allocated up front: ``2 * kv_dim * 4 B`` per layer per position;
+            as much again per further cache slot used, :meth:`use_cache`, whose positions are
+            copied in and out of the buffers the kernels bind when the slot changes).
         max_tokens: largest ``n`` of one GPU step; longer inputs are split into several steps.
         precision: storage (:class:`runtime.precision.Precision`): weights ``f32``, ``f16`` or ``q8``
             (see module doc); the KV cache is float32 (``kv="f32"``).
@@ -237,6 +239,8 @@ class WgpuStage(Stage):
             self.f_att = mk(wgsl.attention1_src(NH, KV, D, aw, chunk, c.sliding_window))
 
         self.layers = []
+        self._kv: list[tuple[object, object]] = []  # each layer's K and V cache buffers (the slot in use)
+        self._kv_store: dict[int, list[tuple[object, object]]] = {}  # other slots' copies, by slot
         self.plan1: list[tuple[str, object, object, int]] = []  # one-token layer passes: (label, pipeline, bind group, groups)
         w = weights
         for a in w.values():
@@ -253,6 +257,7 @@ class WgpuStage(Stage):
             bo = vec(w.pop(a_ + "o_proj.bias")) if c.o_bias else None
             qn, kn = (vec(w.pop(a_ + "q_norm.weight")), vec(w.pop(a_ + "k_norm.weight"))) if c.qk_norm else (None, None)
             kc, vc = buf(self.max_ctx * c.kv_dim * 4), buf(self.max_ctx * c.kv_dim * 4)
+            self._kv.append((kc, vc))
             xb = {9: bqkv} if bqkv is not None else {}
             ob = {9: bo} if bo is not None else {}
             nb = {5: qn, 6: kn} if qn is not None else {}
@@ -310,6 +315,29 @@ class WgpuStage(Stage):
             from wgpu.backends.wgpu_native._ffi import ffi, lib
 
             self._ffi, self._lib = ffi, lib
+
+    def _swap_cache(self, old: int, new: int) -> None:
+        """Copy the positions held of the caches in use into slot ``old``'s buffers and
+        slot ``new``'s back (GPU copies in one submit, in queue order with the steps; the
+        bind groups keep naming the buffers in use). A slot's buffers are made on first use."""
+        row = self.cfg.kv_dim * 4
+        held_old, held_new = self._pos * row, (self._slot_pos or {}).get(new, 0) * row
+        if old not in self._kv_store:
+            S = self._wgpu.BufferUsage.STORAGE | self._wgpu.BufferUsage.COPY_DST | self._wgpu.BufferUsage.COPY_SRC
+            size = max(16, self.max_ctx * row)
+            self._kv_store[old] = [(self.device.create_buffer(size=size, usage=S),
+                                    self.device.create_buffer(size=size, usage=S)) for _ in self._kv]
+        enc = self.device.create_command_encoder()
+        for (kc, vc), (ks, vs) in zip(self._kv, self._kv_store[old]):
+            if held_old:
+                enc.copy_buffer_to_buffer(kc, 0, ks, 0, held_old)
+                enc.copy_buffer_to_buffer(vc, 0, vs, 0, held_old)
+        back = self._kv_store.get(new)
+        if back is not None and held_new:
+            for (kc, vc), (ks, vs) in zip(self._kv, back):
+                enc.copy_buffer_to_buffer(ks, 0, kc, 0, held_new)
+                enc.copy_buffer_to_buffer(vs, 0, vc, 0, held_new)
+        self.device.queue.submit([enc.finish()])
 
     # ------------------------------------------------------------------ plumbing
     def _pipeline(self, src: str):
