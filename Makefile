@@ -1,7 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
 VENV := .venv
 
-.PHONY: setup demo test lint bench validate
+.PHONY: setup demo test lint bench validate mutate
 setup:
 	@scripts/setup.sh
 
@@ -19,3 +19,9 @@ bench: setup
 # when a documented goal is missed; not CI (about half an hour; run it alone). QUICK=1: small.
 validate: setup
 	$(VENV)/bin/python scripts/validate.py $(if $(QUICK),--quick)
+
+# Mutation testing of planner/ ([tool.mutmut] in pyproject.toml) and the score per module
+# (docs/testing.md); not CI: it runs the unit and property tests once per mutant.
+mutate: setup
+	$(VENV)/bin/mutmut run
+	$(VENV)/bin/python scripts/mutation_report.py --out docs/mutation-$$(date -u +%F).json
