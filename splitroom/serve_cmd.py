@@ -10,6 +10,11 @@ on a listening socket this process binds on ``BIND:PORT`` and hands down, so the
 on this machine's address even when the host runs in a namespace. The workers are
 ``python -m runtime.node``.
 
+A device process that ends before the room is ready (it died while loading) makes the
+room start again without it when the devices left can hold the model (dealt by the
+scenario's rules, the host kept), else the API answers every request with 503 "cannot
+start: DEVICE died while loading (why)" and no Retry-After until Ctrl-C.
+
 Ctrl-C (SIGINT) or SIGTERM ends every process it started (SIGTERM, then SIGKILL after a
 grace period), removes the network namespaces and the temporary work folder (device
 configurations and logs; ``SPLITROOM_KEEP_WORKDIR=1`` keeps it).
@@ -69,6 +74,42 @@ def room_info(scn: Scenario, deal: Deal) -> dict:
             "notes": list(deal.notes), "predicted_tokens_per_s": pred}
 
 
+def redeal_without(scn: Scenario, deal: Deal, dead: set[str]) -> tuple[Optional[Deal], str]:
+    """The deal of a room that lost ``dead`` before it started: ``(new deal, "")`` when
+    the devices left can hold the model (dealt again by the scenario's rules, the host
+    kept; a pinned room merges the lost ranges into their neighbours, checked against
+    what each lends: :func:`planner.chain.redeal_rule`), else ``(None, why)``. The model
+    host among ``dead`` is never re-dealt."""
+    from planner.chain import redeal_rule
+    if deal.host in dead:
+        return None, "the model host is gone"
+    try:
+        new = redeal_rule(scn.devices, scn.model, scn.options)(deal, frozenset(dead))
+    except ValueError as e:
+        return None, str(e)
+    return new, ""
+
+
+def _refuse_until_stopped(sock: socket.socket, model_id: str, reason: str, stopped: Callable[[], bool]) -> int:
+    """Answer every request on ``sock`` with 503 and ``reason`` (no Retry-After: waiting
+    will not help) until ``stopped()``; returns 1 (the room never served)."""
+    import asyncio
+    from runtime.serve.host import start_api
+    from runtime.serve.server import RoomServer
+
+    async def main() -> None:
+        server = RoomServer(model_id)
+        server.set_phase("failed", reason)
+        _, runner = await start_api(sock, model_id, None, server)
+        try:
+            while not stopped():
+                await asyncio.sleep(0.2)
+        finally:
+            await runner.cleanup()
+    asyncio.run(main())
+    return 1
+
+
 def _listen(bind: str, port: int) -> socket.socket:
     try:
         sock = socket.create_server((bind, port))
@@ -124,44 +165,64 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
         except ValueError:  # not the main thread (tests): should_stop does it
             pass
     try:
-        cfgs = [c.model_copy(update={"prompts": [], "trace_path": "", "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S})
-                for c in node_configs(scn, deal, model_dir, workdir, backend)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        net, network, _ = plan_network(scn, [c.device for c in cfgs], netns)
-        room = "r" + secrets.token_hex(4)
+        all_devices = [s.device for s in deal.stages] + [deal.host]
+        net, network, _ = plan_network(scn, sorted(set(all_devices)), netns)
         if net is not None:
             net.__enter__()
         relay, relay_url = start_relay(net, deal.host, workdir, env)
         info_path = workdir / "room.json"
-        info_path.write_text(json.dumps(room_info(scn, deal)))
-        for c in cfgs:
-            path = write_config(c, workdir)
-            if c.device == deal.host:
-                argv = [sys.executable, "-m", "runtime.serve", str(path), relay_url, room,
-                        "--listen-fd", str(sock.fileno()), "--model-id", scn.model.id,
-                        "--room-info", str(info_path), "--open-timeout", str(open_timeout_s),
-                        "--lifetime", str(LIFETIME_S)] + (["--guests"] if net is None else [])
-                procs[c.device] = start_process(net, c.device, argv, workdir, env, pass_fds=(sock.fileno(),))
-            else:
-                procs[c.device] = start_process(net, c.device, device_argv(path, relay_url, room, LIFETIME_S),
-                                                workdir, env)
-        sock.close()  # the model host's process holds it now
-        log(f"room {room}: {len(procs)} device processes on {network}")
+
+        def start(deal_: Deal) -> None:
+            cfgs = [c.model_copy(update={"prompts": [], "trace_path": "", "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S})
+                    for c in node_configs(scn, deal_, model_dir, workdir, backend)]
+            room = "r" + secrets.token_hex(4)
+            info_path.write_text(json.dumps(room_info(scn, deal_)))
+            for c in cfgs:
+                path = write_config(c, workdir)
+                if c.device == deal_.host:
+                    argv = [sys.executable, "-m", "runtime.serve", str(path), relay_url, room,
+                            "--listen-fd", str(sock.fileno()), "--model-id", scn.model.id,
+                            "--room-info", str(info_path), "--open-timeout", str(open_timeout_s),
+                            "--lifetime", str(LIFETIME_S)] + (["--guests"] if net is None else [])
+                    procs[c.device] = start_process(net, c.device, argv, workdir, env, pass_fds=(sock.fileno(),))
+                else:
+                    procs[c.device] = start_process(net, c.device, device_argv(path, relay_url, room, LIFETIME_S),
+                                                    workdir, env)
+            log(f"room {room}: {len(procs)} device processes on {network}")
+
+        start(deal)  # the parent keeps the listening socket: a room started again hands it down again
         log(f"serving {scn.model.id} at {url}/v1 (OpenAI API; {url}/health, {url}/metrics); Ctrl-C ends the room")
-        host = procs[deal.host]
         told_ready = False
         gone: set[str] = set()
         next_check = time.monotonic() + 1.0
         while stopping["signal"] is None and not (should_stop is not None and should_stop()):
+            host = procs[deal.host]
             if host.poll() is not None:
                 last = _last_log_line(workdir, deal.host)
                 log(f"the model host's process ended ({ended_how(host.returncode, last)})")
                 return 1
-            for dev, p in procs.items():
+            for dev, p in list(procs.items()):
                 if dev not in gone and p.poll() is not None:
                     gone.add(dev)
                     last = _last_log_line(workdir, dev)
                     log(f"{dev}'s process ended ({ended_how(p.returncode, last)})")
+                    if told_ready:
+                        continue  # the room's own recovery handles a lost worker
+                    new, why = redeal_without(scn, deal, gone)
+                    stop_room(procs, None, None)
+                    procs.clear()
+                    if new is None:
+                        reason = f"cannot start: {dev} died while loading ({why})"
+                        log(reason)
+                        return _refuse_until_stopped(sock, scn.model.id, reason,
+                                                     lambda: stopping["signal"] is not None
+                                                     or (should_stop is not None and should_stop()))
+                    deal = new
+                    log(f"{dev} died while loading: re-dealt without it: "
+                        + ", ".join(f"{s.device} {s.shown}" for s in deal.stages))
+                    start(deal)
+                    break
             if not told_ready and time.monotonic() >= next_check:
                 next_check = time.monotonic() + 1.0
                 h = _health(url)

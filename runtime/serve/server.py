@@ -184,9 +184,12 @@ class RoomServer:
         self.m_ready.set(1 if self.readiness()[0] else 0)
         self.page.changed()
 
-    def readiness(self) -> tuple[bool, str, int]:
-        """``(ready, reason when not, seconds to suggest in Retry-After)``."""
+    def readiness(self) -> tuple[bool, str, Optional[int]]:
+        """``(ready, reason when not, seconds to suggest in Retry-After)``; the seconds
+        are None when the room failed for good (no Retry-After)."""
         host = self._host()
+        if self.phase == "failed":
+            return False, self.phase_reason, None  # waiting will not help: no Retry-After
         if self.phase != "serving" or host is None:
             return False, self.phase_reason, RETRY_STARTING_S
         if host.stopped:

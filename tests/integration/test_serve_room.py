@@ -469,3 +469,56 @@ def _drain(q: queue.Queue) -> list[str]:
             out.append(q.get_nowait())
         except queue.Empty:
             return out
+
+
+def _kill_device_process(srv: "Served", device: str, timeout_s: float = 30.0) -> None:
+    """SIGKILL the serve process's child that runs ``device`` (its config DEVICE.json)
+    as soon as it exists: before it can have loaded its layers and connected."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for pid in srv.children():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"runtime.node" in argv and any(a.endswith(f"/{device}.json".encode()) for a in argv):
+                os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no process of {device} in {timeout_s} s")
+
+
+def test_a_device_that_dies_while_loading_is_named_and_the_api_says_so():
+    # home.yaml needs all three devices: without the phone the room cannot start
+    srv = Served(["--loopback"])
+    try:
+        _kill_device_process(srv, "phone")
+        srv.wait_line(r"cannot start: phone died while loading", 60.0)
+        h = srv.health()
+        assert h["ready"] is False and h["reason"].startswith("cannot start: phone died while loading")
+        try:
+            _get(srv.url + "/health")
+            raise AssertionError("/health answered 200")
+        except urllib.error.HTTPError as e:
+            assert e.code == 503 and e.headers.get("Retry-After") is None
+    finally:
+        srv.stop()
+
+
+def test_a_device_that_dies_while_loading_is_dealt_out_when_the_rest_can_hold_the_model(greedy):
+    # the desktop (host, 1 GB) 1-20, laptop 21-25, phone 26-30: without the phone its
+    # layers merge into the laptop's, 10 layers of about 15.7 MB in its 181 MiB
+    srv = Served(["--loopback", "--set", "devices[0].lends=1 GB", "--set",
+                  "stages=[{device: desktop, layers: '1-20'}, {device: laptop, layers: '21-25'}, "
+                  "{device: phone, layers: '26-30'}]"])
+    try:
+        _kill_device_process(srv, "phone")
+        srv.wait_line(r"phone died while loading: re-dealt without it", 60.0)
+        srv.wait_ready()
+        assert "phone" not in {s["device"] for s in srv.health()["stages"]}
+        c = client(srv.url)
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": FRANCE}], max_tokens=12)
+        assert r.choices[0].message.content == greedy.tok.decode(greedy(FRANCE, 12))
+    finally:
+        srv.stop()
