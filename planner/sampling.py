@@ -40,6 +40,10 @@ import numpy as np
 
 #: the largest seed (seeds are unsigned 64-bit, as a scenario's ``seed``)
 MAX_SEED = 2**64 - 1
+#: the smallest temperature other than 0: a smaller one is greedy decoding in all but
+#: name, and the smallest (5e-324) is 0 as a float32, so dividing the logits by it fails;
+#: vLLM decodes greedily below the same 1e-5 (``_SAMPLING_EPS`` in vllm/sampling_params.py)
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Sampling:
 
     Attributes:
         temperature: logits are divided by it; 0 means greedy (argmax, lowest id on
-            ties), the default. Finite, >= 0.
+            ties), the default. Finite, 0 or at least :data:`MIN_TEMPERATURE`.
         top_p: keep the smallest set of most likely tokens whose probability reaches
             ``top_p`` (nucleus sampling; Holtzman et al. 2020); 1 keeps all. In (0, 1].
         top_k: keep the ``top_k`` most likely tokens (ties with the k-th kept); 0 keeps all.
@@ -67,6 +71,8 @@ class Sampling:
         t, p, k, s = self.temperature, self.top_p, self.top_k, self.seed
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {t!r}")
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
             raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:

@@ -66,6 +66,53 @@ REDEAL_GRACE_S = 10.0
 REDEAL_LOAD_TIMEOUT_S = 30.0
 #: trace records a ``keep_open`` node keeps (the latest; older ones are dropped)
 OPEN_TRACE_RECORDS = 200_000
+#: what a ``keep_open`` node's trace may hold, bytes (estimated by :func:`record_bytes`;
+#: the oldest records are dropped past it)
+OPEN_TRACE_BYTES = 64 * 1024 * 1024
+#: a trace record's own cost, bytes: the (time, object) pair and a frozen dataclass of a
+#: few fields (sys.getsizeof of a typical event and its tuple, rounded up)
+RECORD_BYTES = 400
+#: one token id held in a record's tuple, bytes: an 8-byte slot and a 28-byte int object (32 as
+#: pymalloc allocates it; measured with tracemalloc in tests/unit/test_host_bounds.py)
+TOKEN_BYTES = 40
+_TOKEN_FIELDS = {QuestionAsked: "prompt", RunStage: "inputs"}
+
+
+def record_bytes(obj: Any) -> int:
+    """An estimate of the memory one trace record holds, bytes: :data:`RECORD_BYTES`,
+    plus :data:`TOKEN_BYTES` per token id of a question's prompt or a stage's inputs."""
+    name = _TOKEN_FIELDS.get(type(obj))
+    return RECORD_BYTES + (TOKEN_BYTES * len(getattr(obj, name)) if name is not None else 0)
+
+
+class BoundedTrace:
+    """A trace that keeps its latest records within ``max_records`` and ``max_bytes``
+    (:func:`record_bytes` each): appending past either drops the oldest. Iterates as
+    ``(t, obj)`` pairs, oldest first. ``dropped``: records let go so far."""
+
+    def __init__(self, max_records: int = OPEN_TRACE_RECORDS, max_bytes: int = OPEN_TRACE_BYTES):
+        import collections
+        self.max_records, self.max_bytes = max_records, max_bytes
+        self._items: collections.deque = collections.deque()
+        self._sizes: collections.deque = collections.deque()
+        self.bytes = 0
+        self.dropped = 0
+
+    def append(self, item: tuple[float, Any]) -> None:
+        n = record_bytes(item[1])
+        self._items.append(item)
+        self._sizes.append(n)
+        self.bytes += n
+        while len(self._items) > 1 and (len(self._items) > self.max_records or self.bytes > self.max_bytes):
+            self._items.popleft()
+            self.bytes -= self._sizes.popleft()
+            self.dropped += 1
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class Node:
@@ -80,7 +127,8 @@ class Node:
         clock: seconds, for the trace (``time.time`` by default).
         keep_open: the host keeps taking questions (:meth:`ask`) after its configured
             prompts: :attr:`done` is never set by running out of them, and the trace
-            keeps only its last :data:`OPEN_TRACE_RECORDS` records (a long-lived room).
+            keeps only its last :data:`OPEN_TRACE_RECORDS` records, at most
+            :data:`OPEN_TRACE_BYTES` (a long-lived room: :class:`BoundedTrace`).
     Attributes:
         observers: callables given every event and command, in order, after the node
             carried it out (e.g. an HTTP server streaming answers); an observer that
@@ -133,8 +181,7 @@ class Node:
         self.observers: list[Callable[[Any], None]] = []
         self._asked_here = 0  # questions asked with ask()
         if keep_open:
-            import collections
-            self.trace = collections.deque(maxlen=OPEN_TRACE_RECORDS)  # type: ignore[assignment]
+            self.trace = BoundedTrace()  # type: ignore[assignment]
         transport.set_handler(self._on_message)
         if hasattr(transport, "set_lost_handler"):
             transport.set_lost_handler(self._on_lost)

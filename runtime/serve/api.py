@@ -17,13 +17,15 @@ bias. ``user`` is accepted and not used.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.sampling import MAX_SEED, Sampling
+from planner.sampling import MAX_SEED, MIN_TEMPERATURE, Sampling
 
 #: stop sequences a request may give (OpenAI's limit)
 MAX_STOP = 4
@@ -49,6 +51,10 @@ _ACCEPTED = {"model", "messages", "max_tokens", "max_completion_tokens", "stop",
              *_GREEDY_ONLY}
 #: OpenAI's temperature range
 MAX_TEMPERATURE = 2.0
+#: deepest nesting of arrays and objects a request body may have (a chat request with
+#: text parts nests 5 deep)
+MAX_JSON_DEPTH = 32
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 class ApiError(Exception):
@@ -126,10 +132,21 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _text(v: str, where: str) -> str:
+    """``v`` if it is Unicode text (UTF-8 can carry it); a lone surrogate (JSON's
+    ``"\\ud800"``) is refused naming ``where``."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad("text must be Unicode: it holds a lone surrogate (\\ud800-\\udfff not in a pair)", where,
+                   "invalid_value") from None
+    return v
+
+
 def _content(v: Any, where: str) -> str:
     """A message's content as text: a string, or a list of ``{"type": "text", "text"}`` parts."""
     if isinstance(v, str):
-        return v
+        return _text(v, where)
     if isinstance(v, list):
         out = []
         for j, part in enumerate(v):
@@ -141,9 +158,55 @@ def _content(v: Any, where: str) -> str:
             if extra:
                 raise _bad(f"content part field {extra[0][:40]!r} is not supported", f"{where}[{j}].{extra[0][:40]}",
                            "unsupported_parameter")
-            out.append(part["text"])
+            out.append(_text(part["text"], f"{where}[{j}].text"))
         return "".join(out)
     raise _bad("message content must be a string or a list of text parts", where, "invalid_type")
+
+
+def _too_deep(text: str) -> str | None:
+    """Where ``text`` (JSON) nests past :data:`MAX_JSON_DEPTH`: the top-level key whose
+    value does (``"(body)"`` when the body itself does), or None. Strings are skipped
+    whole by one regular expression, so the walk costs a step per bracket or string."""
+    depth, top_object, last, key = 0, False, None, None
+    for m in _JSON_TOKENS.finditer(text):
+        t = m.group()
+        if t[0] == '"':
+            if depth == 1:
+                last = t
+            continue
+        if t in "[{":
+            depth += 1
+            if depth == 1:
+                top_object = t == "{"
+            elif depth == 2:
+                key = last if top_object else None
+            if depth > MAX_JSON_DEPTH:
+                if key is None:
+                    return "(body)"
+                try:
+                    return str(json.loads(key))[:60]
+                except ValueError:
+                    return "(body)"
+        else:
+            depth -= 1
+    return None
+
+
+def load_json(raw: bytes) -> Any:
+    """A request body as JSON. Raises ApiError (400) for a body that is not UTF-8, not
+    JSON, or nests deeper than :data:`MAX_JSON_DEPTH` (naming the top-level field)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not UTF-8 text", None, "invalid_json") from None
+    where = _too_deep(text)
+    if where is not None:
+        raise ApiError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels in {where}",
+                       None if where == "(body)" else where, "invalid_json")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        raise ApiError(400, "the request body is not valid JSON", None, "invalid_json") from None
 
 
 def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
@@ -229,6 +292,7 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
         if not isinstance(s, str) or not s or len(s) > MAX_STOP_CHARS:
             raise _bad(f"each stop sequence must be a non-empty string of at most {MAX_STOP_CHARS} characters",
                        "stop")
+        _text(s, "stop")
 
     stream = given.get("stream", False)
     if not isinstance(stream, bool):
@@ -259,6 +323,9 @@ def _sampling(given: dict) -> Sampling | None:
     if not _number(t) or not 0 <= t <= MAX_TEMPERATURE:
         raise _bad(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} (got {str(t)[:40]})", "temperature",
                    "invalid_value" if _number(t) else "invalid_type")
+    if 0 < t < MIN_TEMPERATURE:
+        raise _bad(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (got {str(t)[:40]})",
+                   "temperature")
     p = given.get("top_p", 1)
     if not _number(p) or not 0 < p <= 1:
         raise _bad(f"top_p must be a number more than 0 and at most 1 (got {str(p)[:40]})", "top_p",

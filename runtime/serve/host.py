@@ -65,8 +65,9 @@ async def start_api(sock: socket.socket, model_id: str, room_info: Optional[dict
     :meth:`RoomServer.attach`); returns ``(server, runner)``; ``await runner.cleanup()``
     ends it. Used by :func:`serve_host` and ``splitroom join --host --serve PORT``."""
     server = server or RoomServer(model_id, room_info)
-    runner = web.AppRunner(server.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+    runner = server.runner(handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
+    server.limit_connections(runner)
     await web.SockSite(runner, sock).start()
     return server, runner
 

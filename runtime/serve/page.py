@@ -19,14 +19,19 @@ What each device's screen says (product page 001), as the host knows it:
 While serving, each device of the chain shows the tokens it handled (positions of every
 lap that passed it) and the lap time the host measured (its frame out to its return:
 every hop and worker stage of one lap; the host cannot time single hops of the others).
-API clients show as "API client", with no layers, and are not counted as devices.
+API clients show as "API client", with no layers, and are not counted as devices: the
+:data:`MAX_CLIENTS_SHOWN` that asked last within :data:`CLIENT_SHOWN_S`; the page keeps
+at most :data:`MAX_CLIENTS_KEPT` (the most recent) and forgets a client once it is no
+longer shown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
 
@@ -39,6 +44,9 @@ MAX_SUBSCRIBERS = 64
 SUBSCRIBER_QUEUE = 256
 #: an API client is shown for this long after its last request, seconds
 CLIENT_SHOWN_S = 300.0
+#: API clients the page keeps (the most recent; older ones are forgotten) and shows
+MAX_CLIENTS_KEPT = 1000
+MAX_CLIENTS_SHOWN = 50
 
 
 def _mb(n: Optional[int]) -> str:
@@ -62,7 +70,7 @@ class RoomPage:
         self.subscribers: set[asyncio.Queue] = set()
         self.tokens_handled: dict[str, int] = {}
         self.passes: dict[str, int] = {}
-        self.clients: dict[str, dict] = {}
+        self.clients: OrderedDict[str, dict] = OrderedDict()  # least recently seen first
         self._pending: Optional[asyncio.TimerHandle] = None
         self._last_push = 0.0
 
@@ -90,10 +98,18 @@ class RoomPage:
         self._broadcast({"event": "pass", "data": {"devices": chain, "tokens": lap_tokens}})
 
     def client_seen(self, client: str) -> None:
-        """An API client asked a question."""
-        c = self.clients.setdefault(client, {"questions": 0})
+        """An API client asked a question (it becomes the most recent; clients past
+        :data:`CLIENT_SHOWN_S` or :data:`MAX_CLIENTS_KEPT` are forgotten)."""
+        now = self.clock()
+        c = self.clients.pop(client, None) or {"questions": 0}
         c["questions"] += 1
-        c["seen"] = self.clock()
+        c["seen"] = now
+        self.clients[client] = c
+        while self.clients:
+            oldest = next(iter(self.clients.values()))
+            if len(self.clients) <= MAX_CLIENTS_KEPT and now - oldest["seen"] <= CLIENT_SHOWN_S:
+                break
+            self.clients.popitem(last=False)
         self.changed()
 
     def changed(self) -> None:
@@ -160,9 +176,9 @@ class RoomPage:
                             "tokens_handled": self.tokens_handled.get(dev, 0), "passes": self.passes.get(dev, 0),
                             "lap_ms": lap_s * 1000 if (lap_s is not None and mine) else None})
         now = self.clock()
+        recent = itertools.takewhile(lambda cv: now - cv[1]["seen"] <= CLIENT_SHOWN_S, reversed(self.clients.items()))
         clients = [{"id": c, "questions": v["questions"], "kind": "guest" if c.startswith("guest:") else "api"}
-                   for c, v in sorted(self.clients.items())
-                   if now - v.get("seen", now) <= CLIENT_SHOWN_S]
+                   for c, v in sorted(itertools.islice(recent, MAX_CLIENTS_SHOWN))]
         return {"name": info.get("name"), "model": model_name, "model_id": srv.model_id, "guest": srv.guest_info,
                 "ready": ready, "reason": reason or None,
                 "phase": srv.phase, "host": host_id, "devices": devices, "clients": clients,

@@ -51,7 +51,7 @@ from planner.protocol import (AnswerDone, BeginAnswer, DeviceLost, EmitToken, Fr
 from planner.sampling import GREEDY
 
 from .api import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, StopMatcher, chunk_body, completion_body,
-                  error_body, parse_chat_request, usage)
+                  error_body, load_json, parse_chat_request, usage)
 
 log = logging.getLogger("splitroom.serve")
 
@@ -60,6 +60,15 @@ RETRY_STARTING_S = 5
 RETRY_LOST_S = 30
 #: mean answer time assumed before any was measured, seconds (for 429's Retry-After)
 DEFAULT_ANSWER_S = 10.0
+#: a new connection's request headers must arrive within this, seconds (then 408 and closed)
+HEADER_TIMEOUT_S = 10.0
+#: a request's body must arrive within this once its headers did, seconds (then 408)
+BODY_TIMEOUT_S = 10.0
+#: after an answer to a request whose body was not read, how long the rest is read and
+#: thrown away before the connection closes, seconds (aiohttp's ``lingering_time``)
+LINGER_S = 2.0
+#: open connections one address may hold (more get 429 and are closed at once)
+MAX_CONNECTIONS_PER_ADDRESS = 32
 
 
 @dataclass
@@ -85,6 +94,10 @@ class RoomServer:
         queue_timeout_s: longest wait for a question's turn, seconds.
         stall_timeout_s: longest wait between two answer tokens, seconds.
         write_timeout_s: longest wait for a client to take a streamed chunk, seconds.
+        header_timeout_s: a connection's first request headers must arrive within this,
+            seconds (408, closed); an idle kept-alive connection is closed a little later.
+        body_timeout_s: a request body must arrive within this after its headers, seconds (408).
+        max_connections_per_address: connections one address may hold open (429 beyond).
     Attributes:
         app: the aiohttp application.
         node: the host's :class:`runtime.room.Node` once :meth:`attach` ed, else None.
@@ -93,6 +106,8 @@ class RoomServer:
     def __init__(self, model_id: str, room_info: Optional[dict] = None, *,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, queue_timeout_s: float = 900.0,
                  stall_timeout_s: float = 120.0, write_timeout_s: float = 30.0,
+                 header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
+                 max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
                  clock: Callable[[], float] = time.monotonic):
         self.model_id = model_id
         self.room_info = dict(room_info or {})
@@ -100,6 +115,9 @@ class RoomServer:
         self.queue_timeout_s = queue_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.write_timeout_s = write_timeout_s
+        self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.max_connections_per_address = max_connections_per_address
         self.clock = clock
         self.node = None
         self.tokenizer = None
@@ -123,7 +141,10 @@ class RoomServer:
         #: the room still answers, but no device can join (:func:`watch_relay`)
         self.relay_lost: Optional[str] = None
         self._metrics()
-        self.app = web.Application(client_max_size=1 << 20)
+        self._header_timers: dict[Any, asyncio.TimerHandle] = {}  # transport -> its 408 until a request came
+        self._per_address: dict[str, int] = {}
+        self._address_of: dict[Any, str] = {}  # request handler -> its counted address
+        self.app = web.Application(client_max_size=1 << 20, middlewares=[self._request_came])
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/metrics", self.metrics)
@@ -276,6 +297,75 @@ class RoomServer:
         mean = sum(self._answer_s) / len(self._answer_s) if self._answer_s else DEFAULT_ANSWER_S
         return max(1.0, mean * max(waiting, 1) / 2)
 
+    # -- connections ----------------------------------------------------------------------
+
+    def runner(self, **kwargs) -> web.AppRunner:
+        """An AppRunner for :attr:`app` with the connection limits (class doc): aiohttp's
+        ``keepalive_timeout`` closes an idle kept-alive connection, the server's own
+        timer answers 408 to a connection whose first request headers are late, a body
+        left unread is drained for at most :data:`LINGER_S`, and
+        bad requests are logged one line each without their content
+        (:class:`runtime.logs.OneLine`). Call :meth:`limit_connections` after its setup()."""
+        from ..logs import one_line_logger
+        return web.AppRunner(self.app, keepalive_timeout=self.header_timeout_s + 5.0, lingering_time=LINGER_S,
+                             logger=one_line_logger("splitroom.serve.http"), **kwargs)
+
+    def limit_connections(self, runner: web.AppRunner) -> None:
+        """Count ``runner``'s connections per address (429 and closed beyond
+        ``max_connections_per_address``) and start each one's header timer."""
+        srv = runner.server
+        made, lost = srv.connection_made, srv.connection_lost
+
+        def connection_made(handler, transport) -> None:
+            made(handler, transport)
+            peer = transport.get_extra_info("peername")
+            addr = str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "?"
+            if self._per_address.get(addr, 0) >= self.max_connections_per_address:
+                self._close_with(transport, 429, ApiError(
+                    429, f"over {self.max_connections_per_address} connections from one address", None,
+                    "rate_limit_exceeded", "rate_limit_error", RETRY_STARTING_S))
+                return
+            self._per_address[addr] = self._per_address.get(addr, 0) + 1
+            self._address_of[handler] = addr
+            self._header_timers[transport] = asyncio.get_running_loop().call_later(
+                self.header_timeout_s, self._close_with, transport, 408, ApiError(
+                    408, f"the request headers did not arrive within {self.header_timeout_s:g} s", None,
+                    "request_timeout"))
+
+        def connection_lost(handler, exc=None) -> None:
+            addr = self._address_of.pop(handler, None)
+            if addr is not None:
+                self._per_address[addr] -= 1
+                if not self._per_address[addr]:
+                    del self._per_address[addr]
+            timer = self._header_timers.pop(handler.transport, None) if handler.transport else None
+            if timer is not None:
+                timer.cancel()
+            lost(handler, exc)
+
+        srv.connection_made, srv.connection_lost = connection_made, connection_lost
+
+    def _close_with(self, transport, status: int, e: ApiError) -> None:
+        """Answer ``status`` before any request was read (no request object exists yet,
+        so aiohttp cannot answer it) and close the connection."""
+        self._header_timers.pop(transport, None)
+        self.m_http.labels("connection", str(status)).inc()
+        if transport.is_closing():
+            return
+        body = json.dumps(e.body()).encode()
+        reason = {408: "Request Timeout", 429: "Too Many Requests"}[status]
+        head = [f"HTTP/1.1 {status} {reason}", "Content-Type: application/json", f"Content-Length: {len(body)}",
+                "Connection: close", *(f"{k}: {v}" for k, v in e.headers().items())]
+        transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        transport.close()
+
+    @web.middleware
+    async def _request_came(self, request: web.Request, handler):
+        timer = self._header_timers.pop(request.transport, None)
+        if timer is not None:
+            timer.cancel()
+        return await handler(request)
+
     # -- HTTP ---------------------------------------------------------------------------
 
     @staticmethod
@@ -340,10 +430,13 @@ class RoomServer:
         """``POST /v1/chat/completions`` (see module doc)."""
         try:
             try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError):
-                raise ApiError(400, "the request body is not valid JSON", None, "invalid_json") from None
-            req = parse_chat_request(body, self.model_id)
+                raw = await asyncio.wait_for(request.read(), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                resp = self._error("chat", ApiError(408, f"the request body did not arrive within "
+                                                         f"{self.body_timeout_s:g} s", None, "request_timeout"))
+                resp.force_close()
+                return resp
+            req = parse_chat_request(load_json(raw), self.model_id)
             ready, reason, retry = self.readiness()
             if not ready:
                 raise ApiError(503, f"the room is not ready: {reason}", None, "room_not_ready",
@@ -365,8 +458,15 @@ class RoomServer:
         return ids
 
     def _cap(self, req: ChatRequest, prompt_len: int) -> int:
+        """The answer's cap, tokens, checked against the room's context before anything
+        keeps the prompt. Raises ApiError (400, ``messages`` or ``max_tokens``) when the
+        prompt and the cap do not fit."""
         ctx = self.node.sched_cfg.context
         if req.max_tokens is not None:
+            if ctx is not None and prompt_len + req.max_tokens > ctx:
+                raise ApiError(400, f"the prompt is {prompt_len} tokens and max_tokens {req.max_tokens}; the "
+                               f"room's context holds {ctx}", "messages" if prompt_len >= ctx else "max_tokens",
+                               "context_length_exceeded")
             return req.max_tokens
         left = (ctx - prompt_len) if ctx is not None else self.default_max_tokens
         if left < 1:

@@ -1,0 +1,64 @@
+"""A served room in one process for the API tests: the model host (SmolLM2-135M layers
+1-15, numpy) and one worker (layers 16-30) as real :class:`runtime.room.Node` s over an
+in-process :class:`runtime.transport.loopback.LoopbackHub`, the host's
+:class:`runtime.serve.server.RoomServer` attached and listening on 127.0.0.1 (as
+``splitroom serve`` runs it, without the processes and WebRTC)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import AsyncIterator
+
+from runtime.backends import StageSpec, make_stage
+from runtime.control import NodeConfig
+from runtime.room import Node
+from runtime.serve.host import start_api
+from runtime.serve.server import RoomServer
+from runtime.tokenizer import ChatTokenizer
+from runtime.transport.loopback import LoopbackHub
+from runtime.weights import ensure_safetensors
+
+MODEL = "smollm2-135m"
+FRANCE = "What is the capital of France?"
+_STAGES: dict = {}
+
+
+def _stage(model_dir: str, a: int, b: int, host: bool):
+    """A loaded stage, made once per process and emptied for each room (loading takes seconds)."""
+    key = (a, b, host)
+    if key not in _STAGES:
+        _STAGES[key] = make_stage("numpy", model_dir, StageSpec(a, b, host=host))
+    st = _STAGES[key]
+    st.rollback(0)
+    return st
+
+
+@contextlib.asynccontextmanager
+async def served_room(**server_kw) -> AsyncIterator[tuple[RoomServer, str]]:
+    """``(server, base URL)`` of a running two-device room; ``server_kw`` go to RoomServer."""
+    md = str(ensure_safetensors())
+    tok = ChatTokenizer.from_dir(md)
+    chain = [["host", 0, 15], ["w", 15, 30]]
+    sched = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
+    hub = LoopbackHub()
+    nodes = []
+    for dev, a, b in chain:
+        cfg = NodeConfig(device=dev, host="host", stages=chain, scheduler=sched, model_dir=md, prompts=[],
+                         max_new_tokens=8, peers=[d for d, _, _ in chain if d != dev], heartbeat_s=0)
+        nodes.append(Node(cfg, _stage(md, a, b, dev == "host"), hub.transport(dev), tok if dev == "host" else None,
+                          keep_open=(dev == "host")))
+    server = RoomServer(MODEL, {"name": "test", "host": "host"}, **server_kw)
+    sock = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server, runner = await start_api(sock, MODEL, server=server)
+    for n in nodes:
+        n.start()
+    server.attach(nodes[0])
+    try:
+        yield server, url
+    finally:
+        server.node = None
+        for n in nodes:
+            await n.stop()
+        await runner.cleanup()
