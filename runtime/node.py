@@ -195,7 +195,8 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
 
     loaded = load_device(cfg)
     try:
-        transport = await connect_room(relay_url, room, cfg.device, cfg.peers, **cfg.ice())
+        transport = await connect_room(relay_url, room, cfg.device, cfg.peers, room_key=cfg.room_key,
+                                       **cfg.ice())
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         log.error("%s: could not join room %s: %s", cfg.device, room, e)
         return NO_ROOM

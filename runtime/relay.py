@@ -14,6 +14,20 @@ Protocol (JSON text messages over a websocket at ``ws://HOST:PORT/room/{room}``)
     relay -> client  {"type": "peers", "devices": [ID, ...]}         on every join/leave
     relay -> client  {"type": "signal", "from": ID, "data": SDP}     forwarded
 
+A room with a key (``?key=`` in a join URL; ``run --real`` makes one) is checked by the
+relay without the key ever reaching it (:func:`relay_hello`)::
+
+    client -> relay  {"type": "nonce"}                               before hello
+    relay -> client  {"type": "nonce", "nonce": 32 hex}              this socket's
+    client -> relay  {"type": "hello", "device": ID, "room_tag": 64 hex, "proof": 128 hex}
+
+``room_tag`` is the public key of an Ed25519 key pair (RFC 8032) whose private key is
+an HMAC-SHA256 of the room name keyed with the room key; ``proof`` signs the room name,
+the device id and the socket's nonce with it. Devices with the key sit in the room of
+their tag, apart from every other tag and from devices without one, so a client
+without the key can neither take a keyed device's id nor fill its room, and a proof
+seen on the wire cannot be replayed on another socket. The relay keeps only tags.
+
 where ``SDP`` is ``{"type": "offer" | "answer", "sdp": "v=0\\r\\n..."}``: only SDP
 lines (``x=...``), only the session/media/attribute lines WebRTC data channels use
 (see ``_SDP_ATTRIBUTES``), at most ``MAX_MESSAGE_BYTES``.
@@ -40,6 +54,9 @@ relay's STUN/TURN servers; the relay answers with one ``ice`` message (empty wit
 (runtime/transport/ice.py ``TurnIssuer``), so no TURN password crosses the relay's wire
 or its log in clear.
 
+A socket may send ``SIGNAL_BURST`` signals at once and ``SIGNALS_PER_S`` a second
+after that (a token bucket); one more closes it (1008).
+
 Every message the relay receives (hello) or sends (peers, forwarded signals) is kept
 in an in-memory audit log (:attr:`Relay.audit`), so tests can show what crossed it.
 
@@ -49,12 +66,15 @@ Run it with ``splitroom relay --host 0.0.0.0 --port 8765`` or ``run_relay``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -188,6 +208,49 @@ def check_sdp(data: Any) -> dict:
     return data
 
 
+def _signing_key(key: str, room: str):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    seed = hmac.new(key.encode(), b"splitroom-relay-room\x00" + room.encode(), hashlib.sha256).digest()
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def _signed(room: str, device: str, nonce: str) -> bytes:
+    return f"splitroom-relay-hello\x00{room}\x00{device}\x00{nonce}".encode()
+
+
+def room_tag(key: str, room: str) -> str:
+    """The relay's name for the keyed room ``room``: the Ed25519 public key (64 hex)
+    of the private key HMAC-SHA256(key, room) (module doc). The key cannot be had
+    from it."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+    return _signing_key(key, room).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def relay_hello(key: str, room: str, device: str, nonce: str) -> dict:
+    """The hello a device of the keyed room ``room`` says on a socket whose nonce is
+    ``nonce``: its ``room_tag`` and the Ed25519 signature (128 hex) of the room, the
+    device id and the nonce."""
+    sig = _signing_key(key, room).sign(_signed(room, device, nonce)).hex()
+    return {"type": "hello", "device": device, "room_tag": room_tag(key, room), "proof": sig}
+
+
+def check_relay_hello(room: str, device: str, nonce: str, tag: str, proof: str) -> bool:
+    """Whether ``proof`` is the signature :func:`relay_hello` makes for this room,
+    device and nonce with the key whose public half is ``tag``."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(tag)).verify(bytes.fromhex(proof),
+                                                                       _signed(room, device, nonce))
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+_TAG_RE = re.compile(r"^[0-9a-f]{64}$")
+_PROOF_RE = re.compile(r"^[0-9a-f]{128}$")
+
+
 @dataclass
 class _Client:
     device: str
@@ -204,6 +267,10 @@ MAX_CLIENTS_PER_ADDRESS = 32
 MAX_AUDIT = 10_000
 #: Log lines the relay writes per second at most (more are counted, then summarised).
 LOG_LINES_PER_S = 20
+#: Signals one socket may send at once (an offer to every other device of a full room,
+#: twice), and the rate it may go on at, per second.
+SIGNAL_BURST = 2 * MAX_ROOM_CLIENTS
+SIGNALS_PER_S = 2.0
 
 
 class _LogBudget:
@@ -242,7 +309,10 @@ class Relay:
     Limits (attributes, defaults from the module constants): ``hello_timeout_s``
     (a socket that says nothing is closed, 1008), ``max_room_clients`` (a hello into a
     full room is refused), ``max_clients_per_address`` (more websockets from one address
-    get HTTP 429 before any upgrade), ``max_audit``, ``log_lines_per_s``.
+    get HTTP 429 before any upgrade), ``max_audit``, ``log_lines_per_s``,
+    ``signal_burst`` and ``signals_per_s`` (a socket's signals, a token bucket), ``clock``
+    (seconds, for the bucket). ``rooms`` is keyed by the room's name, or for a keyed
+    room ``NAME#TAG`` (its :func:`room_tag`).
     """
 
     rooms: dict[str, dict[str, _Client]] = field(default_factory=dict)
@@ -253,6 +323,9 @@ class Relay:
     max_clients_per_address: int = MAX_CLIENTS_PER_ADDRESS
     max_audit: int = MAX_AUDIT
     log_lines_per_s: int = LOG_LINES_PER_S
+    signal_burst: int = SIGNAL_BURST
+    signals_per_s: float = SIGNALS_PER_S
+    clock: Callable[[], float] = time.monotonic
     dropped: int = 0
     connections: dict[str, int] = field(default_factory=dict)
     #: hands out ICE servers to a hello that asks (runtime.transport.ice.TurnIssuer; None: none)
@@ -315,6 +388,9 @@ class Relay:
             await self._reject(ws, room[:64], None, RelayReject("bad room id"))
             return ws
         me: _Client | None = None
+        name = room  # the room in the log; ``room`` becomes NAME#TAG for a keyed hello
+        nonce: str | None = None
+        tokens, filled = float(self.signal_burst), self.clock()
         try:
             while True:
                 try:
@@ -340,15 +416,29 @@ class Relay:
                 if not isinstance(obj, dict):
                     raise RelayReject("message is not a JSON object")
                 kind = obj.get("type")
-                if kind == "hello":
+                if kind == "nonce":
+                    if me is not None or set(obj) != {"type"}:
+                        raise RelayReject("a nonce is asked for once, before hello, as {type}")
+                    nonce = nonce or secrets.token_hex(16)
+                    await ws.send_str(json.dumps({"type": "nonce", "nonce": nonce}))
+                elif kind == "hello":
                     if me is not None:
                         raise RelayReject("second hello")
                     device = obj.get("device")
-                    if (set(obj) - {"ice"} != {"type", "device"} or not isinstance(device, str)
-                            or not _ID_RE.match(device)):
-                        raise RelayReject("hello must be {type, device[, ice]} with a device id of "
-                                          "[A-Za-z0-9_.:-]{1,64}")
-                    ice_msg = self._ice_message(room, device, obj["ice"]) if "ice" in obj else None
+                    fields = set(obj) - {"ice"}
+                    keyed = fields == {"type", "device", "room_tag", "proof"}
+                    if not (keyed or fields == {"type", "device"}) or not isinstance(device, str) \
+                            or not _ID_RE.match(device):
+                        raise RelayReject("hello must be {type, device[, ice][, room_tag, proof]} with a device id "
+                                          "of [A-Za-z0-9_.:-]{1,64}")
+                    if keyed:
+                        tag, proof = obj["room_tag"], obj["proof"]
+                        if nonce is None or not isinstance(tag, str) or not isinstance(proof, str) \
+                                or not _TAG_RE.match(tag) or not _PROOF_RE.match(proof) \
+                                or not check_relay_hello(name, device, nonce, tag, proof):
+                            raise RelayReject("the hello's proof of the room key does not check out")
+                        room = f"{name}#{tag}"
+                    ice_msg = self._ice_message(name, device, obj["ice"]) if "ice" in obj else None
                     clients = self.rooms.setdefault(room, {})
                     if device in clients:
                         raise RelayReject(f"device {device!r} is already in room {room!r}")
@@ -366,6 +456,11 @@ class Relay:
                         raise RelayReject("signal before hello")
                     if set(obj) != {"type", "to", "data"}:
                         raise RelayReject("signal must be {type, to, data}")
+                    now = self.clock()
+                    tokens, filled = min(float(self.signal_burst), tokens + (now - filled) * self.signals_per_s), now
+                    if tokens < 1:
+                        raise RelayReject(f"over {self.signal_burst} signals at once or {self.signals_per_s:g} a second")
+                    tokens -= 1
                     data = check_sdp(obj["data"])
                     to = obj["to"]
                     target = self.rooms.get(room, {}).get(to) if isinstance(to, str) else None

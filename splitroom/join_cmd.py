@@ -95,7 +95,8 @@ def parse_room_url(url: str) -> tuple[str, str]:
 
 def parse_room_key(url: str) -> Optional[str]:
     """The room key of a room URL ``ws://HOST:PORT/room/NAME?key=KEY`` (None without
-    one). The key never reaches the relay: it only keys the devices' proofs of identity.
+    one). The key never reaches the relay: it keys the devices' proofs of identity, and the
+    relay seats them by a tag and signature made from it (:func:`runtime.relay.relay_hello`).
 
     Raises JoinError (status 2) for a key that is not 16-128 letters, digits, ``-`` or ``_``."""
     from urllib.parse import parse_qs
@@ -295,6 +296,9 @@ class _Mux:
         self.key = key
         self.verified: set[str] = set()
         self.refused: dict[str, str] = {}  # peer -> why its hello was refused
+        #: the model host: the peer whose (proven) hello said ``host``, then the plan's host;
+        #: only its plan, abort and bye count (:meth:`from_host`)
+        self.host: Optional[str] = None
         self.control: asyncio.Queue = asyncio.Queue()
         self.node_handler = None
         self.lost_handler = None
@@ -320,6 +324,8 @@ class _Mux:
         elif self.key is not None and src not in self.verified:
             return
         if channel == CONTROL:
+            if msg.type == "hello" and msg.host and self.host is None:
+                self.host = src
             if msg.type in ("heartbeat", "replan", "ready", "crash", "fault"):  # the running room's: the Node's
                 if self.node_handler is not None:
                     self.node_handler(src, channel, data)
@@ -346,6 +352,14 @@ class _Mux:
         log.warning("refused the hello of %s: %s", src, why)
         self.refused[src] = why
         self.control.put_nowait((src, None))
+
+    def from_host(self, src: str, msg) -> bool:
+        """Whether ``msg`` (a Plan, Abort or Bye) may be obeyed: it came over the
+        connection of the model host (its id bound to its certificate by its hello's
+        proof in a room with a key), and a plan names that host. Anything else is not."""
+        if self.host is None or src != self.host:
+            return False
+        return getattr(msg, "host", src) == src
 
     def hello_for(self, peer: str, hello):
         """``hello`` as sent to ``peer``: with the proof of the room key over this side's
@@ -454,8 +468,10 @@ async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
                         needed: Sequence[str] = ()) -> tuple:
     """The next control message of a type in ``want`` (runtime.control classes) as
     ``(src, message)``. Raises JoinError: status 4 at ``deadline`` (time.monotonic), 2
-    when a peer aborts the room, 3 when a device in ``needed`` is lost first."""
-    from runtime.control import Abort
+    when the host aborts the room, 3 when a device in ``needed`` is lost or refused first.
+    A plan, abort or bye from a peer that is not the model host (:meth:`_Mux.from_host`)
+    is logged and ignored; so is an abort received by the host itself."""
+    from runtime.control import Abort, Bye, Plan
     while True:
         for peer in needed:
             if peer in mux.refused:
@@ -472,11 +488,50 @@ async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
             raise JoinError(f"timed out waiting for {what}", 4) from None
         if msg is None:  # a lost marker: checked at the top
             continue
+        if isinstance(msg, (Abort, Bye, Plan)) and not mux.from_host(src, msg):
+            log.warning("ignored a %s from %s: only the model host (%s) may send one", msg.type, src,
+                        mux.host or "not known yet")
+            continue
         if isinstance(msg, Abort):
             raise JoinError(f"{src} stopped the room: {msg.reason}", 2)
         if isinstance(msg, want):
             return src, msg
         log.info("control message %r from %s ignored while waiting for %s", msg.type, src, what)
+
+
+async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[asyncio.Event], say,
+                          greet, reason: str = "it fell silent"):
+    """A worker lost the model host ``host``: wait up to ``wait_s`` seconds for it to
+    come back (:func:`runtime.node.await_host`), say hello again (``greet()``) and take
+    its plan. A device that connects as ``host`` but is refused (its hello cannot prove
+    the room key over its certificate) or leaves before its plan is logged and the
+    wait goes on, until the real host's plan or the end of ``wait_s``.
+
+    Returns the host's :class:`runtime.control.Plan`. Raises JoinError (status 5, room
+    over) when the wait ends without it; status 2 when the host aborts the room."""
+    from runtime.control import Plan
+    from runtime.node import await_host
+    until = time.monotonic() + wait_s
+    while True:
+        mux.next_round()
+        left = max(until - time.monotonic(), 0.0)
+        if not await await_host(mux, host, left, stop, say):
+            raise JoinError(f"room over: lost the model host {host} ({reason}) and it did not come back "
+                            f"within {wait_s:g} s", 5)
+        await greet()
+        try:
+            return (await _next_control(mux, (Plan,), until, "the host's plan", [host]))[1]
+        except JoinError as e:
+            if e.status == 4:
+                raise JoinError(f"room over: the model host {host} did not send its plan within {wait_s:g} s", 5) \
+                    from None
+            if e.status != 3:
+                raise
+            why = mux.refused.pop(host, None)
+            gone = mux.lost.pop(host, None)
+            log.warning("refused a device connected as the model host %s: %s; still waiting for the host", host,
+                        why or f"it left before its plan ({gone})")
+            say(f"refused a device claiming to be the model host {host}; still waiting for it")
 
 
 async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions, queue=None, numbers=()) -> None:
@@ -535,7 +590,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     from runtime.backends import BACKENDS
     from runtime.config import ModelConfig
     from runtime.control import Abort, Bye, Hello, NodeConfig, Plan
-    from runtime.node import LOST_HOST, TIMED_OUT, await_host, load_device, run_device, stop_on_signals
+    from runtime.node import LOST_HOST, TIMED_OUT, load_device, run_device, stop_on_signals
     from runtime.transport import TransportError, connect_room
     from splitroom.models import ModelError
     from splitroom.models import model_dir as resolve_model
@@ -631,7 +686,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                                        host_addresses=list(opts.addresses) or None,
                                        open_timeout_s=max(min(opts.timeout_s, 120.0), 1.0),
                                        ice_servers=ice_servers, relay_only=opts.ice_relay_only,
-                                       ice_from_relay=opts.ice_from_relay)
+                                       ice_from_relay=opts.ice_from_relay, room_key=key)
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         if api is not None:
             api[2].cancel()
@@ -661,18 +716,28 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             await desk.close()
             desk = None
     mux = _Mux(transport, key)
+    if opts.host:
+        mux.host = opts.device
     stop = stop_on_signals()
     kept = None  # a worker's ((start, end), loaded) kept while the host was away
     host = None
+    hello = Hello(device=opts.device, host=bool(opts.host), layers=mine, lends=lends)
+
+    async def greet() -> None:
+        for p in peers:
+            try:
+                await mux.say(p, mux.hello_for(p, hello))
+            except TransportError as e:  # a peer lost earlier: the host decides without it
+                log.info("hello to %s not sent: %s", p, e)
+
+    back = None  # the plan of a model host that came back
     try:
         while True:  # one round per model host: a worker waits for a host that left to come back
-            hello = Hello(device=opts.device, host=bool(opts.host), layers=mine, lends=lends)
-            for p in peers:
-                try:
-                    await mux.say(p, mux.hello_for(p, hello))
-                except TransportError as e:  # a peer lost earlier: the host decides without it
-                    log.info("hello to %s not sent: %s", p, e)
-            if opts.host:
+            if back is None:
+                await greet()
+            if back is not None:
+                plan, back = back, None
+            elif opts.host:
                 hellos = {opts.device: {"layers": list(mine) if mine else None, "lends": lends}}
                 while len(hellos) < len(peers) + 1:
                     src, msg = await _next_control(mux, (Hello,), deadline, "the other devices' hellos", peers)
@@ -751,11 +816,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                 raise JoinError(f"timed out after {opts.timeout_s:.0f} s", 4)
             if status == LOST_HOST and not stop.is_set():
                 reason = mux.lost.get(host, "it fell silent")
-                mux.next_round()
                 wait = max(min(opts.host_wait_s, deadline - time.monotonic()), 0.0)
-                if not await await_host(mux, host, wait, stop, say):
-                    raise JoinError(f"room over: lost the model host {host} ({reason}) and it did not come back "
-                                    f"within {wait:g} s", 5)
+                back = await await_host_plan(mux, host, wait, stop, say, greet, reason)
                 kept = ((a, b), loaded)
                 continue
             if is_host:

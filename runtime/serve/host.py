@@ -116,7 +116,8 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
                          "and connect")
         try:
             transport = await _unless_stopped(
-                connect_room(relay_url, room, cfg.device, cfg.peers, open_timeout_s=open_timeout_s, **cfg.ice()),
+                connect_room(relay_url, room, cfg.device, cfg.peers, open_timeout_s=open_timeout_s,
+                             room_key=cfg.room_key, **cfg.ice()),
                 stop)
         except (TransportError, OSError, asyncio.TimeoutError) as e:
             log.error("%s: could not join room %s: %s", cfg.device, room, e)

@@ -94,7 +94,7 @@ class RtcTransport(Transport):
     def __init__(self, device: str, peers: Sequence[str], max_message_bytes_in: int):
         super().__init__(device, peers, max_message_bytes_in)
         self._links: dict[str, _Link] = {p: _Link(p) for p in peers}
-        self._relay: tuple = ("", "", None)  # (relay URL, room, host addresses) for reconnect()
+        self._relay: tuple = ("", "", None, None)  # (relay URL, room, host addresses, room key) for reconnect()
         self._ice: tuple[tuple[IceServer, ...], bool] = ((), False)  # (servers, relay only) of new connections
         self._ice_given: tuple[tuple[IceServer, ...], bool] = ((), False)  # (own servers, ask the relay)
 
@@ -213,7 +213,7 @@ class RtcTransport(Transport):
             raise ValueError(f"{peer!r} is not a peer of {self.device}")
         if self._closed:
             raise TransportError(f"{self.device}: transport is closed")
-        relay_url, room, addrs = self._relay
+        relay_url, room, addrs, room_key = self._relay
         old = self._links[peer]
         fresh = _Link(peer)
         fresh.bulk_inflight_bytes = old.bulk_inflight_bytes
@@ -222,7 +222,7 @@ class RtcTransport(Transport):
         for c in CHANNELS:
             self._reasm[(peer, c)] = Reassembler(self.max_message_bytes_in)
         token = _host_addresses.set(addrs)
-        sig = _Signalling(self.device, [peer])
+        sig = _Signalling(self.device, [peer], room_key)
         try:
             await sig.open(relay_url, room, ice=self._ice_given[1])
             await _use_ice(self, sig)
@@ -248,8 +248,9 @@ class RtcTransport(Transport):
 class _Signalling:
     """The relay websocket of one connect_room call."""
 
-    def __init__(self, device: str, peers: Sequence[str]):
+    def __init__(self, device: str, peers: Sequence[str], room_key: Optional[str] = None):
         self.device = device
+        self.room_key = room_key
         self.present: set[str] = set()
         self.changed = asyncio.Event()
         self.inbox: dict[str, asyncio.Queue] = {p: asyncio.Queue() for p in peers}
@@ -274,6 +275,18 @@ class _Signalling:
             await self.session.close()
             raise TransportError(f"{self.device}: cannot reach the relay at {url}: {_why(e)}") from e
         hello = {"type": "hello", "device": self.device}
+        if self.room_key is not None:  # the relay seats this device in the room of the key's tag
+            from ..relay import relay_hello
+            await self.ws.send_str(json.dumps({"type": "nonce"}))
+            try:
+                msg = await self.ws.receive(timeout=10.0)
+                nonce = json.loads(msg.data)["nonce"] if msg.type == aiohttp.WSMsgType.TEXT else None
+            except (asyncio.TimeoutError, ValueError, KeyError, TypeError):
+                nonce = None
+            if not isinstance(nonce, str):
+                await self.close()
+                raise TransportError(f"{self.device}: the relay at {url} gave no nonce for a room with a key")
+            hello = relay_hello(self.room_key, room, self.device, nonce)
         if ice:
             self.ice_key = CredentialKey()
             hello["ice"] = self.ice_key.public
@@ -484,7 +497,8 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
                        bulk_inflight_bytes: int = BULK_INFLIGHT_BYTES,
                        ice_servers: Sequence[IceServer] = (),
                        relay_only: bool = False,
-                       ice_from_relay: bool = False) -> Transport:
+                       ice_from_relay: bool = False,
+                       room_key: Optional[str] = None) -> Transport:
     """Join ``room`` on the relay at ``relay_url`` (``ws://host:port``) as ``device``,
     open data channels to every device in ``peers`` and return the Transport.
 
@@ -506,6 +520,8 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
     time-limited TURN credentials sealed to this connection's key); each kind the
     caller gives itself wins over the relay's.
     The candidate pair chosen per peer is logged (logger ``splitroom.transport``).
+    ``room_key``: the room's key; the relay then seats this device in the room of the
+    key's tag (:func:`runtime.relay.relay_hello`: the key itself never reaches it).
 
     The relay websocket is closed once every channel is open: the relay sees the SDP
     exchange and nothing after it.
@@ -528,13 +544,13 @@ async def connect_room(relay_url: str, room: str, device: str, peers: Sequence[s
         tune_sctp()
     token = _host_addresses.set(tuple(host_addresses) if host_addresses is not None else None)
     transport = RtcTransport(device, peers, max_message_bytes_in)
-    transport._relay = (relay_url, room, tuple(host_addresses) if host_addresses is not None else None)
+    transport._relay = (relay_url, room, tuple(host_addresses) if host_addresses is not None else None, room_key)
     transport._bulk_inflight = bulk_inflight_bytes
     transport._ice = (ice_servers, bool(relay_only))
     transport._ice_given = (ice_servers, bool(ice_from_relay))
     for lk in transport._links.values():
         lk.bulk_inflight_bytes = bulk_inflight_bytes
-    sig = _Signalling(device, peers)
+    sig = _Signalling(device, peers, room_key)
     try:
         await sig.open(relay_url, room, ice=ice_from_relay)
         await _use_ice(transport, sig)

@@ -26,7 +26,9 @@ async def _impostor(url: str, proof_of) -> None:
     """Take the id ``w`` in the room, say a hello with ``proof_of(local fingerprint)``,
     then stay connected a while."""
     relay, room = parse_room_url(url)
-    t = await connect_room(relay, room, "w", ["h"], host_addresses=["127.0.0.1"], open_timeout_s=40)
+    # seated at the relay with the room's tag, as a relay that does not check (or a hostile
+    # one) would seat it: the proof in the hello is what is tested here
+    t = await connect_room(relay, room, "w", ["h"], host_addresses=["127.0.0.1"], open_timeout_s=40, room_key=KEY)
     try:
         local, _ = t.fingerprints("h")
         assert local and local.startswith("sha-256 ")
