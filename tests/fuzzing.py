@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 
 #: Seconds one input may take before it counts as a hang.
 HANG_S = 20.0
+#: a fuzzed request a room is answering is left (the client goes away) after this, seconds
+ANSWER_WAIT_S = 3.0
 
 #: A valid two-device room of the real model, small enough to simulate in milliseconds.
 BASE = {
@@ -819,35 +821,70 @@ def api_requests(draw) -> tuple[bytes, dict]:
 
 
 class ApiFuzzer:
-    """The serve API (runtime.serve.server.RoomServer, no room attached) on 127.0.0.1 in
-    its own event loop: each request must get a status other than 500 within the time
-    limit, and /health must answer after it (the server is alive: 503 with its JSON
-    body, as no room is attached)."""
+    """The serve API (runtime.serve.server.RoomServer) on 127.0.0.1 in its own event
+    loop: each request must get a status other than 500 within the time limit, and
+    /health must answer after it (the server is alive: 503 with its JSON body when no
+    room is attached, 200 and ready with one).
 
-    def __init__(self):
+    Without ``room`` no room is attached: a request the parser accepts gets 503 ("ok").
+    With ``room`` a real two-device room answers it (tests/servedroom.py): "ok" is 200,
+    or an answer still running after :data:`ANSWER_WAIT_S` (the client goes away, which
+    withdraws the question); "refused" a 4xx; any 5xx is a crash (the room is ready).
+    :meth:`ask` puts a question to it afterwards."""
+
+    def __init__(self, room: bool = False):
         from runtime.serve.host import start_api
+        import contextlib
         import socket
         self.loop = asyncio.new_event_loop()
-        sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server, self.runner = self.loop.run_until_complete(start_api(sock, "smollm2-135m"))
+        self.room = room
+        self._stack = contextlib.AsyncExitStack()
+        if room:
+            from tests.servedroom import served_room
+            self.server, self.url = self.loop.run_until_complete(self._stack.enter_async_context(served_room()))
+        else:
+            sock = socket.create_server(("127.0.0.1", 0))
+            self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            self.server, runner = self.loop.run_until_complete(start_api(sock, "smollm2-135m"))
+            self._stack.push_async_callback(runner.cleanup)
         self.session = None
         self.statuses: dict[int, int] = {}
+        self.gave_up = 0
 
     async def _feed(self, body: bytes, headers: dict) -> Outcome:
         import aiohttp
         if self.session is None:
             self.session = aiohttp.ClientSession()
-        async with self.session.post(self.url + "/v1/chat/completions", data=body, headers=headers) as r:
-            await r.read()
-            status = r.status
+        try:
+            async with self.session.post(self.url + "/v1/chat/completions", data=body, headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=ANSWER_WAIT_S if self.room else None)
+                                         ) as r:
+                await r.read()
+                status = r.status
+        except asyncio.TimeoutError:
+            if not self.room:
+                raise
+            self.gave_up += 1  # an answer still running: this client leaves, its question is withdrawn
+            status = 200
         self.statuses[status] = self.statuses.get(status, 0) + 1
         async with self.session.get(self.url + "/health") as h:
-            if h.status != 503 or (await h.json()).get("ready") is not False:
+            if h.status != (200 if self.room else 503) or (await h.json()).get("ready") is not self.room:
                 return Outcome("crash", f"/health answered {h.status} after a request")
-        if status >= 500 and status != 503:
+        if status >= 500 and (self.room or status != 503):
             return Outcome("crash", f"status {status} for {body[:200]!r} {headers}")
-        return Outcome("ok" if status == 503 else "refused")
+        return Outcome("ok" if status in (200, 503) else "refused")
+
+    def ask(self, question: str, max_tokens: int = 12) -> str:
+        """The room's answer to ``question`` (greedy), as text."""
+        async def go():
+            import aiohttp
+            async with aiohttp.ClientSession() as s:
+                async with s.post(self.url + "/v1/chat/completions", json={
+                        "model": "smollm2-135m", "max_tokens": max_tokens,
+                        "messages": [{"role": "user", "content": question}]}) as r:
+                    out = await r.json()
+            return out["choices"][0]["message"]["content"]
+        return self.loop.run_until_complete(asyncio.wait_for(go(), 300))
 
     def feed(self, given: tuple[bytes, dict]) -> Outcome:
         try:
@@ -862,6 +899,6 @@ class ApiFuzzer:
         async def _close():
             if self.session is not None:
                 await self.session.close()
-            await self.runner.cleanup()
+            await self._stack.aclose()
         self.loop.run_until_complete(_close())
         self.loop.close()

@@ -35,11 +35,13 @@ def _stage(model_dir: str, a: int, b: int, host: bool):
 
 
 @contextlib.asynccontextmanager
-async def served_room(**server_kw) -> AsyncIterator[tuple[RoomServer, str]]:
-    """``(server, base URL)`` of a running two-device room; ``server_kw`` go to RoomServer."""
+async def served_room(cut: int = 15, end: int = 30, **server_kw) -> AsyncIterator[tuple[RoomServer, str]]:
+    """``(server, base URL)`` of a running two-device room: the host holds layers
+    ``[0, cut)``, the worker ``[cut, end)`` (fewer than 30 in all: a faster room whose
+    answers are not the model's, for soaking); ``server_kw`` go to RoomServer."""
     md = str(ensure_safetensors())
     tok = ChatTokenizer.from_dir(md)
-    chain = [["host", 0, 15], ["w", 15, 30]]
+    chain = [["host", 0, cut], ["w", cut, end]]
     sched = dict(hidden=576, prefill_chunk=16, eos_token=2, phones=[])
     hub = LoopbackHub()
     nodes = []

@@ -108,3 +108,17 @@ def test_fuzz_api_requests():
         _run("serve API requests", fuzzing.api_requests(), af.feed)
     finally:
         af.close()
+
+
+def test_fuzz_api_requests_with_a_room_attached():
+    af = fuzzing.ApiFuzzer(room=True)
+    try:
+        counts = _run("serve API requests, room attached", fuzzing.api_requests(), af.feed)
+        answer = af.ask("What is the capital of France?")
+        old = json.loads(OUT.read_text())
+        old["serve API requests, room attached"].update(statuses=af.statuses, gave_up=af.gave_up,
+                                                        then_asked_france=answer)
+        OUT.write_text(json.dumps(old, indent=1))
+        assert "Paris" in answer, (counts, answer)
+    finally:
+        af.close()

@@ -120,12 +120,12 @@ def test_one_address_cannot_hold_more_than_its_connections():
         try:
             held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
             await asyncio.sleep(0.1)
-            refused = await _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            refused = await _raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
             assert refused.startswith(b"HTTP/1.1 429 ") and b"Retry-After: " in refused, refused[:200]
             for _, w in held:
                 w.close()
             await asyncio.sleep(0.2)
-            ok = await _raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            ok = await _raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert ok.startswith(b"HTTP/1.1 200 "), ok[:200]  # the places are freed when they close
         finally:
             await runner.cleanup()

@@ -79,14 +79,19 @@ def test_sdps_are_accepted_or_refused(text):
     check(fuzzing.try_sdp(text))
 
 
+def _feed_all(fuzzer, strategy) -> None:
+    """Every input ``strategy`` draws (FAST's number) through ``fuzzer.feed``: none may crash or hang."""
+    @FAST
+    @given(x=strategy)
+    def go(x):
+        check(fuzzer.feed(x))
+    go()
+
+
 def test_relay_sessions_leave_the_relay_serving():
     rf = fuzzing.RelayFuzzer()
     try:
-        @FAST
-        @given(msgs=fuzzing.relay_sessions())
-        def go(msgs):
-            check(rf.feed(msgs))
-        go()
+        _feed_all(rf, fuzzing.relay_sessions())
     finally:
         rf.close()
 
@@ -131,11 +136,19 @@ def test_the_frame_classifier_sees_a_good_frame_and_a_long_one():
 def test_api_requests_never_get_500_nor_stop_the_server():
     af = fuzzing.ApiFuzzer()
     try:
-        @FAST
-        @given(req=fuzzing.api_requests())
-        def go(req):
-            check(af.feed(req))
-        go()
+        _feed_all(af, fuzzing.api_requests())
         assert af.statuses.get(503, 0) + af.statuses.get(400, 0) > 0  # parsed and answered, not all refused early
+    finally:
+        af.close()
+
+
+def test_api_requests_with_a_room_attached_never_get_500_and_the_room_still_answers():
+    """The same requests answered by a real room (tests/servedroom.py), then a normal
+    question: its answer names Paris (SmolLM2's greedy answer, as `splitroom generate`
+    gives it)."""
+    af = fuzzing.ApiFuzzer(room=True)
+    try:
+        _feed_all(af, fuzzing.api_requests())
+        assert "Paris" in af.ask("What is the capital of France?")
     finally:
         af.close()
