@@ -432,7 +432,11 @@ def ended_how(returncode: int, last_line: str) -> str:
 
 
 def _last_log_line(workdir: Path, name: str) -> str:
-    """The last non-empty line of WORKDIR/NAME.log (at most 300 characters), or ""."""
+    """The last non-empty line of WORKDIR/NAME.log (at most 300 characters), or "" (a
+    child that ended: once its output is copied, waiting at most 2 s)."""
+    copy = _LOG_COPIES.get(str(workdir / f"{name}.log"))
+    if copy is not None:
+        copy.join(timeout=2.0)
     try:
         lines = [ln for ln in (workdir / f"{name}.log").read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
@@ -544,12 +548,13 @@ def plan_network(scn: Scenario, devices: Sequence[str], netns: bool) -> tuple[ob
 def start_process(net, device: str, argv: Sequence[str], workdir: Path, env: dict, **popen) -> subprocess.Popen:
     """Start ``argv`` as ``device``'s process: in its namespace of ``net`` (an entered
     EmulatedNetwork), or on this machine when ``net`` is None; its output goes to
-    WORKDIR/DEVICE.log. ``popen``: more :class:`subprocess.Popen` arguments (pass_fds).
+    WORKDIR/DEVICE.log (rotated: :func:`_rotated`). ``popen``: more :class:`subprocess.Popen`
+    arguments (pass_fds).
     Raises OSError when the process cannot be started."""
     io = _logs(workdir, device)
     if net is not None:
-        return net.run_in(device, list(argv), env=env, **io, **popen)
-    return subprocess.Popen(list(argv), env=env, **io, **popen)
+        return _rotated(net.run_in(device, list(argv), env=env, **io, **popen), workdir, device)
+    return _rotated(subprocess.Popen(list(argv), env=env, **io, **popen), workdir, device)
 
 
 def start_relay(net, host: str, workdir: Path, env: dict) -> tuple[subprocess.Popen, str]:
@@ -558,10 +563,10 @@ def start_relay(net, host: str, workdir: Path, env: dict) -> tuple[subprocess.Po
     it is still running. Raises RealRunError when it exited (its log is WORKDIR/relay.log)."""
     if net is not None:
         addr, port = net.address(host), 8765
-        relay = net.run_in(host, _relay_argv(addr, port), env=env, **_logs(workdir, "relay"))
+        relay = _rotated(net.run_in(host, _relay_argv(addr, port), env=env, **_logs(workdir, "relay")), workdir, "relay")
     else:
         addr, port = "127.0.0.1", _free_port()
-        relay = subprocess.Popen(_relay_argv(addr, port), env=env, **_logs(workdir, "relay"))
+        relay = _rotated(subprocess.Popen(_relay_argv(addr, port), env=env, **_logs(workdir, "relay")), workdir, "relay")
     time.sleep(1.0)
     if relay.poll() is not None:
         raise RealRunError("the signalling relay did not start")
@@ -605,9 +610,21 @@ def stop_room(procs: dict, relay, net, grace_s: float = 20.0) -> None:
 
 
 def _logs(workdir: Path, name: str) -> dict:
-    """Popen keyword arguments sending a child's output to WORKDIR/NAME.log."""
-    f = open(workdir / f"{name}.log", "wb")
-    return {"stdout": f, "stderr": subprocess.STDOUT}
+    """Popen keyword arguments for a child whose output :func:`_rotated` keeps."""
+    return {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+
+
+def _rotated(proc: subprocess.Popen, workdir: Path, name: str) -> subprocess.Popen:
+    """``proc``'s output (stdout and stderr) copied into WORKDIR/NAME.log, rotated at
+    runtime.logs.LOG_FILE_BYTES with LOG_BACKUPS older files (NAME.log.1, ...); returns ``proc``."""
+    from runtime import logs
+    path = str(workdir / f"{name}.log")
+    _LOG_COPIES[path] = logs.rotate_into(proc.stdout, path, logs.LOG_FILE_BYTES, logs.LOG_BACKUPS)
+    return proc
+
+
+#: log file -> the thread copying a child's output into it (see _rotated)
+_LOG_COPIES: dict = {}
 
 
 def _relay_argv(host: str, port: int) -> list[str]:

@@ -100,3 +100,35 @@ def test_a_temperature_too_small_to_divide_by_is_refused():
     for t in (5e-324, 1e-300, 9.99e-6):
         with pytest.raises(ValueError, match="temperature"):
             Sampling(t)
+
+
+def test_a_childs_log_is_rotated_and_bounded(tmp_path):
+    import subprocess
+    import sys
+
+    from runtime.logs import rotate_into
+    child = subprocess.Popen([sys.executable, "-c", "for i in range(30000): print(f'line {i:06d} ' + 'x' * 88)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    path = tmp_path / "dev.log"
+    rotate_into(child.stdout, str(path), max_bytes=1_000_000, backups=2).join(timeout=60)
+    assert child.wait(timeout=30) == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["dev.log", "dev.log.1", "dev.log.2"]  # 3,000,000 bytes written, 3 files kept
+    assert all((tmp_path / f).stat().st_size <= 1_000_000 for f in files)
+    assert path.read_text().splitlines()[-1].startswith("line 029999 ")
+    assert (tmp_path / "dev.log.2").read_text().splitlines()[0] > "line 000000"  # the oldest were let go
+
+
+def test_room_processes_write_their_output_through_the_rotated_log(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    from runtime import logs
+    from splitroom.real import _last_log_line, start_process
+    monkeypatch.setattr(logs, "LOG_FILE_BYTES", 1000)
+    p = start_process(None, "dev", [sys.executable, "-c", "import sys\nfor i in range(300): print(f'line {i:03d}')\n"
+                                    "print('the last', file=sys.stderr)"], tmp_path, dict(os.environ))
+    assert p.wait(timeout=30) == 0
+    assert _last_log_line(tmp_path, "dev") == "the last"  # stdout and stderr both kept
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["dev.log", "dev.log.1", "dev.log.2"]
+    assert (tmp_path / "dev.log.2").read_text().startswith("line 0")  # 9 bytes a line, 1,000 a file
