@@ -622,8 +622,16 @@ def relay_sessions(draw) -> list:
     for _ in range(draw(st.integers(0, 4))):
         k = draw(st.sampled_from(["hello", "hello", "signal", "signal", "json", "text", "binary"]))
         if k == "hello":
-            out.append(json.dumps({"type": "hello", "device": draw(st.one_of(
-                st.sampled_from(["a", "b", "fz", "y"]), st.text(max_size=70), st.integers(), st.none()))}))
+            hello = {"type": "hello", "device": draw(st.one_of(
+                st.sampled_from(["a", "b", "fz", "y"]), st.text(max_size=70), st.integers(), st.none()))}
+            if draw(st.booleans()):  # asks for ICE servers with a key that is one, or anything
+                from runtime.transport.ice import CredentialKey
+                hello["ice"] = draw(st.one_of(st.just(CredentialKey().public), st.text(max_size=120),
+                                              st.binary(max_size=70).map(lambda b: b.hex()), VALUES))
+            try:
+                out.append(json.dumps(hello))
+            except ValueError:
+                out.append("{}")
         elif k == "signal":
             out.append(json.dumps({"type": "signal", "to": draw(st.sampled_from(["y", "fz", "nobody", 3])),
                                    "data": {"type": draw(st.sampled_from(["offer", "answer", "x"])),
@@ -648,8 +656,11 @@ class RelayFuzzer:
     def __init__(self):
         import asyncio
         from runtime.relay import Relay, run_relay
+        from runtime.transport.ice import TurnIssuer, parse_ice_server
         self.loop = asyncio.new_event_loop()
-        self.relay = Relay(hello_timeout_s=5.0, max_clients_per_address=1000)
+        turn = TurnIssuer(turn=parse_ice_server("turn:198.51.100.3:3478", credentials=False), secret="fuzz-secret",
+                          stun=parse_ice_server("stun:198.51.100.3"))
+        self.relay = Relay(hello_timeout_s=5.0, max_clients_per_address=1000, turn=turn)
         self.runner, self.url = self.loop.run_until_complete(run_relay("127.0.0.1", 0, self.relay))
         self.session = None
         self.y = None
