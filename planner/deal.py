@@ -684,11 +684,13 @@ def _pinned(devices: list[Device], model: ModelSpec, options: DealOptions, host_
         if not computes(by_id[p.device]):
             raise DealError(f"stages[{i}]: {p.device!r} cannot compute ({_zero_capacity_why(by_id[p.device])})")
         if p.start != at or p.end <= p.start:
-            raise DealError(f"stages[{i}]: range [{p.start}, {p.end}) must start at {at} and be non-empty")
+            typed = f"{p.start + 1}-{p.end}" if p.end > p.start + 1 else f"{p.end}"
+            raise DealError(f"stages[{i}]: {p.device!r} layers {typed} must start at layer {at + 1}"
+                            + (f" (the stages before it end at layer {at})" if at else "") + " and hold at least one")
         seen.add(p.device)
         at = p.end
     if at != model.layers:
-        raise DealError(f"stages cover layers [0, {at}) but the model has {model.layers}")
+        raise DealError(f"stages cover layers 1-{at} but the model has {model.layers}")
     host_at = [i for i, p in enumerate(pins) if p.device == host_id]
     if host_at and host_at[0] != 0:
         raise DealError(f"stages[{host_at[0]}]: the model host {host_id!r} holds layers "

@@ -248,3 +248,16 @@ def test_a_missing_file_is_named_as_typed_with_its_folder(tmp_path):
     assert r.exit_code == 2 and r.stderr.strip() == f"error: {typed}: cannot read (No such file or directory)"
     r = CliRunner().invoke(app, ["plan", "scenarios/home.yaml", "--calibration", typed])
     assert r.exit_code == 2 and f"--calibration {typed}: cannot read" in r.stderr
+
+
+def test_a_pinned_range_error_speaks_the_1_based_ranges_people_type(tmp_path):
+    from typer.testing import CliRunner
+    from splitroom.cli import app
+    r = CliRunner().invoke(app, ["plan", "scenarios/home.yaml", "--set",
+                                 "stages=[{device: desktop, layers: '1-21'}, {device: laptop, layers: '23-30'}]"])
+    assert r.exit_code == 2
+    assert ("stages[1]: 'laptop' layers 23-30 must start at layer 22 (the stages before it end at layer 21)"
+            in r.stderr), r.stderr
+    r = CliRunner().invoke(app, ["plan", "scenarios/home.yaml", "--set", "stages=[{device: desktop, layers: '22-30'}]"])
+    assert r.exit_code == 2 and "'desktop' layers 22-30 must start at layer 1 " in r.stderr, r.stderr
+    assert "[21, 30)" not in r.stderr
