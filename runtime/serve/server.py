@@ -9,7 +9,8 @@ Endpoints:
   (``stop``: end of answer or a stop sequence; ``length``: the cap). Anything the room
   cannot honour: 400 naming the parameter (:mod:`runtime.serve.api`).
 * ``GET /v1/models``: the model, only while the room is ready (every stage loaded its
-  weights and connected, none lost); an empty list otherwise.
+  weights and connected, none lost: the host has heard every worker's node, which
+  speaks only once its layers are loaded); an empty list otherwise.
 * ``GET /metrics``: Prometheus text (prometheus_client, a registry of its own).
 * ``GET /health``: 200 when the room is ready, else 503 (a load balancer's rule), with
   ``ready``, the reason, the queue and the stages of the deal the room runs now; a room
@@ -218,6 +219,13 @@ class RoomServer:
         if host.recovering is not None:
             who = ", ".join(self.lost) or "a device"
             return False, f"re-dealing the layers after {who} left", RETRY_STARTING_S
+        heard = getattr(self.node, "last_heard", None)  # a worker's node speaks once its layers are loaded
+        if heard is not None:
+            waiting = [s.device for s in self.node.chain.deal.stages if s.device != self.node.cfg.host
+                       and s.device not in heard and s.device not in self.lost]
+            if waiting:
+                return False, (f"the room is starting: waiting for {', '.join(waiting)} to load "
+                               f"{'its' if len(waiting) == 1 else 'their'} layers"), RETRY_STARTING_S
         return True, "", 0
 
     def _observe(self, obj: Any) -> None:
