@@ -1,8 +1,8 @@
 """The one router: a room's scheduler machines behind one ``handle``.
 
-Every driver (the SimPy simulator, the in-process local room, a device process of a
-real room, the zero-time test harness) feeds events to a :class:`Chain` and carries out
-the commands it returns. The chain owns the model host's :class:`HostScheduler` and a
+Every driver (the simulator, a device process of a real room, the tests' in-process
+room and zero-time harness; all through :class:`planner.drive.Driver`) feeds events to
+a :class:`Chain` and carries out the commands it returns. The chain owns the model host's :class:`HostScheduler` and a
 :class:`WorkerMachine` per worker, builds them from the deal, and routes each event:
 
 * ``FrameArrived`` / ``StageFinished`` of a worker go to that worker's machine;
@@ -11,7 +11,8 @@ the commands it returns. The chain owns the model host's :class:`HostScheduler` 
 
 A process that runs one device of a room builds ``Chain(deal, config, runs={device})``:
 it owns only that device's machine, and events meant for machines it does not run are
-ignored (they return no commands). Sans-IO like the machines: no clock, no IO.
+ignored (they return no commands and leave an :class:`planner.protocol.Ignored` record,
+reason ``not_here``, in :attr:`Chain.ignored`). Sans-IO like the machines: no clock, no IO.
 
 Recovery: given a re-deal rule (:func:`redeal_rule`), a lost worker makes the host
 return :class:`planner.protocol.Redeal`; the chain rebuilds the worker machines it runs
@@ -28,9 +29,10 @@ from typing import Callable, Collection, Sequence
 
 from planner.deal import Deal, DealError, Stage, deal as make_deal, format_bytes, usable_bytes
 from planner.model import ModelSpec
-from planner.protocol import Command, Event, FrameArrived, Redeal, StageFinished
+from planner.protocol import Command, Event, FrameArrived, IgnoreReason, Redeal, StageFinished
 from planner.room import DealOptions, Device
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
+from planner.scheduler.worker import note_ignored
 
 #: ``(current deal, every device lost so far) -> new deal``; raises ValueError (DealError)
 #: when the devices left cannot hold the model.
@@ -136,6 +138,8 @@ class Chain:
     Attributes:
         host: the HostScheduler, or None when this process does not run the host.
         workers: ``device id -> WorkerMachine`` for the workers this process runs.
+        ignored: the :class:`planner.protocol.Ignored` records of every machine here,
+            in order, until a driver takes them (:meth:`take_ignored`).
     Raises:
         ValueError: the deal's host range is not first in the chain (HostScheduler), or
             ``runs`` names a device that is neither the host nor a worker of the deal.
@@ -152,14 +156,21 @@ class Chain:
                 raise ValueError(f"{', '.join(unknown)} is neither the host nor a worker of this deal")
         self._runs_all = runs is None
         self.runs = frozenset(members if runs is None else runs)
-        self.host: HostScheduler | None = (HostScheduler(deal, config, redeal=redeal) if deal.host in self.runs
-                                           else None)
+        self.ignored: list = []
+        self.host: HostScheduler | None = (HostScheduler(deal, config, redeal=redeal, ignored=self.ignored)
+                                           if deal.host in self.runs else None)
         self.workers: dict[str, WorkerMachine] = {}
         self._build_workers(deal, 0)
 
     def _build_workers(self, deal: Deal, first_lap: int) -> None:
-        self.workers = {s.device: WorkerMachine(s.device, deal, self.config.return_path, first_lap)
+        self.workers = {s.device: WorkerMachine(s.device, deal, self.config.return_path, first_lap, self.ignored)
                         for s in deal.stages if s.device != deal.host and s.device in self.runs}
+
+    def take_ignored(self) -> list:
+        """The Ignored records made since the last call, in order (then forgotten)."""
+        out = self.ignored[:]
+        self.ignored.clear()
+        return out
 
     def adopt(self, deal: Deal, first_lap: int) -> None:
         """Take the chain re-dealt by the host (a :class:`Redeal`, see :func:`deal_of`):
@@ -174,17 +185,20 @@ class Chain:
     def handle(self, event: Event, now_s: float) -> list[Command]:
         """Route ``event`` to the machine it concerns; return that machine's commands, in
         order. ``now_s`` (seconds on the driver's clock) is only passed through. Events
-        for machines this chain does not run return ``[]``; never raises for a
-        well-typed event in any order."""
+        for machines this chain does not run return ``[]`` (an Ignored record: ``stale``
+        for a device the chain no longer holds, ``not_here`` for one another process
+        runs). Raises what the host raises (:class:`planner.protocol.DriverError`)."""
         cls = type(event)
         if cls is FrameArrived or cls is StageFinished:
             worker = self.workers.get(event.device)
             if worker is not None:
                 return worker.handle(event, now_s)
             if event.device != self.deal.host:
-                return []
+                why = IgnoreReason.STALE if self._runs_all else IgnoreReason.NOT_HERE
+                return note_ignored(self.ignored, event.device, event, why, f"{event.device} is not run here")
         if self.host is None:
-            return []
+            return note_ignored(self.ignored, self.deal.host, event, IgnoreReason.NOT_HERE,
+                                "the model host is not run here")
         cmds = self.host.handle(event, now_s)
         for c in cmds:
             if type(c) is Redeal:

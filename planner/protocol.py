@@ -1,10 +1,14 @@
 """Events (what happened, past tense) and commands (what to do, imperative).
 
-The sans-IO core speaks only these frozen dataclasses: a driver (the SimPy simulator
-or the real runtime) feeds events into :class:`planner.scheduler.HostScheduler` and
+The sans-IO core speaks only these frozen dataclasses: a driver (the simulator, a
+device of the real room, the test harness; every one through :class:`planner.drive.Driver`)
+feeds events into :class:`planner.scheduler.HostScheduler` and
 :class:`planner.scheduler.WorkerMachine` and carries out the commands they return.
-Both drivers append every event and command, with its time, to the same JSONL trace
-(:mod:`planner.trace`), from which :mod:`planner.metrics` computes every number.
+Every driver appends every event and command, with its time, to the same JSONL trace
+(:mod:`planner.trace`), from which :mod:`planner.metrics` computes every number. An
+event a machine does not act on leaves an :class:`Ignored` record (with a reason from
+:class:`IgnoreReason`); one that only a driver's mistake can produce raises
+:class:`DriverError`.
 
 Token ids are plain ints; positions are 0-based indices into a question's sequence
 (prompt then answer). The scheduler never computes logits: the host's output head
@@ -36,6 +40,34 @@ class LapKind(StrEnum):
     #: after a re-deal: prompt + answer so far again, in prefill chunks, to rebuild every
     #: stage's KV cache (its head gives the next answer token, as a prefill's does)
     REPLAY = "replay"
+
+
+class IgnoreReason(StrEnum):
+    """Why a machine took no action on an event (the ``reason`` of :class:`Ignored`).
+
+    * ``stale``: it belongs to a lap, draft, chain or question that is over (a lap
+      made stale by a rejection, a frame of the chain before a re-deal);
+    * ``unknown``: it names something this machine never had, and it came from outside
+      (a peer's frame or Fault, an asker's withdrawal): refused quietly, never trusted;
+    * ``repeated``: the same news again (a device lost that was already lost);
+    * ``not_here``: it is for a machine this process does not run;
+    * ``bug``: in a room of honest peers only a driver's mistake produces it (a second
+      head result for one lap, a frame kind the receiver never gets); the property
+      tests assert that no run leaves one.
+    """
+
+    STALE = "stale"
+    UNKNOWN = "unknown"
+    REPEATED = "repeated"
+    NOT_HERE = "not_here"
+    BUG = "bug"
+
+
+class DriverError(RuntimeError):
+    """An event that only a wrong driver can produce: a ``HeadFinished`` or a
+    ``StageFinished`` at the host for a lap the host never launched, a ``DraftReady`` for
+    a draft it never asked for. The machine raises it (the driver's own mistake, as
+    h11 raises ``LocalProtocolError``) instead of ignoring the event."""
 
 
 class ReturnPath(StrEnum):
@@ -327,9 +359,21 @@ class WeightsCopied:
     seconds: float
 
 
+@frozen
+class Ignored:
+    """Trace bookkeeping: the machine of ``device`` took no action on an event of type
+    ``event`` (its class name) for ``reason`` (an :class:`IgnoreReason` value);
+    ``detail`` says which lap, draft or question, for a person."""
+
+    device: str
+    event: str
+    reason: str
+    detail: str = ""
+
+
 EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
           QuestionWithdrawn, LapFailed)
-RECORDS = (Computed, WeightsCopied)
+RECORDS = (Computed, WeightsCopied, Ignored)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
             LapEnded, AnswerDone, Refuse, Redeal)
 

@@ -1,7 +1,8 @@
 """One device of a real room: the shared scheduler over real compute and a transport.
 
 A :class:`Node` is one process's part of the room: a :class:`planner.chain.Chain` that
-runs only this device's machine (the model host's scheduler with its stage: embedding,
+runs only this device's machine, fed by :class:`planner.drive.Driver` with the node as
+its executor (the model host's scheduler with its stage: embedding,
 its layers, head, the tokenizer and a drafter; or a worker's machine with its layer
 range). Frames travel as bytes over a transport (WebRTC data channels
 in ``runtime.transport``, or an in-process hub in tests); residuals go on the
@@ -43,6 +44,8 @@ from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draf
 from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain
 from planner.deal import Stage as DealStage
+from planner.drive import Driver
+from planner.liveness import Liveness
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
@@ -146,15 +149,15 @@ class Node:
         self.clock = clock
         self.deal = config.deal()
         self.sched_cfg = config.scheduler_config()
-        cap = getattr(stage, "max_ctx", None)  # this device's KV cache bounds the room's context
-        if cap is not None and (self.sched_cfg.context is None or self.sched_cfg.context > cap):
-            import dataclasses
-            self.sched_cfg = dataclasses.replace(self.sched_cfg, context=cap)
+        self.sched_cfg = self.sched_cfg.capped(getattr(stage, "max_ctx", None))  # this device's cache bounds it
         self.compute_errors = 0
         self.is_host = config.device == config.host
         self.chain = Chain(self.deal, self.sched_cfg, runs={config.device},
                            redeal=config.redeal_rule() if config.recover else None)
-        self.last_heard: dict[str, float] = {}  # peer -> time.monotonic() it was last heard from
+        self.driver = Driver(self.chain, self, self._record, self._notify)
+        #: the heartbeat timers (sans-IO, time.monotonic() seconds): who was heard when, who is spared
+        self.liveness = Liveness(config.peers, config.heartbeat_s, config.heartbeat_timeout_s, REDEAL_GRACE_S,
+                                 REDEAL_LOAD_TIMEOUT_S, time.monotonic())
         self.lost_peers: set[str] = set()
         self._stopped = False  # stop() began: a peer's connection closing now is the room ending
         self.awaiting: dict[int, set[str]] = {}  # host: re-deal first lap -> devices not ready yet
@@ -164,9 +167,6 @@ class Node:
         self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
         self._latest_redeal = -1  # first lap of the latest re-deal taken (Redeal or Replan)
         self._redeal_lock = asyncio.Lock()  # re-dealt ranges load one at a time, in order
-        self.loading = False  # loading a re-dealt range (heartbeat silence is not a loss then)
-        self.grace_until = 0.0  # time.monotonic() until which silence is not a loss (a re-deal)
-        self.quiet_until = 0.0  # time.monotonic() until which devices loading a re-dealt range are spared
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -191,7 +191,7 @@ class Node:
     def _on_message(self, src: str, channel: str, data: bytes) -> None:
         if src in self.lost_peers and all(s.device != src for s in self.deal.stages):
             return  # a lost device left the chain: late messages from it are ignored
-        self.last_heard[src] = time.monotonic()
+        self.liveness.heard(src, time.monotonic())
         if channel == REPLY:
             self._on_control(src, data)
             return
@@ -254,6 +254,7 @@ class Node:
             log.info("%s: %s closed after the room ended: %s", self.cfg.device, peer, reason)
             return
         self.lost_peers.add(peer)
+        self.liveness.forget(peer)
         log.warning("%s: lost %s: %s", self.cfg.device, peer, reason)
         if peer == self.cfg.host and not self.is_host:
             self.lost_host.set()
@@ -278,13 +279,16 @@ class Node:
 
     def handle(self, event) -> None:
         """Feed one event to this node's machine and carry out its commands."""
-        now = self.clock()
-        self.trace.append((now, event))
+        self.driver.dispatch(event, self.clock())
+
+    def _record(self, now: float, event, cmds, ignored) -> None:
+        trace = self.trace
+        trace.append((now, event))
         self._notify(event)
-        for c in self.chain.handle(event, now):
-            self.trace.append((now, c))
-            self._execute(c)
-            self._notify(c)
+        for x in ignored:
+            trace.append((now, x))
+        for c in cmds:
+            trace.append((now, c))
 
     def _notify(self, obj) -> None:
         for fn in self.observers:
@@ -296,36 +300,52 @@ class Node:
 
     # -- commands out ---------------------------------------------------------------
 
-    def _execute(self, c) -> None:
-        cls = type(c)
-        if cls is RunStage or cls is RunHead or cls is Draft or cls is RollbackKV:
-            self.work.put_nowait(c)
-        elif cls is SendFrame:
-            x = self.residual.pop(c.header.lap_id, None)
-            if x is None:
-                log.warning("%s: no residual for lap %d", self.cfg.device, c.header.lap_id)
-                return
-            asyncio.ensure_future(self._send(c.dst, RESIDUAL, encode_frame(c.header, x)))
-        elif cls is Wake:
-            h = FrameHeader(FrameKind.WAKE, 0, c.lap_id, 0, 0, self.sched_cfg.hidden)
-            asyncio.ensure_future(self._send(c.device, RESIDUAL, encode_frame(h, None)))
-        elif cls is DropFrame:
-            self.residual.pop(c.header.lap_id, None)
-        elif cls is EmitToken:
-            self.answers.setdefault(c.question_id, []).append(c.token)
-            self.context.setdefault(c.question_id, []).append(c.token)
-            self.emitted += 1
-            for dev, n in self.cfg.crash_at_token:  # fault injection (run --real with faults:)
-                if n == self.emitted:
-                    self._crash(dev)
-        elif cls is Redeal:
-            self._latest_redeal = max(self._latest_redeal, c.first_lap)  # now: an earlier task sees it superseded
-            self._tasks.append(asyncio.ensure_future(self._host_redeal(c)))
-        elif cls is AnswerDone or cls is Refuse:
-            self.ended[c.question_id] = "answered" if cls is AnswerDone else f"refused: {c.reason}"
-            if cls is AnswerDone:  # the answered question's laps are over (a refusal may be of a waiting one)
-                self.residual.clear()
-            self._ask_next()
+    # -- the executor (planner.drive.Executor) ------------------------------------
+
+    def run_stage(self, c: RunStage) -> None:
+        self.work.put_nowait(c)
+
+    def run_head(self, c: RunHead) -> None:
+        self.work.put_nowait(c)
+
+    def draft(self, c: Draft) -> None:
+        self.work.put_nowait(c)
+
+    def rollback(self, c: RollbackKV) -> None:
+        self.work.put_nowait(c)  # through the compute queue: it never races a running stage
+
+    def send_frame(self, c: SendFrame) -> None:
+        x = self.residual.pop(c.header.lap_id, None)
+        if x is None:
+            log.warning("%s: no residual for lap %d", self.cfg.device, c.header.lap_id)
+            return
+        asyncio.ensure_future(self._send(c.dst, RESIDUAL, encode_frame(c.header, x)))
+
+    def wake(self, c: Wake) -> None:
+        h = FrameHeader(FrameKind.WAKE, 0, c.lap_id, 0, 0, self.sched_cfg.hidden)
+        asyncio.ensure_future(self._send(c.device, RESIDUAL, encode_frame(h, None)))
+
+    def drop_frame(self, c: DropFrame) -> None:
+        self.residual.pop(c.header.lap_id, None)
+
+    def emit(self, c: EmitToken) -> None:
+        self.answers.setdefault(c.question_id, []).append(c.token)
+        self.context.setdefault(c.question_id, []).append(c.token)
+        self.emitted += 1
+        for dev, n in self.cfg.crash_at_token:  # fault injection (run --real with faults:)
+            if n == self.emitted:
+                self._crash(dev)
+
+    def redeal(self, c: Redeal) -> None:
+        self._latest_redeal = max(self._latest_redeal, c.first_lap)  # now: an earlier task sees it superseded
+        self._tasks.append(asyncio.ensure_future(self._host_redeal(c)))
+
+    def question_ended(self, c: AnswerDone | Refuse) -> None:
+        answered = type(c) is AnswerDone
+        self.ended[c.question_id] = "answered" if answered else f"refused: {c.reason}"
+        if answered:  # the answered question's laps are over (a refusal may be of a waiting one)
+            self.residual.clear()
+        self._ask_next()
 
     async def _pad(self, t0: float) -> None:
         if self.cfg.slowdown > 1.0:
@@ -401,8 +421,7 @@ class Node:
                 await self._load_range(a, b, manifest_sha, copy_range or (a, b), first_lap)
             finally:
                 self.loading = False
-                now = time.monotonic()  # a fresh start for every peer's silence
-                self.last_heard = {p: now for p in self.last_heard}
+                self.liveness.refresh_all(time.monotonic())  # a fresh start for every peer's silence
 
     def _progress(self, what: str) -> Callable[[int, int], None]:
         """A fetch_range progress callback logging ``what`` at every quarter."""
@@ -486,9 +505,7 @@ class Node:
     def _start_grace(self) -> None:
         """A re-deal began: silence is no loss for REDEAL_GRACE_S, and a device loading
         its new range is spared for REDEAL_LOAD_TIMEOUT_S."""
-        now = time.monotonic()
-        self.grace_until = now + REDEAL_GRACE_S
-        self.quiet_until = now + REDEAL_LOAD_TIMEOUT_S
+        self.liveness.replanned(time.monotonic())
 
     async def _host_redeal(self, r: Redeal) -> None:
         """Carry out the host's Redeal ``r``: tell the new chain (Replan, sent without
@@ -562,29 +579,35 @@ class Node:
         if waiting is None:
             return
         waiting.discard(device)
-        if device in self.last_heard:
-            self.last_heard[device] = time.monotonic()  # its silence is counted again from now
+        self.liveness.refresh(device, time.monotonic())  # its silence is counted again from now
         if not waiting:
             del self.awaiting[first_lap]
             self.handle(ChainReady(first_lap))
 
+    @property
+    def loading(self) -> bool:
+        """True while this device loads a re-dealt range (silence is no loss then)."""
+        return self.liveness.loading
+
+    @loading.setter
+    def loading(self, value: bool) -> None:
+        self.liveness.loading = value
+
     async def _heartbeats(self) -> None:
-        """Tell every peer this device is here; declare lost a peer silent too long."""
+        """Run the liveness timers (:class:`planner.liveness.Liveness`): at each deadline,
+        declare lost a peer silent too long and tell every other peer this device is here."""
         beat = encode_control(Heartbeat())
-        timeout = self.cfg.heartbeat_timeout_s
+        live = self.liveness
         while True:
-            await asyncio.sleep(self.cfg.heartbeat_s)
+            deadline = live.next_deadline_s()
+            if deadline is None:
+                return
+            await asyncio.sleep(max(deadline - time.monotonic(), 0.0))
             now = time.monotonic()
-            quiet = ({d for waiting in self.awaiting.values() for d in waiting}  # loading a re-dealt range
-                     if now < self.quiet_until else set())
-            for p in self.cfg.peers:
-                if p in self.lost_peers:
-                    continue
-                seen = self.last_heard.get(p)
-                if timeout > 0 and seen is not None and now - seen > timeout and not self.loading \
-                        and p not in quiet and now >= self.grace_until:
-                    self._on_lost(p, f"no heartbeat for {now - seen:.1f} s", self.clock() - (now - seen))
-                    continue
+            tick = live.handle_timer(now, {d for waiting in self.awaiting.values() for d in waiting})
+            for p, silent_s in tick.lost:
+                self._on_lost(p, f"no heartbeat for {silent_s:.1f} s", self.clock() - silent_s)
+            for p in tick.beat:
                 asyncio.ensure_future(self._send(p, REPLY, beat))
 
     def _compute(self, c):

@@ -1,5 +1,5 @@
-"""One compute command carried out on a real stage: shared by the in-process room
-(runtime/local_room.py) and each device process (runtime/room.py)."""
+"""One compute command carried out on a real stage: shared by each device process
+(runtime/room.py) and the tests' in-process room (tests/local_room.py)."""
 
 from __future__ import annotations
 

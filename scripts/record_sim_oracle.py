@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from planner.protocol import Ignored  # noqa: E402
 from planner.trace import to_record  # noqa: E402
 from sim.driver import simulate  # noqa: E402
 from splitroom.scenario import load  # noqa: E402
@@ -57,7 +58,11 @@ CASES = (
 
 
 def trace_digest(trace) -> tuple[dict, str]:
-    """``(records per kind, sha256 hex)`` of a trace ``[(t_s, obj)]`` taken as a multiset."""
+    """``(records per kind, sha256 hex)`` of a trace ``[(t_s, obj)]`` taken as a multiset.
+    :class:`planner.protocol.Ignored` records (what a machine took no action on) are
+    left out: the oracle was recorded before machines wrote them, and they change no
+    event, command or metric."""
+    trace = [(t, o) for t, o in trace if type(o) is not Ignored]
     lines = sorted(json.dumps(to_record(t, o), sort_keys=True) for t, o in trace)
     h = hashlib.sha256()
     for line in lines:

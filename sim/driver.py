@@ -4,15 +4,17 @@ The driver keeps its own event queue (a heap of callbacks in SimPy's order: time
 priority, insertion; SimPy itself is no longer used here), the time each device's
 compute is busy until (stages run one at a time, in arrival order), one link per
 ordered pair of devices (sim/link.py), a device model per device (sim/devices.py) and
-an acceptance model (sim/acceptance.py). It feeds events to the room's
-:class:`planner.chain.Chain` (the host's scheduler and every worker's machine behind
-one router), carries out the commands it returns as timed callbacks, and records every
-event and command in the trace (or only the metrics, ``trace=False``).
+an acceptance model (sim/acceptance.py). :class:`planner.drive.Driver` feeds events to
+the room's :class:`planner.chain.Chain` (the host's scheduler and every worker's machine
+behind one router) and records every event and command in the trace (or only the
+metrics, ``trace=False``); :class:`Simulation` is its executor, carrying the commands
+out as timed callbacks.
 
 Running ahead: with no faults, a direct return path and no worker woken by the host,
 a worker hears only the frames of its chain, in the order the host sent them (links
 and devices are FIFO), and sends only to the next stage. So when the host sends a
-frame, the driver runs it through every worker at once -- each worker's machine,
+frame, the driver runs it through every worker at once (the worker machine's fast path,
+:meth:`planner.scheduler.WorkerMachine.accept` and ``release``) -- each worker's machine,
 device, link and jitter stream see the same calls in the same order, at the same
 (future) times, as event by event -- and queues only its return to the host. The one
 thing that can differ: a link whose two frames would fire an ulp out of send order
@@ -42,12 +44,13 @@ import numpy as np
 from planner.deal import Deal, deal as make_deal
 from planner.frames import FrameHeader, frame_bytes
 from planner.metrics import Accumulator
-from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
-                              HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RunHead, RunStage,
+from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
+                              HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
 from planner.room import Scenario
 from planner.chain import Chain, redeal_rule
-from planner.scheduler import ROLLBACK_RUN, SchedulerConfig
+from planner.drive import Driver, synthetic_draft, synthetic_head
+from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
 from sim.devices import DECODE_MAX_TOKENS, DeviceModel, device_model
 from sim.link import Link, Links
@@ -203,7 +206,8 @@ class Simulation:
         self.config = SchedulerConfig.from_scenario(scn)
         self.chain = Chain(self.deal, self.config,
                            redeal=redeal_rule(scn.devices, scn.model, scn.options) if scn.faults else None)
-        self.dead: set[str] = set()  # devices killed by a scenario fault
+        self.driver = Driver(self.chain, self, self._record)
+        self.dead = self.driver.dead  # devices killed by a scenario fault
         self.first_deal = self.deal  # self.deal follows re-deals; the result reports the deal the room began with
         self._copy_s: dict[str, float] = {}  # lost device -> seconds the re-dealt weights took to copy
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
@@ -233,9 +237,6 @@ class Simulation:
         self._hops: list[_Hop] | None = None  # the chain run ahead (built on first use)
         self._t_ahead = -math.inf  # latest record time made ahead of the clock
         self.reordered = False  # a run ahead met frames out of order and ran again event by event
-        self._execs = {RunStage: self._run_stage, SendFrame: self._send_frame, RunHead: self._run_head,
-                       Draft: self._draft, Wake: self._wake, Redeal: self._redeal, EmitToken: self._emit,
-                       AnswerDone: self._answered, Refuse: self._answered}
 
     def _can_run_ahead(self) -> bool:
         """Whether workers may run ahead (module doc): no faults, results return
@@ -249,30 +250,29 @@ class Simulation:
     # -- plumbing -------------------------------------------------------------------
 
     def dispatch(self, event) -> None:
-        """Record ``event`` and feed it to the machine it concerns; run the commands."""
-        now = self.loop.now
-        if self.dead and type(event) in (FrameArrived, StageFinished) and event.device in self.dead:
-            return  # work for, or a frame to, a device that died
-        cmds = self.chain.handle(event, now)
+        """Feed ``event`` to the room now (planner.drive.Driver: dead devices' events
+        dropped, the records kept, the commands carried out by this executor)."""
+        self.driver.dispatch(event, self.loop.now)
+
+    def _record(self, now: float, event, cmds, ignored) -> None:
         raw = self.raw
         if raw is not None:
             raw.append((now, event))
+            if ignored:
+                raw.extend([(now, x) for x in ignored])
             raw.extend([(now, c) for c in cmds])
         self.acc.add_all(now, event, cmds)  # before carrying them out, which adds nothing to it
-        execs = self._execs
-        for c in cmds:
-            x = execs.get(type(c))
-            if x is not None:
-                x(c)
 
-    def _run_stage(self, c: RunStage) -> None:
+    # -- the executor (planner.drive.Executor) ------------------------------------
+
+    def run_stage(self, c: RunStage) -> None:
         if c.inputs:
             self._lap_span[c.lap_id] = (c.first_pos, c.tokens)
         done = StageFinished(c.device, c.lap_id)
         start = self._start_s(c.device)
         self._occupy(c.device, start + self._stage_s(c, start), done)
 
-    def _send_frame(self, c: SendFrame) -> None:
+    def send_frame(self, c: SendFrame) -> None:
         if self.ahead and c.src == self.deal.host and c.dst in self.chain.workers:
             self._run_ahead(c)
             return
@@ -281,24 +281,23 @@ class Simulation:
         arrive = self.links.get(c.src, c.dst).schedule(nbytes)
         self._deliver(arrive, c.src, c.dst, FrameArrived(c.dst, c.src, h))
 
-    def _run_head(self, c: RunHead) -> None:
+    def run_head(self, c: RunHead) -> None:
         host = self.deal.host
         first_pos, n = self._lap_span.pop(c.lap_id)
-        first = first_pos + n - c.rows
-        done = HeadFinished(c.lap_id, tuple([truth(first + i + 1) for i in range(c.rows)]))
+        done = HeadFinished(c.lap_id, synthetic_head(truth, first_pos, n, c.rows))
         self._occupy(host, self._start_s(host) + self._head_s(self.devices[host], c.rows), done)
 
-    def _draft(self, c: Draft) -> None:
+    def draft(self, c: Draft) -> None:
         host = self.deal.host
         cost = self.devices[host].draft_s(c.k, self.scn.decoding.speculative)
         done = DraftReady(c.draft_id, self._draft_tokens(c))
         self._occupy(host, self._start_s(host) + cost, done)
 
-    def _wake(self, c: Wake) -> None:
+    def wake(self, c: Wake) -> None:
         now = self.loop.now
         self.devices[c.device].wake(now, now + c.max_s)
 
-    def _emit(self, c: EmitToken) -> None:
+    def emit(self, c: EmitToken) -> None:
         self.tokens_done += 1
         if self.tokens_done in self._faulted:
             for f in self.scn.faults:
@@ -307,11 +306,17 @@ class Simulation:
         if self.progress is not None and self.tokens_done % 64 == 0:
             self.progress(self.tokens_done, self.tokens_total)
 
-    def _answered(self, c: AnswerDone | Refuse) -> None:
+    def question_ended(self, c: AnswerDone | Refuse) -> None:
         if type(c) is Refuse:
             self.refusals.append(c)
         client = self._client_of.pop(c.question_id, 0)
         self._start(lambda: self._ask_next(client))
+
+    def rollback(self, c: RollbackKV) -> None:
+        """A KV rollback costs no simulated time."""
+
+    def drop_frame(self, c: DropFrame) -> None:
+        """A dropped frame costs no simulated time."""
 
     def _start(self, fn: Callable[[], None]) -> None:
         """What ``env.process`` of a process that first yields ``timeout(0)`` does: an
@@ -400,7 +405,7 @@ class Simulation:
             hp.fired = fire
             hop_s[(hp.src, hp.dst, lap)] = fire - t
             verdict, reason = worker.accept(h)
-            if verdict > ROLLBACK_RUN:  # dropped (a stale lap) or not for a worker
+            if not verdict.is_run:  # dropped (a stale lap) or not for a worker
                 if raw is not None:
                     raw.append((fire, _Step(hp.src, hp.dst, h, worker.commands_for(h, verdict, reason), None, ())))
                 t = fire
@@ -446,14 +451,13 @@ class Simulation:
         """Drafts that agree with the reference for as many leading tokens as the
         acceptance model says (none once an earlier assumed draft was already wrong)."""
         base = c.base_len
-        j = base + len(c.assumed)
         consistent = True
         for i, t in enumerate(c.assumed):
             if t != truth(base + i):
                 consistent = False
                 break
         a = self.acceptance.accepted(c.k) if (consistent and self.acceptance is not None) else 0
-        return tuple([truth(j + i) + (i >= a) for i in range(c.k)])  # right for the first a, then truth + 1
+        return synthetic_draft(truth, c, a)
 
     def _ask_next(self, client: int = 0) -> None:
         """Client ``client`` asks the workload's next question (its previous one ended).
@@ -484,7 +488,7 @@ class Simulation:
         now = self.loop.now
         self._at(now + f.detect_s, DeviceLost(f.device, f"no heartbeat for {f.detect_s:g} s", silent_since_s=now))
 
-    def _redeal(self, r: Redeal) -> None:
+    def redeal(self, r: Redeal) -> None:
         """The new chain loads its ranges: every device that gained layers copies their
         weights from the model host over their link (bytes / bandwidth + rtt/2, at most
         the rate a calibration profile measured for a peer's copy: ``weights_Bps``); the

@@ -4,6 +4,9 @@ Every command that takes time becomes a pending event on a FIFO channel (one per
 device's compute, one per directed link); a test chooses which channel delivers next,
 so any interleaving that a real room could produce can be replayed. Tokens come from
 an independent "target model": the greedy answer at position p is ``truth(p)``.
+
+It is one of the room's drivers: :class:`planner.drive.Driver` feeds the chain, and
+:class:`Harness` is only the executor (the channels).
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable
 
+from planner.chain import Chain
+from planner.drive import Driver, NoOpExecutor, synthetic_draft, synthetic_head
 from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
                               HeadFinished, LapEnded, QuestionAsked, Redeal, Refuse, RunHead, RunStage, SendFrame,
                               StageFinished)
-from planner.chain import Chain
 from planner.scheduler import SchedulerConfig
 
 
@@ -23,23 +27,26 @@ def truth(pos: int) -> int:
     return 100 + (pos * 31) % 997
 
 
-class Harness:
+class Harness(NoOpExecutor):
     """Drives a room's :class:`planner.chain.Chain` with instant, reorderable work.
 
     ``accept(k) -> int`` says how many leading drafts of a k-token draft are right;
     ``redeal`` is the chain's re-deal rule (None: a lost device ends the room). After a
     ``Redeal`` the new chain's readiness (``ChainReady``) waits on its own channel, so
-    it may come before or after frames of the old chain still in flight.
+    it may come before or after frames of the old chain still in flight. ``log`` holds
+    every event and command in order; ``ignored`` every Ignored record the machines left.
     """
 
     def __init__(self, deal, config: SchedulerConfig, accept: Callable[[int], int] = lambda k: 0,
                  redeal=None):
         self.chain = Chain(deal, config, redeal=redeal)
-        self.dead: set[str] = set()
+        self.driver = Driver(self.chain, self, self._record)
+        self.dead = self.driver.dead
         self.host = self.chain.host
         self.channels: dict[tuple, deque] = {}
         self.accept = accept
         self.log: list = []
+        self.ignored: list = []
         self.lap_span: dict[int, tuple[int, int]] = {}
         self.max_waiting_seen = 0
         self.max_waiting_per_device_seen = 0
@@ -72,16 +79,18 @@ class Harness:
         raise AssertionError("the room did not go idle")
 
     def dispatch(self, ev) -> None:
+        """Feed ``ev`` to the chain now (through the driver) and carry out its commands."""
+        self.driver.dispatch(ev, 0.0)
+
+    def _record(self, now_s: float, ev, cmds, ignored) -> None:
         self.log.append(ev)
-        cmds = self.chain.handle(ev, 0.0)
+        self.log.extend(cmds)
+        self.ignored.extend(ignored)
         q = self.host.queue
         self.max_waiting_seen = max(self.max_waiting_seen, len(q))
         for d in {w.device for w in q}:
             self.max_waiting_per_device_seen = max(self.max_waiting_per_device_seen,
                                                    sum(1 for w in q if w.device == d))
-        for c in cmds:
-            self.log.append(c)
-            self.execute(c)
 
     def lose(self, device: str, deliver_sent: bool = False) -> None:
         """``device`` dies now: its queued compute and the frames on their way to it are
@@ -99,25 +108,26 @@ class Harness:
             return  # work for, or a frame to, a device that is gone
         self.channels.setdefault(key, deque()).append(ev)
 
-    def execute(self, c) -> None:
-        host = self.host.host
-        if isinstance(c, RunStage):
-            if c.inputs:
-                self.lap_span[c.lap_id] = (c.first_pos, c.tokens)
-            self._put(("dev", c.device), StageFinished(c.device, c.lap_id))
-        elif isinstance(c, SendFrame):
-            self._put(("link", c.src, c.dst), FrameArrived(c.dst, c.src, c.header))
-        elif isinstance(c, RunHead):
-            first_pos, n = self.lap_span[c.lap_id]
-            first = first_pos + n - c.rows
-            self._put(("dev", host), HeadFinished(c.lap_id, tuple(truth(first + i + 1) for i in range(c.rows))))
-        elif isinstance(c, Draft):
-            j = c.base_len + len(c.assumed)
-            a = min(max(self.accept(c.k), 0), c.k)
-            toks = tuple(truth(j + i) if i < a else truth(j + i) + 1 for i in range(c.k))
-            self._put(("dev", host), DraftReady(c.draft_id, toks))
-        elif isinstance(c, Redeal):
-            self._put(("ready",), ChainReady(c.first_lap))
+    # -- the executor (planner.drive.Executor) ------------------------------------
+
+    def run_stage(self, c: RunStage) -> None:
+        if c.inputs:
+            self.lap_span[c.lap_id] = (c.first_pos, c.tokens)
+        self._put(("dev", c.device), StageFinished(c.device, c.lap_id))
+
+    def send_frame(self, c: SendFrame) -> None:
+        self._put(("link", c.src, c.dst), FrameArrived(c.dst, c.src, c.header))
+
+    def run_head(self, c: RunHead) -> None:
+        first_pos, n = self.lap_span[c.lap_id]
+        self._put(("dev", self.host.host), HeadFinished(c.lap_id, synthetic_head(truth, first_pos, n, c.rows)))
+
+    def draft(self, c: Draft) -> None:
+        a = min(max(self.accept(c.k), 0), c.k)
+        self._put(("dev", self.host.host), DraftReady(c.draft_id, synthetic_draft(truth, c, a)))
+
+    def redeal(self, c: Redeal) -> None:
+        self._put(("ready",), ChainReady(c.first_lap))
 
     # -- what happened -------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import pytest
 from runtime.backends import StageSpec, make_stage
 from runtime.drafters import make_drafter
 from runtime.generate import generate_greedy
-from runtime.local_room import LocalRoom, chain_deal, scheduler_config
+from tests.local_room import LocalRoom, chain_deal, scheduler_config
 from runtime.tokenizer import ChatTokenizer
 from runtime.weights import ensure_safetensors
 

@@ -109,7 +109,7 @@ def test_a_worker_drops_a_frame_longer_than_its_cache_and_keeps_serving(model_di
 def test_the_in_process_room_refuses_what_its_caches_cannot_hold(model_dir, tokenizer):
     from planner.protocol import Refuse
     from planner.scheduler import SchedulerConfig
-    from runtime.local_room import LocalRoom, chain_deal
+    from tests.local_room import LocalRoom, chain_deal
     short, long_ = tokenizer.encode_chat(SHORT), tokenizer.encode_chat(LONG)
     cache = len(short) + MAX_NEW
     stages = {n: make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host")), max_ctx=cache)

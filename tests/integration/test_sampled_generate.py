@@ -10,7 +10,7 @@ import pytest
 
 from planner.sampling import Sampling
 from runtime.backends import StageSpec, make_stage
-from runtime.local_room import LocalRoom, chain_deal, scheduler_config
+from tests.local_room import LocalRoom, chain_deal, scheduler_config
 from runtime.tokenizer import ChatTokenizer
 from runtime.weights import ensure_safetensors
 from splitroom.generate_cmd import run_generate

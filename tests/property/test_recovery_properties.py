@@ -90,6 +90,7 @@ def test_lost_workers_mid_answer_leave_every_answer_token_for_token(room, data):
     emits = [x for x in h.log if isinstance(x, EmitToken)]
     for qid, toks in answers.items():
         assert [x.index for x in emits if x.question_id == qid] == list(range(len(toks)))
+    assert not [x for x in h.ignored if x.reason == "bug"]  # no driver mistake among what was ignored
 
     # the replay covers exactly the positions so far, on every stage of the new chain
     redeals = [(i, x) for i, x in enumerate(h.log) if isinstance(x, Redeal)]

@@ -81,6 +81,8 @@ def test_any_event_order_answers_every_question_with_the_greedy_tokens(room, dat
     for qid, toks in answers.items():
         idx = [x.index for x in emits if x.question_id == qid]
         assert idx == list(range(len(toks)))
+    # nothing the machines ignored was a driver's mistake (the reasons: planner.protocol.IgnoreReason)
+    assert not [x for x in h.ignored if x.reason == "bug"]
 
 
 def _check_ends_against_the_queue_rule(log: list, ended: dict[int, str]) -> None:

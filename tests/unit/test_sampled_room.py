@@ -18,7 +18,7 @@ from planner.scheduler import HostScheduler, SchedulerConfig
 from runtime.backends.base import StageSpec
 from runtime.backends.numpy_backend import NumpyStage
 from runtime.config import ModelConfig
-from runtime.local_room import LocalRoom, chain_deal
+from tests.local_room import LocalRoom, chain_deal
 from runtime.weights import EMBED, FINAL_NORM
 
 TINY = ModelConfig(n_layers=4, hidden=16, n_heads=2, n_kv_heads=1, ffn=32, vocab=6, rope_theta=1e4, rms_eps=1e-5)
@@ -188,7 +188,7 @@ def test_nan_in_a_worker_frame_fails_that_question_naming_the_device_and_the_roo
 def test_nan_arriving_in_a_frame_names_its_sender(monkeypatch):
     """A frame whose payload holds an inf (corrupted after its sender's check) fails
     the question, naming the sender; the next question is answered."""
-    import runtime.local_room as lr
+    import tests.local_room as lr
     room = make_room(cuts=(2,))
     decode = lr.decode_frame
     n = []

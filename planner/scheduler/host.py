@@ -1,7 +1,16 @@
-"""The sans-IO scheduler: a host state machine and a worker state machine.
+"""The model host's state machine.
 
-Events in, commands out, time passed in (DESIGN.md, "The shared core is sans-IO"; in
-the style of h11). The same objects drive the SimPy simulator and the real runtime.
+Events in, commands out, time passed in (sans-IO, in the style of h11). The same object
+runs in the simulator, in every device process of a real room and in the tests' rooms,
+behind :class:`planner.chain.Chain`.
+
+States (:class:`HostState`): ``IDLE`` (no question), ``FILLING`` (a prompt's prefill, or
+the replay after a re-deal, still going through the chain), ``DECODING`` (decode or
+verify laps), ``RECOVERING`` (a re-deal announced, waiting for ChainReady), ``STOPPED``
+(the room cannot answer any more). :data:`HostScheduler.HANDLERS` is the one table from
+event type to handler. An event a handler takes no action on leaves an
+:class:`planner.protocol.Ignored` record with its reason; one that only a driver's
+mistake can produce raises :class:`planner.protocol.DriverError`.
 
 What the model host does per question (product pages 001 and 002):
 
@@ -43,105 +52,32 @@ What the model host does per question (product pages 001 and 002):
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Callable, Sequence
 
 from planner.deal import Deal
-from planner.frames import DType, FrameHeader, FrameKind
-from planner.room import Scenario
-from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DropFrame,
-                              EmitToken, Event, FrameArrived, HeadFinished, LapEnded, LapFailed, LapKind, QuestionAsked,
-                              QuestionWithdrawn, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage, SendFrame,
-                              StageFinished, Wake)
+from planner.frames import FrameHeader, FrameKind
+from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DriverError,
+                              EmitToken, Event, FrameArrived, HeadFinished, IgnoreReason, LapEnded, LapFailed, LapKind,
+                              QuestionAsked, QuestionWithdrawn, Redeal, Refuse, RollbackKV, RunHead, RunStage,
+                              SendFrame, StageFinished, Wake)
 from planner.sampling import GREEDY, Sampling, Uniforms
+from planner.scheduler.config import (MAX_WAITING, MAX_WAITING_PER_DEVICE, SEEN_QUESTIONS, WAKE_MAX_S,
+                                      SchedulerConfig)
+from planner.scheduler.worker import note_ignored
 
-#: Product page 001: "Up to 10 questions wait in the host's queue, at most two per device."
-MAX_WAITING = 10
-MAX_WAITING_PER_DEVICE = 2
-#: Product page 001: a woken phone keeps its GPU busy "for at most 50 ms".
-WAKE_MAX_S = 0.050
-
-#: What a frame does at a worker (:meth:`WorkerMachine.accept`).
-RUN, ROLLBACK_RUN, DROP, FORWARD, IGNORE = range(5)
-_RUN, _ROLLBACK_RUN, _FORWARD, _IGNORE = (RUN, None), (ROLLBACK_RUN, None), (FORWARD, None), (IGNORE, None)
-_K_RETURN, _K_DECODE, _K_PREFILL = FrameKind.RETURN, FrameKind.DECODE, FrameKind.PREFILL
+_STALE, _UNKNOWN, _REPEATED, _BUG = IgnoreReason.STALE, IgnoreReason.UNKNOWN, IgnoreReason.REPEATED, IgnoreReason.BUG
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How the host schedules work.
+class HostState(StrEnum):
+    """What the model host is doing (see the module doc)."""
 
-    Attributes:
-        hidden: residual width (columns of every frame).
-        prefill_chunk: prompt tokens per pipelined prefill frame.
-        draft_tokens: k drafted tokens per verify lap; 0 for plain decoding.
-        async_laps: verify laps in flight at once (>= 1; used only when k > 0).
-        return_path: :class:`ReturnPath` (a plain ``"direct"`` / ``"via_stages"`` is
-            converted).
-        wake: send phones a wake message at the start of each lap.
-        phones: device ids that are phones (woken when they hold layers).
-        eos_token: stop when the head predicts this token (None: never).
-        stop_tokens: more tokens that end an answer like ``eos_token`` (e.g. Llama 3's
-            ``<|eot_id|>`` beside ``<|end_of_text|>``).
-        dtype: residual dtype on the wire.
-        context: positions every stage's KV cache holds, tokens (None: unbounded). A
-            question whose prompt + max new tokens exceeds it is refused when asked,
-            and verify laps draft no further than its last position.
-        sampling: how questions that do not say are decoded (:data:`GREEDY` by default).
-    """
-
-    hidden: int
-    prefill_chunk: int = 16
-    draft_tokens: int = 0
-    async_laps: int = 1
-    return_path: ReturnPath = ReturnPath.DIRECT
-    wake: bool = True
-    phones: frozenset[str] = frozenset()
-    eos_token: int | None = None
-    dtype: DType = DType.FLOAT32
-    context: int | None = None
-    sampling: Sampling = GREEDY
-    stop_tokens: tuple[int, ...] = ()
-
-    @classmethod
-    def from_scenario(cls, scn: Scenario, eos_token: int | None = None,
-                      stop_tokens: tuple[int, ...] = ()) -> "SchedulerConfig":
-        """The settings a scenario asks for. Residuals travel as float32 when the
-        model's residual is 4 bytes per value (the real runtime's SmolLM2), else f16.
-        A sampling section without a seed takes the scenario's ``seed``."""
-        spec = scn.decoding.speculative
-        f32 = scn.model.residual_bytes_per_token >= 4 * scn.model.hidden
-        return cls(hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
-                   draft_tokens=spec.draft_tokens if spec else 0,
-                   async_laps=scn.decoding.async_laps if spec else 1,
-                   return_path=scn.decoding.return_path, wake=scn.decoding.wake,
-                   phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
-                   eos_token=eos_token, dtype=DType.FLOAT32 if f32 else DType.FLOAT16,
-                   context=scn.options.context_tokens, sampling=_seeded(scn.decoding.sampling, scn.seed),
-                   stop_tokens=tuple(sorted(set(stop_tokens) - {eos_token})))
-
-    def to_json(self) -> dict:
-        """As a JSON-ready mapping (phones a sorted list, dtype its code, sampling a mapping)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "phones": sorted(self.phones), "dtype": int(self.dtype), "return_path": str(self.return_path),
-            "sampling": self.sampling.to_json(), "stop_tokens": list(self.stop_tokens)}
-
-    def __post_init__(self):
-        if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:
-            raise ValueError("prefill_chunk, async_laps and hidden must be >= 1 and draft_tokens >= 0")
-        if self.context is not None and self.context < 1:
-            raise ValueError(f"context must be >= 1 position or None, got {self.context}")
-        try:
-            object.__setattr__(self, "return_path", ReturnPath(self.return_path))
-        except ValueError:
-            raise ValueError(f"return_path must be direct or via_stages, got {self.return_path!r}") from None
-        if not isinstance(self.sampling, Sampling):
-            raise ValueError(f"sampling must be a planner.sampling.Sampling, got {type(self.sampling).__name__}")
-
-
-def _seeded(sampling: Sampling, seed: int) -> Sampling:
-    """``sampling`` with ``seed`` when it has none (greedy needs none)."""
-    return sampling if sampling.greedy or sampling.seed is not None else sampling.with_seed(seed)
+    IDLE = "idle"
+    FILLING = "filling"
+    DECODING = "decoding"
+    RECOVERING = "recovering"
+    STOPPED = "stopped"
 
 
 @dataclass
@@ -155,6 +91,7 @@ class _Lap:
     stale: bool = False
     predictions: tuple[int, ...] | None = None
     back: bool = False  # its frame came back to the host
+    sent: bool = False  # the host's stage finished it (a prefill chunk that does not return is then done here)
 
 
 @dataclass
@@ -173,15 +110,27 @@ class _Question:
     reason: str = "length"
     sampling: Sampling = GREEDY
     uniforms: Uniforms | None = None  # the question's random stream (sampling only)
+    filling: bool = True  # the prefill (or the replay) has not given its token yet
 
 
 class HostScheduler:
     """The model host's state machine.
 
     ``handle(event, now_s) -> list[command]``; ``now_s`` is seconds on the driver's
-    clock (only passed through: the scheduler keeps no timers). Raises ValueError for
-    a deal whose host range is not first in the chain (the chain starts at the host).
-    Never raises for a well-typed event in any order: unexpected events are ignored.
+    clock (only passed through: the scheduler keeps no timers; the room's liveness
+    timers are :class:`planner.liveness.Liveness`). Raises ValueError for a deal whose
+    host range is not first in the chain (the chain starts at the host).
+
+    Any well-typed event in any order a room of honest peers can produce is taken: one
+    the host takes no action on (a lap made stale, a frame of the chain before a
+    re-deal, a peer's frame naming an unknown lap) appends an
+    :class:`planner.protocol.Ignored` record to ``ignored`` (a list a driver empties).
+    Raises :class:`planner.protocol.DriverError` for an event only a wrong driver can
+    produce: ``HeadFinished`` or the host's own ``StageFinished`` for a lap never
+    launched, ``DraftReady`` for a draft never asked for.
+
+    The question ids of the latest :data:`SEEN_QUESTIONS` questions are kept, so a
+    repeated id is refused; a long-lived host's memory stays bounded.
 
     Recovery: with ``redeal`` (``(deal, lost devices) -> new deal``, raising ValueError
     when the rest of the room cannot hold the model; see :mod:`planner.chain`), a worker
@@ -196,8 +145,9 @@ class HostScheduler:
     """
 
     def __init__(self, deal: Deal, config: SchedulerConfig,
-                 redeal: Callable[[Deal, frozenset[str]], Deal] | None = None):
+                 redeal: Callable[[Deal, frozenset[str]], Deal] | None = None, ignored: list | None = None):
         self.config = config
+        self.ignored: list = [] if ignored is None else ignored
         self.host = deal.host
         self.redeal = redeal
         self.lost: set[str] = set()
@@ -210,7 +160,8 @@ class HostScheduler:
         self._next_lap = 0
         self._next_draft = 0
         self.stopped: str | None = None
-        self.seen_questions: set[int] = set()
+        self.seen_questions: set[int] = set()  # the ids of the latest SEEN_QUESTIONS questions
+        self._seen_order: deque[int] = deque()
         # counters (also derivable from the trace)
         self.emitted = 0
         self.accepted = 0
@@ -226,40 +177,31 @@ class HostScheduler:
 
     # -- public ---------------------------------------------------------------------
 
-    def next_deadline_s(self) -> float | None:
-        """The next time the scheduler wants to be called without an event: never."""
-        return None
-
     def handle(self, event: Event, now_s: float) -> list[Command]:
-        """Feed one event; returns the commands to carry out, in order."""
-        cls = type(event)  # the events of every lap first, by exact type; then any subclass
-        if cls is StageFinished:
-            return self._stage_finished(event) if event.device == self.host else []
-        if cls is FrameArrived:
-            return self._frame_back(event) if event.device == self.host else []
-        if cls is DraftReady:
-            return self._draft_ready(event)
-        if cls is HeadFinished:
-            return self._head_finished(event)
-        if isinstance(event, QuestionAsked):
-            return self._asked(event)
-        if isinstance(event, StageFinished):
-            return self._stage_finished(event) if event.device == self.host else []
-        if isinstance(event, FrameArrived):
-            return self._frame_back(event) if event.device == self.host else []
-        if isinstance(event, HeadFinished):
-            return self._head_finished(event)
-        if isinstance(event, DraftReady):
-            return self._draft_ready(event)
-        if isinstance(event, DeviceLost):
-            return self._lost(event)
-        if isinstance(event, ChainReady):
-            return self._chain_ready(event)
-        if isinstance(event, QuestionWithdrawn):
-            return self._withdrawn(event)
-        if isinstance(event, LapFailed):
-            return self._lap_failed(event)
-        return []
+        """Feed one event; returns the commands to carry out, in order. Raises
+        TypeError for an object that is not an event of :mod:`planner.protocol`."""
+        h = self.HANDLERS.get(type(event))
+        if h is None:
+            raise TypeError(f"not a scheduler event: {type(event).__name__}")
+        return h(self, event)
+
+    @property
+    def state(self) -> HostState:
+        """What the host is doing now (:class:`HostState`)."""
+        if self.stopped is not None:
+            return HostState.STOPPED
+        if self.recovering is not None:
+            return HostState.RECOVERING
+        q = self.active
+        if q is None:
+            return HostState.IDLE
+        return HostState.FILLING if q.filling else HostState.DECODING
+
+    def _ignore(self, event, reason: IgnoreReason, detail: str = "") -> list:
+        return note_ignored(self.ignored, self.host, event, reason, detail)
+
+    def _launched(self, lap_id: int) -> bool:
+        return 0 <= lap_id < self._next_lap
 
     @property
     def busy(self) -> bool:
@@ -286,13 +228,22 @@ class HostScheduler:
                 refuse = f"queue full: {MAX_WAITING} questions are waiting"
             elif sum(1 for q in self.queue if q.device == ev.device) >= MAX_WAITING_PER_DEVICE:
                 refuse = f"{ev.device} already has {MAX_WAITING_PER_DEVICE} questions waiting"
-        self.seen_questions.add(ev.question_id)
+        self._remember(ev.question_id)
         if refuse:
             return [Refuse(ev.question_id, ev.device, refuse)]
         if self.active is not None or self.recovering is not None:
             self.queue.append(ev)
             return []
         return self._begin(ev)
+
+    def _remember(self, question_id: int) -> None:
+        """Keep ``question_id`` among the latest :data:`SEEN_QUESTIONS` asked."""
+        if question_id in self.seen_questions:
+            return
+        self.seen_questions.add(question_id)
+        self._seen_order.append(question_id)
+        if len(self._seen_order) > SEEN_QUESTIONS:
+            self.seen_questions.discard(self._seen_order.popleft())
 
     def _withdrawn(self, ev: QuestionWithdrawn) -> list:
         """The asker withdrew ``ev.question_id``: a waiting one leaves the queue (its
@@ -303,7 +254,7 @@ class HostScheduler:
                 return [Refuse(w.question_id, w.device, "withdrawn by the asker")]
         q = self.active
         if q is None or q.question_id != ev.question_id:
-            return []
+            return self._ignore(ev, _UNKNOWN, f"question {ev.question_id} is neither waiting nor being answered")
         q.done = True
         q.reason = "withdrawn"
         return self._finish(q)
@@ -321,6 +272,8 @@ class HostScheduler:
         return cmds
 
     def _next_question(self) -> list:
+        for lap_id in [i for i, lap in self.laps.items() if lap.sent and not lap.returns]:
+            del self.laps[lap_id]  # the ended question's prefill chunks that never come back
         self.active = None
         self.inflight.clear()
         if self.queue and self.recovering is None:
@@ -353,9 +306,14 @@ class HostScheduler:
                            self.config.dtype, lap.returns)
 
     def _stage_finished(self, ev: StageFinished) -> list:
+        if ev.device != self.host:
+            return self._ignore(ev, _BUG, f"a stage of {ev.device} reached the host's machine")
         lap = self.laps.get(ev.lap_id)
         if lap is None:
-            return []
+            if not self._launched(ev.lap_id):
+                raise DriverError(f"StageFinished for lap {ev.lap_id}, which the host never launched")
+            return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+        lap.sent = True
         cmds: list = []
         if self.workers:
             kind = FrameKind.PREFILL if lap.kind in (LapKind.PREFILL, LapKind.REPLAY) else FrameKind.DECODE
@@ -363,15 +321,26 @@ class HostScheduler:
         elif lap.returns:  # the host holds every layer: the residual is already here
             cmds += self._returned(lap)
         q = self.active
-        if lap.kind in (LapKind.PREFILL, LapKind.REPLAY) and q is not None and q.question_id == lap.question_id \
-                and q.next_chunk < q.fill_len:
+        mine = q is not None and q.question_id == lap.question_id
+        if lap.kind in _FILL_KINDS and mine and q.next_chunk < q.fill_len:
             cmds += self._launch_prefill_chunk(q)
+        if not lap.returns and not mine:  # a chunk of a question that ended: nothing more comes of it
+            del self.laps[lap.lap_id]
         return cmds
 
     def _frame_back(self, ev: FrameArrived) -> list:
-        lap = self.laps.get(ev.header.lap_id)
-        if lap is None or lap.back or ev.header.kind not in (FrameKind.RESULT, FrameKind.RETURN):
-            return []
+        h = ev.header
+        if ev.device != self.host:
+            return self._ignore(ev, _BUG, f"a frame for {ev.device} reached the host's machine")
+        if h.kind != FrameKind.RESULT and h.kind != FrameKind.RETURN:
+            return self._ignore(ev, _BUG, f"a {FrameKind(h.kind).name} frame from {ev.src} at the host")
+        lap = self.laps.get(h.lap_id)
+        if lap is None:
+            if not self._launched(h.lap_id):  # a peer's frame: outside input, never trusted
+                return self._ignore(ev, _UNKNOWN, f"lap {h.lap_id} from {ev.src} was never launched")
+            return self._ignore(ev, _STALE, f"lap {h.lap_id} is over")
+        if lap.back:
+            return self._ignore(ev, _BUG, f"lap {h.lap_id} came back twice")
         return self._returned(lap)
 
     def _returned(self, lap: _Lap) -> list:
@@ -399,14 +368,19 @@ class HostScheduler:
     def _head_finished(self, ev: HeadFinished) -> list:
         lap = self.laps.get(ev.lap_id)
         q = self.active
-        if lap is None or lap.predictions is not None:
-            return []
+        if lap is None:
+            if not self._launched(ev.lap_id):
+                raise DriverError(f"HeadFinished for lap {ev.lap_id}, which the host never launched")
+            return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+        if lap.predictions is not None:
+            return self._ignore(ev, _BUG, f"a second head result for lap {ev.lap_id}")
         if q is None or q.question_id != lap.question_id or lap.stale:
             return self._end_lap(lap, stale=True)
         if not ev.predictions:
             return self._abort(f"the output head returned no prediction for lap {lap.lap_id}")
         lap.predictions = tuple(ev.predictions)
         if lap.kind in (LapKind.PREFILL, LapKind.REPLAY):
+            q.filling = False
             cmds = self._end_lap(lap, stale=False, kept=1)
             cmds += self._commit(q, [lap.predictions[-1]])
             return cmds + self._after_commit(q)
@@ -525,8 +499,10 @@ class HostScheduler:
 
     def _draft_ready(self, ev: DraftReady) -> list:
         q = self.active
+        if not 0 <= ev.draft_id < self._next_draft:
+            raise DriverError(f"DraftReady for draft {ev.draft_id}, which the host never asked for")
         if q is None or q.drafting != ev.draft_id:
-            return []
+            return self._ignore(ev, _STALE, f"draft {ev.draft_id} is no longer awaited")
         q.drafting = None
         if not ev.tokens:
             return self._abort("the drafter returned no tokens")
@@ -552,8 +528,10 @@ class HostScheduler:
         device; laps of other questions, stale laps and unknown ones are ignored."""
         lap = self.laps.get(ev.lap_id)
         q = self.active
+        if lap is None and not self._launched(ev.lap_id):  # a peer's Fault: outside input
+            return self._ignore(ev, _UNKNOWN, f"lap {ev.lap_id} was never launched")
         if lap is None or lap.stale or q is None or q.question_id != lap.question_id:
-            return []
+            return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
         cmds = [] if lap.lap_id in self.inflight else self._end_lap(lap, stale=True)  # it will not come back
         return cmds + self._abort(f"numerical fault on {ev.device}: {ev.reason}")
 
@@ -568,7 +546,7 @@ class HostScheduler:
     def _lost(self, ev: DeviceLost) -> list:
         dev = ev.device
         if dev in self.lost:
-            return []
+            return self._ignore(ev, _REPEATED, f"{dev} was already lost")
         in_chain = dev == self.host or dev in self.workers
         if in_chain and dev != self.host and self.redeal is not None and self.stopped is None:
             try:
@@ -652,6 +630,7 @@ class HostScheduler:
             q.drafting = None
             q.next_chunk = 0
             q.fill_len = len(q.seq)
+            q.filling = True
         stages = tuple((s.device, s.start, s.end) for s in new.stages)
         cmds.append(Redeal(dev, self.host, stages, self.recovering, q.question_id if q else None,
                            len(q.seq) if q else 0))
@@ -659,115 +638,18 @@ class HostScheduler:
 
     def _chain_ready(self, ev: ChainReady) -> list:
         if self.recovering is None or ev.first_lap != self.recovering:
-            return []
+            reason = _STALE if self._launched(ev.first_lap) else _UNKNOWN
+            return self._ignore(ev, reason, f"no re-deal with first lap {ev.first_lap} is awaited")
         self.recovering = None
         q = self.active
         if q is not None:
             return self._launch_prefill_chunk(q)
         return self._next_question()
 
+    #: event type -> handler: the one table ``handle`` dispatches by
+    HANDLERS: dict = {QuestionAsked: _asked, StageFinished: _stage_finished, FrameArrived: _frame_back,
+                      HeadFinished: _head_finished, DraftReady: _draft_ready, DeviceLost: _lost,
+                      ChainReady: _chain_ready, QuestionWithdrawn: _withdrawn, LapFailed: _lap_failed}
 
-class WorkerMachine:
-    """A worker's state machine: frame in -> run my layers -> frame out.
 
-    ``handle(event, now_s) -> list[command]``. Keeps the KV length of the question it
-    serves; a frame of a new question starts from an empty cache, a frame whose first
-    position is before the cache's end rolls the cache back to it (RollbackKV), and one
-    whose first position lies beyond the cache's end is stale and dropped (DropFrame),
-    as is any frame of a lap before ``first_lap`` (a lap of the chain before a re-deal).
-    Raises ValueError if ``device`` holds no stage of ``deal``.
-    """
-
-    def __init__(self, device: str, deal: Deal, return_path: ReturnPath | str = ReturnPath.DIRECT,
-                 first_lap: int = 0):
-        stages = [s.device for s in deal.stages]
-        if device not in stages or device == deal.host:
-            raise ValueError(f"{device} is not a worker of this deal")
-        self.device = device
-        self.host = deal.host
-        i = stages.index(device)
-        self.next = stages[i + 1] if i + 1 < len(stages) else None
-        self.prev = stages[i - 1] if i > 0 else deal.host
-        self.return_path = ReturnPath(return_path)
-        self.first_lap = first_lap
-        self.question_id: int | None = None
-        self.kv_len = 0
-        self.pending: dict[int, FrameHeader] = {}
-
-    def handle(self, event: Event, now_s: float) -> list[Command]:
-        """Feed one event; returns the commands to carry out."""
-        if isinstance(event, FrameArrived) and event.device == self.device:
-            return self.frame_arrived(event.header)
-        if isinstance(event, StageFinished) and event.device == self.device:
-            return self.stage_finished(event.lap_id)
-        return []
-
-    def accept(self, h: FrameHeader) -> tuple[int, str | None]:
-        """Take frame ``h`` (updating the cache length and the frames pending) and say
-        what it does here, without building commands: ``(RUN, None)`` run the stage;
-        ``(ROLLBACK_RUN, None)`` roll the cache back to ``h.first_pos``, then run;
-        ``(DROP, reason)``; ``(FORWARD, None)`` a RETURN frame passed on to the
-        previous stage; ``(IGNORE, None)`` a kind a worker does not handle.
-        :meth:`frame_arrived` turns the answer into commands (:meth:`commands_for`)."""
-        if h.lap_id < self.first_lap:
-            return DROP, f"lap {h.lap_id} is from before the re-deal"
-        kind = h.kind
-        if kind == _K_RETURN:
-            return _FORWARD
-        if kind != _K_DECODE and kind != _K_PREFILL:
-            return _IGNORE
-        kv = self.kv_len
-        if h.question_id != self.question_id:
-            if h.first_pos != 0:  # a question always starts with a prefill frame at position 0
-                return DROP, "frame of a question this stage is not serving"
-            self.question_id = h.question_id
-            kv = 0
-        first = h.first_pos
-        if first > kv:
-            self.kv_len = kv
-            return DROP, f"stale: starts at {first}, cache holds {kv}"
-        self.kv_len = first + h.tokens
-        self.pending[h.lap_id] = h
-        return _ROLLBACK_RUN if first < kv else _RUN
-
-    def commands_for(self, h: FrameHeader, verdict: int, reason: str | None) -> list[Command]:
-        """The commands of :meth:`accept`'s answer ``(verdict, reason)`` for frame ``h``."""
-        if verdict == RUN:
-            return [RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens)]
-        if verdict == ROLLBACK_RUN:
-            return [RollbackKV(self.device, h.question_id, h.first_pos),
-                    RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens)]
-        if verdict == DROP:
-            return [DropFrame(self.device, h, reason or "")]
-        if verdict == FORWARD:
-            return [SendFrame(self.device, self.prev, h)]
-        return []
-
-    def frame_arrived(self, h: FrameHeader) -> list[Command]:
-        """``handle(FrameArrived(self.device, src, h))`` without building the event (the
-        sender is not used): RunStage, or RollbackKV then RunStage, or DropFrame, or the
-        RETURN frame forwarded (SendFrame)."""
-        verdict, reason = self.accept(h)
-        return self.commands_for(h, verdict, reason)
-
-    def release(self, lap_id: int) -> tuple[str, FrameHeader] | None:
-        """Lap ``lap_id``'s stage finished: ``(destination, header)`` of the frame to send
-        on (the next stage, or the host / previous stage with a RESULT / RETURN
-        header), or None (no such frame pending, or a prefill chunk that does not
-        return). :meth:`stage_finished` makes it a SendFrame."""
-        h = self.pending.pop(lap_id, None)
-        if h is None:
-            return None
-        if self.next is not None:
-            return self.next, h
-        if not h.returns:
-            return None
-        if self.return_path == ReturnPath.DIRECT or self.prev == self.host:
-            return self.host, h.with_kind(FrameKind.RESULT)
-        return self.prev, h.with_kind(FrameKind.RETURN)
-
-    def stage_finished(self, lap_id: int) -> list[Command]:
-        """``handle(StageFinished(self.device, lap_id))`` without building the event:
-        the frame on to the next stage or back to the host (SendFrame), or nothing."""
-        out = self.release(lap_id)
-        return [] if out is None else [SendFrame(self.device, out[0], out[1])]
+_FILL_KINDS = (LapKind.PREFILL, LapKind.REPLAY)

@@ -8,7 +8,8 @@ argmax of real logits, and each ``Draft`` asks a real drafter. Work is done one 
 at a time in the order the machines ask for it (no network, no clock in the results).
 
 This is the room without its transport: the networked room replaces the in-process
-queue with data channels and keeps everything else.
+queue with data channels and keeps everything else. :class:`planner.drive.Driver` feeds
+the chain; :class:`LocalRoom` is its executor. Only tests use it.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DropFra
                               QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame, StageFinished)
 from planner.sampling import Sampling
 from planner.chain import Chain, RedealRule, deal_of
+from planner.drive import Driver
 from planner.scheduler import SchedulerConfig
-
-from .backends.base import Stage
-from .codec import decode_frame, encode_frame
-from .drafters import ngram_draft
-from .work import NumericalFault, consumes_residual, nonfinite, run_work
+from runtime.backends.base import Stage
+from runtime.codec import decode_frame, encode_frame
+from runtime.drafters import ngram_draft
+from runtime.work import NumericalFault, consumes_residual, nonfinite, run_work
 
 
 class LocalRoom:
@@ -62,14 +63,13 @@ class LocalRoom:
         self.stages = dict(stages)
         self.deal = deal
         caps = [st.max_ctx for st in stages.values() if getattr(st, "max_ctx", None) is not None]
-        if caps and (config.context is None or config.context > min(caps)):  # the smallest cache bounds questions
-            import dataclasses
-            config = dataclasses.replace(config, context=min(caps))
+        config = config.capped(min(caps) if caps else None)  # the smallest cache bounds questions
         self.config = config
         self.drafter = drafter
         self.chain = Chain(deal, config, redeal=redeal)
+        self.driver = Driver(self.chain, self, self._record)
         self.make_stage = make_stage
-        self.dead: set[str] = set()
+        self.dead = self.driver.dead
         self.faults: list[tuple[int, str]] = []  # (answer tokens emitted, device to lose then)
         self.emitted = 0
         self.redeals: list[Redeal] = []
@@ -117,55 +117,73 @@ class LocalRoom:
 
     def _dispatch(self, ev) -> None:
         self.step += 1
-        self.trace.append((float(self.step), ev))
-        for c in self.chain.handle(ev, float(self.step)):
-            self.trace.append((float(self.step), c))
-            self._execute(c)
+        self.driver.dispatch(ev, float(self.step))
 
-    def _execute(self, c) -> None:
-        cls = type(c)
-        host_id = self.deal.host
-        if cls is RunStage or cls is RunHead or cls is Draft or cls is RollbackKV:
-            dev = host_id if (cls is RunHead or cls is Draft) else c.device
-            st = self.stages.get(dev)
-            if st is None:
-                return
-            key = (dev, getattr(c, "lap_id", None))
-            x = self.residual.pop(key, None) if consumes_residual(c, st) else None
-            try:
-                event, out = run_work(st, c, x, self.context.get(getattr(c, "question_id", None)), self.drafter)
-            except NumericalFault as e:  # this device computed a NaN/inf: its lap's question fails
-                self.queue.append(LapFailed(c.lap_id, dev, str(e)))
-                return
-            if out is not None:
-                self.residual[key] = out
-            if event is not None:
-                self.queue.append(event)
-        elif cls is SendFrame:
-            if c.dst in self.dead:
-                self.residual.pop((c.src, c.header.lap_id), None)
-                return
-            x = self.residual.pop((c.src, c.header.lap_id))
-            h, payload = decode_frame(encode_frame(c.header, x))
-            bad = nonfinite(payload)
-            if bad:  # as a device process does on arrival: the sender is named, the frame dropped
-                self.queue.append(LapFailed(h.lap_id, c.src, f"the residual it sent for lap {h.lap_id} has {bad} "
-                                            f"NaN/inf value{'s' if bad != 1 else ''}"))
-                return
-            self.residual[(c.dst, h.lap_id)] = payload
-            self.queue.append(FrameArrived(c.dst, c.src, h))
-        elif cls is DropFrame:
-            self.residual.pop((c.device, c.header.lap_id), None)
-        elif cls is EmitToken:
-            self.emitted += 1
-            self.answers[c.question_id].append(c.token)
-            self.context[c.question_id].append(c.token)
-        elif cls is Redeal:
-            self._redeal(c)
-        elif cls is AnswerDone or cls is Refuse:
-            self.ended[c.question_id] = c.reason if cls is AnswerDone else f"refused: {c.reason}"
+    def _record(self, now: float, ev, cmds, ignored) -> None:
+        self.trace.append((now, ev))
+        self.trace.extend((now, x) for x in ignored)
+        self.trace.extend((now, c) for c in cmds)
 
-    def _redeal(self, r: Redeal) -> None:
+    # -- the executor (planner.drive.Executor) ------------------------------------
+
+    def _compute(self, c, dev: str) -> None:
+        """RunStage, RunHead, Draft or RollbackKV on ``dev``'s stage (none: it is gone)."""
+        st = self.stages.get(dev)
+        if st is None:
+            return
+        key = (dev, getattr(c, "lap_id", None))
+        x = self.residual.pop(key, None) if consumes_residual(c, st) else None
+        try:
+            event, out = run_work(st, c, x, self.context.get(getattr(c, "question_id", None)), self.drafter)
+        except NumericalFault as e:  # this device computed a NaN/inf: its lap's question fails
+            self.queue.append(LapFailed(c.lap_id, dev, str(e)))
+            return
+        if out is not None:
+            self.residual[key] = out
+        if event is not None:
+            self.queue.append(event)
+
+    def run_stage(self, c: RunStage) -> None:
+        self._compute(c, c.device)
+
+    def rollback(self, c: RollbackKV) -> None:
+        self._compute(c, c.device)
+
+    def run_head(self, c: RunHead) -> None:
+        self._compute(c, self.deal.host)
+
+    def draft(self, c: Draft) -> None:
+        self._compute(c, self.deal.host)
+
+    def send_frame(self, c: SendFrame) -> None:
+        if c.dst in self.dead:
+            self.residual.pop((c.src, c.header.lap_id), None)
+            return
+        x = self.residual.pop((c.src, c.header.lap_id))
+        h, payload = decode_frame(encode_frame(c.header, x))
+        bad = nonfinite(payload)
+        if bad:  # as a device process does on arrival: the sender is named, the frame dropped
+            self.queue.append(LapFailed(h.lap_id, c.src, f"the residual it sent for lap {h.lap_id} has {bad} "
+                                        f"NaN/inf value{'s' if bad != 1 else ''}"))
+            return
+        self.residual[(c.dst, h.lap_id)] = payload
+        self.queue.append(FrameArrived(c.dst, c.src, h))
+
+    def drop_frame(self, c: DropFrame) -> None:
+        self.residual.pop((c.device, c.header.lap_id), None)
+
+    def wake(self, c) -> None:
+        """No phone here to wake."""
+
+    def emit(self, c: EmitToken) -> None:
+        self.emitted += 1
+        self.answers[c.question_id].append(c.token)
+        self.context[c.question_id].append(c.token)
+
+    def question_ended(self, c: AnswerDone | Refuse) -> None:
+        self.ended[c.question_id] = c.reason if type(c) is AnswerDone else f"refused: {c.reason}"
+
+    def redeal(self, r: Redeal) -> None:
         """Load every re-dealt range (a stage whose range is unchanged keeps its weights;
         its KV cache is rebuilt by the replay, which starts at position 0), forget the
         residuals of the old laps, then report the new chain ready."""

@@ -1,0 +1,103 @@
+"""Who in the room is still there: heartbeat timers as a sans-IO machine.
+
+A device sends every peer a heartbeat every ``beat_s`` seconds and counts a peer lost
+when nothing was heard from it for more than ``timeout_s`` after it was first heard.
+Re-deals make silence expected for a while, so three things spare a silent peer: this
+device loading a re-dealt range itself (:attr:`Liveness.loading`), the grace window
+after a re-deal began (``grace_s``), and, for ``load_timeout_s`` after it began, the
+devices still loading their new ranges (``spared`` in :meth:`Liveness.handle_timer`).
+
+The timers follow aioquic's connection API: the driver asks :meth:`Liveness.next_deadline_s`
+when to call next, and calls :meth:`Liveness.handle_timer` at that time with the time;
+nothing here reads a clock. Times are seconds on one monotonic clock the driver chooses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Iterable
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What :meth:`Liveness.handle_timer` found: ``lost`` the ``(peer, silent for s)``
+    newly past the timeout, ``beat`` the peers to send a heartbeat to now."""
+
+    lost: tuple[tuple[str, float], ...]
+    beat: tuple[str, ...]
+
+
+class Liveness:
+    """Heartbeat bookkeeping of one device (module doc).
+
+    Args:
+        peers: the devices this one talks to.
+        beat_s: seconds between heartbeats (> 0; 0 or less: no timers at all).
+        timeout_s: silence after which a peer that was heard is lost (0 or less: never).
+        grace_s: after :meth:`replanned`, seconds during which no peer is lost by silence.
+        load_timeout_s: after :meth:`replanned`, seconds during which the peers named
+            ``spared`` (still loading a re-dealt range) are not lost by silence.
+        now_s: the time the timers start.
+    """
+
+    def __init__(self, peers: Iterable[str], beat_s: float, timeout_s: float, grace_s: float,
+                 load_timeout_s: float, now_s: float = 0.0):
+        self.peers = tuple(peers)
+        self.beat_s = beat_s
+        self.timeout_s = timeout_s
+        self.grace_s = grace_s
+        self.load_timeout_s = load_timeout_s
+        self.last_heard: dict[str, float] = {}  # peer -> when it was last heard
+        self.lost: set[str] = set()
+        self.loading = False  # this device loads a re-dealt range: no peer is lost by silence
+        self.grace_until = -float("inf")
+        self.quiet_until = -float("inf")
+        self._next = now_s + beat_s if beat_s > 0 else None
+
+    def heard(self, peer: str, now_s: float) -> None:
+        """A message from ``peer`` arrived at ``now_s``."""
+        self.last_heard[peer] = now_s
+
+    def refresh(self, peer: str, now_s: float) -> None:
+        """Count ``peer``'s silence again from ``now_s`` (when it was heard at all)."""
+        if peer in self.last_heard:
+            self.last_heard[peer] = now_s
+
+    def refresh_all(self, now_s: float) -> None:
+        """Count every heard peer's silence again from ``now_s`` (this device was busy
+        loading: what it did not hear meanwhile says nothing)."""
+        for p in self.last_heard:
+            self.last_heard[p] = now_s
+
+    def replanned(self, now_s: float) -> None:
+        """A re-deal began at ``now_s``: open the grace and load windows."""
+        self.grace_until = now_s + self.grace_s
+        self.quiet_until = now_s + self.load_timeout_s
+
+    def forget(self, peer: str) -> None:
+        """``peer`` is lost: no more heartbeats to it, no second loss."""
+        self.lost.add(peer)
+
+    def next_deadline_s(self) -> float | None:
+        """When :meth:`handle_timer` wants to be called next (None: never)."""
+        return self._next
+
+    def handle_timer(self, now_s: float, spared: Collection[str] = ()) -> Tick:
+        """The heartbeat timer fired at ``now_s``: which peers are lost by silence, and
+        which get a heartbeat now (every other peer not lost). ``spared``: peers still
+        loading a re-dealt range, not lost by silence until ``load_timeout_s`` after the
+        re-deal began. The next deadline is ``beat_s`` from ``now_s``."""
+        if self._next is not None:
+            self._next = now_s + self.beat_s
+        quiet = spared if now_s < self.quiet_until else ()
+        may_lose = self.timeout_s > 0 and not self.loading and now_s >= self.grace_until
+        lost, beat = [], []
+        for p in self.peers:
+            if p in self.lost:
+                continue
+            seen = self.last_heard.get(p)
+            if may_lose and seen is not None and now_s - seen > self.timeout_s and p not in quiet:
+                lost.append((p, now_s - seen))
+                continue
+            beat.append(p)
+        return Tick(tuple(lost), tuple(beat))

@@ -1,0 +1,167 @@
+"""The scheduler's loud states: the HostState a room passes through, Ignored records with
+their reasons, DriverError for what only a wrong driver can send, the bounded memory of
+question ids; the driver kernel's table; the worker's Verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import protocol
+from planner.chain import Chain
+from planner.deal import Deal, Stage
+from planner.drive import COMMAND_METHODS, Driver, NoOpExecutor
+from planner.frames import FrameHeader, FrameKind
+from planner.protocol import (ChainReady, DeviceLost, DraftReady, DriverError, FrameArrived, HeadFinished,
+                              QuestionAsked, QuestionWithdrawn, RunHead, RunStage, SendFrame, StageFinished)
+from planner.scheduler import SEEN_QUESTIONS, HostScheduler, HostState, SchedulerConfig, Verdict, WorkerMachine
+from tests.harness import Harness, truth
+
+DEAL = Deal(host="h", split="pinned", stages=(Stage("h", 0, 1), Stage("w", 1, 2)), guests=(), fits=True, notes=())
+
+
+def test_a_question_walks_idle_filling_decoding_idle():
+    """Prompt of 5 in chunks of 2 (3 prefill laps), 2 answer tokens: the host is
+    FILLING until the last chunk's head gives the first token, DECODING for the second."""
+    h = Harness(DEAL, SchedulerConfig(hidden=4, prefill_chunk=2))
+    seen = [h.host.state]
+    h.ask(0, "h", 5, 2)
+    while h.step():
+        if seen[-1] != h.host.state:
+            seen.append(h.host.state)
+    assert seen == [HostState.IDLE, HostState.FILLING, HostState.DECODING, HostState.IDLE]
+    assert h.answers() == {0: [truth(5), truth(6)]}
+
+
+def test_a_lost_worker_without_a_redeal_rule_stops_the_host_and_a_rule_makes_it_recover():
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4))
+    s.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    s.handle(DeviceLost("w"), 0.0)
+    assert s.state == HostState.STOPPED
+    merged = Deal(host="h", split="pinned", stages=(Stage("h", 0, 2),), guests=(), fits=True, notes=())
+    r = HostScheduler(DEAL, SchedulerConfig(hidden=4), redeal=lambda d, lost: merged)
+    r.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    out = r.handle(DeviceLost("w"), 0.0)
+    assert r.state == HostState.RECOVERING
+    r.handle(ChainReady(out[-1].first_lap), 0.0)
+    assert r.state == HostState.FILLING
+
+
+def test_events_only_a_wrong_driver_sends_raise():
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, draft_tokens=2))
+    s.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)  # launches lap 0
+    with pytest.raises(DriverError, match="lap 5"):
+        s.handle(HeadFinished(5, (1,)), 0.0)
+    with pytest.raises(DriverError, match="lap 9"):
+        s.handle(StageFinished("h", 9), 0.0)
+    with pytest.raises(DriverError, match="draft 0"):
+        s.handle(DraftReady(0, (1, 2)), 0.0)  # no draft asked for yet
+
+
+def test_a_second_head_result_is_a_bug_and_a_peers_unknown_lap_is_unknown():
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4))
+    s.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    s.handle(StageFinished("h", 0), 0.0)
+    back = FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4)
+    assert isinstance(s.handle(FrameArrived("h", "w", back), 0.0)[0], RunHead)
+    s.handle(HeadFinished(0, (truth(2),)), 0.0)  # the first token; lap 1 (decode) launched
+    assert s.handle(HeadFinished(0, (truth(2),)), 0.0) == []  # lap 0 is over now: stale
+    s.handle(StageFinished("h", 1), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 1, 2, 1, 4)), 0.0)
+    s.handle(HeadFinished(1, (truth(3),)), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 1, 2, 1, 4)), 0.0)  # lap 1 ended: stale
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 77, 2, 1, 4)), 0.0)  # never launched
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.PREFILL, 0, 2, 3, 1, 4)), 0.0)  # not a kind for the host
+    s.handle(QuestionWithdrawn(42), 0.0)
+    s.handle(DeviceLost("g"), 0.0)
+    s.handle(DeviceLost("g"), 0.0)
+    got = [(x.event, x.reason) for x in s.ignored]
+    assert got == [("HeadFinished", "stale"), ("FrameArrived", "stale"), ("FrameArrived", "unknown"),
+                   ("FrameArrived", "bug"), ("QuestionWithdrawn", "unknown"), ("DeviceLost", "repeated")]
+    assert all(x.device == "h" for x in s.ignored)
+
+
+def test_a_frame_that_comes_back_twice_is_recorded_as_a_bug():
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4))
+    s.handle(QuestionAsked(0, "h", (7,), 3), 0.0)
+    s.handle(StageFinished("h", 0), 0.0)
+    back = FrameHeader(FrameKind.RESULT, 0, 0, 0, 1, 4)
+    assert isinstance(s.handle(FrameArrived("h", "w", back), 0.0)[0], RunHead)
+    assert s.handle(FrameArrived("h", "w", back), 0.0) == []  # the lap is waiting for its head: a duplicate
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [("FrameArrived", "bug", "lap 0 came back twice")]
+
+
+def test_a_chain_records_events_for_machines_it_does_not_run():
+    chain = Chain(DEAL, SchedulerConfig(hidden=4), runs={"w"})
+    h = FrameHeader(FrameKind.PREFILL, 0, 0, 0, 1, 4)
+    assert chain.handle(QuestionAsked(0, "h", (7,), 3), 0.0) == []
+    assert chain.handle(FrameArrived("g", "h", h), 0.0) == []
+    assert [(x.device, x.event, x.reason) for x in chain.take_ignored()] == [
+        ("h", "QuestionAsked", "not_here"), ("g", "FrameArrived", "not_here")]
+    assert chain.ignored == []
+
+
+def test_a_long_lived_host_keeps_no_lap_of_an_answered_question():
+    """Prompts of 7 in chunks of 2: 3 chunks per question do not come back; after 50
+    questions the host holds no lap (each question's laps went when it ended)."""
+    h = Harness(DEAL, SchedulerConfig(hidden=4, prefill_chunk=2))
+    for q in range(50):
+        h.ask(q, "h", 7, 2)
+        h.run()
+    assert h.ended() == {q: "answered" for q in range(50)}
+    assert h.host.laps == {}
+
+
+def test_question_ids_are_remembered_up_to_the_bound():
+    s = HostScheduler(Deal(host="h", split="pinned", stages=(Stage("h", 0, 2),), guests=(), fits=True, notes=()),
+                      SchedulerConfig(hidden=4))
+    n = SEEN_QUESTIONS + 10
+    for q in range(n):
+        s.handle(QuestionAsked(q, "h", (), 1), 0.0)  # refused (empty prompt), but remembered
+    assert len(s.seen_questions) == SEEN_QUESTIONS
+    assert 0 not in s.seen_questions and n - 1 in s.seen_questions
+    out = s.handle(QuestionAsked(n - 1, "h", (5,), 1), 0.0)
+    assert out[0].reason == f"question id {n - 1} was already asked"
+
+
+def test_the_driver_table_names_an_executor_method_for_every_command():
+    assert set(COMMAND_METHODS) == set(protocol.COMMANDS)
+    bookkeeping = {cls for cls, name in COMMAND_METHODS.items() if name is None}
+    assert bookkeeping == {protocol.BeginAnswer, protocol.LapEnded}
+
+    class Partial:
+        def run_stage(self, c): ...
+    with pytest.raises(TypeError, match="send_frame"):
+        Driver(Chain(DEAL, SchedulerConfig(hidden=4)), Partial())
+
+
+def test_the_driver_drops_events_at_dead_devices_and_records_in_order():
+    seen, done = [], []
+
+    class Ex(NoOpExecutor):
+        def run_stage(self, c):
+            done.append(c)
+
+    d = Driver(Chain(DEAL, SchedulerConfig(hidden=4)), Ex(), lambda t, ev, cmds, ign: seen.append((t, ev, cmds, ign)))
+    cmds = d.dispatch(QuestionAsked(0, "h", (7, 8), 3), 1.5)
+    assert [type(c).__name__ for c in cmds] == ["BeginAnswer", "RunStage"] and done == [cmds[1]]
+    d.dead.add("w")
+    assert d.dispatch(FrameArrived("w", "h", FrameHeader(FrameKind.PREFILL, 0, 0, 0, 2, 4)), 2.0) == []
+    assert d.dispatch(DeviceLost("x"), 3.0) == []
+    d.dispatch(DeviceLost("x"), 4.0)
+    assert [(t, type(ev).__name__, [x.reason for x in ign]) for t, ev, _, ign in seen] == [
+        (1.5, "QuestionAsked", []), (3.0, "DeviceLost", []), (4.0, "DeviceLost", ["repeated"])]
+
+
+def test_worker_verdicts_say_whether_the_stage_runs():
+    assert [v.is_run for v in Verdict] == [True, True, False, False, False]
+    w = WorkerMachine("w", DEAL)
+    h0 = FrameHeader(FrameKind.PREFILL, 0, 0, 0, 2, 4)
+    assert w.accept(h0) == (Verdict.RUN, None)
+    assert w.accept(FrameHeader(FrameKind.DECODE, 0, 1, 1, 1, 4, returns=True)) == (Verdict.ROLLBACK_RUN, None)
+    verdict, why = w.accept(FrameHeader(FrameKind.DECODE, 0, 2, 9, 1, 4))
+    assert verdict is Verdict.DROP and "starts at 9, cache holds 2" in why
+    assert w.handle(FrameArrived("w", "h", FrameHeader(FrameKind.RESULT, 0, 3, 0, 1, 4)), 0.0) == []
+    assert w.handle(StageFinished("w", 1), 0.0) == [
+        SendFrame("w", "h", FrameHeader(FrameKind.RESULT, 0, 1, 1, 1, 4, returns=True))]
+    assert w.handle(StageFinished("w", 1), 0.0) == []
+    assert [(x.event, x.reason) for x in w.ignored] == [("FrameArrived", "bug"), ("StageFinished", "stale")]
