@@ -56,8 +56,9 @@ class ServeError(RuntimeError):
 def room_info(scn: Scenario, deal: Deal) -> dict:
     """Facts about the room for ``/health`` and the room page: its name, the model, the
     devices (id, name, kind, bytes lent), the deal (stages 0-based half-open with their
-    1-based label, each device's role, bytes used and why, notes) and the simulator's
-    predicted tokens per second (or None)."""
+    1-based label, each device's role, bytes used and why, notes), the simulator's
+    predicted tokens per second (or None), and the memory of each layer (weights + KV at
+    the context, ``layer_bytes``) and of the host's extras (``host_extra_bytes``)."""
     pred = None
     try:
         from sim.driver import simulate
@@ -71,7 +72,11 @@ def room_info(scn: Scenario, deal: Deal) -> dict:
             "stages": [{"device": s.device, "start": s.start, "end": s.end, "shown": s.shown} for s in deal.stages],
             "shares": [{"device": sh.device, "role": sh.role, "used_bytes": sh.used_bytes, "why": sh.why}
                        for sh in deal.shares],
-            "notes": list(deal.notes), "predicted_tokens_per_s": pred}
+            "notes": list(deal.notes), "predicted_tokens_per_s": pred,
+            # what each layer and the host's extras take, so the page can show a re-deal's memory
+            "layer_bytes": [scn.model.range_memory_bytes(i, i + 1, scn.options.context_tokens, scn.options.kv_cache)
+                            for i in range(scn.model.layers)],
+            "host_extra_bytes": scn.model.host_extra_bytes}
 
 
 def redeal_without(scn: Scenario, deal: Deal, dead: set[str]) -> tuple[Optional[Deal], str]:

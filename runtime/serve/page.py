@@ -50,6 +50,8 @@ MAX_CLIENTS_SHOWN = 50
 
 
 def _mb(n: Optional[int]) -> str:
+    if n is None:
+        return "size not known"
     if not n:
         return "0 MB"
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
@@ -145,10 +147,18 @@ class RoomPage:
         model_name = (info.get("model") or {}).get("name", srv.model_id)
         stages = ([(s.device, s.start, s.end) for s in node.chain.deal.stages] if node is not None
                   else [(s["device"], s["start"], s["end"]) for s in info.get("stages", [])])
-        used = {sh["device"]: sh.get("used_bytes") for sh in info.get("shares", [])}
+        shares_used = {sh["device"]: sh.get("used_bytes") for sh in info.get("shares", [])}
+        layer_bytes, extra = info.get("layer_bytes"), info.get("host_extra_bytes") or 0
+        used = {}  # bytes each device holds in the deal the room runs now (after a re-deal too)
+        for x, a, b in stages:
+            if layer_bytes and len(layer_bytes) >= b:
+                used[x] = sum(layer_bytes[a:b]) + (extra if x == info.get("host") else 0)
+            elif shares_used.get(x):
+                used[x] = shares_used[x]
         why = {sh["device"]: sh.get("why", "") for sh in info.get("shares", [])}
         host_id = info.get("host")
         lap_s = srv.lap_mean_s()
+        first_stages = {s["device"] for s in info.get("stages", [])}
         devices = []
         for d in info.get("devices", []):
             dev = d["id"]
@@ -169,9 +179,10 @@ class RoomPage:
                 detail = f"Layers {layers} · {_mb(used.get(dev))} · {model_name}"
             else:
                 status, title, detail = "idle", "Not holding layers", "the model runs on the other devices"
+            was = dev in first_stages  # held layers in the first deal: a lost worker stays a worker
             devices.append({"id": dev, "name": d.get("name") or dev, "kind": d.get("kind", "computer"),
-                            "lends": _mb(d.get("lends_bytes")), "role": "model host" if dev == host_id else
-                            ("worker" if mine else "guest"), "layers": layers, "status": status, "title": title,
+                            "lends": _mb(d.get("lends_bytes") or None), "role": "model host" if dev == host_id else
+                            ("worker" if mine or (was and dev in srv.lost) else "guest"), "layers": layers, "status": status, "title": title,
                             "detail": detail, "why": why.get(dev, ""),
                             "tokens_handled": self.tokens_handled.get(dev, 0), "passes": self.passes.get(dev, 0),
                             "lap_ms": lap_s * 1000 if (lap_s is not None and mine) else None})

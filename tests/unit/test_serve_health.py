@@ -141,3 +141,30 @@ def test_a_room_whose_workers_still_load_is_not_ready_and_lists_no_model():
         assert (status, body["ready"]) == (200, True)
         assert [m["id"] for m in (await get("/v1/models"))[1]["data"]] == ["m"]
     with_client(srv, steps)
+
+
+def test_the_room_page_after_a_loss_keeps_the_lost_workers_role_and_shows_the_new_memory():
+    # 30 layers of 10 MB and a 100 MB embedding on the host a: a 1-15 holds 250 MB,
+    # b 16-30 150 MB; b lost, a holds 1-30: 400 MB.
+    info = {**INFO, "devices": [{"id": "a", "lends_bytes": 10**9}, {"id": "b", "lends_bytes": 10**9}],
+            "shares": [{"device": "a", "used_bytes": 250 * 10**6}, {"device": "b", "used_bytes": 150 * 10**6}],
+            "layer_bytes": [10 * 10**6] * 30, "host_extra_bytes": 100 * 10**6}
+    srv = RoomServer("m", info)
+    node = fake_node([("a", 0, 15), ("b", 15, 30)])
+    srv.attach(node)
+    cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
+    assert "250 MB" in cards["a"]["detail"] and "150 MB" in cards["b"]["detail"]
+    node.chain.deal = Deal(host="a", split="pinned", stages=(Stage("a", 0, 30),), guests=(), fits=True, notes=())
+    srv.lost.append("b")
+    cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
+    assert "400 MB" in cards["a"]["detail"] and cards["a"]["layers"] == "1-30"
+    assert (cards["b"]["role"], cards["b"]["status"]) == ("worker", "lost")
+
+
+def test_a_device_whose_lend_is_not_known_is_not_shown_as_0_mb():
+    # join --serve: a device that said no --lends
+    info = {**INFO, "devices": [{"id": "a", "lends_bytes": None}, {"id": "b", "lends_bytes": None}], "shares": []}
+    srv = RoomServer("m", info)
+    srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
+    for card in srv.page.snapshot()["devices"]:
+        assert "0 MB" not in card["lends"] and "0 MB" not in card["detail"], card
