@@ -242,13 +242,19 @@ class Decoding:
     """Prefill and decode settings of the model host; ``sampling``: how the real
     room's head picks tokens (greedy by default; the simulator's timing does not
     depend on it). ``questions_in_flight``: questions whose laps share the chain at once
-    (1: product page 001, one question answered at a time)."""
+    (1: product page 001, one question answered at a time). ``via_host``: the host
+    relays every stage's output to the next stage (the scenario's ``return: via_host``;
+    ``return_path`` is then ``direct``, and the simulator relays the worker-to-worker
+    links: sim/relay.py). ``head``: where the output head and sampling run, ``host`` or
+    ``last_stage`` (the simulator times them on the last stage's device)."""
 
     prefill_chunk: int = 16
     speculative: Speculative | None = None
     async_laps: int = 1
     return_path: Literal["direct", "via_stages"] = "direct"
     wake: bool = True
+    via_host: bool = False
+    head: Literal["host", "last_stage"] = "host"
     sampling: Sampling = GREEDY
     questions_in_flight: int = 1
 

@@ -275,6 +275,9 @@ class DeviceModel:
         #: round trip from the host to that device and back (seconds); set by device_model
         self.draft: DeviceModel | None = None
         self.draft_round_trip_s = 0.0
+        #: ``head: last_stage``: the last stage's device model, which runs the head and
+        #: sampling that :meth:`head_s` / :meth:`sample_s` report; set by device_model
+        self.head_device: DeviceModel | None = None
         self.measured = device.s_per_layer is not None
         one = self._roofline_layer_s(1)
         #: measured seconds per layer-token over the roofline's (1.0 when not measured)
@@ -469,6 +472,8 @@ class DeviceModel:
         ``host_scale`` and ``slowdown``, over the efficiency."""
         if tokens <= 0:
             return 0.0
+        if self.head_device is not None:  # head: last_stage
+            return self.head_device.head_s(tokens)
         if self.profile is not None:
             return self.profile.head(tokens)
         m = self.model
@@ -479,7 +484,10 @@ class DeviceModel:
 
     def sample_s(self, tokens: int = 1) -> float:
         """Greedy sampling of ``tokens`` positions, seconds: 0 with a profile (its head
-        curve includes the argmax), else ``tokens * sample_s_per_token * slowdown``."""
+        curve includes the argmax), else ``tokens * sample_s_per_token * slowdown``; on
+        the head's device with ``head: last_stage``."""
+        if self.head_device is not None:
+            return self.head_device.sample_s(tokens)
         if self.profile is not None:
             return 0.0
         return max(tokens, 0) * self.sample_s_per_token * self.slowdown
@@ -583,7 +591,9 @@ def device_model(d: Device, scn, deal, profile=None) -> DeviceModel:
     ``efficiency`` and overheads replacing the preset's one by one; the weights it
     offloads (planner/fit.py) when it opted in. The model host wakes itself when wake
     messages are on, and with a separate draft model (``speculative.draft_model``) gets
-    its cost model on the draft device (``DeviceModel.draft``) and the round trip to it.
+    its cost model on the draft device (``DeviceModel.draft``) and the round trip to it;
+    with ``head: last_stage`` its head and sampling are timed on the last stage's device
+    (``DeviceModel.head_device``).
     Raises KeyError for an unknown engine, ValueError for bad numbers."""
     eng = engine_preset(d.engine) if d.engine else None
 
@@ -599,6 +609,10 @@ def device_model(d: Device, scn, deal, profile=None) -> DeviceModel:
                        pass_overhead_s=pick(d.pass_overhead_s, eng and eng.pass_overhead_s, 0.0),
                        layer_overhead_s=pick(d.layer_overhead_s, eng and eng.layer_overhead_s, 0.0),
                        offload_bytes=off, offload_Bps=d.offload_Bps)
+    last = deal.stages[-1].device if deal.stages else d.id
+    if d.id == deal.host and scn.decoding.head == "last_stage" and last != d.id:
+        dm.head_device = device_model(scn.device(last), replace(scn, decoding=replace(scn.decoding, head="host")),
+                                      deal, profile)
     spec = scn.decoding.speculative
     if d.id == deal.host and spec is not None and spec.draft_model is not None:
         dd = scn.device(spec.draft_device or d.id)

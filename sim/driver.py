@@ -54,6 +54,7 @@ from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
 from sim.devices import DECODE_MAX_TOKENS, DeviceModel, device_model
 from sim.link import Link, Links
+from sim.relay import relayed_network
 
 
 def truth(pos: int) -> int:
@@ -215,7 +216,9 @@ class Simulation:
         self.devices = {d.id: device_model(d, scn, self.deal, prof) for d in scn.devices}
         self._scale = self._stage_scales()
         self._free_at: dict[str, float] = {}
-        self.links = Links(self.loop, scn.network, np.random.default_rng(link_seed))
+        network = relayed_network(scn.network, [d.id for d in scn.devices], self.deal.host) \
+            if scn.decoding.via_host else scn.network  # return: via_host (sim/relay.py)
+        self.links = Links(self.loop, network, np.random.default_rng(link_seed))
         spec = scn.decoding.speculative
         measured = prof.drafters.get(spec.drafter) if (spec and prof) else None
         if measured is not None:  # the acceptance measured on this scenario's kind of questions

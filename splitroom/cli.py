@@ -90,6 +90,18 @@ def check_output(path: Optional[str], option: str) -> None:
         fail(f"{option} {path}: directory {parent} is not writable")
 
 
+def check_runnable(scn, source: str) -> None:
+    """Exit 2 with one line when a real room cannot run ``scn``: ``return: via_host``
+    (a host relaying every stage's output) and ``head: last_stage`` are simulator models
+    only."""
+    if scn.decoding.via_host:
+        fail(f"{source}: decoding.return: via_host is simulated only (splitroom simulate); a real room "
+             "returns direct or via_stages")
+    if scn.decoding.head != "host":
+        fail(f"{source}: decoding.head: last_stage is simulated only (splitroom simulate); a real room "
+             "runs the head on the model host")
+
+
 def check_simulable(scn, source: str) -> None:
     """Exit 2 with one line when the simulator cannot run ``scn``: speculative decoding
     with ``acceptance: null`` and neither ``accepted_lengths`` nor ``accepted_sequence``
@@ -401,6 +413,7 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     if not timeout > 0:
         fail(f"--timeout {timeout:g}: must be more than 0 seconds")
     scn = load_scenario(scenario, set_, model)
+    check_runnable(scn, scenario)
     check_output(write_measured, "--write-measured")
     profile = None
     if calibration:
@@ -506,6 +519,7 @@ def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     if backend not in ("numpy", "wgpu"):
         fail(f"--backend {backend}: choose numpy or wgpu")
     scn = load_scenario(scenario, set_, model)
+    check_runnable(scn, scenario)
     d = fitting_deal(scn, scenario)
     from runtime.netem import NetemError
     from splitroom.real import RealRunError

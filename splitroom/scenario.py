@@ -273,8 +273,10 @@ class DecodingIn(_Strict):
     prefill_chunk: int = Field(default=16, ge=1)
     speculative: SpeculativeIn | None = None
     async_laps: int = Field(default=1, ge=1, le=64)
-    return_: Literal["direct", "via_stages"] = Field(default="direct", alias="return")
+    return_: Literal["direct", "via_stages", "via_host"] = Field(default="direct", alias="return")
     wake: bool = True
+    # where the output head and sampling run: the model host, or the last stage's device
+    head: Literal["host", "last_stage"] = "host"
     sampling: SamplingIn = SamplingIn()
 
 
@@ -576,7 +578,8 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
                 raise _KeyProblem("decoding.speculative", f"accepted length {a} outside 0..draft_tokens")
     smp = s.decoding.sampling
     decoding = Decoding(prefill_chunk=s.decoding.prefill_chunk, speculative=spec, async_laps=s.decoding.async_laps,
-                        return_path=s.decoding.return_, wake=s.decoding.wake,
+                        return_path="direct" if s.decoding.return_ == "via_host" else s.decoding.return_,
+                        via_host=s.decoding.return_ == "via_host", wake=s.decoding.wake, head=s.decoding.head,
                         sampling=Sampling(temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed))
     faults = []
     for i, f in enumerate(s.faults):

@@ -382,3 +382,73 @@ def test_drafting_is_in_the_round(tmp_path):
     # every lap is fed by one draft of 4 passes: 4 x 0.9765625 ms = 3.90625 ms
     assert len(draft) == 1 and draft[0]["mean_s"] == pytest.approx(4 * 2 * 50 / (100 * 1024), rel=1e-6)
     assert m["round_s"] == pytest.approx(m["lap_s"]["mean"] + draft[0]["mean_s"], rel=1e-12)
+
+
+# --- return: via_host -------------------------------------------------------------------
+
+VIA = """\
+model: {name: blocks, layers: 3, hidden: 64, layer_bytes: 1 MiB}
+headroom: 0
+workload: {prompt_tokens: 4, answer_tokens: 16}
+devices:
+  - {id: h, lends: 10 MiB, memory_bandwidth: 1000 GiB/s, compute: 1000 TFLOPS}
+  - {id: a, lends: 10 MiB, memory_bandwidth: 1000 GiB/s, compute: 1000 TFLOPS}
+  - {id: b, lends: 10 MiB, memory_bandwidth: 1000 GiB/s, compute: 1000 TFLOPS}
+host: h
+stages: [{device: h, layers: "1"}, {device: a, layers: "2"}, {device: b, layers: "3"}]
+network:
+  rtt: 10 ms
+  bandwidth: 100 GB/s
+  links: [{between: [h, b], rtt: 20 ms}, {between: [a, b], rtt: 2 ms}]
+"""
+
+
+def test_via_host_relays_every_hand_off_by_hand():
+    from sim.driver import simulate
+    lap = {}
+    for ret in ("direct", "via_host"):
+        scn = scenario(VIA, [f"decoding.return={ret}"])
+        lap[ret] = simulate(scn, trace=False).metrics["lap_s"]["mean"]
+    # direct: h -> a 5 ms, a -> b 1 ms, b -> h 10 ms; via_host: a -> b becomes a -> h -> b,
+    # (10 + 20) / 2 = 15 ms: the lap is 14 ms longer (compute, frames and head are the same)
+    assert lap["via_host"] - lap["direct"] == pytest.approx(0.014, abs=1e-6)
+    assert scenario(VIA, ["decoding.return=via_host"]).decoding.return_path == "direct"
+
+
+def test_via_host_is_refused_by_a_real_room(tmp_path):
+    f = tmp_path / "room.yaml"
+    f.write_text(VIA)
+    r = CliRunner().invoke(app, ["run", str(f), "--real", "--set", "decoding.return=via_host"])
+    assert r.exit_code == 2 and "via_host is simulated only" in r.stderr and "\n" not in r.stderr.strip()
+
+
+def test_bad_return_is_one_line():
+    with pytest.raises(ScenarioError) as e:
+        scenario(VIA, ["decoding.return=via_client"])
+    assert "decoding.return" in str(e.value) and "via_host" in str(e.value)
+
+
+# --- head: last_stage -----------------------------------------------------------------
+
+def test_head_on_the_last_stage_by_hand():
+    # a 64 MiB head (embedding_bytes, tied) on the host h at 1000 GiB/s takes 1/16,000 s;
+    # on the last stage b at 10 GiB/s 1/160 s = 6.25 ms (plus 0.1 ms of sampling either way)
+    text = VIA.replace("layer_bytes: 1 MiB}", "layer_bytes: 1 MiB, embedding_bytes: 64 MiB}").replace(
+        "lends: 10 MiB", "lends: 100 MiB").replace(
+        "{id: b, lends: 100 MiB, memory_bandwidth: 1000 GiB/s", "{id: b, lends: 100 MiB, memory_bandwidth: 10 GiB/s")
+    for head, want in (("host", 64 / (1000 * 1024)), ("last_stage", 64 / (10 * 1024))):
+        scn = scenario(text, [f"decoding.head={head}"])
+        d = deal(scn.devices, scn.model, scn.options)
+        dm = device_model(scn.device("h"), scn, d)
+        assert dm.head_s(1) == pytest.approx(want, rel=1e-12)
+        assert dm.sample_s(1) == pytest.approx(1e-4, rel=1e-12)
+
+
+def test_head_last_stage_is_refused_by_a_real_room_and_checked(tmp_path):
+    f = tmp_path / "room.yaml"
+    f.write_text(VIA)
+    r = CliRunner().invoke(app, ["run", str(f), "--real", "--set", "decoding.head=last_stage"])
+    assert r.exit_code == 2 and "head: last_stage is simulated only" in r.stderr
+    with pytest.raises(ScenarioError) as e:
+        scenario(VIA, ["decoding.head=first_stage"])
+    assert "decoding.head" in str(e.value) and "last_stage" in str(e.value) and "\n" not in str(e.value)
