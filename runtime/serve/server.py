@@ -219,7 +219,8 @@ class RoomServer:
         if host.recovering is not None:
             who = ", ".join(self.lost) or "a device"
             return False, f"re-dealing the layers after {who} left", RETRY_STARTING_S
-        heard = getattr(self.node, "last_heard", None)  # a worker's node speaks once its layers are loaded
+        liveness = getattr(self.node, "liveness", None)  # planner.liveness.Liveness of runtime.room.Node
+        heard = liveness.last_heard if liveness is not None else None  # a worker speaks once loaded
         if heard is not None:
             waiting = [s.device for s in self.node.chain.deal.stages if s.device != self.node.cfg.host
                        and s.device not in heard and s.device not in self.lost]

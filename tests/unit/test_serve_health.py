@@ -128,15 +128,16 @@ def test_a_room_whose_workers_still_load_is_not_ready_and_lists_no_model():
     # join --serve: the host's node starts while the workers still load their layers;
     # a worker's node is heard (heartbeats) only once it runs.
     srv = RoomServer("m", INFO)
+    from planner.liveness import Liveness
     node = fake_node([("a", 0, 15), ("b", 15, 30)])
-    node.last_heard = {}
+    node.liveness = Liveness(["b"], beat_s=0.25, timeout_s=1.0, grace_s=1.0, load_timeout_s=1.0)  # the Node's
     srv.attach(node)
 
     async def steps(get):
         status, body, _ = await get("/health")
         assert (status, body["ready"]) == (503, False) and "waiting for b to load its layers" in body["reason"]
         assert (await get("/v1/models"))[1]["data"] == []
-        node.last_heard["b"] = 1.0
+        node.liveness.heard("b", 1.0)
         status, body, _ = await get("/health")
         assert (status, body["ready"]) == (200, True)
         assert [m["id"] for m in (await get("/v1/models"))[1]["data"]] == ["m"]
