@@ -50,7 +50,9 @@ def test_a_host_that_falls_silent_is_lost_by_heartbeat_and_named():
         await node.stop()
         return node, wire, waited
     node, wire, waited = asyncio.run(go())
-    assert 0.3 <= waited < 1.5
+    # not before the 0.3 s timeout; how soon after is the timers' arithmetic, checked with
+    # the time passed in (tests/unit/test_liveness_timers.py), not with this loop's clock
+    assert waited >= 0.3
     lost = [o for _, o in node.trace if type(o).__name__ == "DeviceLost"]
     assert len(lost) == 1 and lost[0].device == "h" and lost[0].reason.startswith("no heartbeat for")
     assert lost[0].silent_since_s is not None
