@@ -19,7 +19,9 @@ What a profile holds (all times in seconds, sizes in bytes):
   norm + head + argmax) as a function of rows; the slowdown it was measured with;
 * per drafter (``ngram``, ``early_exit``, ``model``): seconds per draft call of ``k``
   tokens and the accepted lengths of every draft made in a greedy speculative walk over
-  a calibration prompt set, for each ``k`` measured;
+  a calibration prompt set, for each ``k`` measured, and the same walk prompt by prompt
+  (``walks``: the distribution, for a bootstrap over prompts), on the built-in chat and
+  grounded prompts and on the scenario's own ``workload.sample`` when it gives one;
 * the transport: one-way seconds of a frame by size on the measuring machine, fitted
   as ``fixed_s + bytes * s_per_byte``, and the transport's initial congestion window.
 
@@ -33,8 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-__all__ = ["PROFILE_VERSION", "WORKLOAD_KINDS", "ProfileError", "Curve", "PassCurve", "DeviceProfile", "DrafterProfile",
-           "TransportProfile", "Profile", "fit_line"]
+__all__ = ["PROFILE_VERSION", "WORKLOAD_KINDS", "SAMPLE", "ProfileError", "Curve", "PassCurve", "DeviceProfile",
+           "DrafterProfile", "TransportProfile", "Profile", "fit_line", "sample_fingerprint"]
 
 #: the profile format's version; bump on any incompatible change
 PROFILE_VERSION = 1
@@ -217,6 +219,18 @@ class DeviceProfile:
 #: prompts of runtime.calibrate); ``grounded`` rewriting, copying or editing a passage
 #: given in the prompt, where prompt-lookup drafts are right most of the time
 WORKLOAD_KINDS = ("chat", "grounded")
+#: the workload key of acceptance measured on a scenario's own ``workload.sample``
+SAMPLE = "sample"
+
+
+def sample_fingerprint(prompts: Sequence[str]) -> str:
+    """The first 16 hex digits of the SHA-256 of the prompts (each UTF-8, NUL after
+    each): which sample a profile's ``sample`` acceptance was measured on."""
+    import hashlib
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.encode("utf-8", "surrogatepass") + b"\0")
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -225,38 +239,81 @@ class DrafterProfile:
     and ``accepted`` (k -> accepted lengths of every draft of a greedy speculative walk
     over the chat calibration prompts, each in ``[0, k]``). ``workloads`` holds the
     same walk over the prompts of other workload kinds (:data:`WORKLOAD_KINDS`, e.g.
-    ``{"grounded": {k: lengths}}``): acceptance depends on what is asked far more than
-    on the room, so a prediction draws from the kind its scenario names."""
+    ``{"grounded": {k: lengths}}``, and :data:`SAMPLE` for a scenario's own sample):
+    acceptance depends on what is asked far more than on the room, so a prediction
+    draws from the kind its scenario names. ``walks`` (workload -> k -> one tuple of
+    accepted lengths per prompt, in the order measured; ``chat`` for ``accepted``) keeps
+    the walk prompt by prompt; the flat lists are their concatenation."""
 
     call_s: Curve
     accepted: dict[int, tuple[int, ...]] = field(default_factory=dict)
     workloads: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    walks: dict[str, dict[int, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
 
     def for_workload(self, kind: str) -> "DrafterProfile":
         """This drafter with the accepted lengths measured on ``kind`` prompts
-        (``chat``: itself). Raises ProfileError when the profile has none for ``kind``."""
+        (``chat``: itself), its walks by prompt under ``chat``. Raises ProfileError
+        when the profile has none for ``kind``."""
         if kind == "chat":
             return self
         if kind not in self.workloads:
             has = ", ".join(["chat", *sorted(self.workloads)])
-            raise ProfileError(f"the profile has no drafter acceptance for workload.kind {kind} (it has: {has}); "
-                               f"calibrate again (splitroom calibrate measures every kind)")
-        return DrafterProfile(self.call_s, dict(self.workloads[kind]))
+            how = ("calibrate with this scenario (splitroom calibrate measures its workload.sample)" if kind == SAMPLE
+                   else "calibrate again (splitroom calibrate measures every kind)")
+            what = "workload.sample" if kind == SAMPLE else f"workload.kind {kind}"
+            raise ProfileError(f"the profile has no drafter acceptance for {what} (it has: {has}); {how}")
+        walks = {"chat": self.walks[kind]} if kind in self.walks else {}
+        return DrafterProfile(self.call_s, dict(self.workloads[kind]), walks=walks)
 
     def draft_s(self, k: int) -> float:
         """Seconds of one draft call of ``k`` tokens (0 for k = 0)."""
         return self.call_s(k) if k > 0 else 0.0
+
+    def _measured_k(self, k: int) -> int | None:
+        """The smallest measured k' >= k (the largest when none is); None when none."""
+        if not self.accepted:
+            return None
+        ks = sorted(self.accepted)
+        return next((x for x in ks if x >= k), ks[-1])
 
     def accepted_lengths(self, k: int) -> tuple[int, ...]:
         """Accepted lengths for a ``k``-token draft: those measured at the smallest
         measured k' >= k, each capped at k (a draft's first k tokens are the same
         whatever it was asked for: prompt lookup and greedy drafters both extend a
         prefix); the largest measured k' when none is >= k. Empty when nothing measured."""
-        if not self.accepted:
+        kk = self._measured_k(k)
+        if kk is None:
             return ()
-        ks = sorted(self.accepted)
-        kk = next((x for x in ks if x >= k), ks[-1])
         return tuple(min(a, k) for a in self.accepted[kk])
+
+    def prompt_lengths(self, k: int) -> tuple[tuple[int, ...], ...]:
+        """:meth:`accepted_lengths` prompt by prompt (from ``walks["chat"]``, the walk of
+        this view's workload); ``(accepted_lengths(k),)`` when no walk by prompt is
+        kept; ``()`` when nothing was measured."""
+        kk = self._measured_k(k)
+        if kk is None:
+            return ()
+        per = self.walks.get("chat", {}).get(kk)
+        if not per:
+            return (self.accepted_lengths(k),)
+        return tuple(tuple(min(a, k) for a in walk) for walk in per if walk)
+
+    def prompts(self) -> int:
+        """How many prompts the walk by prompt holds (0: none kept)."""
+        per = self.walks.get("chat", {})
+        return min((len(v) for v in per.values()), default=0)
+
+    def resampled(self, picks: Sequence[int]) -> "DrafterProfile":
+        """This view with its prompts replaced by ``picks`` (indices into the walk by
+        prompt, repeats allowed: a bootstrap sample); the flat lengths follow. Itself
+        when no walk by prompt is kept. Raises IndexError for a pick out of range."""
+        per = self.walks.get("chat")
+        if not per or not picks:
+            return self
+        walks = {k: tuple(v[i] for i in picks) for k, v in per.items()}
+        flat = {k: tuple(a for w in v for a in w) for k, v in walks.items()}
+        flat = {k: v for k, v in flat.items() if v} or dict(self.accepted)
+        return DrafterProfile(self.call_s, flat, walks={"chat": walks})
 
     def to_mapping(self) -> dict:
         out = {"call_s": self.call_s.to_mapping(),
@@ -264,6 +321,9 @@ class DrafterProfile:
         if self.workloads:
             out["workloads"] = {w: {int(k): list(v) for k, v in sorted(acc.items())}
                                 for w, acc in sorted(self.workloads.items())}
+        if self.walks:
+            out["walks"] = {w: {int(k): [list(x) for x in v] for k, v in sorted(acc.items())}
+                            for w, acc in sorted(self.walks.items())}
         return out
 
     @classmethod
@@ -273,16 +333,49 @@ class DrafterProfile:
         wl = m.get("workloads") or {}
         if not isinstance(wl, Mapping):
             raise ProfileError(f"{where}.workloads: expected a mapping of workload kind: {{k: [lengths]}}")
+        others = [k for k in WORKLOAD_KINDS if k != "chat"] + [SAMPLE]
         for w in wl:
-            if w not in WORKLOAD_KINDS or w == "chat":
+            if w not in others:
                 raise ProfileError(f"{where}.workloads.{w}: not a workload kind with its own acceptance "
-                                   f"(one of: {', '.join(k for k in WORKLOAD_KINDS if k != 'chat')})")
+                                   f"(one of: {', '.join(others)})")
         workloads = {str(w): _accepted_from_mapping(v, f"{where}.workloads.{w}") for w, v in wl.items()}
         for w, acc in workloads.items():
             if not acc:
                 raise ProfileError(f"{where}.workloads.{w}: no accepted lengths (calibrate again)")
-        return cls(Curve.from_mapping(m["call_s"], f"{where}.call_s"),
-                   _accepted_from_mapping(m.get("accepted"), f"{where}.accepted"), workloads)
+        accepted = _accepted_from_mapping(m.get("accepted"), f"{where}.accepted")
+        walks = _walks_from_mapping(m.get("walks"), f"{where}.walks", {"chat": accepted, **workloads})
+        return cls(Curve.from_mapping(m["call_s"], f"{where}.call_s"), accepted, workloads, walks)
+
+
+def _walks_from_mapping(m: Any, where: str, flat: Mapping[str, Mapping[int, tuple[int, ...]]]
+                        ) -> dict[str, dict[int, tuple[tuple[int, ...], ...]]]:
+    """``{workload: {k: ((lengths of a prompt), ...)}}`` from a mapping; each walk must
+    concatenate to the flat lengths of its workload and k (``flat``). Raises
+    ProfileError naming ``where`` for anything else."""
+    if m is None:
+        return {}
+    if not isinstance(m, Mapping):
+        raise ProfileError(f"{where}: expected a mapping of workload: {{k: [[lengths of one prompt], ...]}}")
+    out: dict[str, dict[int, tuple[tuple[int, ...], ...]]] = {}
+    for w, acc in m.items():
+        if w not in flat:
+            raise ProfileError(f"{where}.{w}: no accepted lengths of that workload to split by prompt")
+        if not isinstance(acc, Mapping):
+            raise ProfileError(f"{where}.{w}: expected a mapping of k: [[lengths of one prompt], ...]")
+        per: dict[int, tuple[tuple[int, ...], ...]] = {}
+        for k, v in acc.items():
+            kk = k if isinstance(k, int) and not isinstance(k, bool) else (
+                int(k) if isinstance(k, str) and k.isdigit() else None)
+            if kk is None or kk not in flat[w]:
+                raise ProfileError(f"{where}.{w}.{k}: not a k with accepted lengths")
+            if not isinstance(v, (list, tuple)) or not all(isinstance(x, (list, tuple)) for x in v):
+                raise ProfileError(f"{where}.{w}.{k}: expected a list of lists (one per prompt)")
+            walk = tuple(tuple(x) for x in v)
+            if tuple(a for x in walk for a in x) != tuple(flat[w][kk]):
+                raise ProfileError(f"{where}.{w}.{k}: the walks by prompt do not add up to the accepted lengths")
+            per[kk] = walk
+        out[str(w)] = per
+    return out
 
 
 def _accepted_from_mapping(acc: Any, where: str) -> dict[int, tuple[int, ...]]:

@@ -200,9 +200,12 @@ class Workload:
     runs with a real model. ``asked_by`` names the device asking each question
     (round robin over this list; the host when empty). ``kind`` says what the
     questions are like (:data:`planner.profile.WORKLOAD_KINDS`: ``chat`` or
-    ``grounded``); a calibration profile's drafter acceptance is drawn from that kind.
-    ``clients`` people ask at once: each asks its next question when its answer ends
-    (1: one question after another)."""
+    ``grounded``); a calibration profile's drafter acceptance is drawn from that kind,
+    unless ``sample`` gives prompts like the workload's (not the ones a prediction is
+    checked on): ``splitroom calibrate`` then measures acceptance on them and a
+    prediction draws from that (:attr:`acceptance_workload`). ``clients`` people ask
+    at once: each asks its next question when its answer ends (1: one question after
+    another)."""
 
     questions: int = 1
     prompt_tokens: int = 128
@@ -211,6 +214,13 @@ class Workload:
     asked_by: tuple[str, ...] = ()
     kind: str = "chat"
     clients: int = 1
+    sample: tuple[str, ...] = ()
+
+    @property
+    def acceptance_workload(self) -> str:
+        """The profile workload a prediction's drafter acceptance comes from:
+        ``sample`` when the workload gives a sample, else its ``kind``."""
+        return "sample" if self.sample else self.kind
 
 
 @dataclass(frozen=True)
@@ -223,7 +233,10 @@ class Speculative:
     ``draft_model``: a separate draft model (drafter ``model``), run on device
     ``draft_device`` (None: the model host) with engine preset ``draft_engine`` (None:
     that device's own); ``draft_extra_passes``: forward passes of it per round beyond
-    the ``draft_tokens`` (1 for engines that run k + 1)."""
+    the ``draft_tokens`` (1 for engines that run k + 1).
+    ``adaptive`` (scenario ``draft_tokens: auto``): each lap drafts the ``k`` in
+    ``0..draft_tokens`` that :mod:`planner.draft_policy` chooses (``draft_tokens`` is
+    then the scenario's ``max_draft_tokens``)."""
 
     drafter: str = "draft_layer"
     draft_tokens: int = 4
@@ -235,6 +248,7 @@ class Speculative:
     draft_device: str | None = None
     draft_engine: str | None = None
     draft_extra_passes: int = 0
+    adaptive: bool = False
 
 
 @dataclass(frozen=True)

@@ -234,12 +234,25 @@ class WorkloadIn(_Strict):
     kind: Literal["chat", "grounded"] = "chat"
     # people asking at once: each asks its next question when its answer ends
     clients: int = Field(default=1, ge=1, le=MAX_CLIENTS)
+    # prompts like the workload's, for calibrate to measure acceptance on: a list, or a
+    # file (one prompt a line; .json/.yaml/.yml: a list of text), relative to the scenario
+    sample: list[str] | str | None = None
+
+
+def _draft_tokens(v: Any) -> Any:
+    """``draft_tokens``: a whole number 1-64 or ``auto`` (a bool or a float is refused)."""
+    if v == "auto" and isinstance(v, str):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 64:
+        return v
+    raise ValueError(f"expected a whole number 1-64 or auto, got {units.show(str(v))}")
 
 
 class SpeculativeIn(_Strict):
     # planner.room.DRAFTERS: a drafter the simulator has no cost model for is an error
     drafter: Literal["draft_layer", "ngram", "early_exit", "model"] = "draft_layer"
-    draft_tokens: int = Field(default=4, ge=1, le=64)
+    draft_tokens: Annotated[int | Literal["auto"], BeforeValidator(_draft_tokens)] = 4
+    max_draft_tokens: int | None = Field(default=None, ge=1, le=64)
     acceptance: float | None = Field(default=0.75, ge=0.0, le=1.0)
     accepted_lengths: list[int] = []
     accepted_sequence: list[int] = []
@@ -258,6 +271,13 @@ class SpeculativeIn(_Strict):
             raise ValueError(f"{given[0]} needs drafter: model (got drafter: {self.drafter})")
         if (self.draft_device is not None or self.draft_engine is not None) and self.draft_model is None:
             raise ValueError("draft_device and draft_engine describe a draft_model: give draft_model too")
+        return self
+
+    @model_validator(mode="after")
+    def _k(self):
+        if self.draft_tokens != "auto":
+            if self.max_draft_tokens is not None:
+                raise ValueError("max_draft_tokens: only with draft_tokens: auto (a fixed k is its own maximum)")
         return self
 
 
@@ -470,6 +490,62 @@ class _KeyProblem(Exception):
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
 
+#: ``draft_tokens: auto`` without ``max_draft_tokens``: the longest draft the calibration
+#: walks measure (runtime.calibrate.DRAFT_KS ends at 8)
+DEFAULT_MAX_DRAFT_TOKENS = 8
+#: workload.sample limits: prompts, characters of one prompt, bytes of a sample file
+MAX_SAMPLE_PROMPTS = 1000
+MAX_SAMPLE_PROMPT_CHARS = 20_000
+MAX_SAMPLE_FILE_BYTES = 4_000_000
+
+
+def _sample_prompts(sample: list[str] | str | None, base: Path | None) -> tuple[str, ...]:
+    """``workload.sample`` as prompts: a list as given, or a file read (relative to
+    ``base``): one prompt a line (blank lines skipped), or a list of text in a
+    ``.json``/``.yaml``/``.yml`` file. Raises _KeyProblem naming ``workload.sample``."""
+    where = "workload.sample"
+    if sample is None:
+        return ()
+    if isinstance(sample, str):
+        p = (base or Path(".")) / sample
+        try:
+            if p.stat().st_size > MAX_SAMPLE_FILE_BYTES:
+                raise _KeyProblem(where, f"{units.show(sample)} is larger than {MAX_SAMPLE_FILE_BYTES:,} bytes")
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise _KeyProblem(where, f"{units.show(sample)}: cannot read ({e.strerror or e})") from None
+        except UnicodeDecodeError:
+            raise _KeyProblem(where, f"{units.show(sample)}: not UTF-8 text") from None
+        except ValueError:
+            raise _KeyProblem(where, f"{units.show(sample)}: not a file name") from None
+        if p.suffix.lower() in (".json", ".yaml", ".yml"):
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError:
+                raise _KeyProblem(where, f"{units.show(sample)}: not valid YAML or JSON") from None
+            if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
+                raise _KeyProblem(where, f"{units.show(sample)}: expected a list of prompts (text)")
+            prompts = [x for x in data]
+        else:
+            prompts = [line for line in text.splitlines() if line.strip()]
+    else:
+        prompts = list(sample)
+    if not prompts:
+        raise _KeyProblem(where, "no prompts (give at least one, or leave the key out)")
+    if len(prompts) > MAX_SAMPLE_PROMPTS:
+        raise _KeyProblem(where, f"{len(prompts)} prompts is more than {MAX_SAMPLE_PROMPTS}")
+    for i, x in enumerate(prompts):
+        if not x.strip():
+            raise _KeyProblem(f"{where}[{i}]", "an empty prompt")
+        if len(x) > MAX_SAMPLE_PROMPT_CHARS:
+            raise _KeyProblem(f"{where}[{i}]", f"longer than {MAX_SAMPLE_PROMPT_CHARS:,} characters")
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _KeyProblem(f"{where}[{i}]", "not Unicode text") from None
+    return tuple(prompts)
+
+
 def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
     ids = [d.id for d in s.devices]
     for i, d in enumerate(ids):
@@ -554,10 +630,12 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
     w = s.workload
     workload = Workload(questions=w.questions, prompt_tokens=w.prompt_tokens, answer_tokens=w.answer_tokens,
                         prompts=tuple(w.prompts), asked_by=tuple(w.asked_by), kind=w.kind,
-                        clients=w.clients)
+                        clients=w.clients, sample=_sample_prompts(w.sample, base))
     sp = s.decoding.speculative
     spec = None
     if sp is not None:
+        auto = sp.draft_tokens == "auto"
+        k = (sp.max_draft_tokens or DEFAULT_MAX_DRAFT_TOKENS) if auto else sp.draft_tokens
         draft_model = None
         if sp.draft_model is not None:
             if isinstance(sp.draft_model, dict) and set(sp.draft_model) & {"gguf", "safetensors"}:
@@ -569,12 +647,13 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
                 raise _KeyProblem("decoding.speculative.draft_" + e.path, e.msg) from None
         if sp.draft_device is not None and sp.draft_device not in ids:
             raise _KeyProblem("decoding.speculative.draft_device", f"{units.show(sp.draft_device)} is not a device")
-        spec = Speculative(drafter=sp.drafter, draft_tokens=sp.draft_tokens, acceptance=sp.acceptance,
+        spec = Speculative(drafter=sp.drafter, draft_tokens=k, acceptance=sp.acceptance,
                            accepted_lengths=tuple(sp.accepted_lengths), accepted_sequence=tuple(sp.accepted_sequence),
                            draft_s_per_token=sp.draft_cost, draft_model=draft_model, draft_device=sp.draft_device,
-                           draft_engine=sp.draft_engine, draft_extra_passes=1 if sp.draft_passes == "k+1" else 0)
+                           draft_engine=sp.draft_engine, draft_extra_passes=1 if sp.draft_passes == "k+1" else 0,
+                           adaptive=auto)
         for i, a in enumerate(sp.accepted_lengths + sp.accepted_sequence):
-            if a < 0 or a > sp.draft_tokens:
+            if a < 0 or a > k:
                 raise _KeyProblem("decoding.speculative", f"accepted length {a} outside 0..draft_tokens")
     smp = s.decoding.sampling
     decoding = Decoding(prefill_chunk=s.decoding.prefill_chunk, speculative=spec, async_laps=s.decoding.async_laps,
