@@ -235,17 +235,20 @@ def measure_drafters(model_dir: str, answers: Sequence[tuple[list[int], list[int
     for kind in kinds:
         call_s: list[float] = []
         accepted: dict[int, tuple[int, ...]] = {}
+        walks: dict[int, tuple[tuple[int, ...], ...]] = {}
         for k in ks:
             drafter = make_drafter(kind, model_dir)  # a fresh KV cache for each walk
-            acc: list[int] = []
+            per: list[tuple[int, ...]] = []
             secs: list[float] = []
             for prompt, answer in answers:
                 a, s = speculative_walk(drafter, prompt, answer, k)
-                acc += a
+                per.append(tuple(a))
                 secs += s
-            accepted[k] = tuple(acc)
+            walks[k] = tuple(per)
+            accepted[k] = tuple(x for w in per for x in w)
             call_s.append(float(statistics.median(secs)) if secs else 0.0)
-        out[kind] = DrafterProfile(Curve(tuple(float(k) for k in ks), tuple(call_s)), accepted)
+        out[kind] = DrafterProfile(Curve(tuple(float(k) for k in ks), tuple(call_s)), accepted,
+                                   walks={"chat": walks})
         means = ", ".join(f"k={k}: {np.mean(accepted[k]):.2f}" for k in ks)
         log(f"drafter {kind}: mean accepted {means}")
     return out
@@ -372,11 +375,20 @@ def machine_notes(backend: str) -> dict[str, str]:
             "how": "one process; each device's times = this process's times x its emulated slowdown"}
 
 
-def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log: Log = lambda s: None) -> dict:
+#: a workload.sample's prompts walked by prompt lookup (the rest are left out, and the
+#: notes say so); the drafters that run layers walk the first few, shorter
+SAMPLE_MAX_PROMPTS = 24
+SAMPLE_LAYER_DRAFTER_PROMPTS = 4
+
+
+def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log: Log = lambda s: None,
+                sample: Sequence[str] = ()) -> dict:
     """Every measurement of the module doc, as a plain mapping: ``stage`` (a
     PassCurve mapping), ``head_s``, ``drafters`` (name -> DrafterProfile mapping),
     ``transport``, ``notes``. ``quick`` takes a smaller grid and fewer repetitions
-    (for tests: seconds instead of about two minutes)."""
+    (for tests: seconds instead of about two minutes). ``sample``: a scenario's
+    ``workload.sample`` prompts; the drafters' walks are then also made on them (the
+    first :data:`SAMPLE_MAX_PROMPTS`), kept as the ``sample`` workload."""
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
     t0 = time.perf_counter()
@@ -390,21 +402,26 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     log("head: timed on " + ", ".join(f"{int(r)}" for r in head.xs) + " rows")
     by_kind = {"chat": CALIBRATION_PROMPTS[:n_prompts],
                "grounded": GROUNDED_CALIBRATION_PROMPTS[:n_prompts if quick else None]}
+    if sample:
+        by_kind["sample"] = tuple(sample[:SAMPLE_MAX_PROMPTS])
     drafters: dict[str, DrafterProfile] = {}
     for workload, prompts in by_kind.items():
         answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend)
-        log(f"drafters ({workload}): greedy answers to {len(prompts)} calibration prompts "
+        what = "workload.sample prompts" if workload == "sample" else "calibration prompts"
+        log(f"drafters ({workload}): greedy answers to {len(prompts)} {what} "
             f"({sum(len(a) for _, a in answers)} tokens)")
         measured = measure_drafters(model_dir, answers, kinds=("ngram",), ks=ks, log=log)
         if not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
-            measured.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:2]],
+            n = SAMPLE_LAYER_DRAFTER_PROMPTS if workload == "sample" else 2
+            measured.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:n]],
                                              kinds=("early_exit", "model"), ks=(2, 4), log=log))
         for name, dr in measured.items():
             if workload == "chat":  # the chat walk is the drafter's own; its call times are kept
                 drafters[name] = dr
             else:
-                drafters[name] = dataclasses.replace(drafters[name], workloads={
-                    **drafters[name].workloads, workload: dr.accepted})
+                drafters[name] = dataclasses.replace(
+                    drafters[name], workloads={**drafters[name].workloads, workload: dr.accepted},
+                    walks={**drafters[name].walks, workload: dr.walks["chat"]})
     transport = measure_transport(cfg.hidden, n=n_frames)
     cells = ", ".join(f"{int(b)} B {s * 1e3:.2f} ms" for b, s in zip(transport.one_way_s.xs, transport.one_way_s.ys))
     log(f"transport: one-way {cells}")
@@ -413,22 +430,35 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     log(f"transport: a peer's copy of a layer moves {weights_Bps / 1e6:.1f} MB/s of stored weights")
     notes = machine_notes(backend)
     notes["took"] = f"{time.perf_counter() - t0:.0f} s"
+    if sample:
+        from planner.profile import sample_fingerprint
+        notes["sample"] = (f"{len(sample)} workload.sample prompts, the first {len(by_kind['sample'])} walked "
+                           f"(prompt lookup; the drafters that run layers: the first "
+                           f"{min(SAMPLE_LAYER_DRAFTER_PROMPTS, len(by_kind['sample']))}, 32 tokens each)")
+        notes["sample_sha256"] = sample_fingerprint(sample)
     return {"stage": stage.to_mapping(), "head_s": head.to_mapping(),
             "drafters": {k: v.to_mapping() for k, v in drafters.items()},
             "transport": transport.to_mapping(), "notes": notes}
 
 
 def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by splitroom calibrate
-    """``python -m runtime.calibrate MODEL_DIR OUT_JSON BACKEND [quick]``: measure and write JSON;
+    """``python -m runtime.calibrate MODEL_DIR OUT_JSON BACKEND [quick] [--sample PROMPTS_JSON]``: measure and write JSON;
     progress lines on stderr. Exit 0, or 1 with one line on stderr."""
     import logging
     logging.basicConfig(level=logging.ERROR)
     if argv and argv[0] == "--weights-peer":  # the serving side of measure_weights_copy
         asyncio.run(_weights_peer(argv[1], argv[2]))
         return 0
+    rest = list(argv[3:])
+    sample: list[str] = []
+    if "--sample" in rest:  # a JSON file holding the list of prompts
+        i = rest.index("--sample")
+        with open(rest[i + 1], encoding="utf-8") as f:
+            sample = list(json.load(f))
+        del rest[i:i + 2]
     try:
-        out = measure_all(argv[0], argv[2], quick=len(argv) > 3 and argv[3] == "quick",
-                          log=lambda s: print(s, file=sys.stderr, flush=True))
+        out = measure_all(argv[0], argv[2], quick=bool(rest) and rest[0] == "quick",
+                          log=lambda s: print(s, file=sys.stderr, flush=True), sample=sample)
     except Exception as e:  # one line for the parent, whatever went wrong
         print(f"calibration failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1

@@ -48,8 +48,8 @@ BLOCK = 4096
 class AcceptanceModel(Protocol):
     """What :func:`make_acceptance` returns."""
 
-    def accepted(self, k: int) -> int:
-        """Accepted drafts of a lap that drafted ``k``: an int in ``[0, k]``."""
+    def accepted(self, k: int, question: int = 0) -> int:
+        """Accepted drafts of a lap of ``question`` that drafted ``k``: an int in ``[0, k]``."""
         ...
 
 
@@ -74,9 +74,9 @@ class _PerToken:
         self._buf: list[float] = []
         self._i = 0
 
-    def accepted(self, k: int) -> int:
-        """Accepted drafts out of ``k`` (int in ``[0, k]``). Raises ValueError for
-        ``k < 0``."""
+    def accepted(self, k: int, question: int = 0) -> int:
+        """Accepted drafts out of ``k`` (int in ``[0, k]``); every question alike.
+        Raises ValueError for ``k < 0``."""
         _check_k(k)
         p = self.p
         if p >= 1.0:
@@ -102,8 +102,9 @@ class _Empirical:
         self._buf: list[int] = []
         self._i = 0
 
-    def accepted(self, k: int) -> int:
-        """A resampled count, capped at ``k``. Raises ValueError for ``k < 0``."""
+    def accepted(self, k: int, question: int = 0) -> int:
+        """A resampled count, capped at ``k`` (every question alike). Raises
+        ValueError for ``k < 0``."""
         _check_k(k)
         i = self._i
         if i >= len(self._buf):
@@ -116,23 +117,36 @@ class _Empirical:
 
 
 class _Measured:
-    """Accepted counts resampled from a profile's walk at the asked ``k``
-    (:meth:`planner.profile.DrafterProfile.accepted_lengths`): one uniform per lap."""
+    """Accepted counts resampled from a profile's walk at the asked ``k``: one uniform
+    per lap, from every prompt's lengths
+    (:meth:`~planner.profile.DrafterProfile.accepted_lengths`). ``by_question``: question
+    ``q`` draws from the walk of prompt ``q mod prompts`` only
+    (:meth:`planner.profile.DrafterProfile.prompt_lengths`), so a question's laps are
+    alike as a real question's are (a copying question accepts much, an open one
+    little): what a bootstrap replica of a prediction's range does."""
 
-    def __init__(self, drafter, rng: np.random.Generator) -> None:
+    def __init__(self, drafter, rng: np.random.Generator, by_question: bool = False) -> None:
         self.drafter = drafter
+        self.by_question = by_question
         self._rng = rng
-        self._lengths: dict[int, tuple[int, ...]] = {}
+        self._lengths: dict[tuple[int, int], tuple[int, ...]] = {}
         self._buf: list[float] = []
         self._i = 0
 
-    def accepted(self, k: int) -> int:
-        """A count drawn from the lengths measured for ``k`` (0 when none were).
-        Raises ValueError for ``k < 0``."""
+    def accepted(self, k: int, question: int = 0) -> int:
+        """A count drawn from the lengths measured for ``k`` (0 when none were), on
+        ``question``'s prompt. Raises ValueError for ``k < 0``."""
         _check_k(k)
-        lengths = self._lengths.get(k)
+        key = (k, question if self.by_question else 0)
+        lengths = self._lengths.get(key)
         if lengths is None:
-            lengths = self._lengths[k] = self.drafter.accepted_lengths(k)
+            if self.by_question:
+                per = self.drafter.prompt_lengths(k)
+                lengths = per[question % len(per)] if per else ()
+            else:
+                lengths = self.drafter.accepted_lengths(k)
+            if len(self._lengths) < 4096:
+                self._lengths[key] = lengths
         if not lengths:
             return 0
         i = self._i
@@ -150,8 +164,9 @@ class _Replay:
         self.sequence = sequence
         self._i = 0
 
-    def accepted(self, k: int) -> int:
-        """The next recorded count, capped at ``k``. Raises ValueError for ``k < 0``."""
+    def accepted(self, k: int, question: int = 0) -> int:
+        """The next recorded count, capped at ``k`` (whatever the question). Raises
+        ValueError for ``k < 0``."""
         _check_k(k)
         seq = self.sequence
         v = seq[self._i]
@@ -159,7 +174,8 @@ class _Replay:
         return k if v > k else v
 
 
-def make_acceptance(spec: Speculative, rng: np.random.Generator, measured=None) -> AcceptanceModel:
+def make_acceptance(spec: Speculative, rng: np.random.Generator, measured=None,
+                    by_question: bool = False) -> AcceptanceModel:
     """The acceptance model a :class:`~planner.room.Speculative` spec asks for.
 
     ``accepted_sequence`` if non-empty (replay), else ``accepted_lengths`` if non-empty
@@ -171,6 +187,8 @@ def make_acceptance(spec: Speculative, rng: np.random.Generator, measured=None) 
         spec: the speculative-decoding settings.
         rng: seeded generator (unused by replay).
         measured: the profile's measurement of ``spec.drafter``, or None.
+        by_question: draw each question from one prompt's walk of ``measured``
+            (see ``_Measured``).
 
     Returns:
         An object with ``accepted(k: int) -> int`` in ``[0, k]``.
@@ -190,7 +208,7 @@ def make_acceptance(spec: Speculative, rng: np.random.Generator, measured=None) 
             raise ValueError("accepted_lengths values must be >= 0")
         return _Empirical(lengths, rng)
     if measured is not None and measured.accepted:
-        return _Measured(measured, rng)
+        return _Measured(measured, rng, by_question)
     p = spec.acceptance
     if p is None or not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"acceptance must be a probability in [0, 1], got {p}")

@@ -37,7 +37,7 @@ import gc
 import math
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -194,11 +194,16 @@ class Simulation:
     result (module doc); False runs every event through the queue (the reference the
     tests compare it with). ``trace``: keep the trace (SimResult.trace); without it the
     run keeps only the metrics and refusals, and is faster (nothing it makes outlives
-    the step that made it). Raises planner.deal.DealError when the room cannot be dealt.
+    the step that made it). ``acceptance_picks``: a bootstrap replica's prompts, one
+    index into the profile's walk by prompt per question (question ``q`` draws its
+    accepted lengths from prompt ``acceptance_picks[q mod len]`` alone;
+    splitroom/ranges.py); None draws every lap from all the prompts' lengths. Raises
+    planner.deal.DealError when the room cannot be dealt.
     """
 
     def __init__(self, scn: Scenario, deal: Deal | None = None,
-                 progress: Callable[[int, int], None] | None = None, ahead: bool = True, trace: bool = True):
+                 progress: Callable[[int, int], None] | None = None, ahead: bool = True, trace: bool = True,
+                 acceptance_picks: Sequence[int] | None = None):
         self.scn = scn
         self.deal = deal or make_deal(scn.devices, scn.model, scn.options)
         self.loop = _Queue()
@@ -222,8 +227,11 @@ class Simulation:
         spec = scn.decoding.speculative
         measured = prof.drafters.get(spec.drafter) if (spec and prof) else None
         if measured is not None:  # the acceptance measured on this scenario's kind of questions
-            measured = measured.for_workload(scn.workload.kind)
-        self.acceptance = make_acceptance(spec, np.random.default_rng(acc_seed), measured) if spec else None
+            measured = measured.for_workload(scn.workload.acceptance_workload)
+            if acceptance_picks:
+                measured = measured.resampled(acceptance_picks)
+        self.acceptance = make_acceptance(spec, np.random.default_rng(acc_seed), measured,
+                                          by_question=bool(acceptance_picks)) if spec else None
         self.raw: list | None = [] if trace else None  # (t, obj) or (t, _Step): the trace, compact
         self.refusals: list[Refuse] = []
         self.acc = Accumulator()  # the metrics, fed as the records are made
@@ -459,7 +467,7 @@ class Simulation:
             if t != truth(base + i):
                 consistent = False
                 break
-        a = self.acceptance.accepted(c.k) if (consistent and self.acceptance is not None) else 0
+        a = self.acceptance.accepted(c.k, c.question_id) if (consistent and self.acceptance is not None) else 0
         return synthetic_draft(truth, c, a)
 
     def _ask_next(self, client: int = 0) -> None:
@@ -572,6 +580,6 @@ class Simulation:
 
 
 def simulate(scn: Scenario, deal: Deal | None = None, progress: Callable[[int, int], None] | None = None,
-             ahead: bool = True, trace: bool = True) -> SimResult:
+             ahead: bool = True, trace: bool = True, acceptance_picks: Sequence[int] | None = None) -> SimResult:
     """Simulate ``scn`` and return its deal, trace and metrics (see Simulation)."""
-    return Simulation(scn, deal, progress, ahead, trace).run()
+    return Simulation(scn, deal, progress, ahead, trace, acceptance_picks).run()

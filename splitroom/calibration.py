@@ -17,14 +17,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import yaml
 
 from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
 from planner.room import Scenario
 
-__all__ = ["CalibrationError", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
+__all__ = ["CalibrationError", "acceptance_source", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
            "profiled_s_per_layer", "save_profile", "with_room_overheads"]
 
 
@@ -33,15 +33,19 @@ class CalibrationError(RuntimeError):
 
 
 def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], None] = print,
-            timeout_s: float = 900.0) -> dict:
+            timeout_s: float = 900.0, sample: Sequence[str] = ()) -> dict:
     """Run ``python -m runtime.calibrate`` in a child process and return its mapping
-    (see runtime.calibrate.measure_all). Progress lines go to ``log``.
+    (see runtime.calibrate.measure_all; ``sample``: a scenario's ``workload.sample``
+    prompts, walked too). Progress lines go to ``log``.
     Raises CalibrationError when the child fails or runs past ``timeout_s`` seconds."""
     from runtime.weights import ensure_safetensors
     model_dir = str(ensure_safetensors())
     with tempfile.TemporaryDirectory(prefix="splitroom-cal-") as tmp:
         out = Path(tmp) / "cal.json"
         argv = [sys.executable, "-m", "runtime.calibrate", model_dir, str(out), backend] + (["quick"] if quick else [])
+        if sample:
+            (Path(tmp) / "sample.json").write_text(json.dumps(list(sample)), encoding="utf-8")
+            argv += ["--sample", str(Path(tmp) / "sample.json")]
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                    MKL_NUM_THREADS="1")
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
@@ -209,9 +213,27 @@ def check_covers(scn: Scenario, profile: Profile, name: str = "profile") -> None
     spec = scn.decoding.speculative
     if spec is not None and spec.drafter in profile.drafters:
         try:
-            profile.drafters[spec.drafter].for_workload(scn.workload.kind)
+            profile.drafters[spec.drafter].for_workload(scn.workload.acceptance_workload)
         except ProfileError as e:
             raise CalibrationError(f"{name}: {e}") from None
+    if scn.workload.sample and spec is not None and spec.drafter in profile.drafters:
+        from planner.profile import sample_fingerprint
+        if profile.notes.get("sample_sha256") != sample_fingerprint(scn.workload.sample):
+            raise CalibrationError(f"{name}: workload.sample: the profile's acceptance was measured on another "
+                                   f"sample; calibrate with this scenario (splitroom calibrate SCENARIO --out FILE)")
+
+
+def acceptance_source(scn: Scenario) -> str | None:
+    """Which prompts a prediction's drafter acceptance comes from, in words (None
+    without speculation or without a profile that measured the drafter)."""
+    spec, prof = scn.decoding.speculative, scn.profile
+    if spec is None or prof is None or spec.drafter not in prof.drafters:
+        return None
+    if spec.accepted_sequence or spec.accepted_lengths:
+        return "the scenario's own accepted lengths"
+    if scn.workload.sample:
+        return f"workload.sample ({len(scn.workload.sample)} prompts; {prof.notes.get('sample', 'measured')})"
+    return f"the built-in {scn.workload.kind} calibration prompts (no workload.sample given)"
 
 
 def apply_profile(scn: Scenario, profile: Profile, name: str = "profile") -> Scenario:

@@ -245,15 +245,24 @@ def round_s(m: dict) -> float | None:
     return m["lap_s"]["mean"] + draft if draft else None
 
 
+def _range_cell(m: dict, key: str, show) -> str:
+    """`` (P10-P90 a-b)`` from a prediction's range (splitroom/ranges.py), or ''."""
+    r = m.get("range")
+    if not r or not r.get("replicas"):
+        return ""
+    return f" (P10-P90 {show(r[key]['p10'])}-{show(r[key]['p90'])})"
+
+
 def metrics_table(m: dict, title: str = "prediction") -> Table:
-    """Headline metrics as a two-column table."""
+    """Headline metrics as a two-column table; a prediction's range beside its
+    tokens per second and first token when it has one."""
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column("metric")
     t.add_column("value", justify="right")
     it = m["inter_token_s"]
     rows = [
-        ("tokens per second", f"{m['tokens_per_s']:.2f}"),
-        ("time to first token", _ms(m["ttft_s"])),
+        ("tokens per second", f"{m['tokens_per_s']:.2f}" + _range_cell(m, "tokens_per_s", lambda x: f"{x:.2f}")),
+        ("time to first token", _ms(m["ttft_s"]) + _range_cell(m, "ttft_s", _ms)),
         ("inter-token p50 / p95", f"{_ms(it['p50'])} / {_ms(it['p95'])}"),
         ("inter-token p99 / max", f"{_ms(it['p99'])} / {_ms(it['max'])}"),
         ("tokens per lap", f"{m['tokens_per_lap']:.2f}"),
@@ -266,6 +275,13 @@ def metrics_table(m: dict, title: str = "prediction") -> Table:
     for k, v in rows:
         t.add_row(k, v)
     return t
+
+
+def range_line(r: dict) -> str:
+    """Where a prediction's range comes from, in one line."""
+    if not r.get("replicas"):
+        return "range: one point (no acceptance measured by prompt, no jitter, no stall episodes to vary)"
+    return f"range: P10-P90 of {r['replicas']} replicas varying {', '.join(r['sources'])} (docs/calibration.md)"
 
 
 def breakdown_table(m: dict) -> Table:
@@ -306,6 +322,12 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err,
                             keep_trace=bool(trace or plot))
     check_answered(result.metrics, scenario, result.refusals)
+    from splitroom.calibration import acceptance_source
+    from splitroom.ranges import predict_range
+    result.metrics["range"] = predict_range(scn, d, result.metrics)
+    source = acceptance_source(scn)
+    if source:
+        result.metrics["acceptance_from"] = source
     privacy = None
     if scn.ends_local is not None:
         from splitroom.privacy_run import privacy_summary
@@ -331,6 +353,9 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         return
     out.print(deal_table(d, scn))
     out.print(metrics_table(result.metrics))
+    out.print(range_line(result.metrics["range"]), highlight=False)
+    if source:
+        out.print(f"acceptance from: {source}", highlight=False)
     out.print(breakdown_table(result.metrics))
     from splitroom.report import recovery_lines
     for line in recovery_lines(result.metrics):  # scenario faults: the predicted recovery, part by part
@@ -384,10 +409,12 @@ def compare_table(res) -> Table:
             ("inter-token p50", "inter_token_p50", lambda x: _ms(x["inter_token_s"]["p50"])),
             ("inter-token p99", "inter_token_p99", lambda x: _ms(x["inter_token_s"]["p99"])),
             ("tokens per lap", "tokens_per_lap", lambda x: f"{x['tokens_per_lap']:.2f}")]
+    ranged = {"tokens_per_s": lambda x: f"{x:.2f}", "ttft_s": _ms}
     for name, key, show in rows:
         cells = [name, show(m)]
         if res.profile_predicted is not None:
-            cells += [show(res.profile_predicted), f"{res.profile_error_pct[key]:+.1f}%"]
+            extra = _range_cell(res.profile_predicted, key, ranged[key]) if key in ranged else ""
+            cells += [show(res.profile_predicted) + extra, f"{res.profile_error_pct[key]:+.1f}%"]
         cells += [show(res.predicted), f"{res.error_pct[key]:+.1f}%"]
         t.add_row(*cells)
     return t
@@ -552,7 +579,14 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
     err.print(f"calibrating on this machine ({backend}); this takes {'a few seconds' if quick else 'about two minutes'}"
               " and runs no scenario workload", highlight=False)
     try:
-        measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False))
+        if scn.workload.sample:
+            err.print(f"acceptance: measured on the scenario's workload.sample ({len(scn.workload.sample)} prompts)",
+                      highlight=False)
+        else:
+            err.print("acceptance: measured on the built-in chat and grounded calibration prompts (the scenario "
+                      "gives no workload.sample)", highlight=False)
+        measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False),
+                           sample=scn.workload.sample)
         prof = build_profile(scn, measured)
         if room:
             prof = with_room_overheads(prof, measure_room_overheads(
@@ -651,15 +685,17 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     for k in keys:
         t.add_column(k)
     priced = any(r.get("usd_per_million_tokens") is not None for r in rows)
-    for col in ("tok/s", "first token", "tokens/lap", "answered") + (("USD / M tokens",) if priced else ()):
+    for col in ("tok/s", "P10-P90", "first token", "tokens/lap", "answered") + (("USD / M tokens",) if priced else ()):
         t.add_column(col, justify="right")
     for i, r in enumerate(rows):
         vals = [str(v) for _, v in r["values"]]
         if r["error"] is not None:
-            t.add_row("", *vals, "-", "-", "-", escape(r["error"]), *(("-",) if priced else ()))
+            t.add_row("", *vals, "-", "-", "-", "-", escape(r["error"]), *(("-",) if priced else ()))
             continue
         cost = r.get("usd_per_million_tokens")
-        t.add_row("[bold green]best[/]" if i == 0 else "", *vals, f"{r['tokens_per_s']:.2f}", _ms(r["ttft_s"]),
+        rg = r.get("range") or {}
+        spread = (f"{rg['tokens_per_s']['p10']:.2f}-{rg['tokens_per_s']['p90']:.2f}" if rg.get("replicas") else "-")
+        t.add_row("[bold green]best[/]" if i == 0 else "", *vals, f"{r['tokens_per_s']:.2f}", spread, _ms(r["ttft_s"]),
                   f"{r['tokens_per_lap']:.2f}", f"{r['answered']} of {r['questions']}",
                   *((f"{cost:.2f}" if cost is not None else "-",) if priced else ()))
     out.print(t)

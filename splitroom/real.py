@@ -370,9 +370,15 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     :class:`planner.profile.Profile`), before the run. Raises RealRunError when the
     predicted room answers fewer questions than it is asked (never a silent 0.0)."""
     from sim.driver import simulate
+    from splitroom.calibration import acceptance_source
+    from splitroom.ranges import predict_range
     pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens).with_profile(profile)
     m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
+    m["range"] = predict_range(pred_scn, deal, m)
+    source = acceptance_source(pred_scn)
+    if source:
+        m["acceptance_from"] = source
     return m
 
 
@@ -457,8 +463,13 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     if profile is not None:
         profile_predicted = predict_real_run(scn, deal, profile, rtt_s,
                                              prompt_token_counts(model_dir, real_prompts(scn)))
-        log(f"predicted from the profile before running: {profile_predicted['tokens_per_s']:.2f} tok/s, "
-            f"first token {profile_predicted['ttft_s'] * 1000:.0f} ms")
+        rg = profile_predicted["range"]
+        spread = (f" (P10-P90 {rg['tokens_per_s']['p10']:.2f}-{rg['tokens_per_s']['p90']:.2f}, "
+                  f"{', '.join(rg['sources'])})" if rg["replicas"] else " (one point: nothing varies)")
+        log(f"predicted from the profile before running: {profile_predicted['tokens_per_s']:.2f} tok/s{spread}, "
+            f"first token {profile_predicted['ttft_s'] * 1000:.0f} ms"
+            + (f"; acceptance from {profile_predicted['acceptance_from']}"
+               if profile_predicted.get("acceptance_from") else ""))
     procs: dict[str, subprocess.Popen] = {}
     relay = None
     t_start = time.time()

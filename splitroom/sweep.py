@@ -105,6 +105,8 @@ def predict_one(args: tuple) -> dict:
         row["error"] = f"answered none of {m['questions']} questions"
         return row
     row.update({k: m[k] for k in ("tokens_per_s", "ttft_s", "tokens_per_lap", "answered", "questions")})
+    from splitroom.ranges import SWEEP_REPLICAS, predict_range
+    row["range"] = predict_range(scn, d, m, SWEEP_REPLICAS)
     row["inter_token_p99_s"] = m["inter_token_s"]["p99"]
     from splitroom.costing import has_prices, room_cost
     row["usd_per_million_tokens"] = (room_cost(scn, d, m, compare=False)["usd_per_million_tokens"]

@@ -1,0 +1,99 @@
+"""What the adaptive draft rule (planner/draft_policy.py) is told about a room.
+
+``draft_tokens: auto`` needs two things before the first lap: the seconds of one lap
+that drafts ``k`` tokens, for every ``k`` up to ``max_draft_tokens``, and the
+acceptance per draft position to start from. Both come from the simulator's own cost
+model (sim/devices.py, sim/link.py: a calibration profile's curves when the scenario
+has one, else rooflines), so the simulator and every real driver run the same rule
+with the same numbers:
+
+    lap_s[k] = draft_s(k)                                   (the host's drafter, one call)
+             + sum over stages pass_s(layers, k + 1, context) (+ the host's embedding)
+             + sum over hops nominal_s(frame of k + 1 positions)
+             + head_s(k + 1) + sample_s(k + 1)
+
+at ``context`` = the prompt plus half the answer (the mean position of a decode lap);
+hops round the ring by the return path, each with its link's ``rtt/2 + overhead +
+bytes x (1 / bandwidth + per-byte cost)`` and no jitter (jitter and stalls shift every
+``k`` alike). The prior: the conditional acceptance per position
+(:func:`planner.draft_policy.conditional_rates`) of the profile's walk for the
+scenario's workload (its ``workload.sample``, else its kind) at ``max_draft_tokens``
+(positions beyond the longest walk measured take its last position's rate);
+else the scenario's ``accepted_lengths`` / ``accepted_sequence``; else its per-token
+``acceptance`` at every position (0.5 when none).
+"""
+
+from __future__ import annotations
+
+from planner.deal import Deal
+from planner.draft_policy import DraftPolicy, conditional_rates
+from planner.frames import DType, frame_bytes
+from planner.room import Scenario
+from sim.link import resolve_link
+
+__all__ = ["lap_costs", "prior_rates", "draft_policy"]
+
+
+def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
+    """``lap_s[k]`` for ``k = 0..max_k`` (module doc), seconds; each > 0.
+    Raises ValueError for ``max_k < 0``."""
+    from sim.driver import _device_model  # the simulator's own device models
+    if max_k < 0:
+        raise ValueError(f"max_k must be >= 0, got {max_k}")
+    prof = scn.profile
+    host = deal.host
+    models = {d.id: _device_model(d, scn, prof, host) for d in scn.devices}
+    spec = scn.decoding.speculative
+    ctx = scn.workload.prompt_tokens + scn.workload.answer_tokens // 2
+    f32 = scn.model.residual_bytes_per_token >= 4 * scn.model.hidden
+    dtype = DType.FLOAT32 if f32 else DType.FLOAT16
+    path = [host] + [s.device for s in deal.stages if s.device != host]
+    if scn.decoding.return_path == "via_stages":
+        hops = list(zip(path, path[1:])) + list(zip(path[::-1], path[::-1][1:]))
+    else:
+        ring = path + [host]
+        hops = list(zip(ring, ring[1:]))
+    links = {(a, b): resolve_link(scn.network, a, b) for a, b in hops if a != b}
+    hm = models[host]
+    out = []
+    for k in range(max_k + 1):
+        n = k + 1
+        t = hm.draft_s(k, spec) if k else 0.0
+        for s in deal.stages:
+            dm = models[s.device]
+            t += dm.pass_s(s.layers, n, ctx, dm.stage_scale(s.start, s.end))
+        t += hm.embed_s(n) + hm.head_s(n) + hm.sample_s(n)
+        nbytes = frame_bytes(n, scn.model.hidden, dtype)
+        t += sum(link.nominal_s(nbytes) for link in links.values())
+        out.append(max(t, 1e-9))
+    return tuple(out)
+
+
+def prior_rates(scn: Scenario, max_k: int) -> tuple[float, ...]:
+    """The acceptance per draft position ``1..max_k`` to start each question from
+    (module doc)."""
+    spec = scn.decoding.speculative
+    if spec is None:
+        return (0.0,) * max_k
+    if spec.accepted_sequence or spec.accepted_lengths:
+        lengths = spec.accepted_sequence or spec.accepted_lengths
+        return conditional_rates([min(int(a), max_k) for a in lengths], max_k)
+    prof = scn.profile
+    if prof is not None and spec.drafter in prof.drafters:
+        view = prof.drafters[spec.drafter].for_workload(scn.workload.acceptance_workload)
+        if view.accepted:
+            top = min(max(view.accepted), max_k)  # positions beyond the walk's k: its last rate
+            rates = conditional_rates(view.accepted_lengths(top), top)
+            return rates + (rates[-1],) * (max_k - top)
+    p = 0.5 if spec.acceptance is None else float(spec.acceptance)
+    return (p,) * max_k
+
+
+def draft_policy(scn: Scenario, deal: Deal) -> DraftPolicy | None:
+    """The rule's settings for ``scn`` dealt as ``deal``; None unless the scenario
+    asks for ``draft_tokens: auto``."""
+    spec = scn.decoding.speculative
+    if spec is None or not spec.adaptive:
+        return None
+    k = spec.draft_tokens
+    return DraftPolicy(lap_costs(scn, deal, k), prior_rates(scn, k))

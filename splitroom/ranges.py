@@ -1,0 +1,105 @@
+"""A prediction's honest range: P10-P90 over bootstrap replicas of the simulated run.
+
+The point prediction is one seeded run with every lap's accepted length drawn from all
+the measured prompts' walks. What it leaves out, and what a user's run varies by:
+
+* **which questions are asked**: a calibration profile keeps each drafter's walk prompt
+  by prompt (the scenario's ``workload.sample``, else the built-in prompts of its
+  kind). A replica draws ``questions`` prompts from the walk with replacement (the
+  bootstrap, Efron 1979) and each question takes its accepted lengths from its own
+  prompt only (sim.acceptance, ``by_question``), so a replica of a two-question run
+  varies as two real questions do;
+* **the network**: every replica has its own seed, so jitter draws and the phase of
+  stall episodes (``network.jitter``, ``network.episodes``) differ from replica to
+  replica.
+
+Nothing else is varied: no fixed +-%. A room with neither (no speculation measured
+by prompt, no jitter, no episodes) gets a range of one point, and the sources say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from planner.deal import Deal
+from planner.room import Scenario
+
+__all__ = ["REPLICAS", "SWEEP_REPLICAS", "range_sources", "predict_range"]
+
+#: replicas of one prediction (simulate, run --real --calibration); sweep takes fewer
+REPLICAS = 24
+SWEEP_REPLICAS = 12
+#: simulated answer tokens all replicas together may cost (fewer replicas beyond it)
+TOKEN_BUDGET = 400_000
+MIN_REPLICAS = 6
+
+
+def _walk_prompts(scn: Scenario) -> int:
+    """How many prompts the profile's walk of the scenario's drafter holds (0: none)."""
+    spec, prof = scn.decoding.speculative, scn.profile
+    if spec is None or prof is None or spec.drafter not in prof.drafters:
+        return 0
+    if spec.accepted_sequence or spec.accepted_lengths:
+        return 0
+    try:
+        return prof.drafters[spec.drafter].for_workload(scn.workload.acceptance_workload).prompts()
+    except ValueError:
+        return 0
+
+
+def range_sources(scn: Scenario) -> list[str]:
+    """What varies between replicas, in words (empty: nothing, the range is a point)."""
+    out = []
+    n = _walk_prompts(scn)
+    if n:
+        out.append(f"acceptance: bootstrap over {n} measured prompts")
+    net = scn.network
+    jit = [net.jitter] + [link.jitter for link in net.links if link.jitter is not None]
+    if any(j is not None and j.distribution != "none" and (j.scale_s > 0 or j.samples_s) for j in jit):
+        out.append("network jitter")
+    if net.episodes is not None or any(link.episodes is not None for link in net.links):
+        out.append("stall episodes")
+    return out
+
+
+def _pct(xs: Sequence[float]) -> dict:
+    a = np.asarray(xs, dtype=float)
+    return {"p10": float(np.percentile(a, 10)), "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90))}
+
+
+def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLICAS) -> dict:
+    """P10, P50 and P90 of tokens per second and time to first token over bootstrap
+    replicas of ``scn`` (module doc), beside the ``point`` prediction's metrics.
+
+    Returns ``{"tokens_per_s": {p10, p50, p90}, "ttft_s": {...}, "replicas": n,
+    "sources": [...]}``; with no source of spread, every percentile is the point's and
+    ``replicas`` is 0. Replicas are fewer than asked when the scenario is long
+    (:data:`TOKEN_BUDGET` simulated tokens in all, at least :data:`MIN_REPLICAS`).
+    Deterministic for the scenario's seed."""
+    from sim.driver import simulate
+    sources = range_sources(scn)
+    if not sources or replicas < 1:
+        one = {"p10": point["tokens_per_s"], "p50": point["tokens_per_s"], "p90": point["tokens_per_s"]}
+        t = {"p10": point["ttft_s"], "p50": point["ttft_s"], "p90": point["ttft_s"]}
+        return {"tokens_per_s": one, "ttft_s": t, "replicas": 0, "sources": []}
+    w = scn.workload
+    per_run = max(w.questions * w.answer_tokens, 1)
+    n = max(min(replicas, TOKEN_BUDGET // per_run), min(MIN_REPLICAS, replicas))
+    prompts = _walk_prompts(scn)
+    rng = np.random.default_rng(np.random.SeedSequence([scn.seed, 0x5EED]))
+    tps, ttft = [], []
+    for r in range(n):
+        seed = int(rng.integers(0, 2**63))
+        picks = rng.integers(0, prompts, w.questions).tolist() if prompts else None
+        m = simulate(dataclasses.replace(scn, seed=seed), deal, trace=False, acceptance_picks=picks).metrics
+        if m.get("answered", 0) < m.get("questions", 0):
+            continue
+        tps.append(m["tokens_per_s"])
+        ttft.append(m["ttft_s"])
+    if not tps:
+        return predict_range(scn, deal, point, 0)
+    return {"tokens_per_s": _pct(tps), "ttft_s": _pct(ttft), "replicas": len(tps), "sources": sources}
