@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 __all__ = ["PROFILE_VERSION", "WORKLOAD_KINDS", "SAMPLE", "ProfileError", "Curve", "PassCurve", "DeviceProfile",
-           "DrafterProfile", "TransportProfile", "Profile", "fit_line", "sample_fingerprint"]
+           "DrafterProfile", "TransportProfile", "Profile", "fit_line", "sample_workload"]
 
 #: the profile format's version; bump on any incompatible change
 PROFILE_VERSION = 1
@@ -219,18 +219,25 @@ class DeviceProfile:
 #: prompts of runtime.calibrate); ``grounded`` rewriting, copying or editing a passage
 #: given in the prompt, where prompt-lookup drafts are right most of the time
 WORKLOAD_KINDS = ("chat", "grounded")
-#: the workload key of acceptance measured on a scenario's own ``workload.sample``
-SAMPLE = "sample"
+#: the workload key of acceptance measured on a scenario's own ``workload.sample`` is
+#: this prefix and the sample's fingerprint (:func:`sample_workload`), so one profile
+#: can hold several samples and a scenario finds only its own
+SAMPLE = "sample-"
 
 
-def sample_fingerprint(prompts: Sequence[str]) -> str:
-    """The first 16 hex digits of the SHA-256 of the prompts (each UTF-8, NUL after
-    each): which sample a profile's ``sample`` acceptance was measured on."""
+def sample_workload(prompts: Sequence[str]) -> str:
+    """The workload key of a sample: ``sample-`` and the first 16 hex digits of the
+    SHA-256 of the prompts (each UTF-8, a NUL after each)."""
     import hashlib
     h = hashlib.sha256()
     for p in prompts:
         h.update(p.encode("utf-8", "surrogatepass") + b"\0")
-    return h.hexdigest()[:16]
+    return SAMPLE + h.hexdigest()[:16]
+
+
+def _is_sample_key(w: Any) -> bool:
+    return (isinstance(w, str) and w.startswith(SAMPLE) and len(w) == len(SAMPLE) + 16
+            and all(c in "0123456789abcdef" for c in w[len(SAMPLE):]))
 
 
 @dataclass(frozen=True)
@@ -239,7 +246,8 @@ class DrafterProfile:
     and ``accepted`` (k -> accepted lengths of every draft of a greedy speculative walk
     over the chat calibration prompts, each in ``[0, k]``). ``workloads`` holds the
     same walk over the prompts of other workload kinds (:data:`WORKLOAD_KINDS`, e.g.
-    ``{"grounded": {k: lengths}}``, and :data:`SAMPLE` for a scenario's own sample):
+    ``{"grounded": {k: lengths}}``, and :func:`sample_workload` keys for scenarios' own
+    samples):
     acceptance depends on what is asked far more than on the room, so a prediction
     draws from the kind its scenario names. ``walks`` (workload -> k -> one tuple of
     accepted lengths per prompt, in the order measured; ``chat`` for ``accepted``) keeps
@@ -258,9 +266,11 @@ class DrafterProfile:
             return self
         if kind not in self.workloads:
             has = ", ".join(["chat", *sorted(self.workloads)])
-            how = ("calibrate with this scenario (splitroom calibrate measures its workload.sample)" if kind == SAMPLE
+            sample = kind.startswith(SAMPLE)
+            how = ("calibrate with this scenario (splitroom calibrate measures its workload.sample; "
+                   "--acceptance-only adds it to a profile)" if sample
                    else "calibrate again (splitroom calibrate measures every kind)")
-            what = "workload.sample" if kind == SAMPLE else f"workload.kind {kind}"
+            what = "this workload.sample (measured on another sample, or none)" if sample else f"workload.kind {kind}"
             raise ProfileError(f"the profile has no drafter acceptance for {what} (it has: {has}); {how}")
         walks = {"chat": self.walks[kind]} if kind in self.walks else {}
         return DrafterProfile(self.call_s, dict(self.workloads[kind]), walks=walks)
@@ -333,9 +343,9 @@ class DrafterProfile:
         wl = m.get("workloads") or {}
         if not isinstance(wl, Mapping):
             raise ProfileError(f"{where}.workloads: expected a mapping of workload kind: {{k: [lengths]}}")
-        others = [k for k in WORKLOAD_KINDS if k != "chat"] + [SAMPLE]
+        others = [k for k in WORKLOAD_KINDS if k != "chat"] + [SAMPLE + "<16 hex digits>"]
         for w in wl:
-            if w not in others:
+            if w not in others and not _is_sample_key(w):
                 raise ProfileError(f"{where}.workloads.{w}: not a workload kind with its own acceptance "
                                    f"(one of: {', '.join(others)})")
         workloads = {str(w): _accepted_from_mapping(v, f"{where}.workloads.{w}") for w, v in wl.items()}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.model import ModelSpec
-from planner.profile import Profile
+from planner.profile import Profile, sample_workload
 from planner.sampling import GREEDY, Sampling
 
 #: drafter names a scenario may ask for: ``draft_layer`` (an MTP head), ``ngram``
@@ -218,9 +218,10 @@ class Workload:
 
     @property
     def acceptance_workload(self) -> str:
-        """The profile workload a prediction's drafter acceptance comes from:
-        ``sample`` when the workload gives a sample, else its ``kind``."""
-        return "sample" if self.sample else self.kind
+        """The profile workload a prediction's drafter acceptance comes from: the
+        sample's key (:func:`planner.profile.sample_workload`) when the workload gives
+        a sample, else its ``kind``."""
+        return sample_workload(self.sample) if self.sample else self.kind
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ from typing import Callable, Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 
 from planner.frames import frame_bytes  # noqa: E402
-from planner.profile import Curve, DrafterProfile, PassCurve, TransportProfile, fit_line  # noqa: E402
+from planner.profile import (SAMPLE, Curve, DrafterProfile, PassCurve, TransportProfile, fit_line,  # noqa: E402
+                             sample_workload)
 
 #: token counts of the pass grid: decode (1), verify laps of k+1 for k = 1, 2, 4, 8,
 #: a prefill chunk (16) and a large one (64)
@@ -381,6 +382,56 @@ SAMPLE_MAX_PROMPTS = 24
 SAMPLE_LAYER_DRAFTER_PROMPTS = 4
 
 
+def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]], quick: bool = False,
+                  log: Log = lambda s: None) -> dict[str, dict[str, DrafterProfile]]:
+    """Each drafter's speculative walks (:func:`measure_drafters`) over the greedy
+    answers to each workload's prompts: ``{workload: {drafter: DrafterProfile}}``, the
+    walk of each under its ``accepted`` and ``walks["chat"]``. Prompt lookup walks
+    every prompt's answer of up to 64 tokens at k = 1, 2, 4, 8 (16 tokens, k = 1, 4
+    when ``quick``); the drafters that run layers (``early_exit``, ``model``) the
+    first 2 prompts (:data:`SAMPLE_LAYER_DRAFTER_PROMPTS` of a sample) at 32 tokens,
+    k = 2, 4 (none when ``quick``)."""
+    from runtime.config import ModelConfig
+    cfg = ModelConfig.load(model_dir)
+    max_new, ks = (16, (1, 4)) if quick else (64, DRAFT_KS)
+    out: dict[str, dict[str, DrafterProfile]] = {}
+    for workload, prompts in by_kind.items():
+        answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend)
+        sample = workload.startswith(SAMPLE)
+        what = "workload.sample prompts" if sample else "calibration prompts"
+        log(f"drafters ({'sample' if sample else workload}): greedy answers to {len(prompts)} {what} "
+            f"({sum(len(a) for _, a in answers)} tokens)")
+        measured = measure_drafters(model_dir, answers, kinds=("ngram",), ks=ks, log=log)
+        if not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
+            n = SAMPLE_LAYER_DRAFTER_PROMPTS if sample else 2
+            measured.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:n]],
+                                             kinds=("early_exit", "model"), ks=(2, 4), log=log))
+        out[workload] = measured
+    return out
+
+
+def sample_notes(sample: Sequence[str]) -> dict[str, str]:
+    """The profile notes saying what of ``sample`` was walked, keyed by its workload."""
+    walked = min(len(sample), SAMPLE_MAX_PROMPTS)
+    return {sample_workload(sample): (
+        f"{len(sample)} workload.sample prompts, the first {walked} walked (prompt lookup, up to 64 answer tokens; "
+        f"the drafters that run layers: the first {min(SAMPLE_LAYER_DRAFTER_PROMPTS, walked)}, 32 tokens)")}
+
+
+def measure_acceptance(model_dir: str, backend: str, sample: Sequence[str], quick: bool = False,
+                       log: Log = lambda s: None) -> dict:
+    """The acceptance step alone: every drafter's walks over ``sample`` (a scenario's
+    ``workload.sample``), as ``{"drafters": {name: {"workloads": {key: {k: lengths}},
+    "walks": {key: {k: [[...], ...]}}}}, "notes": {...}}`` with ``key`` the sample's
+    workload (:func:`planner.profile.sample_workload`), to add to a profile."""
+    key = sample_workload(sample)
+    walks = measure_walks(model_dir, backend, {key: tuple(sample[:SAMPLE_MAX_PROMPTS])}, quick, log)[key]
+    return {"drafters": {name: {"workloads": {key: {int(k): list(v) for k, v in dr.accepted.items()}},
+                                "walks": {key: {int(k): [list(x) for x in v] for k, v in dr.walks["chat"].items()}}}
+                         for name, dr in walks.items()},
+            "notes": sample_notes(sample)}
+
+
 def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log: Log = lambda s: None,
                 sample: Sequence[str] = ()) -> dict:
     """Every measurement of the module doc, as a plain mapping: ``stage`` (a
@@ -388,33 +439,24 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     ``transport``, ``notes``. ``quick`` takes a smaller grid and fewer repetitions
     (for tests: seconds instead of about two minutes). ``sample``: a scenario's
     ``workload.sample`` prompts; the drafters' walks are then also made on them (the
-    first :data:`SAMPLE_MAX_PROMPTS`), kept as the ``sample`` workload."""
+    first :data:`SAMPLE_MAX_PROMPTS`), kept as that sample's workload."""
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
     t0 = time.perf_counter()
     if quick:
         stage = measure_passes(model_dir, backend, tokens=(1, 5, 16), contexts=(16, 64), reps=3, log=log)
-        n_prompts, max_new, ks, n_frames = 1, 16, (1, 4), 15
+        n_prompts, n_frames = 1, 15
     else:
         stage = measure_passes(model_dir, backend, log=log)
-        n_prompts, max_new, ks, n_frames = len(CALIBRATION_PROMPTS), 64, DRAFT_KS, 60
+        n_prompts, n_frames = len(CALIBRATION_PROMPTS), 60
     head = measure_head(model_dir, backend)
     log("head: timed on " + ", ".join(f"{int(r)}" for r in head.xs) + " rows")
     by_kind = {"chat": CALIBRATION_PROMPTS[:n_prompts],
                "grounded": GROUNDED_CALIBRATION_PROMPTS[:n_prompts if quick else None]}
     if sample:
-        by_kind["sample"] = tuple(sample[:SAMPLE_MAX_PROMPTS])
+        by_kind[sample_workload(sample)] = tuple(sample[:SAMPLE_MAX_PROMPTS])
     drafters: dict[str, DrafterProfile] = {}
-    for workload, prompts in by_kind.items():
-        answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend)
-        what = "workload.sample prompts" if workload == "sample" else "calibration prompts"
-        log(f"drafters ({workload}): greedy answers to {len(prompts)} {what} "
-            f"({sum(len(a) for _, a in answers)} tokens)")
-        measured = measure_drafters(model_dir, answers, kinds=("ngram",), ks=ks, log=log)
-        if not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
-            n = SAMPLE_LAYER_DRAFTER_PROMPTS if workload == "sample" else 2
-            measured.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:n]],
-                                             kinds=("early_exit", "model"), ks=(2, 4), log=log))
+    for workload, measured in measure_walks(model_dir, backend, by_kind, quick, log).items():
         for name, dr in measured.items():
             if workload == "chat":  # the chat walk is the drafter's own; its call times are kept
                 drafters[name] = dr
@@ -431,18 +473,15 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     notes = machine_notes(backend)
     notes["took"] = f"{time.perf_counter() - t0:.0f} s"
     if sample:
-        from planner.profile import sample_fingerprint
-        notes["sample"] = (f"{len(sample)} workload.sample prompts, the first {len(by_kind['sample'])} walked "
-                           f"(prompt lookup; the drafters that run layers: the first "
-                           f"{min(SAMPLE_LAYER_DRAFTER_PROMPTS, len(by_kind['sample']))}, 32 tokens each)")
-        notes["sample_sha256"] = sample_fingerprint(sample)
+        notes.update(sample_notes(sample))
     return {"stage": stage.to_mapping(), "head_s": head.to_mapping(),
             "drafters": {k: v.to_mapping() for k, v in drafters.items()},
             "transport": transport.to_mapping(), "notes": notes}
 
 
 def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by splitroom calibrate
-    """``python -m runtime.calibrate MODEL_DIR OUT_JSON BACKEND [quick] [--sample PROMPTS_JSON]``: measure and write JSON;
+    """``python -m runtime.calibrate MODEL_DIR OUT_JSON BACKEND [quick] [--sample PROMPTS_JSON]
+    [--acceptance-only]``: measure (everything, or the sample's walks alone) and write JSON;
     progress lines on stderr. Exit 0, or 1 with one line on stderr."""
     import logging
     logging.basicConfig(level=logging.ERROR)
@@ -456,9 +495,16 @@ def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by sp
         with open(rest[i + 1], encoding="utf-8") as f:
             sample = list(json.load(f))
         del rest[i:i + 2]
+    acceptance_only = "--acceptance-only" in rest
+    if acceptance_only:
+        rest.remove("--acceptance-only")
+    say = (lambda s: print(s, file=sys.stderr, flush=True))
     try:
-        out = measure_all(argv[0], argv[2], quick=bool(rest) and rest[0] == "quick",
-                          log=lambda s: print(s, file=sys.stderr, flush=True), sample=sample)
+        quick = bool(rest) and rest[0] == "quick"
+        if acceptance_only:
+            out = measure_acceptance(argv[0], argv[2], sample, quick=quick, log=say)
+        else:
+            out = measure_all(argv[0], argv[2], quick=quick, log=say, sample=sample)
     except Exception as e:  # one line for the parent, whatever went wrong
         print(f"calibration failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1

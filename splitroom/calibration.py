@@ -24,7 +24,7 @@ import yaml
 from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
 from planner.room import Scenario
 
-__all__ = ["CalibrationError", "acceptance_source", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
+__all__ = ["CalibrationError", "acceptance_source", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
            "profiled_s_per_layer", "save_profile", "with_room_overheads"]
 
 
@@ -33,11 +33,15 @@ class CalibrationError(RuntimeError):
 
 
 def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], None] = print,
-            timeout_s: float = 900.0, sample: Sequence[str] = ()) -> dict:
+            timeout_s: float = 900.0, sample: Sequence[str] = (), acceptance_only: bool = False) -> dict:
     """Run ``python -m runtime.calibrate`` in a child process and return its mapping
     (see runtime.calibrate.measure_all; ``sample``: a scenario's ``workload.sample``
-    prompts, walked too). Progress lines go to ``log``.
-    Raises CalibrationError when the child fails or runs past ``timeout_s`` seconds."""
+    prompts, walked too; ``acceptance_only``: only the sample's walks,
+    runtime.calibrate.measure_acceptance, for :func:`add_acceptance`). Progress lines
+    go to ``log``. Raises CalibrationError when the child fails or runs past
+    ``timeout_s`` seconds, or for ``acceptance_only`` without a sample."""
+    if acceptance_only and not sample:
+        raise CalibrationError("the acceptance step needs the scenario's workload.sample")
     from runtime.weights import ensure_safetensors
     model_dir = str(ensure_safetensors())
     with tempfile.TemporaryDirectory(prefix="splitroom-cal-") as tmp:
@@ -45,7 +49,7 @@ def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], No
         argv = [sys.executable, "-m", "runtime.calibrate", model_dir, str(out), backend] + (["quick"] if quick else [])
         if sample:
             (Path(tmp) / "sample.json").write_text(json.dumps(list(sample)), encoding="utf-8")
-            argv += ["--sample", str(Path(tmp) / "sample.json")]
+            argv += ["--sample", str(Path(tmp) / "sample.json")] + (["--acceptance-only"] if acceptance_only else [])
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
                    MKL_NUM_THREADS="1")
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
@@ -87,6 +91,28 @@ def build_profile(scn: Scenario, measured: dict) -> Profile:
     notes = dict(measured.get("notes", {}))
     notes["scenario"] = scn.name
     return Profile(devices, drafters, TransportProfile.from_mapping(tr, "transport") if tr else None, notes)
+
+
+def add_acceptance(profile: Profile, measured: dict) -> Profile:
+    """``profile`` with a sample's walks (runtime.calibrate.measure_acceptance's
+    mapping) added to each drafter it measured (a drafter the profile lacks has no
+    call times, so it is left out) and the sample's note. Raises CalibrationError for
+    a malformed mapping."""
+    drafters = dict(profile.drafters)
+    try:
+        for name, m in measured.get("drafters", {}).items():
+            dr = drafters.get(name)
+            if dr is None:
+                continue
+            merged = dr.to_mapping()
+            merged.setdefault("workloads", {}).update(m["workloads"])
+            merged.setdefault("walks", {}).update(m["walks"])
+            drafters[name] = DrafterProfile.from_mapping(merged, f"drafters.{name}")
+    except (ProfileError, KeyError, TypeError, AttributeError) as e:
+        raise CalibrationError(f"the acceptance step's result is malformed ({e})") from None
+    notes = dict(profile.notes)
+    notes.update({str(k): str(v) for k, v in measured.get("notes", {}).items()})
+    return dataclasses.replace(profile, drafters=drafters, notes=notes)
 
 
 def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str], None] = print,
@@ -177,7 +203,7 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     head = ("# splitroom calibration profile (splitroom calibrate); format: docs/calibration.md\n"
             "# times in seconds; stage: pass_s = fixed_s[context][tokens] + layers * per_layer_s[context][tokens]\n")
     try:
-        Path(path).write_text(head + yaml.safe_dump(profile.to_mapping(), sort_keys=False, width=120),
+        Path(path).write_text(head + yaml.safe_dump(profile.to_mapping(), sort_keys=False, width=120, default_flow_style=None),
                               encoding="utf-8")
     except OSError as e:
         raise CalibrationError(f"{path}: cannot write ({e.strerror})") from None
@@ -216,11 +242,6 @@ def check_covers(scn: Scenario, profile: Profile, name: str = "profile") -> None
             profile.drafters[spec.drafter].for_workload(scn.workload.acceptance_workload)
         except ProfileError as e:
             raise CalibrationError(f"{name}: {e}") from None
-    if scn.workload.sample and spec is not None and spec.drafter in profile.drafters:
-        from planner.profile import sample_fingerprint
-        if profile.notes.get("sample_sha256") != sample_fingerprint(scn.workload.sample):
-            raise CalibrationError(f"{name}: workload.sample: the profile's acceptance was measured on another "
-                                   f"sample; calibrate with this scenario (splitroom calibrate SCENARIO --out FILE)")
 
 
 def acceptance_source(scn: Scenario) -> str | None:
@@ -232,7 +253,8 @@ def acceptance_source(scn: Scenario) -> str | None:
     if spec.accepted_sequence or spec.accepted_lengths:
         return "the scenario's own accepted lengths"
     if scn.workload.sample:
-        return f"workload.sample ({len(scn.workload.sample)} prompts; {prof.notes.get('sample', 'measured')})"
+        key = scn.workload.acceptance_workload
+        return f"workload.sample ({prof.notes.get(key, f'{len(scn.workload.sample)} prompts')})"
     return f"the built-in {scn.workload.kind} calibration prompts (no workload.sample given)"
 
 

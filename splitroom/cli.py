@@ -567,15 +567,38 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
               quick: bool = typer.Option(False, "--quick", help="A small grid (seconds; for tests, not predictions)."),
               room: bool = typer.Option(True, "--room/--no-room", help="Also run one small 2-device room on "
                                         "loopback (plain, calibration prompts) to measure what a room adds to the "
-                                        "parts alone (thread hand-offs, event loop, cold caches).")):
+                                        "parts alone (thread hand-offs, event loop, cold caches)."),
+              acceptance_only: bool = typer.Option(False, "--acceptance-only", help="Only measure the drafters' "
+                                                   "acceptance on the scenario's workload.sample and add it to the "
+                                                   "profile given with --profile."),
+              base_profile: Optional[str] = typer.Option(None, "--profile", help="With --acceptance-only: the "
+                                                         "profile to add the sample's acceptance to.")):
     """Measure this machine once (compute by layers, tokens and context; the head; each drafter's cost
     and acceptance; the transport by frame size) and write a profile that simulate --calibration reads."""
     scn = load_scenario(scenario, set_)
     check_output(out_path, "--out")
     if backend not in ("numpy", "wgpu"):
         fail(f"--backend: expected numpy or wgpu, got {backend!r}")
-    from splitroom.calibration import (CalibrationError, build_profile, measure, measure_room_overheads,
-                                       save_profile, with_room_overheads)
+    from splitroom.calibration import (CalibrationError, add_acceptance, build_profile, load_profile, measure,
+                                       measure_room_overheads, save_profile, with_room_overheads)
+    if acceptance_only or base_profile:
+        if not (acceptance_only and base_profile):
+            fail("--acceptance-only and --profile go together: the profile to add the sample's acceptance to")
+        if not scn.workload.sample:
+            fail(f"{scenario}: --acceptance-only: the scenario gives no workload.sample to measure")
+        try:
+            prof = load_profile(base_profile)
+            err.print(f"acceptance: measuring the drafters on the scenario's workload.sample "
+                      f"({len(scn.workload.sample)} prompts)", highlight=False)
+            prof = add_acceptance(prof, measure(backend, quick=quick, sample=scn.workload.sample,
+                                                acceptance_only=True,
+                                                log=lambda line: err.print(f"  {line}", highlight=False)))
+            save_profile(prof, out_path)
+        except CalibrationError as e:
+            fail(f"{scenario}: calibrate: {e}")
+        out.print(profile_table(prof))
+        out.print(f"profile written to {out_path}")
+        return
     err.print(f"calibrating on this machine ({backend}); this takes {'a few seconds' if quick else 'about two minutes'}"
               " and runs no scenario workload", highlight=False)
     try:
@@ -616,8 +639,9 @@ def profile_table(prof) -> Table:
         k = 4 if 4 in dr.accepted else max(dr.accepted or {1: ()})
         means = []
         for kind in ("chat", *sorted(dr.workloads)):
-            acc = dr.for_workload(kind).accepted.get(k, ())
-            means.append(f"{sum(acc) / len(acc) if acc else 0.0:.2f} {kind}")
+            acc = dr.for_workload(kind).accepted_lengths(k)
+            label = "sample " + kind[len("sample-"):][:6] if kind.startswith("sample-") else kind
+            means.append(f"{sum(acc) / len(acc) if acc else 0.0:.2f} {label}")
         t.add_row(f"drafter {name}: one call of {k} / mean accepted", f"{_ms(dr.draft_s(k))} / {', '.join(means)}")
     if prof.transport is not None:
         fixed, per_byte = prof.transport.fit
