@@ -38,6 +38,7 @@ from planner.deal import Deal, Stage as DealStage
 from planner.frames import DType
 from planner.protocol import ReturnPath
 from planner.sampling import MAX_SEED, Sampling
+from planner.draft_policy import DraftPolicy
 from planner.scheduler import SchedulerConfig
 
 #: Seconds a worker that lost the model host waits for it to come back ("Host
@@ -79,6 +80,20 @@ class SamplingSettings(_Model):
         return Sampling(self.temperature, self.top_p, self.top_k, self.seed)
 
 
+class DraftPolicySettings(_Model):
+    """:class:`planner.draft_policy.DraftPolicy` as JSON; limits are DraftPolicy's."""
+
+    lap_s: tuple[Annotated[float, Field(gt=0, allow_inf_nan=False)], ...] = Field(min_length=2, max_length=65)
+    prior: tuple[Annotated[float, Field(ge=0, le=1)], ...] = Field(max_length=64)
+    prior_weight: float = Field(4.0, gt=0, allow_inf_nan=False)
+    probe_every: int = Field(8, ge=1)
+    probe_tokens: int = Field(1, ge=1)
+
+    def policy(self) -> DraftPolicy:
+        """The planner's DraftPolicy. Raises ValueError as it does."""
+        return DraftPolicy(self.lap_s, self.prior, self.prior_weight, self.probe_every, self.probe_tokens)
+
+
 class SchedulerSettings(_Model):
     """:class:`planner.scheduler.SchedulerConfig` as JSON (phones a list, dtype its code,
     return_path its name). Field meanings and limits are SchedulerConfig's."""
@@ -95,6 +110,7 @@ class SchedulerSettings(_Model):
     context: Optional[int] = Field(None, ge=1)
     sampling: SamplingSettings = SamplingSettings()
     stop_tokens: tuple[int, ...] = ()
+    draft_policy: Optional[DraftPolicySettings] = None
 
     @classmethod
     def of(cls, config: SchedulerConfig) -> "SchedulerSettings":
@@ -107,7 +123,8 @@ class SchedulerSettings(_Model):
                                draft_tokens=self.draft_tokens, async_laps=self.async_laps,
                                return_path=self.return_path, wake=self.wake, phones=frozenset(self.phones),
                                eos_token=self.eos_token, dtype=DType(self.dtype), context=self.context,
-                               sampling=self.sampling.sampling(), stop_tokens=tuple(self.stop_tokens))
+                               sampling=self.sampling.sampling(), stop_tokens=tuple(self.stop_tokens),
+                               draft_policy=self.draft_policy.policy() if self.draft_policy is not None else None)
 
 
 StageRow = tuple[DEVICE_ID, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]

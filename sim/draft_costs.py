@@ -18,7 +18,8 @@ bytes x (1 / bandwidth + per-byte cost)`` and no jitter (jitter and stalls shift
 ``k`` alike). The prior: the conditional acceptance per position
 (:func:`planner.draft_policy.conditional_rates`) of the profile's walk for the
 scenario's workload (its ``workload.sample``, else its kind) at ``max_draft_tokens``
-(positions beyond the longest walk measured take its last position's rate);
+(a position beyond the longest walk measured gets rate 0: the simulator knows nothing
+of it, so the rule never drafts that far);
 else the scenario's ``accepted_lengths`` / ``accepted_sequence``; else its per-token
 ``acceptance`` at every position (0.5 when none).
 """
@@ -29,6 +30,7 @@ from planner.deal import Deal
 from planner.draft_policy import DraftPolicy, conditional_rates
 from planner.frames import DType, frame_bytes
 from planner.room import Scenario
+from sim.devices import device_model
 from sim.link import resolve_link
 
 __all__ = ["lap_costs", "prior_rates", "draft_policy"]
@@ -37,12 +39,11 @@ __all__ = ["lap_costs", "prior_rates", "draft_policy"]
 def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
     """``lap_s[k]`` for ``k = 0..max_k`` (module doc), seconds; each > 0.
     Raises ValueError for ``max_k < 0``."""
-    from sim.driver import _device_model  # the simulator's own device models
     if max_k < 0:
         raise ValueError(f"max_k must be >= 0, got {max_k}")
     prof = scn.profile
     host = deal.host
-    models = {d.id: _device_model(d, scn, prof, host) for d in scn.devices}
+    models = {d.id: device_model(d, scn, deal, prof) for d in scn.devices}
     spec = scn.decoding.speculative
     ctx = scn.workload.prompt_tokens + scn.workload.answer_tokens // 2
     f32 = scn.model.residual_bytes_per_token >= 4 * scn.model.hidden
@@ -81,10 +82,9 @@ def prior_rates(scn: Scenario, max_k: int) -> tuple[float, ...]:
     prof = scn.profile
     if prof is not None and spec.drafter in prof.drafters:
         view = prof.drafters[spec.drafter].for_workload(scn.workload.acceptance_workload)
-        if view.accepted:
-            top = min(max(view.accepted), max_k)  # positions beyond the walk's k: its last rate
-            rates = conditional_rates(view.accepted_lengths(top), top)
-            return rates + (rates[-1],) * (max_k - top)
+        lengths = view.accepted_lengths(max_k)
+        if lengths:  # positions beyond the longest walk measured: rate 0, never drafted
+            return conditional_rates(lengths, max_k)
     p = 0.5 if spec.acceptance is None else float(spec.acceptance)
     return (p,) * max_k
 

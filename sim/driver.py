@@ -36,6 +36,7 @@ from __future__ import annotations
 import gc
 import math
 from collections import deque
+from dataclasses import replace
 from heapq import heappop, heappush
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -53,6 +54,7 @@ from planner.drive import Driver, synthetic_draft, synthetic_head
 from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
 from sim.devices import DECODE_MAX_TOKENS, DeviceModel, device_model
+from sim.draft_costs import draft_policy
 from sim.link import Link, Links
 from sim.relay import relayed_network
 
@@ -209,7 +211,7 @@ class Simulation:
         self.loop = _Queue()
         seeds = np.random.SeedSequence(scn.seed)
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
-        self.config = SchedulerConfig.from_scenario(scn)
+        self.config = replace(SchedulerConfig.from_scenario(scn), draft_policy=draft_policy(scn, self.deal))
         self.chain = Chain(self.deal, self.config,
                            redeal=redeal_rule(scn.devices, scn.model, scn.options) if scn.faults else None)
         self.driver = Driver(self.chain, self, self._record)

@@ -24,7 +24,7 @@ import yaml
 from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
 from planner.room import Scenario
 
-__all__ = ["CalibrationError", "acceptance_source", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
+__all__ = ["CalibrationError", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
            "profiled_s_per_layer", "save_profile", "with_room_overheads"]
 
 
@@ -203,7 +203,8 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     head = ("# splitroom calibration profile (splitroom calibrate); format: docs/calibration.md\n"
             "# times in seconds; stage: pass_s = fixed_s[context][tokens] + layers * per_layer_s[context][tokens]\n")
     try:
-        Path(path).write_text(head + yaml.safe_dump(profile.to_mapping(), sort_keys=False, width=120, default_flow_style=None),
+        Path(path).write_text(head + yaml.safe_dump(profile.to_mapping(), sort_keys=False, width=120,
+                                                   default_flow_style=None),
                               encoding="utf-8")
     except OSError as e:
         raise CalibrationError(f"{path}: cannot write ({e.strerror})") from None
@@ -242,20 +243,6 @@ def check_covers(scn: Scenario, profile: Profile, name: str = "profile") -> None
             profile.drafters[spec.drafter].for_workload(scn.workload.acceptance_workload)
         except ProfileError as e:
             raise CalibrationError(f"{name}: {e}") from None
-
-
-def acceptance_source(scn: Scenario) -> str | None:
-    """Which prompts a prediction's drafter acceptance comes from, in words (None
-    without speculation or without a profile that measured the drafter)."""
-    spec, prof = scn.decoding.speculative, scn.profile
-    if spec is None or prof is None or spec.drafter not in prof.drafters:
-        return None
-    if spec.accepted_sequence or spec.accepted_lengths:
-        return "the scenario's own accepted lengths"
-    if scn.workload.sample:
-        key = scn.workload.acceptance_workload
-        return f"workload.sample ({prof.notes.get(key, f'{len(scn.workload.sample)} prompts')})"
-    return f"the built-in {scn.workload.kind} calibration prompts (no workload.sample given)"
 
 
 def apply_profile(scn: Scenario, profile: Profile, name: str = "profile") -> Scenario:

@@ -322,8 +322,7 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err,
                             keep_trace=bool(trace or plot))
     check_answered(result.metrics, scenario, result.refusals)
-    from splitroom.calibration import acceptance_source
-    from splitroom.ranges import predict_range
+    from splitroom.ranges import acceptance_source, predict_range
     result.metrics["range"] = predict_range(scn, d, result.metrics)
     source = acceptance_source(scn)
     if source:

@@ -27,7 +27,7 @@ import numpy as np
 from planner.deal import Deal
 from planner.room import Scenario
 
-__all__ = ["REPLICAS", "SWEEP_REPLICAS", "range_sources", "predict_range"]
+__all__ = ["REPLICAS", "SWEEP_REPLICAS", "acceptance_source", "range_sources", "predict_range"]
 
 #: replicas of one prediction (simulate, run --real --calibration); sweep takes fewer
 REPLICAS = 24
@@ -103,3 +103,17 @@ def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLIC
     if not tps:
         return predict_range(scn, deal, point, 0)
     return {"tokens_per_s": _pct(tps), "ttft_s": _pct(ttft), "replicas": len(tps), "sources": sources}
+
+
+def acceptance_source(scn: Scenario) -> str | None:
+    """Which prompts a prediction's drafter acceptance comes from, in words (None
+    without speculation or without a profile that measured the drafter)."""
+    spec, prof = scn.decoding.speculative, scn.profile
+    if spec is None or prof is None or spec.drafter not in prof.drafters:
+        return None
+    if spec.accepted_sequence or spec.accepted_lengths:
+        return "the scenario's own accepted lengths"
+    if scn.workload.sample:
+        key = scn.workload.acceptance_workload
+        return f"workload.sample ({prof.notes.get(key, f'{len(scn.workload.sample)} prompts')})"
+    return f"the built-in {scn.workload.kind} calibration prompts (no workload.sample given)"

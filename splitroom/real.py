@@ -141,6 +141,23 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     return out
 
 
+def with_draft_policy(cfgs: list, scn: Scenario, deal: Deal, profile, rtt_s: float,
+                      prompt_tokens: Sequence[int]) -> list:
+    """``cfgs`` (NodeConfigs) with the adaptive draft rule's settings
+    (sim.draft_costs.draft_policy) in every scheduler: the room as this run runs it
+    (:func:`real_run_scenario`), costed from ``profile`` when given, else from the
+    scenario's rooflines."""
+    from runtime.control import DraftPolicySettings
+    from sim.draft_costs import draft_policy
+    as_run = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens)
+    pol = draft_policy(as_run.with_profile(profile) if profile is not None else as_run, deal)
+    if pol is None:
+        return cfgs
+    settings = DraftPolicySettings(**pol.to_json())
+    return [c.model_copy(update={"scheduler": c.scheduler.model_copy(update={"draft_policy": settings})})
+            for c in cfgs]
+
+
 def _faults(scn: Scenario, deal: Deal) -> tuple[list, list, dict]:
     """The host's fault injection for a scenario's ``faults:`` (``[(device, token N)]``
     and ``[(device, seconds)]``, the seconds counted from the host's start, when the
@@ -370,8 +387,7 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     :class:`planner.profile.Profile`), before the run. Raises RealRunError when the
     predicted room answers fewer questions than it is asked (never a silent 0.0)."""
     from sim.driver import simulate
-    from splitroom.calibration import acceptance_source
-    from splitroom.ranges import predict_range
+    from splitroom.ranges import acceptance_source, predict_range
     pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens).with_profile(profile)
     m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
@@ -459,10 +475,14 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     # a device the host's own machine runs (its ends-local tail) shares the host's process
     colocated = {c.device for c in cfgs if c.device.endswith(TAIL_SUFFIX)}
     net, network, rtt_s = plan_network(scn, [c.device for c in cfgs if c.device not in colocated], netns)
+    spec = scn.decoding.speculative
+    counts = prompt_token_counts(model_dir, real_prompts(scn)) if (profile is not None or (spec and spec.adaptive)) \
+        else []
+    if spec is not None and spec.adaptive:  # draft_tokens: auto: the host's rule gets this room's lap costs
+        cfgs = with_draft_policy(cfgs, scn, deal, profile, rtt_s, counts)
     profile_predicted = None
     if profile is not None:
-        profile_predicted = predict_real_run(scn, deal, profile, rtt_s,
-                                             prompt_token_counts(model_dir, real_prompts(scn)))
+        profile_predicted = predict_real_run(scn, deal, profile, rtt_s, counts)
         rg = profile_predicted["range"]
         spread = (f" (P10-P90 {rg['tokens_per_s']['p10']:.2f}-{rg['tokens_per_s']['p90']:.2f}, "
                   f"{', '.join(rg['sources'])})" if rg["replicas"] else " (one point: nothing varies)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from planner.draft_policy import DraftPolicy
 from planner.frames import DType
 from planner.protocol import ReturnPath
 from planner.room import Scenario
@@ -45,6 +46,9 @@ class SchedulerConfig:
             question whose prompt + max new tokens exceeds it is refused when asked,
             and verify laps draft no further than its last position.
         sampling: how questions that do not say are decoded (:data:`GREEDY` by default).
+        draft_policy: ``draft_tokens: auto``: each lap's k in 0..``draft_tokens`` is
+            chosen per question by :mod:`planner.draft_policy` (None: always
+            ``draft_tokens``); its ``max_draft_tokens`` must equal ``draft_tokens``.
     """
 
     hidden: int
@@ -59,6 +63,7 @@ class SchedulerConfig:
     context: int | None = None
     sampling: Sampling = GREEDY
     stop_tokens: tuple[int, ...] = ()
+    draft_policy: DraftPolicy | None = None
 
     @classmethod
     def from_scenario(cls, scn: Scenario, eos_token: int | None = None,
@@ -81,7 +86,8 @@ class SchedulerConfig:
         """As a JSON-ready mapping (phones a sorted list, dtype its code, sampling a mapping)."""
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
             "phones": sorted(self.phones), "dtype": int(self.dtype), "return_path": str(self.return_path),
-            "sampling": self.sampling.to_json(), "stop_tokens": list(self.stop_tokens)}
+            "sampling": self.sampling.to_json(), "stop_tokens": list(self.stop_tokens),
+            "draft_policy": self.draft_policy.to_json() if self.draft_policy is not None else None}
 
     def capped(self, positions: int | None) -> "SchedulerConfig":
         """These settings with ``context`` lowered to ``positions`` (a stage's KV cache
@@ -102,6 +108,9 @@ class SchedulerConfig:
             raise ValueError(f"return_path must be direct or via_stages, got {self.return_path!r}") from None
         if not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling must be a planner.sampling.Sampling, got {type(self.sampling).__name__}")
+        if self.draft_policy is not None and self.draft_policy.max_draft_tokens != self.draft_tokens:
+            raise ValueError(f"draft_policy chooses up to {self.draft_policy.max_draft_tokens} drafts, "
+                             f"draft_tokens is {self.draft_tokens}")
 
 
 def _seeded(sampling: Sampling, seed: int) -> Sampling:

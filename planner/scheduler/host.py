@@ -23,7 +23,10 @@ What the model host does per question (product pages 001 and 002):
   verifies k+1 positions; the longest prefix of drafts equal to the head's tokens is
   kept, plus the head's own next token (the correction, or a bonus token when all k
   were accepted), so the text equals plain greedy decoding (Leviathan et al., "Fast
-  Inference from Transformers via Speculative Decoding", 2023).
+  Inference from Transformers via Speculative Decoding", 2023). With
+  ``config.draft_policy`` (``draft_tokens: auto``) each question's
+  :class:`planner.draft_policy.DraftState` chooses every lap's k (0: a plain lap) and
+  hears every judged lap's accepted length.
 * **Sampling** (a question's :class:`planner.sampling.Sampling`, temperature > 0): each
   question gets a seeded :class:`planner.sampling.Uniforms` stream; every RunHead
   carries the uniform pairs of the answer tokens its rows decide, and the head draws
@@ -57,6 +60,7 @@ from enum import StrEnum
 from typing import Callable, Sequence
 
 from planner.deal import Deal
+from planner.draft_policy import DraftState
 from planner.frames import FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DriverError,
                               EmitToken, Event, FrameArrived, HeadFinished, IgnoreReason, LapEnded, LapFailed, LapKind,
@@ -110,6 +114,7 @@ class _Question:
     reason: str = "length"
     sampling: Sampling = GREEDY
     uniforms: Uniforms | None = None  # the question's random stream (sampling only)
+    draft: DraftState | None = None  # draft_tokens: auto (planner.draft_policy)
     filling: bool = True  # the prefill (or the replay) has not given its token yet
 
 
@@ -265,6 +270,8 @@ class HostScheduler:
                       fill_len=len(ev.prompt), sampling=sampling)
         if not sampling.greedy:  # no seed: the question id's stream (drivers give one)
             q.uniforms = Uniforms(sampling.seed if sampling.seed is not None else abs(ev.question_id))
+        if self.config.draft_policy is not None:
+            q.draft = self.config.draft_policy.start()
         self.active = q
         self.inflight.clear()
         cmds: list = [BeginAnswer(q.question_id, q.device, q.prompt_len)]
@@ -411,6 +418,8 @@ class HostScheduler:
         new = list(x[1:a + 1]) + ([y[a]] if a < len(y) else [])
         cmds = self._end_lap(lap, stale=False, kept=len(new))
         self.accepted += a
+        if q.draft is not None:
+            q.draft.observe(len(x) - 1, a)
         # the assumed continuation survives only if it starts with what was committed
         if q.assumed[:len(new)] == new:
             del q.assumed[:len(new)]
@@ -464,13 +473,16 @@ class HostScheduler:
     # -- decode launching -----------------------------------------------------------
 
     def _fill_pipeline(self, q: _Question) -> list:
-        k = self.config.draft_tokens
+        k = self.config.draft_tokens if q.draft is None else q.draft.choose(self._positions_left(q))
         if k == 0:
-            if self.inflight:
+            if self.inflight or q.drafting is not None:
                 return []
+            pre = self._discard_assumed(q) if q.assumed else []  # an adaptive question going plain
+            if q.draft is not None:
+                q.draft.plain_lap()
             lap = self._new_lap(q, LapKind.DECODE, len(q.seq) - 1, (q.seq[-1],), returns=True)
             self.inflight.append(lap.lap_id)
-            return self._run_host_stage(lap)
+            return pre + self._run_host_stage(lap)
         if q.drafting is not None:
             return []
         live = 0
