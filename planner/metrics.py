@@ -6,7 +6,8 @@ computed by the same code. Input: ``(t_s, obj)`` pairs of :mod:`planner.trace`.
 Definitions (seconds, tokens):
 
 * ``ttft_s``: mean over answered questions of first answer token time minus the time
-  the room began answering it (BeginAnswer; queue wait is ``queue_wait_s``).
+  the room began answering it (BeginAnswer; queue wait is ``queue_wait_s``);
+  ``ttft_each_s`` the same per question, by question id.
 * ``tokens_per_s``: decode speed, sum over questions of (answer tokens - 1) divided by
   the sum of (last token time - first token time).
 * ``aggregate_tokens_per_s``: every answer token of every question divided by the
@@ -18,7 +19,8 @@ Definitions (seconds, tokens):
   tokens accepted together in one verify lap arrive with a gap of 0.
 * ``lap_s``: a decode or verify lap that was not stale, from the host starting its
   stage (RunStage) to the lap being judged (LapEnded), head and sampling included.
-* ``tokens_per_lap``: tokens kept per such lap.
+* ``tokens_per_lap``: tokens kept per such lap; ``drafted_per_lap`` drafts per such lap
+  (0 for plain decoding; with ``draft_tokens: auto`` the mean of the k chosen).
 * ``breakdown``: mean seconds per judged lap spent in each part: each device's stage
   compute (RunStage -> StageFinished), each hop (SendFrame -> FrameArrived), the
   host's head (RunHead -> HeadFinished) and drafting (Draft -> DraftReady).
@@ -82,8 +84,8 @@ class Accumulator:
     latest time seen when that is later.
     """
 
-    __slots__ = ("asked", "begin", "emits", "answered", "refused", "stage_start", "stage_s", "send_t", "hop_s",
-                 "head_start", "head_s", "draft_start", "draft_total", "drafts", "host_start", "host", "laps",
+    __slots__ = ("asked", "begin", "drafted_laps", "emits", "answered", "refused", "stage_start", "stage_s",
+                 "send_t", "hop_s", "head_start", "head_s", "draft_start", "draft_total", "drafts", "host_start", "host", "laps",
                  "stale", "t_first", "t_last", "t_seen", "_redeal_seen", "_records")
 
     def __init__(self) -> None:
@@ -103,6 +105,7 @@ class Accumulator:
         self.host_start: dict[int, float] = {}
         self.host: str | None = None
         self.laps: list[tuple[int, float, int]] = []  # (lap, duration, kept)
+        self.drafted_laps: list[int] = []  # drafts of each of those laps
         self.stale = 0
         self.t_first: float | None = None
         self.t_last: float | None = None
@@ -211,6 +214,7 @@ class Accumulator:
             self.stale += 1
         elif o.lap_id in self.host_start:
             self.laps.append((o.lap_id, t - self.host_start[o.lap_id], o.kept))
+            self.drafted_laps.append(o.drafted)
 
     def _recovery(self, t, o):
         if type(o) is Redeal:
@@ -270,7 +274,9 @@ class Accumulator:
                                        if self.asked and last_emit is not None
                                        and last_emit > min(self.asked.values()) else 0.0),
             "ttft_asked_s": {k: v for k, v in _pcts(from_asked).items() if k in ("p50", "p99")},
+            "ttft_each_s": [self.emits[q][0] - self.begin[q] for q in sorted(self.emits) if q in self.begin],
             "tokens_per_lap": sum(k for _, _, k in laps) / len(laps) if laps else 0.0,
+            "drafted_per_lap": sum(self.drafted_laps) / len(self.drafted_laps) if self.drafted_laps else 0.0,
             "inter_token_s": _pcts(gaps),
             "lap_s": {"mean": float(lap_arr.mean()), "p50": float(np.percentile(lap_arr, 50)),
                       "p99": float(np.percentile(lap_arr, 99))},

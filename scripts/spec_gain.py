@@ -1,10 +1,12 @@
-"""Speculation in the real room at an emulated round trip (issue 14): plain against
-prompt-lookup (ngram) drafting, on an input-grounded workload (copying a given passage,
-where the draft is right most of the time) and on a chat question, each measured by
-``splitroom run --real`` in network namespaces and predicted beforehand from a
-calibration profile (``splitroom calibrate``).
+"""Speculation in the real room at an emulated round trip: plain against prompt-lookup
+(ngram) and model drafting at fixed k and at ``draft_tokens: auto``, on an
+input-grounded workload (copying a given passage, where the draft is right most of the
+time) and on a chat question, each measured by ``splitroom run --real`` in network
+namespaces and predicted beforehand from a calibration profile (``splitroom
+calibrate``; with ``--samples``, each workload names its sample of scenarios/samples/,
+which the profile must hold: validate_heldout.py makes such a profile).
 
-    python scripts/spec_gain.py --calibration cal.yaml [--rtt 80ms] [--repeats 3] [--out gain.json]
+    python scripts/spec_gain.py --calibration cal.yaml [--rtt 80ms] [--repeats 3] [--samples] [--out gain.json]
 
 Prints one row per workload and drafting setting (median measured tokens per second
 over the repeats, min-max, predicted, and the gain over plain) and writes them as JSON.
@@ -23,16 +25,21 @@ WORKLOADS = {
                 "old river bank, and then it runs back home before the sun goes down.",
     "chat": "Describe how bread is made, step by step.",
 }
-SETTINGS = {"plain": "null", "ngram k=4": "{drafter: ngram, draft_tokens: 4}",
-            "ngram k=8": "{drafter: ngram, draft_tokens: 8}"}
+SETTINGS = {"plain": "null", "ngram k=2": "{drafter: ngram, draft_tokens: 2}",
+            "ngram k=4": "{drafter: ngram, draft_tokens: 4}", "ngram k=8": "{drafter: ngram, draft_tokens: 8}",
+            "ngram auto": "{drafter: ngram, draft_tokens: auto}", "model k=2": "{drafter: model, draft_tokens: 2}",
+            "model k=4": "{drafter: model, draft_tokens: 4}",
+            "model auto": "{drafter: model, draft_tokens: auto, max_draft_tokens: 4}"}
+SAMPLES = {"grounded": "samples/grounded.txt", "chat": "samples/chat.txt"}
 
 
-def run_once(prompt: str, kind: str, spec: str, rtt: str, calibration: str, answer_tokens: int) -> dict:
+def run_once(prompt: str, kind: str, spec: str, rtt: str, calibration: str, answer_tokens: int,
+             samples: bool = False) -> dict:
     """One ``run --real --json`` of home.yaml's two-device room, ``kind`` its
-    ``workload.kind`` (which of the profile's measured acceptances predicts it);
-    returns its JSON."""
+    ``workload.kind`` (which of the profile's measured acceptances predicts it, or its
+    sample with ``samples``); returns its JSON."""
     sets = [f"network.rtt={rtt}", "devices[2].lends=0 B", "workload.questions=1",
-            f"workload.kind={kind}",
+            f"workload.kind={kind}"] + ([f"workload.sample={SAMPLES[kind]}"] if samples else []) + [
             f"workload.answer_tokens={answer_tokens}", f"workload.prompts=[{json.dumps(prompt)}]",
             f"decoding.speculative={spec}"]
     return run_real_json("scenarios/home.yaml", sets, ["--calibration", calibration])
@@ -45,15 +52,27 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--samples", action="store_true", help="predict from each workload's sample (scenarios/samples/)")
+    ap.add_argument("--settings", help="comma-separated names of SETTINGS to run (default: all)")
     a = ap.parse_args()
+    import os
+    wanted = a.settings.split(",") if a.settings else list(SETTINGS)
     rows = []
     for wl, prompt in WORKLOADS.items():
         base = None
         for name, spec in SETTINGS.items():
-            runs = [run_once(prompt, wl, spec, a.rtt, a.calibration, a.answer_tokens) for _ in range(a.repeats)]
+            if name not in wanted and name != "plain":
+                continue
+            runs, loads = [], []
+            for _ in range(a.repeats):
+                runs.append(run_once(prompt, wl, spec, a.rtt, a.calibration, a.answer_tokens, a.samples))
+                loads.append(os.getloadavg()[0])
             tps = [r["measured"]["tokens_per_s"] for r in runs]
             pred = runs[0]["predicted_from_profile"]["tokens_per_s"]
+            rg = runs[0]["predicted_from_profile"].get("range", {}).get("tokens_per_s", {})
             row = {"workload": wl, "setting": name, "measured_tokens_per_s": statistics.median(tps),
+                   "runs_tokens_per_s": tps, "load_1min": loads, "predicted_range": rg,
+                   "drafted_per_lap": [r["measured"].get("drafted_per_lap") for r in runs],
                    "min": min(tps), "max": max(tps), "predicted_tokens_per_s": pred,
                    "tokens_per_lap": statistics.median(r["measured"]["tokens_per_lap"] for r in runs),
                    "answer": runs[0]["answers"][0]["text"]}

@@ -1,0 +1,163 @@
+"""workload.sample, acceptance by prompt, prediction ranges and the adaptive rule's
+inputs: values by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from planner.deal import Deal, Stage
+from planner.draft_policy import conditional_rates
+from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, sample_workload
+from splitroom.calibration import CalibrationError, add_acceptance, check_covers
+from splitroom.scenario import ScenarioError, load
+
+
+def _load(sets, tmp_path=None):
+    return load("scenarios/home.yaml", sets)
+
+
+def test_a_sample_is_a_list_or_a_file_of_prompts(tmp_path):
+    assert _load(["workload.sample=[one, two]"]).workload.sample == ("one", "two")
+    scn = tmp_path / "s.yaml"
+    scn.write_text(open("scenarios/home.yaml", encoding="utf-8").read())
+    (tmp_path / "p.txt").write_text("first prompt\n\n  \nsecond prompt\n", encoding="utf-8")
+    (tmp_path / "p.json").write_text(json.dumps(["a", "b\nc"]), encoding="utf-8")
+    assert load(scn, ["workload.sample=p.txt"]).workload.sample == ("first prompt", "second prompt")
+    assert load(scn, ["workload.sample=p.json"]).workload.sample == ("a", "b\nc")
+    (tmp_path / "bad.json").write_text('{"a": 1}', encoding="utf-8")
+    (tmp_path / "empty.txt").write_text("\n\n", encoding="utf-8")
+    (tmp_path / "latin.txt").write_bytes(b"caf\xe9\n")
+    for sets, words in [(["workload.sample=bad.json"], "expected a list of prompts"),
+                        (["workload.sample=empty.txt"], "no prompts"),
+                        (["workload.sample=latin.txt"], "not UTF-8"),
+                        (["workload.sample=nowhere.txt"], "cannot read"),
+                        (["workload.sample=[]"], "no prompts"),
+                        (["workload.sample=[1, 2]"], "workload.sample"),
+                        (["workload.sample=['', x]"], "workload.sample[0]: an empty prompt")]:
+        with pytest.raises(ScenarioError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            load(scn, sets)
+
+
+def test_draft_tokens_auto_takes_max_draft_tokens():
+    s = _load(["decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 5}"]).decoding.speculative
+    assert s.adaptive and s.draft_tokens == 5
+    s = _load(["decoding.speculative={drafter: ngram, draft_tokens: auto}"]).decoding.speculative
+    assert s.adaptive and s.draft_tokens == 8
+    assert not _load(["decoding.speculative={drafter: ngram, draft_tokens: 3}"]).decoding.speculative.adaptive
+    for v, words in [("{drafter: ngram, draft_tokens: 3, max_draft_tokens: 5}", "only with draft_tokens: auto"),
+                     ("{drafter: ngram, draft_tokens: true}", "expected a whole number 1-64 or auto"),
+                     ("{drafter: ngram, draft_tokens: 0}", "expected a whole number 1-64 or auto"),
+                     ("{drafter: ngram, draft_tokens: auto, max_draft_tokens: 65}", "max_draft_tokens")]:
+        with pytest.raises(ScenarioError, match=words):
+            _load([f"decoding.speculative={v}"])
+
+
+def _drafter():
+    walks = {4: ((0, 0, 1), (4, 3))}
+    flat = {4: (0, 0, 1, 4, 3)}
+    return DrafterProfile(Curve((4.0,), (1e-5,)), flat, walks={"chat": walks})
+
+
+def test_walks_by_prompt_round_trip_and_must_add_up():
+    d = _drafter()
+    assert d.prompt_lengths(2) == ((0, 0, 1), (2, 2)) and d.prompts() == 2
+    assert DrafterProfile.from_mapping(d.to_mapping(), "d") == d
+    m = d.to_mapping()
+    m["walks"]["chat"][4] = [[0, 0], [4, 3]]
+    with pytest.raises(ProfileError, match="do not add up"):
+        DrafterProfile.from_mapping(m, "d")
+    m["walks"] = {"grounded": {4: [[1]]}}
+    with pytest.raises(ProfileError, match="d.walks.grounded: no accepted lengths of that workload"):
+        DrafterProfile.from_mapping(m, "d")
+
+
+def test_a_bootstrap_replica_takes_the_prompts_picked():
+    d = _drafter()
+    r = d.resampled([1, 1, 0])
+    assert r.prompt_lengths(4) == ((4, 3), (4, 3), (0, 0, 1))
+    assert r.accepted_lengths(4) == (4, 3, 4, 3, 0, 0, 1)
+
+
+def _profile(drafter: DrafterProfile) -> Profile:
+    stage = PassCurve((1, 16), (0, 2048), ((0.001, 0.002), (0.001, 0.002)), ((0.002, 0.004), (0.002, 0.004)))
+    dp = DeviceProfile(stage, Curve((1.0, 16.0), (0.003, 0.006)))
+    return Profile({"desktop": dp, "laptop": dp, "phone": dp}, {"ngram": drafter})
+
+
+def test_a_scenario_with_a_sample_needs_that_samples_acceptance():
+    scn = _load(["workload.sample=[alpha, beta]", "decoding.speculative={drafter: ngram, draft_tokens: 4}"])
+    d = _drafter()
+    with pytest.raises(CalibrationError, match="this workload.sample"):
+        check_covers(scn, _profile(d))
+    key = sample_workload(("alpha", "beta"))
+    assert key == scn.workload.acceptance_workload and key.startswith("sample-") and len(key) == 23
+    measured = {"drafters": {"ngram": {"workloads": {key: {4: [1, 2]}}, "walks": {key: {4: [[1], [2]]}}},
+                             "model": {"workloads": {key: {4: [4]}}, "walks": {key: {4: [[4]]}}}},
+                "notes": {key: "2 prompts"}}
+    prof = add_acceptance(_profile(d), measured)
+    check_covers(scn, prof)
+    assert prof.drafters["ngram"].for_workload(key).prompt_lengths(4) == ((1,), (2,))
+    assert "model" not in prof.drafters  # no call times measured for it: left out
+    assert prof.notes[key] == "2 prompts"
+
+
+def test_the_range_of_a_room_with_nothing_to_vary_is_one_point():
+    from splitroom.ranges import predict_range, range_sources
+    scn = _load(["network.jitter={distribution: none}", "network.episodes=null", "decoding.speculative=null"])
+    assert range_sources(scn) == []
+    point = {"tokens_per_s": 10.0, "ttft_s": 0.5}
+    deal = Deal("desktop", "pinned", (Stage("desktop", 0, 30),), (), True, ())
+    r = predict_range(scn, deal, point)
+    assert r["replicas"] == 0 and r["tokens_per_s"] == {"p10": 10.0, "p50": 10.0, "p90": 10.0}
+
+
+def test_the_range_bootstraps_prompts_and_is_reproducible():
+    from planner.deal import deal as make_deal
+    from sim.driver import simulate
+    from splitroom.ranges import predict_range, range_sources
+    scn = _load(["network.jitter={distribution: none}", "network.episodes=null",
+                 "decoding.speculative={drafter: ngram, draft_tokens: 4}"]).with_profile(_profile(_drafter()))
+    assert range_sources(scn) == ["acceptance: bootstrap over 2 measured prompts"]
+    d = make_deal(scn.devices, scn.model, scn.options)
+    point = simulate(scn, d, trace=False).metrics
+    a, b = predict_range(scn, d, point, 8), predict_range(scn, d, point, 8)
+    assert a == b and a["replicas"] == 8
+    # one prompt accepts 0.33 drafts a lap, the other 3.5: two questions drawn from them spread widely
+    assert a["tokens_per_s"]["p90"] > 1.3 * a["tokens_per_s"]["p10"]
+    # a replica that asks the copying prompt twice is faster than one asking the open one twice
+    fast = simulate(dataclasses.replace(scn, seed=3), d, trace=False, acceptance_picks=[1, 1]).metrics
+    slow = simulate(dataclasses.replace(scn, seed=3), d, trace=False, acceptance_picks=[0, 0]).metrics
+    assert fast["tokens_per_lap"] > 3 and slow["tokens_per_lap"] < 1.5
+
+
+def test_the_rules_prior_comes_from_the_walk_and_stops_where_it_stops():
+    from sim.draft_costs import prior_rates
+    scn = _load(["decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 6}"])
+    assert prior_rates(scn, 6) == (0.75,) * 6  # the per-token acceptance without a profile
+    scn = scn.with_profile(_profile(_drafter()))
+    # lengths 0 0 1 4 3 at k=4: c1 = 3/5, c2 = 2/3, c3 = 2/2, c4 = 1/2; nothing measured beyond 4
+    assert prior_rates(scn, 6) == pytest.approx((0.6, 2 / 3, 1.0, 0.5, 0.0, 0.0))
+    assert conditional_rates([0, 0, 1, 4, 3], 4) == pytest.approx((0.6, 2 / 3, 1.0, 0.5))
+
+
+def test_lap_costs_by_hand_from_a_profile():
+    from sim.draft_costs import lap_costs
+    prof = _profile(_drafter())
+    scn = _load(["network.jitter={distribution: none}", "network.episodes=null", "network.rtt=20ms",
+                 "network.hop_overhead=0s", "network.bandwidth=1000 Gbit/s", "host=desktop",
+                 'stages=[{device: desktop, layers: "1-10"}, {device: laptop, layers: "11-30"}]',
+                 "workload.prompt_tokens=100", "workload.answer_tokens=50",
+                 "decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 1}"])
+    scn = dataclasses.replace(scn, profile=prof)
+    deal = Deal("desktop", "pinned", (Stage("desktop", 0, 10), Stage("laptop", 10, 30)), (), True, ())
+    lap = lap_costs(scn, deal, 1)
+    # k=0: passes 0.001 + 10 x 0.002 and 0.001 + 20 x 0.002, head 0.003, two hops of 10 ms, the
+    # embedding (microseconds) and frames over 1000 Gbit/s (nanoseconds) aside
+    assert lap[0] == pytest.approx(0.021 + 0.041 + 0.003 + 0.020, abs=2e-5)
+    # k=1: two positions: per layer 0.002 + (0.004 - 0.002) / 15, fixed 0.001 + 0.001 / 15; head
+    # 0.003 + 0.003 / 15; the drafter's call 10 us
+    per, fixed, head = 0.002 + 0.002 / 15, 0.001 + 0.001 / 15, 0.003 + 0.003 / 15
+    assert lap[1] == pytest.approx(2 * fixed + 30 * per + head + 0.020 + 1e-5, abs=2e-5)
