@@ -176,7 +176,8 @@ def main() -> int:
         ttft = [m["ttft_s"] for m, _, _ in runs]
         p["measured_runs"] = [{"tokens_per_s": m["tokens_per_s"], "ttft_s": m["ttft_s"],
                                "ttft_each_s": m.get("ttft_each_s"), "tokens_per_lap": m["tokens_per_lap"],
-                               "answered": m["answered"], "breakdown": m.get("breakdown"), "parts": _parts(cal),
+                               "answered": m["answered"], "breakdown": m.get("breakdown"), "lap_s": m.get("lap_s"),
+                               "drafted_per_lap": m.get("drafted_per_lap"), "parts": _parts(cal),
                                "load_1min": load} for m, cal, load in runs]
         p["measured_tokens_per_s"] = statistics.median(tps)
         p["measured_ttft_s"] = statistics.median(ttft)
