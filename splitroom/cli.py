@@ -277,9 +277,15 @@ def metrics_table(m: dict, title: str = "prediction") -> Table:
     return t
 
 
+RangeOpt = typer.Option(True, "--range/--no-range", help="Also predict the P10-P90 range (bootstrap replicas over "
+                        "the measured prompts and the network's seeds; docs/calibration.md).")
+
+
 def range_line(r: dict) -> str:
     """Where a prediction's range comes from, in one line."""
     if not r.get("replicas"):
+        if r.get("skipped"):
+            return "range: not predicted (--no-range)"
         return "range: one point (no acceptance measured by prompt, no jitter, no stall episodes to vary)"
     return f"range: P10-P90 of {r['replicas']} replicas varying {', '.join(r['sources'])} (docs/calibration.md)"
 
@@ -303,7 +309,8 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
              plot: Optional[str] = typer.Option(None, "--plot", help="Write a timeline and latency picture (PNG)."),
              trace: Optional[str] = typer.Option(None, "--trace", help="Write the JSONL trace to this file."),
              progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
-             calibration: Optional[str] = CalibrationOpt):
+             calibration: Optional[str] = CalibrationOpt,
+             ranged: bool = RangeOpt):
     """Predict how fast the room answers: tokens/s, time to first token, latency, where time goes."""
     scn = with_profile(load_scenario(scenario, set_).with_measured(), calibration)
     check_output(trace, "--trace")
@@ -322,8 +329,8 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     result = run_simulation(scn, d, show_progress=progress and not as_json, console=err,
                             keep_trace=bool(trace or plot))
     check_answered(result.metrics, scenario, result.refusals)
-    from splitroom.ranges import acceptance_source, predict_range
-    result.metrics["range"] = predict_range(scn, d, result.metrics)
+    from splitroom.ranges import REPLICAS, acceptance_source, predict_range
+    result.metrics["range"] = predict_range(scn, d, result.metrics, REPLICAS if ranged else 0)
     source = acceptance_source(scn)
     if source:
         result.metrics["acceptance_from"] = source
@@ -662,7 +669,8 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
                                    "useful tokens; needs device prices), best first."),
           executor: str = typer.Option("process", "--executor", help="process (this machine's cores) or ray "
                                        "(the Ray cluster RAY_ADDRESS names, else a local one; pip install "
-                                       "'splitroom[ray]').")):
+                                       "'splitroom[ray]')."),
+          ranged: bool = RangeOpt):
     """Predict every combination of the --vary values, best first, and mark the best."""
     from splitroom.sweep import EXECUTORS, SORT_KEYS, SweepError, combinations, run_sweep, sort_rows
     check_output(plot, "--plot")
@@ -687,7 +695,7 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     if calibration:  # the profile too: once here, not as a traceback in every worker
         with_profile(last if last is not None else load_scenario(scenario, base), calibration)
     try:
-        rows = run_sweep(scenario, base, combos, calibration, jobs=jobs,
+        rows = run_sweep(scenario, base, combos, calibration, jobs=jobs, ranges=ranged,
                          progress=None if as_json else (lambda i, n: err.print(f"  {i}/{n} predicted",
                                                                                 highlight=False)),
                          executor=executor)

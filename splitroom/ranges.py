@@ -30,11 +30,11 @@ from planner.room import Scenario
 __all__ = ["REPLICAS", "SWEEP_REPLICAS", "acceptance_source", "range_sources", "predict_range"]
 
 #: replicas of one prediction (simulate, run --real --calibration); sweep takes fewer
-REPLICAS = 24
-SWEEP_REPLICAS = 12
+REPLICAS = 10
+SWEEP_REPLICAS = 5
 #: simulated answer tokens all replicas together may cost (fewer replicas beyond it)
-TOKEN_BUDGET = 400_000
-MIN_REPLICAS = 6
+TOKEN_BUDGET = 200_000
+MIN_REPLICAS = 5
 
 
 def _walk_prompts(scn: Scenario) -> int:
@@ -76,7 +76,8 @@ def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLIC
     replicas of ``scn`` (module doc), beside the ``point`` prediction's metrics.
 
     Returns ``{"tokens_per_s": {p10, p50, p90}, "ttft_s": {...}, "replicas": n,
-    "sources": [...]}``; with no source of spread, every percentile is the point's and
+    "sources": [...], "skipped": bool}``; with no source of spread (or ``replicas`` 0:
+    ``skipped`` is then True when there was one), every percentile is the point's and
     ``replicas`` is 0. Replicas are fewer than asked when the scenario is long
     (:data:`TOKEN_BUDGET` simulated tokens in all, at least :data:`MIN_REPLICAS`).
     Deterministic for the scenario's seed."""
@@ -85,7 +86,7 @@ def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLIC
     if not sources or replicas < 1:
         one = {"p10": point["tokens_per_s"], "p50": point["tokens_per_s"], "p90": point["tokens_per_s"]}
         t = {"p10": point["ttft_s"], "p50": point["ttft_s"], "p90": point["ttft_s"]}
-        return {"tokens_per_s": one, "ttft_s": t, "replicas": 0, "sources": []}
+        return {"tokens_per_s": one, "ttft_s": t, "replicas": 0, "sources": [], "skipped": bool(sources)}
     w = scn.workload
     per_run = max(w.questions * w.answer_tokens, 1)
     n = max(min(replicas, TOKEN_BUDGET // per_run), min(MIN_REPLICAS, replicas))
@@ -102,7 +103,8 @@ def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLIC
         ttft.append(m["ttft_s"])
     if not tps:
         return predict_range(scn, deal, point, 0)
-    return {"tokens_per_s": _pct(tps), "ttft_s": _pct(ttft), "replicas": len(tps), "sources": sources}
+    return {"tokens_per_s": _pct(tps), "ttft_s": _pct(ttft), "replicas": len(tps), "sources": sources,
+            "skipped": False}
 
 
 def acceptance_source(scn: Scenario) -> str | None:

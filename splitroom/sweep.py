@@ -81,9 +81,10 @@ def combinations(varies: Sequence[str]) -> list[tuple[tuple[str, str], ...]]:
 
 def predict_one(args: tuple) -> dict:
     """Predict one combination: ``(scenario path, base --set list, combination,
-    profile path or None)`` -> a row with the values, the headline metrics, or an
+    profile path or None[, ranges: bool])`` -> a row with the values, the headline metrics
+    and the P10-P90 range (splitroom/ranges.py; a point when ``ranges`` is False), or an
     ``error`` (one line) when the room cannot be dealt or answers nothing."""
-    path, base, combo, calibration = args
+    path, base, combo, calibration, ranged = args if len(args) == 5 else (*args, True)
     from planner.deal import DealError, deal
     from planner.fit import check_fits
     from sim.driver import simulate
@@ -106,7 +107,7 @@ def predict_one(args: tuple) -> dict:
         return row
     row.update({k: m[k] for k in ("tokens_per_s", "ttft_s", "tokens_per_lap", "answered", "questions")})
     from splitroom.ranges import SWEEP_REPLICAS, predict_range
-    row["range"] = predict_range(scn, d, m, SWEEP_REPLICAS)
+    row["range"] = predict_range(scn, d, m, SWEEP_REPLICAS if ranged else 0)
     row["inter_token_p99_s"] = m["inter_token_s"]["p99"]
     from splitroom.costing import has_prices, room_cost
     row["usd_per_million_tokens"] = (room_cost(scn, d, m, compare=False)["usd_per_million_tokens"]
@@ -118,7 +119,7 @@ def predict_one(args: tuple) -> dict:
 
 def run_sweep(path: str, base: Sequence[str], combos: Sequence[tuple], calibration: Optional[str] = None,
               jobs: int = 0, progress: Optional[Callable[[int, int], None]] = None,
-              executor: str = "process") -> list[dict]:
+              executor: str = "process", ranges: bool = True) -> list[dict]:
     """Predict every combination; returns the rows in the order of ``combos``.
 
     ``executor="process"``: ``jobs`` processes at a time (0: one per core; 1: in this
@@ -132,7 +133,7 @@ def run_sweep(path: str, base: Sequence[str], combos: Sequence[tuple], calibrati
         raise SweepError(f"--jobs must be >= 0, got {jobs}")
     if executor not in EXECUTORS:
         raise SweepError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
-    tasks = [(path, tuple(base), c, calibration) for c in combos]
+    tasks = [(path, tuple(base), c, calibration, ranges) for c in combos]
     if executor == "ray":
         return _run_on_ray(tasks, jobs, progress)
     n = jobs or os.cpu_count() or 1

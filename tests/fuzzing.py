@@ -364,7 +364,7 @@ def try_cli(path: Path, sets: list[str], limit_s: float = HANG_S) -> Outcome:
         with time_limit(limit_s):
             o = _cli(["plan", str(path), "--json", *set_args])
             if o.kind == "ok" and small_enough_to_simulate(str(path), sets):
-                o2 = _cli(["simulate", str(path), "--json", "--no-progress", *set_args])
+                o2 = _cli(["simulate", str(path), "--json", "--no-progress", "--no-range", *set_args])
                 if o2.kind != "ok":
                     o = o2
     except Hang:
