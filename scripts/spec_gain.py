@@ -35,10 +35,12 @@ SAMPLES = {"grounded": "samples/grounded.txt", "chat": "samples/chat.txt"}
 
 def run_once(prompt: str, kind: str, spec: str, rtt: str, calibration: str, answer_tokens: int,
              samples: bool = False) -> dict:
-    """One ``run --real --json`` of home.yaml's two-device room, ``kind`` its
+    """One ``run --real --json`` of home.yaml's two-device room (desktop layers 1-15 and
+    model host, laptop 16-30), ``kind`` its
     ``workload.kind`` (which of the profile's measured acceptances predicts it, or its
     sample with ``samples``); returns its JSON."""
-    sets = [f"network.rtt={rtt}", "devices[2].lends=0 B", "workload.questions=1",
+    sets = [f"network.rtt={rtt}", "devices[0].lends=1 GB", "devices[1].lends=1 GB", "host=desktop",
+            'stages=[{device: desktop, layers: "1-15"}, {device: laptop, layers: "16-30"}]', "workload.questions=1",
             f"workload.kind={kind}"] + ([f"workload.sample={SAMPLES[kind]}"] if samples else []) + [
             f"workload.answer_tokens={answer_tokens}", f"workload.prompts=[{json.dumps(prompt)}]",
             f"decoding.speculative={spec}"]

@@ -49,7 +49,7 @@ GROUNDED_PROMPTS = [
 ]
 SAMPLES = {"chat": "samples/chat.txt", "grounded": "samples/grounded.txt"}
 COMMON = ["network.jitter={distribution: none}", "network.episodes=null", "workload.answer_tokens=48",
-          "host=desktop"]
+          "host=desktop", "devices[0].lends=1 GB", "devices[1].lends=1 GB"]  # room for the pinned stages' KV
 TWO = ['stages=[{device: desktop, layers: "1-15"}, {device: laptop, layers: "16-30"}]']
 THREE = ['stages=[{device: desktop, layers: "1-13"}, {device: laptop, layers: "14-25"}, '
          '{device: phone, layers: "26-30"}]']
