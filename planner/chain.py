@@ -30,7 +30,7 @@ from typing import Callable, Collection, Sequence
 from planner.deal import Deal, DealError, Stage, deal as make_deal, format_bytes, usable_bytes
 from planner.model import ModelSpec
 from planner.protocol import Command, Event, FrameArrived, IgnoreReason, Redeal, StageFinished
-from planner.room import DealOptions, Device
+from planner.room import DealOptions, Device, Network, Scenario
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
 from planner.scheduler.worker import note_ignored
 
@@ -96,11 +96,13 @@ def check_lent(new: Deal, usable: dict[str, int], layer_bytes: Sequence[int], ho
     return new
 
 
-def redeal_rule(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None) -> RedealRule:
+def redeal_rule(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None,
+                network: Network | None = None, return_path: str = "direct") -> RedealRule:
     """The planner's rule for re-dealing a room that lost devices: a pinned room merges
     the lost ranges into their neighbours (:func:`merge_lost`); otherwise the layers are
     dealt again with :func:`planner.deal.deal` over ``devices`` less the lost ones, the
-    host kept. The rule raises DealError when the rest cannot hold the model in what
+    host kept, against ``network`` and ``return_path`` (the room's: ``split: optimal``
+    searches against them; :func:`redeal_rule_for` passes a scenario's). The rule raises DealError when the rest cannot hold the model in what
     each lends (the merged ranges too: :func:`check_lent`)."""
     opts = options or DealOptions()
     usable = {d.id: usable_bytes(d, opts) for d in devices}
@@ -110,11 +112,18 @@ def redeal_rule(devices: Sequence[Device], model: ModelSpec, options: DealOption
         if opts.stages is not None or current.split == "pinned":
             return check_lent(merge_lost(current, lost), usable, per_layer, model.host_extra_bytes, current)
         rest = [d for d in devices if d.id not in lost]
-        new = make_deal(rest, model, replace(opts, host=current.host))
+        new = make_deal(rest, model, replace(opts, host=current.host), network, return_path)
         if not new.fits:
             raise DealError("the devices left cannot hold the model: " + "; ".join(new.notes))
         return new
     return rule
+
+
+def redeal_rule_for(scn: Scenario, devices: Sequence[Device] | None = None) -> RedealRule:
+    """:func:`redeal_rule` of scenario ``scn`` (its options, network and return path, as
+    :func:`planner.deal.deal_for` deals it) over ``devices`` (default: all of its own)."""
+    return redeal_rule(scn.devices if devices is None else devices, scn.model, scn.options, scn.network,
+                       scn.decoding.return_path)
 
 
 def deal_of(r: Redeal) -> Deal:

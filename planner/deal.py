@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from planner.model import ModelSpec
-from planner.room import DealOptions, Device, Network, PinnedStage
+from planner.room import DealOptions, Device, Network, PinnedStage, Scenario
 
 #: Product page 000: "An unmeasured phone counts as 20x slower than an unmeasured computer".
 UNMEASURED_PHONE_SLOWDOWN = 20.0
@@ -391,6 +391,22 @@ def _speed_estimates(devices: Sequence[Device]) -> dict[str, float]:
 
 
 # --- the deal ---------------------------------------------------------------------
+
+def deal_for(scn: Scenario, devices: Sequence[Device] | None = None, options: DealOptions | None = None) -> Deal:
+    """The deal of scenario ``scn``: :func:`deal` over its devices, model and options with
+    its network and return path (``split: optimal`` searches against them). Every deal of
+    a scenario is made here: plan and simulate, sweep, the simulator, the re-deal rule.
+
+    Args:
+        devices: the devices to deal over instead of ``scn.devices`` (a re-deal: those
+            left).
+        options: instead of ``scn.options`` (a re-deal keeps the host).
+    Raises:
+        DealError: as :func:`deal` does.
+    """
+    return deal(scn.devices if devices is None else devices, scn.model, scn.options if options is None else options,
+                scn.network, scn.decoding.return_path)
+
 
 def deal(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None,
          network: Network | None = None, return_path: str = "direct") -> Deal:

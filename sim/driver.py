@@ -42,14 +42,14 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from planner.deal import Deal, deal as make_deal
+from planner.deal import Deal, deal_for
 from planner.frames import FrameHeader, frame_bytes
 from planner.metrics import Accumulator
 from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
 from planner.room import Scenario
-from planner.chain import Chain, redeal_rule
+from planner.chain import Chain, redeal_rule_for
 from planner.drive import Driver, synthetic_draft, synthetic_head
 from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
@@ -207,13 +207,13 @@ class Simulation:
                  progress: Callable[[int, int], None] | None = None, ahead: bool = True, trace: bool = True,
                  acceptance_picks: Sequence[int] | None = None):
         self.scn = scn
-        self.deal = deal or make_deal(scn.devices, scn.model, scn.options)
+        self.deal = deal or deal_for(scn)
         self.loop = _Queue()
         seeds = np.random.SeedSequence(scn.seed)
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
         self.config = replace(SchedulerConfig.from_scenario(scn), draft_policy=draft_policy(scn, self.deal))
         self.chain = Chain(self.deal, self.config,
-                           redeal=redeal_rule(scn.devices, scn.model, scn.options) if scn.faults else None)
+                           redeal=redeal_rule_for(scn) if scn.faults else None)
         self.driver = Driver(self.chain, self, self._record)
         self.dead = self.driver.dead  # devices killed by a scenario fault
         self.first_deal = self.deal  # self.deal follows re-deals; the result reports the deal the room began with

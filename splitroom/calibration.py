@@ -130,7 +130,7 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
     the room's decode stage time over the profile's, and seconds.
     Raises CalibrationError when the room cannot run.
     """
-    from planner.deal import DealError, deal
+    from planner.deal import DealError, deal_for
     from planner.room import PinnedStage
     from runtime.calibrate import CALIBRATION_PROMPTS
     from splitroom.real import RealRunError, prompt_token_counts, run_real
@@ -149,7 +149,7 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
                                      answer_tokens=answer_tokens, asked_by=()),
         decoding=dataclasses.replace(scn.decoding, speculative=None, async_laps=1))
     try:
-        d = deal(room.devices, room.model, room.options)
+        d = deal_for(room)
         log(f"room: {devs[0].id} layers 1-{half}, {devs[1].id} {half + 1}-{scn.model.layers}, loopback, plain")
         res = run_real(room, d, netns=False, timeout_s=300, log=lambda s: None)
     except (DealError, RealRunError) as e:

@@ -147,10 +147,10 @@ def deal_scenario(scn, source: str):
     """Deal a scenario's room or exit 2 naming the problem. When the deal is predicted
     more than 1.2x slower than ``split: optimal``'s, one line on stderr says so, with
     both figures and the deal to use (:func:`planner.optimal.slower_than_optimal`)."""
-    from planner.deal import DealError, deal
+    from planner.deal import DealError, deal_for
     from planner.optimal import slower_than_optimal
     try:
-        d = deal(scn.devices, scn.model, scn.options, scn.network, scn.decoding.return_path)
+        d = deal_for(scn)
     except DealError as e:
         fail(f"{source}: cannot deal the room: {e}")
     warning = slower_than_optimal(d, scn.devices, scn.model, scn.options, scn.network, scn.decoding.return_path)

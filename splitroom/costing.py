@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cost import DEFAULT_ELECTRICITY_USD_PER_KWH, Machine, machines_that_hold, token_cost, usd_per_hour
-from planner.deal import deal
+from planner.deal import deal_for
 from planner.room import Scenario
 
 
@@ -31,7 +31,7 @@ def _simulate_machine(scn: Scenario, m: Machine) -> dict:
                   options=replace(scn.options, host=None, stages=None, split="speed"))
     if hasattr(one, "profile"):
         one = replace(one, profile=None)
-    d = deal(one.devices, one.model, one.options)
+    d = deal_for(one)
     metrics = Simulation(one, d, trace=False).run().metrics
     c = token_cost(d, one.devices, metrics["tokens"], metrics["duration_s"], electricity(scn))
     return {"id": m.id, "name": m.name, "tokens_per_s": metrics["tokens_per_s"],

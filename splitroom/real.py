@@ -168,7 +168,7 @@ def _faults(scn: Scenario, deal: Deal) -> tuple[list, list, dict]:
     chain."""
     if not scn.faults:
         return [], [], {}
-    from planner.chain import redeal_rule
+    from planner.chain import redeal_rule_for
     chain = {s.device for s in deal.stages} - {deal.host}
     crash, crash_s = [], []
     for f in scn.faults:
@@ -178,7 +178,7 @@ def _faults(scn: Scenario, deal: Deal) -> tuple[list, list, dict]:
             crash.append((f.device, f.at_token))
         else:
             crash_s.append((f.device, f.at_s))
-    rule = redeal_rule([d for d in scn.devices if d.id in chain | {deal.host}], scn.model, scn.options)
+    rule = redeal_rule_for(scn, [d for d in scn.devices if d.id in chain | {deal.host}])
     redeals = {}
     for dev in sorted(chain):
         try:

@@ -85,7 +85,7 @@ def predict_one(args: tuple) -> dict:
     and the P10-P90 range (splitroom/ranges.py; a point when ``ranges`` is False), or an
     ``error`` (one line) when the room cannot be dealt or answers nothing."""
     path, base, combo, calibration, ranged = args if len(args) == 5 else (*args, True)
-    from planner.deal import DealError, deal
+    from planner.deal import DealError, deal_for
     from planner.fit import check_fits
     from sim.driver import simulate
     from splitroom.calibration import CalibrationError
@@ -96,7 +96,7 @@ def predict_one(args: tuple) -> dict:
         if calibration:
             from splitroom.calibration import apply_profile, load_profile
             scn = apply_profile(scn, load_profile(calibration), Path(calibration).name)
-        d = deal(scn.devices, scn.model, scn.options)
+        d = deal_for(scn)
         check_fits(d, scn.devices, scn.model, scn.options)  # a room that does not fit is a row's error, not a speed
         m = simulate(scn, d, trace=False).metrics
     except (ScenarioError, DealError, ValueError, CalibrationError) as e:

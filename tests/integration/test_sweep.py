@@ -79,3 +79,22 @@ def test_sort_cost_orders_by_dollars_per_million_useful_tokens_by_hand():
     out = CliRunner().invoke(app, ["sweep", "scenarios/home.yaml", "--vary", "network.rtt=1ms,2ms", "--sort",
                                    "cost", "--jobs", "1", "--json"])
     assert out.exit_code == 2 and "no device" in out.output and "price" in out.output
+
+
+def test_sweep_deals_split_optimal_against_each_varied_rtt_as_plan_does():
+    """``split: optimal`` searches against the network; a sweep row varying the RTT
+    must carry the deal ``plan`` gives at that RTT. The two RTTs give different deals
+    (checked here), so a sweep dealing against the default network cannot pass."""
+    from splitroom.cli import deal_scenario
+    from splitroom.scenario import load
+    from splitroom.sweep import predict_one
+    base = ("stages=null", "split=optimal", "workload.answer_tokens=8")
+    planned = {}
+    for rtt in ("1ms", "200ms"):
+        scn = load("scenarios/wan_glm.yaml", list(base) + [f"network.rtt={rtt}"])
+        d = deal_scenario(scn, "wan_glm.yaml")
+        planned[rtt] = (d.host, [{"device": s.device, "start": s.start, "end": s.end} for s in d.stages])
+        row = predict_one(("scenarios/wan_glm.yaml", base, (("network.rtt", rtt),), None))
+        assert row["error"] is None
+        assert (row["host"], row["stages"]) == planned[rtt], rtt
+    assert planned["1ms"] != planned["200ms"]
