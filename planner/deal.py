@@ -70,6 +70,50 @@ DEFAULT_HEADROOM = 0.05
 SPLITS: dict = {}
 
 
+class LayerRangeError(ValueError):
+    """A layer range a person typed is not one (:func:`parse_layers`); ``malformed``
+    when it is not ``A-B`` or ``A`` at all, else it lies outside the model or is reversed."""
+
+    def __init__(self, message: str, malformed: bool):
+        super().__init__(message)
+        self.malformed = malformed
+
+
+def parse_layers(text: str, n_layers: int) -> tuple[int, int]:
+    """A layer range as people type it, 1-based and inclusive (``"1-15"`` is the first
+    fifteen layers, ``"7"`` layer 7 alone), as the code's 0-based half-open
+    ``(start, end)``: ``"1-15"`` -> ``(0, 15)``. Every range a person types goes through
+    here (scenario stages, ``join --layers``, ``generate --layers``); :func:`shown_layers`
+    is the way back.
+
+    Raises:
+        LayerRangeError: not ``A-B`` or ``A`` (``malformed``), or not ``1 <= A <= B <= n_layers``.
+    """
+    parts = str(text).strip().split("-")
+    try:
+        if len(parts) > 2:
+            raise ValueError
+        a = int(parts[0])
+        b = int(parts[-1])
+    except ValueError:
+        raise LayerRangeError(f"expected a range like '1-13' (1-based, inclusive), got {text!r}", True) from None
+    if not 1 <= a <= b <= n_layers:
+        raise LayerRangeError(f"range {text!r} is outside 1-{n_layers} or reversed (1-based, inclusive)", False)
+    return a - 1, b
+
+
+def shown_layers(start: int, end: int, words: bool = False) -> str:
+    """0-based half-open ``[start, end)`` as people read it, 1-based inclusive:
+    ``"1-22"``, ``"40"`` for one layer, ``"none"`` for an empty range; with ``words``
+    ``"layers 1-22"``, ``"layer 40"``, ``"no layers"``. The inverse of :func:`parse_layers`."""
+    if end <= start:
+        return "no layers" if words else "none"
+    text = str(start + 1) if end - start == 1 else f"{start + 1}-{end}"
+    if words:
+        return ("layer " if end - start == 1 else "layers ") + text
+    return text
+
+
 class DealError(ValueError):
     """The room cannot be dealt (nobody can hold a layer, a bad pin, a bad forced host).
 
@@ -93,10 +137,9 @@ class Stage:
 
     @property
     def shown(self) -> str:
-        """The range as people read it: 1-based inclusive, ``"1-22"`` or ``"40"``."""
-        if self.layers == 1:
-            return str(self.start + 1)
-        return f"{self.start + 1}-{self.end}"
+        """The range as people read it: 1-based inclusive, ``"1-22"`` or ``"40"``
+        (:func:`shown_layers`)."""
+        return shown_layers(self.start, self.end)
 
 
 @dataclass(frozen=True)

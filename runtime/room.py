@@ -43,7 +43,7 @@ from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draf
                               SendFrame, Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain
-from planner.deal import Stage as DealStage
+from planner.deal import Stage as DealStage, shown_layers
 from planner.drive import Driver
 from planner.liveness import Liveness
 from planner.trace import from_record, to_record
@@ -454,16 +454,16 @@ class Node:
 
             from .weights_share import fetch_range
             src = tempfile.mkdtemp(prefix=f"splitroom-{self.cfg.device}-layers-")
-            what = f"copying {_layers(ga, gb)} from {self.cfg.host}"
+            what = f"copying {shown_layers(ga, gb, words=True)} from {self.cfg.host}"
             log.warning("%s: %s", self.cfg.device, what)
             try:
                 await fetch_range(self.transport, self.cfg.host, ga, gb, False, False, src, manifest_sha,
                                   progress=self._progress(what))
-                log.warning("%s: %s copied and verified in %.2f s", self.cfg.device, _layers(ga, gb),
-                            time.perf_counter() - t0)
+                log.warning("%s: %s copied and verified in %.2f s", self.cfg.device,
+                            shown_layers(ga, gb, words=True), time.perf_counter() - t0)
             except Exception as e:  # WeightsError (a check failed), TransportError: this device's disk then
                 log.warning("%s: the copy from %s failed (%s: %s); reading %s from this device's disk",
-                            self.cfg.device, self.cfg.host, type(e).__name__, e, _layers(ga, gb))
+                            self.cfg.device, self.cfg.host, type(e).__name__, e, shown_layers(ga, gb, words=True))
                 import shutil
                 shutil.rmtree(src, ignore_errors=True)
                 src = None
@@ -732,11 +732,6 @@ def gained_layers(old: tuple[int, int] | None, new: tuple[int, int]) -> tuple[in
     if above:
         return hi, b
     return None
-
-
-def _layers(start: int, end: int) -> str:
-    """0-based half-open ``[start, end)`` as people read it: "layer 30", "layers 22-30"."""
-    return f"layer {end}" if end - start == 1 else f"layers {start + 1}-{end}"
 
 
 def _layer_bytes(cfg, start: int, end: int) -> int:

@@ -744,8 +744,8 @@ SeedOpt = typer.Option(None, "--seed", help="Seed of the sampled answer (0..2^64
 def generate(prompt: Optional[str] = typer.Argument(None, help="The question to answer."),
              backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
              layers: Optional[str] = typer.Option(None, "--layers",
-                 help="Host layer range(s), half-open 0-based START-END, comma-separated (e.g. 0-15); "
-                      "the remaining layers run as one more in-process worker stage."),
+                 help="Host layer range(s), 1-based inclusive A-B, comma-separated (e.g. 1-15: the first "
+                      "15 layers); the remaining layers run as one more in-process worker stage."),
              max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many tokens."),
              system: Optional[str] = typer.Option(None, "--system", help="System message."),
              raw: bool = typer.Option(False, "--raw", help="Send PROMPT as is, without the chat template."),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from runtime.backends import BACKENDS, StageSpec, make_stage
+from planner.deal import LayerRangeError, parse_layers as parse_range
 from planner.sampling import MAX_SEED, Sampling
 from runtime.generate import generate_greedy, generate_sampled
 
@@ -51,28 +52,32 @@ class StagePlan:
 def parse_layers(spec: str | None, n_layers: int) -> StagePlan:
     """Parse ``--layers`` into stages.
 
-    ``spec`` is a comma-separated list of half-open, 0-based ranges ``START-END`` (code notation,
-    as in ``--layers 0-15`` = the host runs the first 15 layers). The ranges must be contiguous
-    from 0; whatever is left up to ``n_layers`` becomes one more worker stage. ``None`` or ``""``
-    means one stage with every layer.
+    ``spec`` is a comma-separated list of layer ranges as people write them, 1-based and
+    inclusive (``--layers 1-15``: the host runs the first 15 layers;
+    :func:`planner.deal.parse_layers`). The ranges must follow on from layer 1; whatever
+    is left up to ``n_layers`` becomes one more worker stage. ``None`` or ``""`` means
+    one stage with every layer. Returns the stages 0-based half-open.
 
     Raises:
-        ValueError: malformed, overlapping, gapped or out-of-range ranges.
+        ValueError: one line, for malformed, overlapping, gapped or out-of-range ranges,
+            and for a range starting at layer 0 (the old 0-based form, ``0-15``).
     """
     if not spec:
         return StagePlan(((0, n_layers),))
     ranges = []
     expect = 0
     for part in spec.split(","):
+        part = part.strip()
+        if part.split("-")[0].strip() == "0":
+            raise ValueError(f"--layers {part!r}: layers count from 1 (1-based, inclusive: 1-15 is the first 15 "
+                             f"layers); 0-based START-END is no longer read")
         try:
-            a_s, b_s = part.strip().split("-")
-            a, b = int(a_s), int(b_s)
-        except ValueError:
-            raise ValueError(f"bad layer range {part!r}; write START-END, half-open and 0-based, e.g. 0-15") from None
+            a, b = parse_range(part, n_layers)
+        except LayerRangeError as e:
+            why = "write A-B, 1-based and inclusive, e.g. 1-15" if e.malformed else f"need 1 <= A <= B <= {n_layers}"
+            raise ValueError(f"--layers {part!r}: {why}") from None
         if a != expect:
-            raise ValueError(f"layer range {part!r} must start at {expect} (ranges are contiguous from 0)")
-        if not (a <= b <= n_layers):
-            raise ValueError(f"layer range {part!r} is outside 0-{n_layers}")
+            raise ValueError(f"--layers {part!r} must start at layer {expect + 1} (ranges follow on from layer 1)")
         ranges.append((a, b))
         expect = b
     if expect < n_layers:

@@ -59,6 +59,8 @@ from dataclasses import dataclass, field  # noqa: E402
 from typing import Optional, Sequence, TextIO  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
+from planner.deal import LayerRangeError, parse_layers as parse_range, shown_layers as shown  # noqa: E402
+
 log = logging.getLogger("splitroom.join")
 
 REFUSED = 6  # exit status of a host with a question not answered
@@ -119,18 +121,11 @@ def parse_layers(text: Optional[str], n_layers: int) -> Optional[tuple[int, int]
     if text is None or text.strip().lower() == "auto":
         return None
     try:
-        a_s, b_s = text.strip().split("-")
-        a, b = int(a_s), int(b_s)
-    except ValueError:
-        raise JoinError(f"--layers {text!r}: write A-B, 1-based and inclusive (e.g. 1-15), or auto") from None
-    if not (1 <= a <= b <= n_layers):
-        raise JoinError(f"--layers {text!r}: need 1 <= A <= B <= {n_layers} (1-based, inclusive)")
-    return a - 1, b
-
-
-def shown(start: int, end: int) -> str:
-    """0-based half-open -> people's 1-based inclusive ``A-B``."""
-    return f"{start + 1}-{end}" if end > start else "none"
+        return parse_range(text, n_layers)
+    except LayerRangeError as e:
+        if e.malformed:
+            raise JoinError(f"--layers {text!r}: write A-B, 1-based and inclusive (e.g. 1-15), or auto") from None
+        raise JoinError(f"--layers {text!r}: need 1 <= A <= B <= {n_layers} (1-based, inclusive)") from None
 
 
 def parse_lends(text: Optional[str]) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from planner.deal import shown_layers
 from planner.trace import to_record
 
 
@@ -42,10 +43,6 @@ def read_trace(path: str | Path) -> list:
     return out
 
 
-def _layers(start: int, end: int) -> str:
-    return f"layer {end}" if end - start == 1 else f"layers {start + 1}-{end}"
-
-
 def recovery_lines(metrics: dict, label: str = "") -> list[str]:
     """One line per recovery in ``metrics["recovery"]`` (planner.metrics): when the
     device was lost, noticed, the weights each device got from a peer (layers, bytes,
@@ -58,7 +55,7 @@ def recovery_lines(metrics: dict, label: str = "") -> list[str]:
         copies = [c for c in rec.get("copies") or () if c["source"] != "disk"]
         if copies:
             copy = ", weights " + "; ".join(
-                f"{c['device']} got {_layers(c['start'], c['end'])} ({c['nbytes'] / 1e6:.1f} MB) from "
+                f"{c['device']} got {shown_layers(c['start'], c['end'], words=True)} ({c['nbytes'] / 1e6:.1f} MB) from "
                 f"{c['source']} in {c['seconds']:.2f} s ({c['nbytes'] / 1e6 / max(c['seconds'], 1e-9):.1f} MB/s)"
                 for c in copies)
         elif rec.get("copy_s") is not None:

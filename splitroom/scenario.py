@@ -18,7 +18,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
                       field_validator, model_validator)
 
 from planner import model as catalog_mod
-from planner.deal import DEFAULT_HEADROOM
+from planner.deal import DEFAULT_HEADROOM, LayerRangeError, parse_layers
 from planner.model import Architecture, ModelSpec, spec_from_architecture
 from planner.room import Price as PriceSpec
 from planner.room import (HEARTBEAT_TIMEOUT_S, DealOptions, Decoding, Device, Episodes, Fault, Jitter, LinkSpec,
@@ -487,7 +487,6 @@ class _KeyProblem(Exception):
         self.msg = msg
 
 
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
 
 
 #: ``draft_tokens: auto`` without ``max_draft_tokens``: the longest draft the calibration
@@ -574,15 +573,13 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
         for i, st in enumerate(s.stages):
             if st.device not in ids:
                 raise _KeyProblem(f"stages[{i}].device", f"{units.show(st.device)} is not a device")
-            m = _RANGE.match(st.layers)
-            if not m:
-                raise _KeyProblem(f"stages[{i}].layers", f"expected a range like '1-13', got {units.show(st.layers)}")
-            a = int(m.group(1))
-            b = int(m.group(2) or a)
-            if a < 1 or b < a or b > model.layers:
+            try:
+                start, end = parse_layers(st.layers, model.layers)
+            except LayerRangeError as e:
                 raise _KeyProblem(f"stages[{i}].layers",
-                                  f"range {units.show(st.layers)} is outside 1-{model.layers} or reversed")
-            pins.append(PinnedStage(st.device, a - 1, b))
+                                  f"expected a range like '1-13', got {units.show(st.layers)}" if e.malformed else
+                                  f"range {units.show(st.layers)} is outside 1-{model.layers} or reversed") from None
+            pins.append(PinnedStage(st.device, start, end))
         pins = tuple(pins)
     options = DealOptions(context_tokens=s.context, kv_cache=s.kv_cache, split=s.split,
                           phone_layers=s.phone_layers, host=s.host, stages=pins, headroom=s.headroom)

@@ -29,7 +29,7 @@ def want():
 
 def test_generate_with_a_seed_gives_the_seeds_answer_split_or_not(want):
     tok = ChatTokenizer.from_dir(ensure_safetensors())
-    for layers in (None, "0-13"):
+    for layers in (None, "1-13"):
         out, err = io.StringIO(), io.StringIO()
         assert run_generate(PROMPT, layers=layers, max_new_tokens=MAX_NEW, temperature=0.8, seed=3, out=out,
                             err=err) == 0
