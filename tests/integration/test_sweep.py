@@ -94,7 +94,7 @@ def test_sweep_deals_split_optimal_against_each_varied_rtt_as_plan_does():
         scn = load("scenarios/wan_glm.yaml", list(base) + [f"network.rtt={rtt}"])
         d = deal_scenario(scn, "wan_glm.yaml")
         planned[rtt] = (d.host, [{"device": s.device, "start": s.start, "end": s.end} for s in d.stages])
-        row = predict_one(("scenarios/wan_glm.yaml", base, (("network.rtt", rtt),), None))
+        row = predict_one(("scenarios/wan_glm.yaml", base, (("network.rtt", rtt),), None, False))
         assert row["error"] is None
         assert (row["host"], row["stages"]) == planned[rtt], rtt
     assert planned["1ms"] != planned["200ms"]
