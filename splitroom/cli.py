@@ -833,6 +833,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                                              "server's relay candidates (networks that need it)."),
          ice_from_relay: bool = typer.Option(False, "--ice-from-relay", help="Ask the relay for its STUN/TURN "
                                              "servers and time-limited TURN credentials (relay --turn-url)."),
+         heartbeat_timeout: float = typer.Option(1.0, "--heartbeat-timeout", help="Seconds a silent peer has "
+                                                 "before it is lost (longer for links with pauses, e.g. TURN)."),
          timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
          answers_json: Optional[str] = typer.Option(None, "--answers-json", help="Write the answers here (host)."),
          serve: Optional[int] = typer.Option(None, "--serve", help="Host: serve the OpenAI-compatible API and the "
@@ -858,12 +860,14 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
         fail(f"--serve {serve}: expected a TCP port 0-65535")
     if not 0 <= host_wait <= 86400:  # NaN fails too
         fail(f"--host-wait {host_wait}: expected seconds from 0 to 86400")
+    if not 0.1 <= heartbeat_timeout <= 600:  # NaN fails too
+        fail(f"--heartbeat-timeout {heartbeat_timeout}: expected seconds from 0.1 to 600")
     from splitroom.join_cmd import JoinError, JoinOptions, run_join
     opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
                        ice_servers=list(ice_server or []), ice_relay_only=ice_relay_only,
-                       ice_from_relay=ice_from_relay, timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
+                       ice_from_relay=ice_from_relay, heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
                        host_wait_s=host_wait, queue_file=queue,
                        scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, model=model)

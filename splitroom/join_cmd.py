@@ -431,6 +431,8 @@ class JoinOptions:
     ice_relay_only: bool = False
     #: ask the relay for its STUN/TURN servers (``splitroom relay --turn-url``)
     ice_from_relay: bool = False
+    #: a peer silent this long is lost, seconds (the room's heartbeat rule)
+    heartbeat_timeout_s: float = 1.0
     timeout_s: float = 600.0
     split: str = "memory"
     answers_json: Optional[str] = None
@@ -778,6 +780,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                              model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
                              max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device],
                              host_wait_s=opts.host_wait_s, weights_from_peer=True, room_key=key,
+                             heartbeat_timeout_s=opts.heartbeat_timeout_s,
                              drafter=spec.drafter if spec is not None else "ngram")
             if is_host:
                 smp = plan.scheduler.sampling

@@ -9,6 +9,8 @@ Topology (``{prefix}-{run}-NAME`` namespaces; ``run`` is 6 random hex digits)::
                         default route of pub and the routers, forwarding nothing
     natK  198.19.0.1K   home K's router: WAN 198.19.0.1K, LAN 10.0.K.1, iptables NAT
     homeK 10.0.K.2      a device of home K, default route via 10.0.K.1
+    guestK 10.0.K.3     (homes named in ``lan_guests``) another machine on home K's LAN:
+                        the router's LAN side is a bridge, so guestK reaches homeK directly
 
 ``198.19.0.0/24`` lies in the range RFC 2544 sets aside for benchmarking (routed
 nowhere), ``10.0.K.0/24`` in RFC 1918's private space; both exist only on this run's
@@ -84,6 +86,7 @@ class NatBed:
         turn_secret: coturn's ``static-auth-secret`` (time-limited credentials,
             runtime.transport.ice.turn_rest_credentials); a fresh random one by default.
         prefix: first part of every namespace name (netem's prefix rules).
+        lan_guests: the homes (1-based) that get a second machine, ``guestK``, on their LAN.
         relay_args: extra arguments for ``splitroom relay``, which is always started
             with the bed's STUN server and TURN secret (``--stun-url``, ``--turn-url``,
             ``--turn-secret-file``): it issues credentials to a device that asks.
@@ -94,11 +97,14 @@ class NatBed:
     """
 
     def __init__(self, homes: Sequence[str], turn_secret: str | None = None, prefix: str = "srnat",
-                 relay_args: Sequence[str] = ()):
+                 relay_args: Sequence[str] = (), lan_guests: Sequence[int] = ()):
         homes = list(homes)
         if not 1 <= len(homes) <= 9 or any(k not in KINDS for k in homes):
             raise ValueError(f"homes: 1 to 9 of {KINDS}, got {homes}")
         self.homes = homes
+        self.lan_guests = [int(k) for k in lan_guests]
+        if any(not 1 <= k <= len(homes) for k in self.lan_guests):
+            raise ValueError(f"lan_guests name homes 1 to {len(homes)}, got {self.lan_guests}")
         self.turn_secret = turn_secret or secrets.token_hex(16)
         self.run_id = secrets.token_hex(3)
         self.prefix = prefix
@@ -113,7 +119,7 @@ class NatBed:
     # -- names
 
     def ns(self, name: str) -> str:
-        """The namespace name of ``pub``, ``inet``, ``natK`` or ``homeK``."""
+        """The namespace name of ``pub``, ``inet``, ``natK``, ``homeK`` or ``guestK``."""
         return f"{self.prefix}-{self.run_id}-{name}"
 
     @staticmethod
@@ -136,7 +142,7 @@ class NatBed:
         ipt = ["ip", "netns", "exec", self.ns(f"nat{k}"), "iptables-legacy", "-w"]
         netem._run(ipt + ["-t", "nat", "-A", "PREROUTING", "-i", "wan0", "-p", "tcp", "--dport", str(port),
                           "-j", "DNAT", "--to-destination", f"{self.home_address(k)}:{port}"])
-        netem._run(ipt + ["-I", "FORWARD", "1", "-i", "wan0", "-o", "lan0", "-p", "tcp", "--dport", str(port),
+        netem._run(ipt + ["-I", "FORWARD", "1", "-i", "wan0", "-o", "brlan", "-p", "tcp", "--dport", str(port),
                           "-d", self.home_address(k), "-j", "ACCEPT"])
 
     # -- running things
@@ -183,7 +189,8 @@ class NatBed:
 
     def _build(self) -> None:
         netem.STATE_DIR.mkdir(parents=True, exist_ok=True)
-        names = ["inet", "pub"] + [f"{w}{k}" for k in range(1, len(self.homes) + 1) for w in ("nat", "home")]
+        names = (["inet", "pub"] + [f"{w}{k}" for k in range(1, len(self.homes) + 1) for w in ("nat", "home")]
+                 + [f"guest{k}" for k in self.lan_guests])
         self._state.write_text(json.dumps({"pid": os.getpid(), "start_time": netem._proc_start_time(os.getpid()),
                                            "namespaces": [self.ns(n) for n in names]}))
         inet = self._ns_add("inet")
@@ -201,17 +208,26 @@ class NatBed:
             netem._run(["ip", "-n", inet, "link", "set", f"nat{k}", "master", "br0"])
             netem._run(["ip", "-n", nat, "addr", "add", f"{self.wan_address(k)}/24", "dev", "wan0"])
             netem._run(["ip", "-n", nat, "route", "add", "default", "via", "198.19.0.1"])
-            self._veth(nat, "lan0", home, "eth0")
-            netem._run(["ip", "-n", nat, "addr", "add", f"10.0.{k}.1/24", "dev", "lan0"])
-            netem._run(["ip", "-n", home, "addr", "add", f"{self.home_address(k)}/24", "dev", "eth0"])
-            netem._run(["ip", "-n", home, "route", "add", "default", "via", f"10.0.{k}.1"])
+            netem._run(["ip", "-n", nat, "link", "add", "brlan", "type", "bridge"])
+            netem._run(["ip", "-n", nat, "link", "set", "brlan", "up"])
+            netem._run(["ip", "-n", nat, "addr", "add", f"10.0.{k}.1/24", "dev", "brlan"])
+            lan = [(home, f"h{k}", self.home_address(k))]
+            if k in self.lan_guests:
+                lan.append((self._ns_add(f"guest{k}"), f"g{k}", f"10.0.{k}.3"))
+            for ns, port, addr in lan:
+                self._veth(nat, port, ns, "eth0")
+                netem._run(["ip", "-n", nat, "link", "set", port, "master", "brlan"])
+                netem._run(["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"])
+                netem._run(["ip", "-n", ns, "route", "add", "default", "via", f"10.0.{k}.1"])
             netem._run(["ip", "netns", "exec", nat, "sysctl", "-qw", "net.ipv4.ip_forward=1"])
             ipt = ["ip", "netns", "exec", nat, "iptables-legacy", "-w"]
             masq = ["-t", "nat", "-A", "POSTROUTING", "-o", "wan0", "-j", "MASQUERADE"]
             netem._run(ipt + masq + (["--random-fully"] if kind == "symmetric" else []))
             netem._run(ipt + ["-P", "FORWARD", "DROP"])
-            netem._run(ipt + ["-A", "FORWARD", "-i", "lan0", "-o", "wan0", "-j", "ACCEPT"])
-            netem._run(ipt + ["-A", "FORWARD", "-i", "wan0", "-o", "lan0", "-m", "conntrack", "--ctstate",
+            netem._run(ipt + ["-A", "FORWARD", "-i", "brlan", "-o", "wan0", "-j", "ACCEPT"])
+            # machines of one LAN talk directly (where br_netfilter sends bridged frames through FORWARD)
+            netem._run(ipt + ["-A", "FORWARD", "-i", "brlan", "-o", "brlan", "-j", "ACCEPT"])
+            netem._run(ipt + ["-A", "FORWARD", "-i", "wan0", "-o", "brlan", "-m", "conntrack", "--ctstate",
                               "ESTABLISHED,RELATED", "-j", "ACCEPT"])
             netem._run(ipt + ["-A", "INPUT", "-i", "wan0", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
                               "-j", "ACCEPT"])
