@@ -6,6 +6,7 @@ in-process :class:`runtime.transport.loopback.LoopbackHub`, the host's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from typing import AsyncIterator
@@ -47,7 +48,8 @@ async def served_room(cut: int = 15, end: int = 30, **server_kw) -> AsyncIterato
     nodes = []
     for dev, a, b in chain:
         cfg = NodeConfig(device=dev, host="host", stages=chain, scheduler=sched, model_dir=md, prompts=[],
-                         max_new_tokens=8, peers=[d for d, _, _ in chain if d != dev], heartbeat_s=0)
+                         max_new_tokens=8, peers=[d for d, _, _ in chain if d != dev], heartbeat_s=0.2,
+                         heartbeat_timeout_s=60.0)
         nodes.append(Node(cfg, _stage(md, a, b, dev == "host"), hub.transport(dev), tok if dev == "host" else None,
                           keep_open=(dev == "host")))
     server = RoomServer(MODEL, {"name": "test", "host": "host"}, **server_kw)
@@ -58,6 +60,14 @@ async def served_room(cut: int = 15, end: int = 30, **server_kw) -> AsyncIterato
         n.start()
     server.attach(nodes[0])
     try:
+        # served once ready, as `splitroom serve` is: the host has heard the worker's node
+        # (its heartbeats say it loaded); a bound on the wait, not on how long it takes
+        for _ in range(600):
+            if server.readiness()[0]:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise RuntimeError(f"the served room did not become ready: {server.readiness()[1]}")
         yield server, url
     finally:
         server.node = None
