@@ -55,7 +55,8 @@ def main() -> None:
     ap.add_argument("--answer-tokens", type=int, default=40)
     ap.add_argument("--out", default=None)
     ap.add_argument("--samples", action="store_true", help="predict from each workload's sample (scenarios/samples/)")
-    ap.add_argument("--settings", help="comma-separated names of SETTINGS to run (default: all)")
+    ap.add_argument("--settings", help="comma-separated names of SETTINGS to run, each for both workloads, or "
+                    "WORKLOAD:NAME for one (default: all; plain always runs)")
     a = ap.parse_args()
     import os
     wanted = a.settings.split(",") if a.settings else list(SETTINGS)
@@ -63,7 +64,7 @@ def main() -> None:
     for wl, prompt in WORKLOADS.items():
         base = None
         for name, spec in SETTINGS.items():
-            if name not in wanted and name != "plain":
+            if name != "plain" and name not in wanted and f"{wl}:{name}" not in wanted:
                 continue
             runs, loads = [], []
             for _ in range(a.repeats):
