@@ -18,7 +18,10 @@ committed per second of lap time:
   drafter's call, every stage's pass over ``k + 1`` positions, every hop with its
   frame, the head on ``k + 1`` rows (:func:`lap_costs` builds it from a scenario).
 * ``c_i`` starts at a prior (the calibration profile's walk on the workload's
-  sample, or the scenario's per-token acceptance) worth ``prior_weight`` laps, and is
+  sample, or the scenario's per-token acceptance) worth ``prior_weight`` laps; with
+  ``by_k`` there is one prior per draft length (the walk measured at that k: a walk
+  that drafts 8 a lap passes through a copied span in fewer, longer laps than one that
+  drafts 1, so its first position is right less often), else one for all. It is
   updated by the laps of the question so far: a Beta-Bernoulli posterior mean per
   position, ``(prior_weight * prior_i + right_i) / (prior_weight + tried_i)``. A lap
   that accepted ``a`` of ``k`` tried positions ``1..min(a + 1, k)`` and found ``1..a``
@@ -113,6 +116,8 @@ class DraftPolicy:
         prior_weight: laps the prior counts as (> 0).
         probe_every: plain laps in a row before a probe lap (>= 1).
         probe_tokens: drafts of a probe lap (1..max_draft_tokens).
+        by_k: optional priors per draft length: ``by_k[k - 1]`` holds the ``k`` rates
+            of a lap that drafts ``k`` (``()``: ``prior[:k]`` for every k).
 
     Raises ValueError for settings outside these ranges.
     """
@@ -122,10 +127,17 @@ class DraftPolicy:
     prior_weight: float = 4.0
     probe_every: int = 8
     probe_tokens: int = 1
+    by_k: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lap_s", tuple(float(x) for x in self.lap_s))
         object.__setattr__(self, "prior", tuple(float(x) for x in self.prior))
+        object.__setattr__(self, "by_k", tuple(tuple(float(c) for c in row) for row in self.by_k))
+        if self.by_k and (len(self.by_k) != len(self.lap_s) - 1
+                          or any(len(row) != k + 1 for k, row in enumerate(self.by_k))):
+            raise ValueError("by_k needs one row per draft length k = 1..max_draft_tokens, of k rates each")
+        if any(not (0.0 <= c <= 1.0) for row in self.by_k for c in row):
+            raise ValueError("by_k rates must lie in [0, 1]")
         if len(self.lap_s) < 2:
             raise ValueError("lap_s needs the costs of k = 0 and at least k = 1")
         if any(not (math.isfinite(s) and s > 0) for s in self.lap_s):
@@ -152,14 +164,16 @@ class DraftPolicy:
     def to_json(self) -> dict:
         """As a JSON-ready mapping (:meth:`from_json` reads it back)."""
         return {"lap_s": list(self.lap_s), "prior": list(self.prior), "prior_weight": self.prior_weight,
-                "probe_every": self.probe_every, "probe_tokens": self.probe_tokens}
+                "probe_every": self.probe_every, "probe_tokens": self.probe_tokens,
+                "by_k": [list(row) for row in self.by_k]}
 
     @classmethod
     def from_json(cls, m: Mapping[str, Any]) -> "DraftPolicy":
         """Read :meth:`to_json`'s mapping. Raises ValueError (or KeyError/TypeError for
         a mapping that lacks ``lap_s`` or ``prior``)."""
         return cls(tuple(m["lap_s"]), tuple(m["prior"]), float(m.get("prior_weight", 4.0)),
-                   int(m.get("probe_every", 8)), int(m.get("probe_tokens", 1)))
+                   int(m.get("probe_every", 8)), int(m.get("probe_tokens", 1)),
+                   tuple(tuple(row) for row in m.get("by_k", ())))
 
 
 @dataclass
@@ -176,11 +190,18 @@ class DraftState:
         self.tried = [0] * n
         self.right = [0] * n
 
-    def rates(self) -> tuple[float, ...]:
-        """The posterior mean acceptance of each position (module doc)."""
+    def rates(self, k: int | None = None) -> tuple[float, ...]:
+        """The posterior mean acceptance of each position (module doc) of a lap that
+        drafts ``k`` (its prior ``by_k[k - 1]`` when the policy has one; None: every
+        position, from ``prior``)."""
         p = self.policy
         w = p.prior_weight
-        return tuple((w * c + r) / (w + t) for c, r, t in zip(p.prior, self.right, self.tried))
+        prior = p.by_k[k - 1] if (k and p.by_k) else p.prior[:k]
+        return tuple((w * c + r) / (w + t) for c, r, t in zip(prior, self.right, self.tried))
+
+    def expected_rate(self, k: int) -> float:
+        """Expected committed tokens per second of a lap that drafts ``k``."""
+        return (1.0 + (expected_accepted(self.rates(k), k) if k else 0.0)) / self.policy.lap_s[k]
 
     def choose(self, limit: int | None = None) -> int:
         """Drafts for the next lap: the best expected rate, or a probe after
@@ -188,7 +209,14 @@ class DraftState:
         in the context, None: no limit) nor ``max_draft_tokens``, never negative."""
         p = self.policy
         cap = p.max_draft_tokens if limit is None else max(0, min(limit, p.max_draft_tokens))
-        k = best_k(self.rates(), p.lap_s[:cap + 1])
+        if p.by_k:
+            k, best = 0, self.expected_rate(0)
+            for j in range(1, cap + 1):
+                r = self.expected_rate(j)
+                if r > best * (1 + 1e-12):
+                    k, best = j, r
+        else:
+            k = best_k(self.rates(), p.lap_s[:cap + 1])
         if k == 0 and cap > 0 and self.plain_run >= p.probe_every:
             k = min(p.probe_tokens, cap)
         return k

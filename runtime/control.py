@@ -88,10 +88,11 @@ class DraftPolicySettings(_Model):
     prior_weight: float = Field(4.0, gt=0, allow_inf_nan=False)
     probe_every: int = Field(8, ge=1)
     probe_tokens: int = Field(1, ge=1)
+    by_k: tuple[tuple[Annotated[float, Field(ge=0, le=1)], ...], ...] = Field((), max_length=64)
 
     def policy(self) -> DraftPolicy:
         """The planner's DraftPolicy. Raises ValueError as it does."""
-        return DraftPolicy(self.lap_s, self.prior, self.prior_weight, self.probe_every, self.probe_tokens)
+        return DraftPolicy(self.lap_s, self.prior, self.prior_weight, self.probe_every, self.probe_tokens, self.by_k)
 
 
 class SchedulerSettings(_Model):

@@ -21,7 +21,9 @@ scenario's workload (its ``workload.sample``, else its kind) at ``max_draft_toke
 (a position beyond the longest walk measured gets rate 0: the simulator knows nothing
 of it, so the rule never drafts that far);
 else the scenario's ``accepted_lengths`` / ``accepted_sequence``; else its per-token
-``acceptance`` at every position (0.5 when none).
+``acceptance`` at every position (0.5 when none). With a profile's walk the rule also
+gets one prior per draft length (:func:`prior_by_k`): the walk measured at that k, as
+the simulator draws a lap of k drafts from it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from planner.room import Scenario
 from sim.devices import device_model
 from sim.link import resolve_link
 
-__all__ = ["lap_costs", "prior_rates", "draft_policy"]
+__all__ = ["lap_costs", "prior_rates", "prior_by_k", "draft_policy"]
 
 
 def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
@@ -89,6 +91,20 @@ def prior_rates(scn: Scenario, max_k: int) -> tuple[float, ...]:
     return (p,) * max_k
 
 
+def prior_by_k(scn: Scenario, max_k: int) -> tuple[tuple[float, ...], ...]:
+    """One prior per draft length k = 1..max_k: the conditional rates of the profile's
+    walk measured at the smallest k' >= k, capped at k (what the simulator draws a
+    k-draft lap from: sim/acceptance.py); ``()`` without a profile's walk."""
+    spec, prof = scn.decoding.speculative, scn.profile
+    if spec is None or prof is None or spec.drafter not in prof.drafters or spec.accepted_sequence \
+            or spec.accepted_lengths:
+        return ()
+    view = prof.drafters[spec.drafter].for_workload(scn.workload.acceptance_workload)
+    if not view.accepted:
+        return ()
+    return tuple(conditional_rates(view.accepted_lengths(k), k) for k in range(1, max_k + 1))
+
+
 def draft_policy(scn: Scenario, deal: Deal) -> DraftPolicy | None:
     """The rule's settings for ``scn`` dealt as ``deal``; None unless the scenario
     asks for ``draft_tokens: auto``."""
@@ -96,4 +112,4 @@ def draft_policy(scn: Scenario, deal: Deal) -> DraftPolicy | None:
     if spec is None or not spec.adaptive:
         return None
     k = spec.draft_tokens
-    return DraftPolicy(lap_costs(scn, deal, k), prior_rates(scn, k))
+    return DraftPolicy(lap_costs(scn, deal, k), prior_rates(scn, k), by_k=prior_by_k(scn, k))

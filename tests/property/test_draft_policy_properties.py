@@ -27,7 +27,10 @@ def adaptive_rooms(draw):
     kmax = draw(st.integers(1, 6))
     lap_s = tuple(draw(st.lists(st.floats(0.01, 1.0), min_size=kmax + 1, max_size=kmax + 1)))
     prior = tuple(draw(st.lists(st.floats(0.0, 1.0), min_size=kmax, max_size=kmax)))
-    policy = DraftPolicy(lap_s, prior, prior_weight=draw(st.floats(0.5, 8.0)), probe_every=draw(st.integers(1, 5)))
+    by_k = tuple(tuple(draw(st.lists(st.floats(0.0, 1.0), min_size=k, max_size=k))) for k in range(1, kmax + 1)) \
+        if draw(st.booleans()) else ()
+    policy = DraftPolicy(lap_s, prior, prior_weight=draw(st.floats(0.5, 8.0)), probe_every=draw(st.integers(1, 5)),
+                         by_k=by_k)
     config = SchedulerConfig(hidden=4, prefill_chunk=draw(st.integers(1, 5)), draft_tokens=kmax,
                              async_laps=draw(st.integers(1, 3)), return_path=draw(st.sampled_from(["direct",
                                                                                                  "via_stages"])),

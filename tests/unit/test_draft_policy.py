@@ -108,3 +108,18 @@ def test_the_choice_is_never_negative_nor_over_long_and_is_the_best(lap, data):
     rate = [(1 + expected_accepted(rates, j)) / lap[j] for j in range(limit + 1)]
     if not (k == pol.probe_tokens and s.plain_run >= pol.probe_every and max(rate) == rate[0]):
         assert rate[k] >= max(rate) * (1 - 1e-9)
+
+
+def test_a_prior_per_draft_length_decides_each_k_by_its_own_walk():
+    # one rate vector would say c1 = 0.2 for every k; the walk at k=1 says 0.6
+    lap = (0.10, 0.12, 0.20)
+    pol = DraftPolicy(lap, prior=(0.2, 0.9), by_k=((0.6,), (0.2, 0.9)))
+    s = pol.start()
+    # k=1: 1.6 / 0.12 = 13.3; k=2: (1 + 0.2 + 0.18) / 0.2 = 6.9; plain 10
+    assert s.expected_rate(1) == pytest.approx(1.6 / 0.12)
+    assert s.expected_rate(2) == pytest.approx(1.38 / 0.2)
+    assert s.choose() == 1
+    assert DraftPolicy(lap, prior=(0.2, 0.9)).start().choose() == 0  # 1.2 / 0.12 = 10 ties plain: the smaller k
+    assert DraftPolicy.from_json(pol.to_json()) == pol
+    with pytest.raises(ValueError):
+        DraftPolicy(lap, prior=(0.2, 0.9), by_k=((0.6,),))

@@ -161,3 +161,13 @@ def test_lap_costs_by_hand_from_a_profile():
     # 0.003 + 0.003 / 15; the drafter's call 10 us
     per, fixed, head = 0.002 + 0.002 / 15, 0.001 + 0.001 / 15, 0.003 + 0.003 / 15
     assert lap[1] == pytest.approx(2 * fixed + 30 * per + head + 0.020 + 1e-5, abs=2e-5)
+
+
+def test_the_rule_gets_one_prior_per_draft_length_from_the_walk_at_that_k():
+    from sim.draft_costs import prior_by_k
+    d = DrafterProfile(Curve((1.0, 4.0), (1e-5, 1e-5)), {1: (1, 1, 0), 4: (0, 0, 1, 4, 3)})
+    scn = _load(["decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 2}"])
+    scn = scn.with_profile(_profile(d))
+    # k=1 from the k=1 walk (2 of 3 right); k=2 from the k=4 walk capped at 2: 0 0 1 2 2
+    one, two = prior_by_k(scn, 2)
+    assert one == pytest.approx((2 / 3,)) and two == pytest.approx((0.6, 2 / 3))
