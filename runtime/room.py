@@ -68,10 +68,10 @@ REDEAL_GRACE_S = 10.0
 #: other (a device that died during a re-deal must not stall the room for good).
 REDEAL_LOAD_TIMEOUT_S = 30.0
 #: trace records a ``keep_open`` node keeps (the latest; older ones are dropped)
-OPEN_TRACE_RECORDS = 200_000
+OPEN_TRACE_RECORDS = 20_000
 #: what a ``keep_open`` node's trace may hold, bytes (estimated by :func:`record_bytes`;
 #: the oldest records are dropped past it)
-OPEN_TRACE_BYTES = 64 * 1024 * 1024
+OPEN_TRACE_BYTES = 16 * 1024 * 1024
 #: a trace record's own cost, bytes: the (time, object) pair and a frozen dataclass of a
 #: few fields (sys.getsizeof of a typical event and its tuple, rounded up)
 RECORD_BYTES = 400

@@ -1,0 +1,148 @@
+"""Model host memory over many questions and clients (issue 25): a served room (the
+host and one worker as real Nodes, the real RoomServer over HTTP; in a child
+process) answers WARMUP questions (its bounded trace and page fill up), then REQUESTS
+requests, each from a client it has not seen before (``Authorization: Bearer`` a fresh
+key): 11 clients at a time keep the queue full (one answered, 10 waiting) and 4 more
+ask in between, getting 429 at once, until ANSWERED were answered. The host's resident
+memory (VmRSS of the child) is read every CHECK answered questions, with what it keeps
+(the scheduler's per-question set, the page's clients, the trace's records and bytes,
+the node's contexts, the server's tickets).
+
+    .venv/bin/python scripts/host_soak.py [--requests 100000] [--answered 10000] [--warmup 3000]
+
+Prints one JSON object. The room's stages compute nothing (tests/servedroom.py
+StandIn: every answer is the end-of-sequence token; the model's own memory is fixed,
+and what the host keeps per question and per client is the same), every client comes
+from 127.0.0.1 (the per-address connection cap is raised), everything else is as
+shipped: the real Nodes, scheduler, transport framing, RoomServer and room page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+HOST = """
+import asyncio, json, sys
+from tests.servedroom import served_room
+async def main():
+    async with served_room(stand_in=True, max_connections_per_address=100000) as (server, url):
+        print(url, flush=True)
+        while True:
+            line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            if not line:
+                break
+            node, host = server.node, server._host()
+            print(json.dumps({"seen_questions": len(getattr(host, "seen_questions", ())),
+                              "page_clients": len(server.page.clients), "trace_records": len(node.trace),
+                              "trace_bytes": node.trace.bytes, "contexts": len(node.context),
+                              "tickets": len(server.tickets), "queue": len(host.queue)}), flush=True)
+asyncio.run(main())
+"""
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+async def soak(url: str, requests: int, answered: int, warmup: int, check, every: int) -> dict:
+    """ASKERS loops ask one question at a time each (they keep the queue full: one
+    answered, 10 waiting); FLOODERS loops ask while the other requests number less than
+    ``(requests - answered) / answered`` per answered one, and mostly get 429. Every
+    request is from a client not seen before. ``warmup`` answered questions come first
+    (the bounded trace and page fill up), then the counted run."""
+    import aiohttp
+    counts = {"requests": 0, "answered": 0, "429": 0, "other": 0}
+    checks: list = []
+    body = {"model": "smollm2-135m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    ratio = (requests - answered) / max(answered, 1)
+    goal = {"answered": warmup, "requests": 0}
+    next_check = [0]
+
+    async def one(s) -> None:
+        i = counts["requests"]
+        counts["requests"] += 1
+        async with s.post(url + "/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer soak-client-{i:07d}"}) as r:
+            await r.read()
+            key = "answered" if r.status == 200 else "429" if r.status == 429 else "other"
+        counts[key] += 1
+        if counts["answered"] >= next_check[0] and goal["requests"]:
+            next_check[0] += every
+            checks.append({"requests": counts["requests"], "answered": counts["answered"], **check()})
+
+    def done() -> bool:
+        return counts["answered"] >= goal["answered"] and counts["requests"] >= goal["requests"]
+
+    async def asker(s) -> None:
+        while not done():
+            await one(s)
+
+    async def flooder(s) -> None:
+        while not done():
+            if counts["requests"] - counts["answered"] < ratio * counts["answered"]:
+                await one(s)
+            else:
+                await asyncio.sleep(0.01)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as s:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(asker(s) for _ in range(ASKERS)))  # the warm-up
+        warm = dict(counts, seconds=round(time.perf_counter() - t0, 1))
+        for k in counts:
+            counts[k] = 0
+        goal.update(answered=answered, requests=requests)
+        next_check[0] = 0
+        t0 = time.perf_counter()
+        await asyncio.gather(*(asker(s) for _ in range(ASKERS)), *(flooder(s) for _ in range(FLOODERS)))
+    checks.append({"requests": counts["requests"], "answered": counts["answered"], **check()})
+    return {"warmup": warm, "counts": counts, "seconds": round(time.perf_counter() - t0, 1), "checks": checks}
+
+
+ASKERS = 11
+FLOODERS = 4
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=100_000)
+    p.add_argument("--answered", type=int, default=10_000)
+    p.add_argument("--warmup", type=int, default=3_000, help="answered questions before the counted run")
+    p.add_argument("--check", type=int, default=1_000, help="read the memory every this many answered questions")
+    a = p.parse_args()
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    child = subprocess.Popen([sys.executable, "-c", HOST], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        url = child.stdout.readline().strip()
+
+        def check() -> dict:
+            child.stdin.write("\n")
+            child.stdin.flush()
+            return {"rss_mb": round(rss_mb(child.pid), 1), **json.loads(child.stdout.readline())}
+        before = check()
+        out = asyncio.run(soak(url, a.requests, a.answered, a.warmup, check, a.check))
+        out["before_mb"] = before["rss_mb"]
+        rss = [c["rss_mb"] for c in out["checks"]]
+        out["growth_mb"] = round(rss[-1] - rss[0], 1)
+        out["spread_mb"] = round(max(rss) - min(rss), 1)
+        print(json.dumps(out, indent=1))
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+if __name__ == "__main__":
+    main()
