@@ -28,6 +28,11 @@ function el(tag, attrs, ...kids) {
 }
 
 function fmt(x, digits) { return x === null || x === undefined ? "-" : Number(x).toFixed(digits); }
+// "LEAD 12.3 tok/s" when the figure is known, else the sentence saying why not (never a bare dash)
+function known(x, lead, otherwise) {
+  if (x === null || x === undefined) return [otherwise];
+  return [lead, el("b", {}, Number(x).toFixed(1)), " tok/s"];
+}
 
 function render(s) {
   state = s;
@@ -66,8 +71,9 @@ function render(s) {
   deal.replaceChildren(...s.deal.stages.map((x) =>
     el("li", {}, `${x.device}${x.device === s.host ? " (model host)" : ""}: layers ${x.layers}`)));
   $("notes").replaceChildren(...s.deal.notes.map((n) => el("li", {}, n)));
-  $("predicted").textContent = fmt(s.predicted_tokens_per_s, 1);
-  $("measured").textContent = fmt(s.measured_tokens_per_s, 1);
+  $("predicted").replaceChildren(...known(s.predicted_tokens_per_s, "predicted for the scenario's devices ",
+    "not predicted (no scenario models these devices)"));
+  $("measured").replaceChildren(...known(s.measured_tokens_per_s, "measured here, last answer ", "no answer measured yet"));
   if (openCard) showCard(openCard);
 }
 
