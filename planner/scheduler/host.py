@@ -585,8 +585,11 @@ class HostScheduler:
         return cmds
 
     def _stop(self, reason: str) -> list:
-        """Refuse the active question and every waiting one; take no more."""
-        self.stopped = reason
+        """Refuse the active question and every waiting one; take no more. A room that
+        has stopped keeps the first reason: a later loss does not hide why it stopped."""
+        if self.stopped is None:
+            self.stopped = reason
+        reason = self.stopped
         cmds: list = []
         if self.active is not None:
             cmds.append(Refuse(self.active.question_id, self.active.device, reason))

@@ -1,9 +1,12 @@
 """`splitroom serve` (home.yaml on loopback: laptop hosts layers 1-4, desktop holds 5-23,
 phone 24-30) loses both workers while it answers: their processes are killed (SIGKILL,
 by pid) with questions in flight and waiting. Every answer the API gives afterwards is
-the single-process greedy answer or a 503 naming the reason, never other text; while
-/health says ready, a question gets the greedy answer (the host re-deals every layer
-onto itself and replays)."""
+the single-process greedy answer or a 503 naming the reason, never other text.
+
+Which of the two the room must end in is known by hand (home.yaml: 14.2 MB a layer,
+a 113 MB embedding): the first loss noticed cannot be re-dealt within what the others
+lend (see the test), so the room must say so before anything loads, and keep saying it
+after the second loss: /health not ready with that reason, every question a 503."""
 
 from __future__ import annotations
 
@@ -53,17 +56,18 @@ def test_a_served_host_that_lost_both_workers_answers_right_or_refuses(greedy):
             else:
                 assert o[3] == 503 and o[4], o
         end = time.monotonic() + 60
-        while time.monotonic() < end and not srv.health()["ready"]:
+        while time.monotonic() < end and set(srv.health()["lost"]) != {"desktop", "phone"}:
             time.sleep(0.25)
         h = srv.health()
-        c = client(srv.url, timeout_s=90.0)
-        for prompt in (NUMBERS,):
-            try:
-                r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
-                                              max_tokens=12)
-                assert r.choices[0].message.content == greedy.tok.decode(greedy(prompt)[:12]), (h, r)
-            except openai.InternalServerError as e:  # refused: only while /health says why
-                assert e.status_code == 503 and not srv.health()["ready"] and srv.health()["reason"]
         assert set(h["lost"]) == {"desktop", "phone"}
+        # whichever worker is noticed first, its re-deal is refused: the phone's 24-30 onto the
+        # desktop make 26 layers (369 MB) in the 320 MB it lends; the desktop's 5-23 onto the
+        # laptop make 23 layers and the embedding (440 MB) in 200 MB. The room says why
+        assert not h["ready"] and "cannot hold the model" in h["reason"], h
+        c = client(srv.url, timeout_s=90.0)
+        with pytest.raises(openai.InternalServerError) as e:
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": NUMBERS}], max_tokens=12)
+        assert e.value.status_code == 503 and "cannot hold the model" in e.value.message, e.value.message
+        assert not srv.health()["ready"]
     finally:
         assert srv.stop() == 0

@@ -169,3 +169,25 @@ def test_the_real_hosts_rule_checks_the_same_when_given_what_each_lends():
         rule(cfg.deal(), frozenset({"c"}))
     assert [(s.device, s.start, s.end) for s in rule(cfg.deal(), frozenset({"b"})).stages] == [("a", 0, 10),
                                                                                                  ("c", 10, 15)]
+
+
+def test_a_second_loss_after_the_room_stopped_keeps_the_reason_it_stopped_for():
+    # a (host) 1-5, b 6-10, c 11-15, 1 GiB a layer; b lends 6 GiB, so losing c stops the
+    # room (b cannot take 11-15). When b is lost afterwards the room stays stopped for
+    # that first reason: "b left; the model must be re-dealt" would hide why it cannot
+    # recover (a served room kept saying so after both its workers were killed).
+    devices = [Device(id="a", kind="computer", lends_bytes=10 * GiB), Device(id="b", kind="computer",
+               lends_bytes=6 * GiB), Device(id="c", kind="computer", lends_bytes=1 * GiB)]
+    rule = redeal_rule(devices, gib_model(), DealOptions())
+    h = Harness(pinned("a", ("a", 0, 5), ("b", 5, 10), ("c", 10, 15)), CFG, redeal=rule)
+    h.ask(0, "a", 4, 5)
+    h.lose("c")
+    first = h.host.stopped
+    assert first.startswith("c left the room and the others cannot take its layers") and "b would hold" in first
+    h.lose("b")
+    h.run()
+    assert h.host.stopped == first
+    assert h.ended()[0] == "refused: " + first
+    h.ask(1, "a", 4, 5)
+    h.run()
+    assert h.ended()[1] == "refused: " + first
