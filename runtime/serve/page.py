@@ -19,8 +19,10 @@ What each device's screen says (product page 001), as the host knows it:
 While serving, each device of the chain shows the tokens it handled (positions of every
 lap that passed it) and the lap time the host measured (its frame out to its return:
 every hop and worker stage of one lap; the host cannot time single hops of the others).
-API clients show as "API client", with no layers, and are not counted as devices: the
-:data:`MAX_CLIENTS_SHOWN` that asked last within :data:`CLIENT_SHOWN_S`; the page keeps
+API clients show as one "API client" chip (browser guests as one "Guest" chip) with how
+many there are, no layers, and are not counted as devices: the
+:data:`MAX_CLIENTS_SHOWN` that asked last within :data:`CLIENT_SHOWN_S` (a client that
+has not asked for that long has left the page); the page keeps
 at most :data:`MAX_CLIENTS_KEPT` (the most recent) and forgets a client once it is no
 longer shown.
 """
@@ -188,8 +190,16 @@ class RoomPage:
                             "lap_ms": lap_s * 1000 if (lap_s is not None and mine) else None})
         now = self.clock()
         recent = itertools.takewhile(lambda cv: now - cv[1]["seen"] <= CLIENT_SHOWN_S, reversed(self.clients.items()))
-        clients = [{"id": c, "questions": v["questions"], "kind": "guest" if c.startswith("guest:") else "api"}
-                   for c, v in sorted(itertools.islice(recent, MAX_CLIENTS_SHOWN))]
+        clients = []  # one chip per kind: identical clients merge
+        for c, v in sorted(itertools.islice(recent, MAX_CLIENTS_SHOWN)):
+            kind = "guest" if c.startswith("guest:") else "api"
+            chip = next((x for x in clients if x["kind"] == kind), None)
+            if chip is None:
+                chip = {"kind": kind, "count": 0, "questions": 0, "ids": []}
+                clients.append(chip)
+            chip["count"] += 1
+            chip["questions"] += v["questions"]
+            chip["ids"].append(c)
         return {"name": info.get("name"), "model": model_name, "model_id": srv.model_id, "guest": srv.guest_info,
                 "ready": ready, "reason": reason or None,
                 "phase": srv.phase, "host": host_id, "devices": devices, "clients": clients,

@@ -103,3 +103,22 @@ def test_an_unpredicted_room_says_so_instead_of_a_dash(browser):
         speed = _wait_text(browser, "predicted", lambda t: "12.3" in t)
         assert "predicted for the scenario's devices 12.3 tok/s" in browser.find_element("css selector", ".speed").text
         assert "measured here, last answer 7.0 tok/s" in browser.find_element("css selector", ".speed").text
+
+
+def test_nineteen_api_clients_are_one_chip_and_leave_the_page_when_gone(browser):
+    from runtime.serve import page as page_mod
+    now = [100.0]
+    srv = RoomServer("m", {**INFO, "devices": [{"id": "a", "lends_bytes": 10**9}, {"id": "b", "lends_bytes": 10**9}],
+                           "shares": [], "notes": []}, clock=lambda: now[0])
+    srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
+    for i in range(19):
+        srv.page.client_seen(f"api:key-{i:016x}")
+    with PageServer(srv) as url:
+        browser.get(url)
+        _wait_text(browser, "chips", lambda t: "API client" in t)
+        chips = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#chips .chip.client'), (c) => c.textContent)")
+        assert chips == ["19 API clientsno layers"], chips
+        now[0] += page_mod.CLIENT_SHOWN_S + 1  # nobody asked since: the next snapshot (2 s) has no chip
+        text = _wait_text(browser, "chips", lambda t: "API client" not in t, timeout_s=8.0)
+        assert "API client" not in text and "a" in text, text

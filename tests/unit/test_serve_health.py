@@ -169,3 +169,22 @@ def test_a_device_whose_lend_is_not_known_is_not_shown_as_0_mb():
     srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
     for card in srv.page.snapshot()["devices"]:
         assert "0 MB" not in card["lends"] and "0 MB" not in card["detail"], card
+
+
+def test_the_room_page_merges_identical_clients_into_one_chip_and_drops_those_gone():
+    from runtime.serve import page as page_mod
+    now = [100.0]
+    srv = RoomServer("m", {**INFO, "devices": [{"id": "a"}, {"id": "b"}]}, clock=lambda: now[0])
+    srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
+    for i in range(19):  # 19 keys, one question each; one of them asks twice; one browser guest
+        srv.page.client_seen(f"api:key-{i:016x}")
+    srv.page.client_seen("api:key-0000000000000003")
+    srv.page.client_seen("guest:g1")
+    clients = srv.page.snapshot()["clients"]
+    assert [(c["kind"], c["count"], c["questions"]) for c in clients] == [("api", 19, 20), ("guest", 1, 1)]
+    now[0] += page_mod.CLIENT_SHOWN_S / 2
+    srv.page.client_seen("api:key-0000000000000003")  # still asking: it stays, the rest leave later
+    now[0] += page_mod.CLIENT_SHOWN_S / 2 + 1
+    assert [(c["kind"], c["ids"]) for c in srv.page.snapshot()["clients"]] == [("api", ["api:key-0000000000000003"])]
+    now[0] += page_mod.CLIENT_SHOWN_S + 1
+    assert srv.page.snapshot()["clients"] == []

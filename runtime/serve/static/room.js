@@ -44,10 +44,10 @@ function render(s) {
       el("span", { class: "dot " + d.status, id: "dot-" + d.id }), icon(d.kind), d.name,
       el("span", { class: "mem" }, d.lends)));
   }
-  for (const c of s.clients) {
-    chips.append(el("span", { class: "chip client", onclick: () => showClient(c) },
+  for (const c of s.clients) {  // one chip per kind of client, with how many there are
+    chips.append(el("span", { class: "chip client", id: "clients-" + c.kind, onclick: () => showClient(c) },
       el("span", { class: "dot idle" }), icon(c.kind === "guest" ? "phone" : "client"),
-      c.kind === "guest" ? "Guest" : "API client", el("span", { class: "mem" }, "no layers")));
+      clientName(c), el("span", { class: "mem" }, "no layers")));
   }
   const screens = $("screens");
   screens.replaceChildren();
@@ -89,13 +89,18 @@ function showCard(id) {
     el("button", { onclick: () => { openCard = null; card.hidden = true; } }, "Close"));
 }
 
+function clientName(c) {
+  const one = c.kind === "guest" ? "Guest" : "API client";
+  return c.count > 1 ? `${c.count} ${one}s` : one;
+}
+
 function showClient(c) {
   openCard = null;
   const card = $("card");
   card.hidden = false;
-  card.replaceChildren(el("h2", {}, c.kind === "guest" ? "Guest (browser, WebRTC)" : "API client"),
-    el("div", {}, c.id),
-    el("div", {}, `no layers · ${c.questions} questions asked · not counted as a device`),
+  card.replaceChildren(el("h2", {}, clientName(c) + (c.kind === "guest" ? " (browser, WebRTC)" : "")),
+    el("div", {}, c.ids.join(", ")),
+    el("div", {}, `no layers · ${c.questions} questions asked · not counted as devices`),
     el("button", { onclick: () => { card.hidden = true; } }, "Close"));
 }
 
