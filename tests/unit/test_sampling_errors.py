@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from planner.sampling import MAX_SEED, MIN_TEMPERATURE, Sampling
@@ -35,3 +36,28 @@ def test_the_edges_of_each_range_are_accepted():
     s = Sampling(temperature=0, top_p=1, top_k=0, seed=0)
     assert (s.temperature, s.top_p, s.top_k, s.seed) == (0.0, 1.0, 0, 0) and s.greedy
     assert Sampling(temperature=MIN_TEMPERATURE, top_p=1e-9, seed=MAX_SEED).temperature == MIN_TEMPERATURE
+
+
+def _nucleus_by_full_sort(p: np.ndarray, top_p: float) -> np.ndarray:
+    """transformers' TopPLogitsWarper rule on probabilities, with every token sorted:
+    ascending order, drop the tokens whose cumulative mass is <= 1 - top_p (the most
+    likely always kept), renormalise."""
+    order = np.argsort(p, kind="stable")
+    drop = np.cumsum(p[order]) <= 1.0 - top_p
+    drop[-1] = False
+    out = np.zeros_like(p)
+    out[order[~drop]] = p[order[~drop]]
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("vocab,alpha,top_p", [(5000, 50.0, 0.9), (49152, 1.0, 0.95), (300, 0.05, 0.5),
+                                               (2100, 5.0, 0.999)])
+def test_the_nucleus_matches_a_full_sort_when_the_top_256_hold_too_little_mass(vocab, alpha, top_p):
+    # a flat distribution: the 256 most likely tokens hold far less than top_p, so the
+    # candidate window must grow (256, 2048, ... all); a window that stopped early
+    # would keep only its 256
+    from planner.sampling import _nucleus
+    p = np.random.default_rng(vocab).dirichlet(np.full(vocab, alpha))
+    got, want = _nucleus(p, top_p), _nucleus_by_full_sort(p, top_p)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    assert (got > 0).sum() == (want > 0).sum()
