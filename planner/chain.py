@@ -127,9 +127,8 @@ def redeal_rule_for(scn: Scenario, devices: Sequence[Device] | None = None) -> R
 
 
 def deal_of(r: Redeal) -> Deal:
-    """The new chain a :class:`Redeal` announces, as a pinned Deal."""
-    return Deal(host=r.host, split="pinned", stages=tuple(Stage(d, a, b) for d, a, b in r.stages), guests=(),
-                fits=True, notes=())
+    """The new chain a :class:`Redeal` announces, as a pinned Deal (:meth:`Deal.pinned`)."""
+    return Deal.pinned(r.host, r.stages)
 
 
 class Chain:

@@ -186,6 +186,15 @@ class Deal:
     predicted: dict | None = None  # split optimal: lap_s, tokens_per_s, speed_tokens_per_s, ...
     kv_caches: int | None = None
 
+    @classmethod
+    def pinned(cls, host: str, rows) -> "Deal":
+        """A chain made by hand (or announced by a re-deal): ``rows`` is
+        ``[(device, start, end), ...]`` 0-based half-open, in chain order (the host's
+        range first when it holds one). Split ``pinned``, no guests, fits, no notes. The
+        one way every layer of the project builds a Deal from rows."""
+        return cls(host=host, split="pinned", stages=tuple(Stage(d, a, b) for d, a, b in rows), guests=(), fits=True,
+                   notes=())
+
     def stage_of(self, device_id: str) -> Stage | None:
         """The stage of ``device_id``, or None for a guest."""
         for s in self.stages:

@@ -27,9 +27,9 @@ order, so it does not change which deal is best).
   matched by a return hop ``b -> a``, and the last stage's hop to the host by the first
   stage's).
 
-Defaults for devices that give neither bandwidth nor compute are the simulator's
-(sim/devices.py, duplicated here because planner/ must not import sim/): 100 GB/s and
-3.6 TFLOPS for a computer (Apple M2), 50 GB/s and 2 TFLOPS for a phone.
+Defaults for devices that give neither bandwidth nor compute are the room's
+(planner.room.DEFAULT_BANDWIDTH_BPS / DEFAULT_COMPUTE_FLOPS, which the simulator uses
+too): 100 GB/s and 3.6 TFLOPS for a computer (Apple M2), 50 GB/s and 2 TFLOPS for a phone.
 
 This is deliberately one small class: a calibration profile (planner/profile.py) or the
 simulator's richer model can replace it by providing the same three methods.
@@ -42,14 +42,11 @@ from typing import Sequence
 
 from planner.frames import HEADER_BYTES
 from planner.model import ModelSpec
-from planner.room import Device, LinkSpec, Network
+from planner.room import (DEFAULT_BANDWIDTH_BPS, DEFAULT_COMPUTE_FLOPS, DEFAULT_SAMPLE_S_PER_TOKEN, Device, LinkSpec,
+                          Network)
 
-#: sim/devices.py DEFAULT_BANDWIDTH_BPS / DEFAULT_COMPUTE_FLOPS (Apple M2: 100 GB/s,
-#: 3.6 TFLOPS; a phone: 51.2 GB/s LPDDR5-6400 x 64 bit, about 2 TFLOPS).
-DEFAULT_BANDWIDTH_BPS = {"computer": 100e9, "phone": 50e9}
-DEFAULT_COMPUTE_FLOPS = {"computer": 3.6e12, "phone": 2.0e12}
-#: sim/devices.py DEFAULT_SAMPLE_S_PER_TOKEN: greedy argmax over one row of logits.
-SAMPLE_S = 1e-4
+#: greedy argmax over one row of logits (planner.room.DEFAULT_SAMPLE_S_PER_TOKEN)
+SAMPLE_S = DEFAULT_SAMPLE_S_PER_TOKEN
 
 
 @dataclass(frozen=True)

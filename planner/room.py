@@ -18,6 +18,19 @@ from planner.sampling import GREEDY, Sampling
 #: drafter names a scenario may ask for: ``draft_layer`` (an MTP head), ``ngram``
 #: (prompt lookup), ``early_exit`` (the host's first layers), ``model`` (a separate model)
 DRAFTERS = ("draft_layer", "ngram", "early_exit", "model")
+#: the drafters the real runtime runs (runtime/drafters.py): every one but ``draft_layer``
+RUNTIME_DRAFTERS = ("ngram", "early_exit", "model")
+
+#: Memory bandwidth (bytes/s) and compute (FLOP/s) of a device that gives neither, by
+#: kind: a computer is an Apple M2 (100 GB/s unified memory, 3.6 TFLOPS for its 10-core
+#: GPU: Apple's published figures); a phone 50 GB/s (LPDDR5-6400 on a 64-bit bus =
+#: 51.2 GB/s, as in Apple's A17 Pro) and about 2 TFLOPS (a current flagship phone GPU,
+#: order of magnitude). The simulator (sim/devices.py), the lap-cost model
+#: (planner/lapcost.py) and the trace fitter all take them from here.
+DEFAULT_BANDWIDTH_BPS = {"computer": 100e9, "phone": 50e9}
+DEFAULT_COMPUTE_FLOPS = {"computer": 3.6e12, "phone": 2.0e12}
+#: Seconds per row of greedy sampling (an argmax over one row of ~150-250 k logits).
+DEFAULT_SAMPLE_S_PER_TOKEN = 1e-4
 
 DeviceKind = Literal["computer", "phone"]
 

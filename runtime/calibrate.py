@@ -49,6 +49,7 @@ from typing import Callable, Sequence  # noqa: E402
 import numpy as np  # noqa: E402
 
 from planner.frames import frame_bytes  # noqa: E402
+from planner.room import RUNTIME_DRAFTERS  # noqa: E402
 from planner.profile import (SAMPLE, Curve, DrafterProfile, PassCurve, TransportProfile, fit_line,  # noqa: E402
                              sample_workload)
 
@@ -227,7 +228,7 @@ def speculative_walk(drafter: Callable[[Sequence[int], int], list[int]], prompt:
 
 
 def measure_drafters(model_dir: str, answers: Sequence[tuple[list[int], list[int]]],
-                     kinds: Sequence[str] = ("ngram", "early_exit", "model"), ks: Sequence[int] = DRAFT_KS,
+                     kinds: Sequence[str] = RUNTIME_DRAFTERS, ks: Sequence[int] = DRAFT_KS,
                      log: Log = lambda s: None) -> dict[str, DrafterProfile]:
     """Each drafter's seconds per call (by k) and accepted lengths (by k) over the
     greedy ``answers`` (see :func:`speculative_walk`)."""

@@ -34,9 +34,10 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from planner.deal import Deal, Stage as DealStage
+from planner.deal import Deal
 from planner.frames import DType
 from planner.protocol import ReturnPath
+from planner.room import RUNTIME_DRAFTERS
 from planner.sampling import MAX_SEED, Sampling
 from planner.draft_policy import DraftPolicy
 from planner.scheduler import SchedulerConfig
@@ -133,9 +134,8 @@ StageRow = tuple[DEVICE_ID, Annotated[int, Field(ge=0)], Annotated[int, Field(ge
 
 def chain_deal(host: str, stages) -> Deal:
     """A pinned :class:`planner.deal.Deal` from ``[(device, start, end), ...]``
-    (0-based half-open, the host's range first when it holds one)."""
-    st = tuple(DealStage(d, a, b) for d, a, b in stages)
-    return Deal(host=host, split="pinned", stages=st, guests=(), fits=True, notes=())
+    (0-based half-open, the host's range first when it holds one): :meth:`Deal.pinned`."""
+    return Deal.pinned(host, stages)
 
 
 class Hello(_Model):
@@ -367,7 +367,7 @@ class NodeConfig(BaseModel):
     max_new_tokens: int = Field(64, ge=1)
     trace_path: str = ""
     peers: list[DEVICE_ID] = Field(default_factory=list)
-    drafter: Literal["ngram", "early_exit", "model"] = "ngram"
+    drafter: Literal[RUNTIME_DRAFTERS] = "ngram"
     early_exit_layers: int = Field(8, ge=1)
     recover: bool = True
     heartbeat_s: float = Field(0.25, ge=0.0)

@@ -133,7 +133,9 @@ from typing import Callable
 from planner.model import ARCHITECTURES, ModelSpec, spec_from_architecture
 from planner.fit import offload_bytes as room_offload_bytes
 from planner.profile import DeviceProfile, DrafterProfile
-from planner.room import Device, Speculative
+from planner.scheduler.config import WAKE_MAX_S
+from planner.room import (DEFAULT_BANDWIDTH_BPS, DEFAULT_COMPUTE_FLOPS, DEFAULT_SAMPLE_S_PER_TOKEN, DRAFTERS, Device,
+                          Speculative)
 from sim.engines import engine as engine_preset
 from sim.link import resolve_link
 
@@ -151,19 +153,13 @@ __all__ = [
     "moe_layout",
 ]
 
-DEFAULT_BANDWIDTH_BPS = {"computer": 100e9, "phone": 50e9}
-DEFAULT_COMPUTE_FLOPS = {"computer": 3.6e12, "phone": 2.0e12}
 #: a clocked-down phone decodes this much slower: 31.5 / 21.0 tok/s, llama.cpp Vulkan
 #: on an Adreno 830 with the GPU clock pinned vs free (public figures quoted in issue 9)
 DECODE_CLOCK_DOWN_FACTOR = 31.5 / 21.0
 #: passes of at most this many positions are decode/verify passes (clock-down applies);
 #: larger ones are prefill chunks (16 by default), whose large submissions keep the clock up
 DECODE_MAX_TOKENS = 9
-WAKE_MAX_S = 0.050  # product page 001: "for at most 50 ms"
-DEFAULT_SAMPLE_S_PER_TOKEN = 1e-4
 NGRAM_S_PER_TOKEN = 1e-5
-#: drafters the simulator has a cost model for (a profile may measure each)
-DRAFTERS = ("draft_layer", "ngram", "early_exit", "model")
 
 
 def moe_layout(model: ModelSpec) -> tuple[int, int, float] | None:

@@ -60,6 +60,7 @@ from typing import Optional, Sequence, TextIO  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
 from planner.deal import LayerRangeError, parse_layers as parse_range, shown_layers as shown  # noqa: E402
+from planner.room import RUNTIME_DRAFTERS  # noqa: E402
 
 log = logging.getLogger("splitroom.join")
 
@@ -234,7 +235,7 @@ def room_decoding(opts: "JoinOptions"):
                                                            draft_tokens=opts.draft_tokens)
     if opts.drafter is not None and spec is not None:
         spec = replace(spec, drafter=opts.drafter)
-    if spec is not None and spec.drafter not in ("ngram", "early_exit", "model"):
+    if spec is not None and spec.drafter not in RUNTIME_DRAFTERS:
         raise JoinError(f"drafter {spec.drafter!r} is not available in real rooms; use ngram, early_exit or model")
     s = dec.sampling
     given = {k: v for k, v in (("temperature", opts.temperature), ("top_p", opts.top_p), ("top_k", opts.top_k),

@@ -36,7 +36,7 @@ import numpy as np
 from planner.deal import Deal
 from planner.metrics import compute as compute_metrics
 from planner.privacy import TAIL_SUFFIX
-from planner.room import Scenario
+from planner.room import DEFAULT_BANDWIDTH_BPS, RUNTIME_DRAFTERS, Scenario
 
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.")
 
@@ -93,7 +93,7 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     """One runtime.room.NodeConfig per device that holds layers or hosts."""
     from runtime.room import NodeConfig
     spec = scn.decoding.speculative
-    if spec is not None and spec.drafter not in ("ngram", "early_exit", "model"):
+    if spec is not None and spec.drafter not in RUNTIME_DRAFTERS:
         raise RealRunError(f"drafter {spec.drafter!r} is not available in real runs; use ngram, early_exit or model")
     from planner.scheduler import SchedulerConfig
     if scn.options.kv_cache not in ("f32", "f16"):
@@ -306,7 +306,7 @@ def _calibrated_device(d, scn: Scenario, cal: dict):
     if c_meas is not None and c_meas[0] > a and c_meas[1] > s:
         c, t_c = c_meas
         n0 = max(c * s / t_c, float(a))
-        bw = d.memory_bandwidth_Bps or (50e9 if d.kind == "phone" else 100e9)
+        bw = d.memory_bandwidth_Bps or DEFAULT_BANDWIDTH_BPS.get(d.kind, DEFAULT_BANDWIDTH_BPS["computer"])
         m = scn.model
         out = dataclasses.replace(out, memory_bandwidth_Bps=bw,
                                   compute_flops=n0 * m.layer_flops_per_token * bw / m.layer_active_bytes)

@@ -21,8 +21,8 @@ from planner import model as catalog_mod
 from planner.deal import DEFAULT_HEADROOM, LayerRangeError, parse_layers
 from planner.model import Architecture, ModelSpec, spec_from_architecture
 from planner.room import Price as PriceSpec
-from planner.room import (HEARTBEAT_TIMEOUT_S, DealOptions, Decoding, Device, Episodes, Fault, Jitter, LinkSpec,
-                          Network, PinnedStage, Scenario, Speculative, Workload)
+from planner.room import (DRAFTERS, HEARTBEAT_TIMEOUT_S, DealOptions, Decoding, Device, Episodes, Fault, Jitter,
+                          LinkSpec, Network, PinnedStage, Scenario, Speculative, Workload)
 from planner.sampling import Sampling
 from sim.engines import ENGINES
 from splitroom import units
@@ -250,7 +250,7 @@ def _draft_tokens(v: Any) -> Any:
 
 class SpeculativeIn(_Strict):
     # planner.room.DRAFTERS: a drafter the simulator has no cost model for is an error
-    drafter: Literal["draft_layer", "ngram", "early_exit", "model"] = "draft_layer"
+    drafter: Literal[DRAFTERS] = "draft_layer"
     draft_tokens: Annotated[int | Literal["auto"], BeforeValidator(_draft_tokens)] = 4
     max_draft_tokens: int | None = Field(default=None, ge=1, le=64)
     acceptance: float | None = Field(default=0.75, ge=0.0, le=1.0)

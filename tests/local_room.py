@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from planner.deal import Deal, Stage as DealStage
+from planner.deal import Deal
 from planner.model import lookup
 from planner.room import Decoding, Scenario, Speculative
 from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DropFrame, EmitToken, FrameArrived, LapFailed,
@@ -198,9 +198,8 @@ class LocalRoom:
 
 
 def chain_deal(host: str, ranges: Sequence[tuple[str, int, int]]) -> Deal:
-    """A pinned deal from ``[(device, start, end), ...]`` (host's range first)."""
-    stages = tuple(DealStage(d, a, b) for d, a, b in ranges)
-    return Deal(host=host, split="pinned", stages=stages, guests=(), fits=True, notes=())
+    """A pinned deal from ``[(device, start, end), ...]`` (host's range first): :meth:`Deal.pinned`."""
+    return Deal.pinned(host, ranges)
 
 
 def scheduler_config(hidden: int, draft_tokens: int = 0, async_laps: int = 1, prefill_chunk: int = 16,
