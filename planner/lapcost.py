@@ -18,9 +18,10 @@ order, so it does not change which deal is best).
   over bandwidth, scaled by the device's measured/roofline ratio when it is measured,
   plus :data:`SAMPLE_S` for the argmax.
 * ``hop_s(a, b)``: half the link's round trip + its hop overhead + one token's frame
-  (header + ``residual_bytes_per_token``) over the link's bandwidth. Per-link values
-  come from ``Network.links`` (symmetric ``between`` or directed ``from``/``to``), else
-  the room's defaults. Jitter, stall episodes and congestion windows are the
+  (header + ``residual_bytes_per_token``) over the link's bandwidth. The link is the
+  pair's :func:`planner.links.resolve_link`, the simulator's own resolution (room
+  defaults, then room-wide, undirected and directed overrides field by field, the more
+  specific and then the later winning). Jitter, stall episodes and congestion windows are the
   simulator's business (sim/), not this model's.
 * ``return_path``: ``direct`` (the last stage sends the result to the host) or
   ``via_stages`` (it travels back through every stage: each forward hop ``a -> b`` is
@@ -42,8 +43,8 @@ from typing import Sequence
 
 from planner.frames import HEADER_BYTES
 from planner.model import ModelSpec
-from planner.room import (DEFAULT_BANDWIDTH_BPS, DEFAULT_COMPUTE_FLOPS, DEFAULT_SAMPLE_S_PER_TOKEN, Device, LinkSpec,
-                          Network)
+from planner.links import resolve_link
+from planner.room import DEFAULT_BANDWIDTH_BPS, DEFAULT_COMPUTE_FLOPS, DEFAULT_SAMPLE_S_PER_TOKEN, Device, Network
 
 #: greedy argmax over one row of logits (planner.room.DEFAULT_SAMPLE_S_PER_TOKEN)
 SAMPLE_S = DEFAULT_SAMPLE_S_PER_TOKEN
@@ -68,7 +69,7 @@ class LapCost:
     def __post_init__(self) -> None:
         by_id = {d.id: d for d in self.devices}
         object.__setattr__(self, "_by_id", by_id)
-        object.__setattr__(self, "_links", _link_table(self.network.links))
+        object.__setattr__(self, "_links", {})
 
     def roofline_layer_s(self, device_id: str) -> float:
         """Roofline seconds of one layer for one decoded token on ``device_id``."""
@@ -103,13 +104,11 @@ class LapCost:
 
     def hop_s(self, a: str, b: str) -> float:
         """Seconds of one hand-off of one token's residual from ``a`` to ``b``."""
-        n = self.network
         link = self._links.get((a, b))
-        rtt = link.rtt_s if link and link.rtt_s is not None else n.rtt_s
-        over = link.hop_overhead_s if link and link.hop_overhead_s is not None else n.hop_overhead_s
-        bw = link.bandwidth_Bps if link and link.bandwidth_Bps is not None else n.bandwidth_Bps
+        if link is None:  # resolved as the simulator resolves it (planner.links), once per pair
+            link = self._links[(a, b)] = resolve_link(self.network, a, b)
         frame = HEADER_BYTES + self.model.residual_bytes_per_token
-        return rtt / 2 + over + frame / bw
+        return link.rtt_s / 2 + link.hop_overhead_s + frame / link.bandwidth_Bps
 
     def lap_s(self, host: str, stages: Sequence[tuple[str, int, int]]) -> float:
         """Seconds of one lap: host's head, every stage, every hop round the ring.
@@ -153,19 +152,3 @@ class LapCost:
             ring = path + [host]
             hops = list(zip(ring, ring[1:]))
         return sum(self.hop_s(a, b) for a, b in hops if a != b)
-
-
-def _link_table(links: Sequence[LinkSpec]) -> dict[tuple[str, str], LinkSpec]:
-    """(from, to) -> link; a ``between`` link counts both ways, a directed one wins."""
-    out: dict[tuple[str, str], LinkSpec] = {}
-    for link in links:
-        if len(link.between) != 2:
-            continue
-        a, b = link.between
-        if not link.directed:
-            out.setdefault((a, b), link)
-            out.setdefault((b, a), link)
-    for link in links:
-        if len(link.between) == 2 and link.directed:
-            out[tuple(link.between)] = link
-    return out
