@@ -24,7 +24,7 @@ reaches it. The driver loads the new ranges, empties the KV caches and reports
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Collection, Sequence
 
 from planner.deal import Deal, DealError, Stage, deal as make_deal, format_bytes, usable_bytes
@@ -94,6 +94,52 @@ def check_lent(new: Deal, usable: dict[str, int], layer_bytes: Sequence[int], ho
     if over:
         raise DealError("the devices left cannot hold the model: " + "; ".join(over))
     return new
+
+
+def gained_ranges(old: tuple[int, int] | None, new: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """The layers of ``new`` a device did not hold in ``old`` (0-based half-open ranges;
+    ``old`` None: it held none): no range, one, or two when it gained on both sides,
+    lowest first."""
+    a, b = new
+    if b <= a:
+        return ()
+    if old is None or old[1] <= old[0]:
+        return ((a, b),)
+    lo, hi = max(a, old[0]), min(b, old[1])
+    if hi <= lo:
+        return ((a, b),)
+    return tuple(r for r in ((a, lo), (hi, b)) if r[1] > r[0])
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """How one device of a re-dealt chain gets the layers it did not hold (0-based
+    half-open ranges). ``wire``: the range copied from the model host over the weights
+    channel (None: nothing; the model host itself never copies over the wire);
+    ``disk``: the ranges it reads from its own model directory. The layers it kept stay
+    in its stage."""
+
+    device: str
+    wire: tuple[int, int] | None
+    disk: tuple[tuple[int, int], ...]
+
+
+def copy_plan(before: Sequence[tuple[str, int, int]], after: Sequence[tuple[str, int, int]],
+              host: str) -> dict[str, CopyPlan]:
+    """The re-deal's copy, per device of ``after`` that gains layers: what it copies from
+    ``host`` and what it reads from its own disk (:class:`CopyPlan`). Rows are
+    ``(device, start, end)``. A worker copies its lowest gained range from the host (the
+    only range a Replan can name) and reads a second one, gained above what it kept,
+    from its own disk; the host reads what it gains from its disk. The simulator
+    (sim/driver.py) and the real room (runtime/room.py) both follow this plan."""
+    old = {d: (a, b) for d, a, b in before}
+    out: dict[str, CopyPlan] = {}
+    for d, a, b in after:
+        gained = gained_ranges(old.get(d), (a, b))
+        if not gained:
+            continue
+        out[d] = CopyPlan(d, None, gained) if d == host else CopyPlan(d, gained[0], gained[1:])
+    return out
 
 
 def redeal_rule(devices: Sequence[Device], model: ModelSpec, options: DealOptions | None = None,

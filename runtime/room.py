@@ -42,7 +42,7 @@ from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draf
                               FrameArrived, LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage,
                               SendFrame, Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
-from planner.chain import Chain
+from planner.chain import Chain, CopyPlan, copy_plan
 from planner.deal import Stage as DealStage, shown_layers
 from planner.drive import Driver
 from planner.liveness import Liveness
@@ -447,6 +447,7 @@ class Node:
         OSError/WeightsError when the model directory cannot give the range."""
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
+        planned = self._planned(a, b)  # from the range held before this load
         src = None
         ga, gb = copy_range
         if manifest_sha is not None:
@@ -473,16 +474,23 @@ class Node:
             if src is not None:  # the stage holds the tensors in memory now
                 import shutil
                 shutil.rmtree(src, ignore_errors=True)
-        if src is not None:
-            from runtime.config import ModelConfig
-            nbytes = _layer_bytes(ModelConfig.load(self.cfg.model_dir), ga, gb)
-            source, (ra, rb) = self.cfg.host, (ga, gb)
-        else:
-            from runtime.config import ModelConfig
-            nbytes = _layer_bytes(ModelConfig.load(self.cfg.model_dir), a, b)
-            source, (ra, rb) = "disk", (a, b)
-        self.trace.append((self.clock(), WeightsCopied(self.cfg.device, first_lap, source, ra, rb, nbytes,
-                                                       time.perf_counter() - t0)))
+        from .weights_share import range_nbytes
+        seconds = time.perf_counter() - t0
+        if src is not None:  # the copied range, then what the plan reads from this device's disk
+            got = [(self.cfg.host, ga, gb)] + [("disk", da, db) for da, db in planned.disk]
+        else:  # its whole new range rebuilt from this device's disk
+            got = [("disk", a, b)]
+        md = self.cfg.model_dir
+        for source, ra, rb in got:  # bytes as stored, the sizes the manifest gives them
+            self.trace.append((self.clock(), WeightsCopied(self.cfg.device, first_lap, source, ra, rb,
+                                                           range_nbytes(md, ra, rb), seconds)))
+
+    def _planned(self, a: int, b: int) -> CopyPlan:
+        """This device's part of the re-deal's copy plan (planner.chain.copy_plan) for its
+        new range ``[a, b)``, from the range its stage holds now."""
+        held = [(self.cfg.device, self.stage.start, self.stage.end)] if self.stage is not None else []
+        me = self.cfg.device
+        return copy_plan(held, [(me, a, b)], self.cfg.host).get(me, CopyPlan(me, None, ()))
 
     def _build_stage(self, a: int, b: int, copied: str | None, ga: int, gb: int) -> Stage:
         """This device's stage for ``[a, b)``: layers ``[ga, gb)`` from the directory
@@ -517,16 +525,15 @@ class Node:
         self.deal = self.chain.deal
         others = [d for d, _, _ in r.stages if d != self.cfg.device]
         self.awaiting = {r.first_lap: set(others) | {self.cfg.device}}  # an earlier re-deal is superseded
-        old = {s.device: (s.start, s.end) for s in self._deal_before}
+        plan = copy_plan([(s.device, s.start, s.end) for s in self._deal_before], r.stages, self.cfg.host)
         self._deal_before = tuple(DealStage(d, a, b) for d, a, b in r.stages)
         manifests, copies = {}, {}
-        if self.cfg.weights_from_peer:  # the workers that gained layers copy them from here
+        if self.cfg.weights_from_peer:  # the workers that gained layers copy them from here, as planned
             loop = asyncio.get_running_loop()
-            for d, a, b in r.stages:
-                gained = None if d == self.cfg.device else gained_layers(old.get(d), (a, b))
-                if gained is not None:
-                    copies[d] = gained
-                    manifests[d] = await loop.run_in_executor(None, self._manifest_sha, *gained)
+            for d, p in plan.items():
+                if p.wire is not None:
+                    copies[d] = p.wire
+                    manifests[d] = await loop.run_in_executor(None, self._manifest_sha, *p.wire)
         sigs = {}
         if self.cfg.room_key:
             from .control import manifest_signature
@@ -710,37 +717,6 @@ class Node:
     def trace_records(self) -> list[dict]:
         """This node's trace as JSON records."""
         return [to_record(t, o) for t, o in self.trace]
-
-
-def gained_layers(old: tuple[int, int] | None, new: tuple[int, int]) -> tuple[int, int] | None:
-    """The layers of ``new`` a device did not hold in ``old`` (0-based half-open ranges;
-    ``old`` None: it held none), as one range ``[start, end)`` (the hull when it gained
-    on both sides); None when it gained nothing."""
-    a, b = new
-    if b <= a:
-        return None
-    if old is None or old[1] <= old[0]:
-        return a, b
-    lo, hi = max(a, old[0]), min(b, old[1])
-    if hi <= lo:
-        return a, b
-    below, above = a < lo, hi < b
-    if below and above:
-        return a, b
-    if below:
-        return a, lo
-    if above:
-        return hi, b
-    return None
-
-
-def _layer_bytes(cfg, start: int, end: int) -> int:
-    """Float32 bytes of layers ``[start, end)`` of the model ``cfg`` (a ModelConfig):
-    per layer the q and o projections (hidden x hidden), k and v (hidden x KV width),
-    gate, up and down (hidden x ffn) and two RMSNorm weights (hidden)."""
-    h, kv = cfg.hidden, cfg.n_kv_heads * (cfg.hidden // cfg.n_heads)
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * cfg.ffn + 2 * h
-    return 4 * per_layer * max(end - start, 0)
 
 
 def _drain(q: asyncio.Queue) -> list:

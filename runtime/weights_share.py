@@ -239,6 +239,25 @@ def make_manifest(model_dir: Path | str, start: int, end: int, with_embedding: b
         tf.close()
 
 
+def range_nbytes(model_dir: Path | str, start: int, end: int) -> int:
+    """Stored bytes of layers ``[start, end)`` (0-based, half-open) of a model directory:
+    the sum of the ``nbytes`` its manifest (:func:`make_manifest`) gives those tensors,
+    read from the safetensors header without hashing. Raises WeightsError as
+    :func:`make_manifest` does."""
+    if end <= start:
+        return 0
+    mdir = _model_dir(model_dir)
+    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
+    try:
+        names = _weights.range_tensor_names(ModelConfig.load(mdir), start, end, False, False)
+        missing = [n for n in names if n not in tf.entries]
+        if missing:
+            raise WeightsError(f"{tf.path} lacks {len(missing)} tensors of layers [{start}, {end}), e.g. {missing[0]}")
+        return sum(tf.entries[n][3] - tf.entries[n][2] for n in names)
+    finally:
+        tf.close()
+
+
 # --------------------------------------------------------------------------- framing
 
 

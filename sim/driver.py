@@ -49,7 +49,7 @@ from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftRe
                               HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
 from planner.room import Scenario
-from planner.chain import Chain, redeal_rule_for
+from planner.chain import Chain, copy_plan, redeal_rule_for
 from planner.drive import Driver, synthetic_draft, synthetic_head
 from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
@@ -502,37 +502,36 @@ class Simulation:
         self._at(now + f.detect_s, DeviceLost(f.device, f"no heartbeat for {f.detect_s:g} s", silent_since_s=now))
 
     def redeal(self, r: Redeal) -> None:
-        """The new chain loads its ranges: every device that gained layers copies their
-        weights from the model host over their link (bytes / bandwidth + rtt/2, at most
-        the rate a calibration profile measured for a peer's copy: ``weights_Bps``); the
-        host itself reads from its disk at its copy speed (instant when not given). All
-        copy at once; then ChainReady, and the host replays."""
-        old = {s.device: (s.start, s.end) for s in self.deal.stages}
+        """The new chain loads its ranges, as :func:`planner.chain.copy_plan` says (the
+        real room's plan): a worker copies its lowest gained range from the model host
+        over their link (bytes / bandwidth + rtt/2, at most the rate a calibration
+        profile measured for a peer's copy: ``weights_Bps``), then reads any other gained
+        range from its own disk at its copy speed; the host reads what it gains from its
+        disk (instant when no copy speed is given). One WeightsCopied per range, bytes
+        from the model's layer sizes. All devices load at once; then ChainReady, and the
+        host replays."""
+        before = [(s.device, s.start, s.end) for s in self.deal.stages]
         self.deal = self.chain.deal
         self.stage_layers = {s.device: s.layers for s in self.deal.stages}
         self._scale = self._stage_scales()
         model, host = self.scn.model, self.deal.host
         copy_s = 0.0
-        for d, a, b in r.stages:
-            oa, ob = old.get(d, (0, 0))
-            lo, hi = max(a, oa), min(b, ob)
-            nbytes = model.weight_bytes(a, b) - (model.weight_bytes(lo, hi) if hi > lo else 0)
-            if nbytes <= 0:
-                continue
-            if d == host:
-                speed = self.scn.device(d).copy_speed_Bps
-                t = nbytes / speed if speed else 0.0
-                source = "disk"
-            else:
+        for plan in copy_plan(before, r.stages, host).values():
+            d, t = plan.device, 0.0
+            if plan.wire is not None:
+                wa, wb = plan.wire
+                nbytes = model.weight_bytes(wa, wb)
                 spec = self.links.get(host, d).spec
                 prof = self.scn.profile
                 measured = prof.transport.weights_Bps if (prof and prof.transport) else None
                 rate = min(spec.bandwidth_Bps, measured) if measured else spec.bandwidth_Bps
                 t = nbytes / rate + spec.rtt_s / 2
-                source = host
-            ga, gb = (a, b) if hi <= lo else ((a, lo) if a < lo else (hi, b))  # the gained part (one side)
-            rec = WeightsCopied(d, r.first_lap, source, ga, gb, int(nbytes), t)
-            self.loop.after(t, self._record_copied, rec)
+                self.loop.after(t, self._record_copied, WeightsCopied(d, r.first_lap, host, wa, wb, int(nbytes), t))
+            speed = self.scn.device(d).copy_speed_Bps
+            for da, db in plan.disk:
+                nbytes = model.weight_bytes(da, db)
+                t += nbytes / speed if speed else 0.0
+                self.loop.after(t, self._record_copied, WeightsCopied(d, r.first_lap, "disk", da, db, int(nbytes), t))
             copy_s = max(copy_s, t)
         self._copy_s[r.lost] = copy_s
         self._at(self.loop.now + copy_s, ChainReady(r.first_lap))
