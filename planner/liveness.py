@@ -54,6 +54,11 @@ class Liveness:
         self.quiet_until = -float("inf")
         self._next = now_s + beat_s if beat_s > 0 else None
 
+    def start(self, now_s: float) -> None:
+        """Start the timers at ``now_s``: the first heartbeat is ``beat_s`` later."""
+        if self.beat_s > 0:
+            self._next = now_s + self.beat_s
+
     def heard(self, peer: str, now_s: float) -> None:
         """A message from ``peer`` arrived at ``now_s``."""
         self.last_heard[peer] = now_s

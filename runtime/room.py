@@ -683,6 +683,7 @@ class Node:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compute-{self.cfg.device}")
         self._task = asyncio.ensure_future(self.compute_loop())
         if self.cfg.heartbeat_s > 0:
+            self.liveness.start(time.monotonic())
             self._tasks.append(asyncio.ensure_future(self._heartbeats()))
         if self.is_host and self.cfg.recover and self.cfg.weights_from_peer:
             from .weights_share import serve_weights

@@ -18,6 +18,8 @@ def test_heartbeats_every_beat_and_a_peer_never_heard_is_never_lost():
     assert live.handle_timer(100.5) == Tick(lost=(), beat=("h", "w2"))
     assert live.next_deadline_s() == 101.0
     assert live.handle_timer(500.0) == Tick(lost=(), beat=("h", "w2"))  # never heard: no timeout to count
+    live.start(600.0)  # the timers start again from then
+    assert live.next_deadline_s() == 600.5
 
 
 def test_a_peer_silent_past_the_timeout_is_lost_once_with_its_silence():
