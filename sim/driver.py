@@ -350,10 +350,9 @@ class Simulation:
 
         A timeout fires at ``now + delay``; in floating point two frames a link delivers
         at the same ``t`` (one waited for the other, sim/link.py) can land an ulp
-        apart in either order, and a worker then dropped the later frame as "not
-        serving" and the simulated room stopped with nothing answered (issue 9: a
-        prediction of 0.0 tok/s). So each link keeps its frames in a FIFO and each
-        timeout delivers the oldest one."""
+        apart in either order, and a worker would drop the later frame as "not
+        serving". So each link keeps its frames in a FIFO and each timeout delivers the
+        oldest one."""
         q = self._in_flight.get((src, dst))
         if q is None:
             q = self._in_flight[(src, dst)] = deque()
