@@ -8,7 +8,10 @@ the planner counts exactly what the runtime allocates and sends:
   one float32 scale per output row, ``max|row| / 127``; counted as 9 bits per weight: the wgpu
   backend stores the scale once per 32 weights, numpy once per row, 8 + 32/in bits). Norm
   vectors stay float32 whatever this says. The output head (and
-  with tied embeddings, the embedding) is stored in the same format.
+  with tied embeddings, the embedding) is stored in the same format. ``gguf``: every tensor
+  held as the GGUF file stores it (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K blocks, F16, F32:
+  :mod:`runtime.gguf_blocks`), unpacked inside the matrix products; the bytes held are the
+  file's bytes for the range (the planner reads them from the file, not from a bits-per-weight).
 * ``kv``: ``f32`` or ``f16`` keys and values (attention itself computes in float32).
 * ``residual``: the dtype of residual frames on the wire, ``f32`` or ``f16`` (half the
   bytes per hop); a stage always computes in float32 and the codec converts.
@@ -24,11 +27,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-WEIGHTS = ("f32", "f16", "q8")
+WEIGHTS = ("f32", "f16", "q8", "gguf")
 KV = ("f32", "f16")
 RESIDUAL = ("f32", "f16")
 
-#: Bits per weight each ``weights`` choice stores at most (q8: 8 + a 32-bit scale per 32 weights
+#: Bits per weight each ``weights`` choice stores at most (``gguf``: the file's own, not listed) (q8: 8 + a 32-bit scale per 32 weights
 #: on wgpu; numpy keeps one scale per row, 8.06 bits for SmolLM2's 576-wide rows).
 WEIGHT_BITS = {"f32": 32.0, "f16": 16.0, "q8": 9.0}
 #: Bytes per stored K or V value.
@@ -40,7 +43,7 @@ RESIDUAL_BYTES = {"f32": 4, "f16": 2}
 #: frames are converted by the codec, so every backend takes both residual choices.
 BACKEND_SUPPORT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "numpy": (WEIGHTS, KV),
-    "wgpu": (WEIGHTS, ("f32",)),  # weights widened to float32 in the WGSL loads; KV float32
+    "wgpu": (WEIGHTS, ("f32",)),  # weights unpacked to float32 in the WGSL loads; KV float32
 }
 
 

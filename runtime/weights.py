@@ -235,14 +235,7 @@ def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: Callable[
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     reader = gguf.GGUFReader(str(gguf_path))
-    meta = gguf_metadata(reader)
-    by_name = {t.name: t for t in reader.tensors}
-    freqs = by_name.get(ROPE_FREQS_GGUF)
-    cfg = ModelConfig.from_gguf_fields(
-        meta, by_name, None if freqs is None else np.asarray(gguf.quants.dequantize(freqs.data, freqs.tensor_type)).ravel())
-    if not cfg.name:
-        import dataclasses
-        cfg = dataclasses.replace(cfg, name=Path(gguf_path).stem)
+    meta, cfg = _gguf_config(reader, gguf_path)
     permuted = SUPPORTED[cfg.arch]
     say(f"converting {Path(gguf_path).name} ({len(reader.tensors)} tensors) to float32 safetensors in {out}")
     tensors: dict[str, np.ndarray] = {}
@@ -265,11 +258,146 @@ def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: Callable[
     tmp.replace(out / SAFETENSORS_NAME)
     if "tokenizer.ggml.model" in meta:
         write_tokenizer_files(meta, out)
+    _write_source(out, gguf_path)
     cfg_tmp = out / "config.json.tmp"
     cfg_tmp.write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     cfg_tmp.replace(out / "config.json")
     size = (out / SAFETENSORS_NAME).stat().st_size
     say(f"wrote {size / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def _gguf_config(reader, gguf_path) -> tuple[dict, ModelConfig]:
+    """``(metadata, ModelConfig)`` of an open ``gguf.GGUFReader`` (RoPE frequencies read from
+    ``rope_freqs.weight`` when present; the file's stem names a model without a name)."""
+    import dataclasses
+
+    import gguf
+
+    meta = gguf_metadata(reader)
+    by_name = {t.name: t for t in reader.tensors}
+    freqs = by_name.get(ROPE_FREQS_GGUF)
+    cfg = ModelConfig.from_gguf_fields(
+        meta, by_name, None if freqs is None else np.asarray(gguf.quants.dequantize(freqs.data, freqs.tensor_type)).ravel())
+    if not cfg.name:
+        cfg = dataclasses.replace(cfg, name=Path(gguf_path).stem)
+    return meta, cfg
+
+
+#: the file in a GGUF's model directory naming the GGUF whose blocks a stage reads as stored
+GGUF_SOURCE = "gguf.json"
+
+
+def _write_source(out: Path, gguf_path: Path | str) -> None:
+    tmp = out / (GGUF_SOURCE + ".tmp")
+    tmp.write_text(json.dumps({"path": str(Path(gguf_path).resolve()), "identity": file_identity(gguf_path)}))
+    tmp.replace(out / GGUF_SOURCE)
+
+
+def prepare_native(gguf_path: Path | str, progress: Callable[[str], None] | None = _stderr_progress) -> Path:
+    """The model directory of a GGUF whose tensors are held as stored (``weights: gguf``):
+    ``config.json``, the tokenizer files and :data:`GGUF_SOURCE`, without a float32 copy of
+    the weights (stages read their blocks from the GGUF, :func:`load_range_native`). Same
+    folder as :func:`ensure_safetensors` (a later float32 conversion adds its file there).
+
+    Raises:
+        WeightsError: not a readable GGUF. UnsupportedModel: an architecture not computed here.
+    """
+    import gguf
+
+    from .tokenizer import write_tokenizer_files
+
+    src = Path(gguf_path)
+    if not _is_gguf(src):
+        raise WeightsError(f"{src} is not a GGUF file")
+    d = cache_dir_for(src)
+    if (d / "config.json").is_file() and (d / GGUF_SOURCE).is_file():
+        return d
+    try:
+        reader = gguf.GGUFReader(str(src))
+        meta, cfg = _gguf_config(reader, src)
+    except UnsupportedModel:
+        raise
+    except Exception as e:  # a truncated or malformed header: one line
+        raise WeightsError(f"{src}: cannot read it as a GGUF model ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    d.mkdir(parents=True, exist_ok=True)
+    if "tokenizer.ggml.model" in meta:
+        write_tokenizer_files(meta, d)
+    _write_source(d, src)
+    tmp = d / "config.json.tmp"
+    tmp.write_text(json.dumps(cfg.to_hf_dict(), indent=2))
+    tmp.replace(d / "config.json")
+    if progress:
+        progress(f"prepared {src.name} to be held as stored ({len(reader.tensors)} tensors) in {d}")
+    return d
+
+
+def gguf_source(model_dir: Path | str) -> Path:
+    """The GGUF file a model directory was made from (:data:`GGUF_SOURCE`).
+
+    Raises:
+        WeightsError: the directory is not a GGUF's (a safetensors checkpoint has no blocks to
+            hold: use weights f32, f16 or q8), or the GGUF changed since (its identity differs).
+    """
+    d = Path(model_dir)
+    f = d / GGUF_SOURCE
+    if not f.is_file():
+        raise WeightsError(f"{d} was not made from a GGUF file: weights gguf (blocks as stored) needs one")
+    rec = json.loads(f.read_text())
+    p = Path(rec["path"])
+    if not p.is_file() or file_identity(p) != rec.get("identity"):
+        raise WeightsError(f"{p} changed or is gone since {d} was prepared; prepare the model again")
+    return p
+
+
+def load_range_native(model_dir: Path | str, start: int, end: int, with_embedding: bool,
+                      with_head: bool) -> dict:
+    """The tensors of layers ``[start, end)`` (plus embedding/head if asked) as the GGUF stores
+    them: ``{hf_name: float32 array | runtime.gguf_blocks.QTensor}``; quantized and float16
+    matrices are QTensors of their stored bytes (Q/K rows un-permuted whole, as
+    :func:`unpermute_rope_rows` does for float32), norms and F32 tensors float32. Read with
+    ``pread`` into fresh buffers: the process holds these bytes and no mapping of the file.
+
+    Raises:
+        WeightsError: a tensor is missing, or the GGUF is unreadable, truncated or has
+            malformed blocks (one line naming the tensor).
+    """
+    import gguf
+
+    from . import gguf_blocks as gb
+
+    src = gguf_source(model_dir)
+    cfg = ModelConfig.load(model_dir)
+    want = set(range_tensor_names(cfg, start, end, with_embedding, with_head))
+    try:
+        table = gb.tensor_table(gguf.GGUFReader(str(src)))
+    except Exception as e:
+        raise WeightsError(f"{src}: cannot read its tensor table ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    permuted = SUPPORTED[cfg.arch]
+    size = gb.file_size(src)
+    out: dict = {}
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        for gname, info in table.items():
+            if gname == ROPE_FREQS_GGUF:
+                continue
+            name = hf_name(gname, cfg.arch)
+            if name not in want:
+                continue
+            try:
+                t = gb.read_tensor(fd, info, size)
+            except gb.BlockError as e:
+                raise WeightsError(f"{src.name}: {e}") from None
+            if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
+                t = gb.permute_rows(t, lambda a: unpermute_rope_rows(a, cfg.n_heads))
+            elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
+                t = gb.permute_rows(t, lambda a: unpermute_rope_rows(a, cfg.n_kv_heads))
+            out[name] = t
+    finally:
+        os.close(fd)
+    missing = sorted(want - set(out))
+    if missing:
+        raise WeightsError(f"{src} lacks {len(missing)} tensors, e.g. {missing[:3]}")
     return out
 
 
@@ -299,6 +427,8 @@ def ensure_safetensors(cache_dir: Path | str | None = None, progress: Callable[[
     # config.json is written last: its presence marks a finished conversion (a GGUF without
     # tokenizer metadata has no tokenizer files; prompts are then given as ids)
     if (d / SAFETENSORS_NAME).is_file() and (d / "config.json").is_file():
+        if not (d / GGUF_SOURCE).is_file():  # converted before the source file was recorded
+            _write_source(d, src)
         return d
     return convert_gguf(src, d, progress)
 

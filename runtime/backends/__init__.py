@@ -43,7 +43,9 @@ def make_stage(
     """Build a stage of ``backend`` (``"numpy"`` or ``"wgpu"``) reading only ``spec``'s tensors.
 
     ``weights``: the range's tensors already in memory (``{hf_name: float32 array}`` as
-    :func:`runtime.weights.load_range` returns them, e.g. put together from a peer's copy
+    :func:`runtime.weights.load_range` returns them, or with ``precision.weights == "gguf"``
+    float32 arrays and :class:`runtime.gguf_blocks.QTensor` blocks as
+    :func:`runtime.weights.load_range_native` does, e.g. put together from a peer's copy
     and this device's disk); then only ``model_dir``'s config is read.
 
     Raises:
@@ -62,14 +64,15 @@ def make_stage(
         check_backend(backend, precision)
     if not precision.is_reference and backend in ("numpy", "wgpu"):
         kwargs["precision"] = precision
-    from ..weights import load_range
+    from ..weights import load_range, load_range_native
 
     cfg = ModelConfig.load(model_dir)
     if backend == "wgpu" and wgpu_unsupported(cfg):
         raise UnsupportedModel(f"the wgpu backend does not compute {'; '.join(wgpu_unsupported(cfg))} "
                                f"of {cfg.name or cfg.arch}; use --backend numpy")
     if weights is None:
-        weights = load_range(model_dir, spec.start, spec.end, with_embedding=spec.host, with_head=spec.host)
+        load = load_range_native if precision.weights == "gguf" else load_range
+        weights = load(model_dir, spec.start, spec.end, with_embedding=spec.host, with_head=spec.host)
     if backend == "numpy":
         from .numpy_backend import NumpyStage
 

@@ -129,6 +129,129 @@ def _mm_f16(x, h, out):  # pragma: no cover - compiled
             _dot_rows(x, buf, out, o, np.float32(1.0))
 
 
+# ---------------------------------------------------------------------------- GGUF blocks
+# A GGUF block row (runtime.gguf_blocks: uint8, the blocks as stored) is widened into a float32
+# buffer one row at a time, with each block's float16 scales decoded as the row is read, then
+# dotted with the activation rows by _dot_rows: each weight byte is read from memory once.
+
+#: 2**(max(e, 1) - 25) for a float16 exponent field e: an 11-bit significand times this is the value
+_H_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], dtype=np.float32)
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _h2f(lo, hi):  # pragma: no cover - compiled
+    """The float16 of little-endian bytes ``lo, hi`` as float32 (finite values: scales are
+    checked finite on load, runtime.gguf_blocks.check_blocks). Exact: an integer of at most 11
+    bits times a power of two."""
+    h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
+    e = (h >> np.uint32(10)) & np.uint32(31)
+    m = h & np.uint32(1023)
+    if e != 0:
+        m |= np.uint32(1024)
+    v = np.float32(m) * _H_POW2[e]
+    return -v if h & np.uint32(0x8000) else v
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _widen_q8_0(r, buf):  # pragma: no cover - compiled
+    for b in range(buf.size // 32):
+        o = b * 34
+        d = _h2f(r[o], r[o + 1])
+        for j in range(32):
+            buf[b * 32 + j] = d * np.float32(np.int8(r[o + 2 + j]))
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _widen_q4_0(r, buf):  # pragma: no cover - compiled
+    for b in range(buf.size // 32):
+        o = b * 18
+        d = _h2f(r[o], r[o + 1])
+        for j in range(16):
+            q = r[o + 2 + j]
+            buf[b * 32 + j] = d * (np.float32(q & np.uint8(15)) - np.float32(8.0))
+            buf[b * 32 + 16 + j] = d * (np.float32(q >> np.uint8(4)) - np.float32(8.0))
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _widen_q4_1(r, buf):  # pragma: no cover - compiled
+    for b in range(buf.size // 32):
+        o = b * 20
+        d = _h2f(r[o], r[o + 1])
+        m = _h2f(r[o + 2], r[o + 3])
+        for j in range(16):
+            q = r[o + 4 + j]
+            buf[b * 32 + j] = d * np.float32(q & np.uint8(15)) + m
+            buf[b * 32 + 16 + j] = d * np.float32(q >> np.uint8(4)) + m
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _widen_q4_k(r, buf):  # pragma: no cover - compiled
+    for b in range(buf.size // 256):
+        o = b * 144
+        d = _h2f(r[o], r[o + 1])
+        dmin = _h2f(r[o + 2], r[o + 3])
+        for c in range(4):
+            for h in range(2):
+                j = 2 * c + h  # get_scale_min_k4 (ggml-quants.c)
+                if j < 4:
+                    sc = r[o + 4 + j] & np.uint8(63)
+                    mn = r[o + 8 + j] & np.uint8(63)
+                else:
+                    sc = (r[o + 8 + j] & np.uint8(15)) | ((r[o + j] >> np.uint8(6)) << np.uint8(4))
+                    mn = (r[o + 8 + j] >> np.uint8(4)) | ((r[o + 4 + j] >> np.uint8(6)) << np.uint8(4))
+                dd = d * np.float32(sc)
+                mm = dmin * np.float32(mn)
+                base = b * 256 + 64 * c + 32 * h
+                q0 = o + 16 + 32 * c
+                sh = np.uint8(4 * h)
+                for l in range(32):
+                    buf[base + l] = dd * np.float32((r[q0 + l] >> sh) & np.uint8(15)) - mm
+
+
+@njit(fastmath=True, cache=True, nogil=True, inline="always")
+def _widen_q6_k(r, buf):  # pragma: no cover - compiled
+    for b in range(buf.size // 256):
+        o = b * 210
+        d = _h2f(r[o + 208], r[o + 209])
+        for half in range(2):
+            ql = o + 64 * half
+            qh = o + 128 + 32 * half
+            sc = o + 192 + 8 * half
+            base = b * 256 + 128 * half
+            for qq in range(4):
+                lsh = np.uint8(4 * (qq // 2))
+                lo_off = ql + 32 * (qq % 2)
+                hsh = np.uint8(2 * qq)
+                for l in range(32):
+                    code = ((r[lo_off + l] >> lsh) & np.uint8(15)) | (((r[qh + l] >> hsh) & np.uint8(3)) << np.uint8(4))
+                    s = np.float32(np.int8(r[sc + 2 * qq + l // 16]))
+                    buf[base + 32 * qq + l] = d * s * (np.float32(code) - np.float32(32.0))
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _mm_blocks(x, data, out, widen):  # pragma: no cover - compiled
+    k = x.shape[1]
+    m = data.shape[0]
+    for t in prange((m + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
+        buf = np.empty(k, np.float32)
+        for o in range(t * _ROWS_PER_TASK, min(m, (t + 1) * _ROWS_PER_TASK)):
+            widen(data[o], buf)
+            _dot_rows(x, buf, out, o, np.float32(1.0))
+
+
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _widen_rows(data, w, widen):  # pragma: no cover - compiled
+    for o in prange(data.shape[0]):
+        widen(data[o], w[o])
+
+
+_WIDEN = {"q8_0": _widen_q8_0, "q4_0": _widen_q4_0, "q4_1": _widen_q4_1, "q4_k": _widen_q4_k, "q6_k": _widen_q6_k}
+#: GGUF block formats :class:`Linear` holds as stored (runtime.gguf_blocks.FORMATS)
+BLOCK_KINDS = tuple(_WIDEN)
+#: rows widened at once when a large block of activations (prefill) goes to BLAS
+_WIDEN_CHUNK_ROWS = 512
+
+
 def quantize_rows_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 per output row (the absmax rule of llama.cpp's Q8_0 over whole rows).
 
@@ -170,7 +293,10 @@ def dequantize_q8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 class Linear:
     """A weight matrix ``W [out, in]`` in one storage format, applied as ``x @ W.T``.
 
-    Build with :meth:`of` (``kind`` ``"f32"``, ``"f16"`` or ``"q8"``). ``apply(x)`` takes
+    Build with :meth:`of` (``kind`` ``"f32"``, ``"f16"`` or ``"q8"``), or with :meth:`stored`
+    from a GGUF tensor as it is stored (a :class:`runtime.gguf_blocks.QTensor` in one of
+    :data:`BLOCK_KINDS` or f16, or a float32 array), and :meth:`concat` for row blocks (fused
+    QKV, gate/up; parts in different formats stay separate). ``apply(x)`` takes
     ``[n, in]`` float32 and returns ``[n, out]`` float32. ``rows(ids)`` returns the float32
     rows ``W[ids]`` (the embedding lookup when the head is tied). ``nbytes`` is what it holds.
     """
@@ -197,23 +323,74 @@ class Linear:
             return cls(kind, w.shape, q=q, scale=s)
         raise ValueError(f"unknown weight format {kind!r}; choose f32, f16 or q8")
 
+    @classmethod
+    def stored(cls, t) -> "Linear":
+        """Hold a GGUF tensor as stored: a float32 ``[out, in]`` array as f32, a QTensor of
+        f16 bits as f16, a QTensor of blocks as its block format (``data uint8 [out, row
+        bytes]``, unpacked row by row in the products).
+
+        Raises:
+            ValueError: a QTensor format not in :data:`BLOCK_KINDS` or f16.
+        """
+        if isinstance(t, np.ndarray):
+            return cls.of(t, "f32")
+        if t.fmt == "f16":
+            return cls("f16", tuple(t.shape), w=np.ascontiguousarray(t.data).view(np.uint16))
+        if t.fmt not in _WIDEN:
+            raise ValueError(f"unknown block format {t.fmt!r}; held: {', '.join(BLOCK_KINDS)}, f16")
+        return cls(t.fmt, tuple(t.shape), w=np.ascontiguousarray(t.data))
+
+    @classmethod
+    def concat(cls, parts: list["Linear"]) -> "Linear":
+        """Row blocks stacked: ``[sum out_i, in]``. Parts of one storage format are joined
+        into one matrix (rows of blocks concatenate); parts in different formats are kept
+        apart (kind ``"parts"``), applied one after the other into one output.
+
+        Raises:
+            ValueError: parts of different input widths.
+        """
+        if len({p.shape[1] for p in parts}) != 1:
+            raise ValueError("row blocks of different input widths")
+        out_rows = sum(p.shape[0] for p in parts)
+        if len(parts) == 1:
+            return parts[0]
+        kinds = {p.kind for p in parts}
+        if len(kinds) == 1 and parts[0].kind != "q8" and parts[0].kind != "parts":
+            return cls(parts[0].kind, (out_rows, parts[0].shape[1]), w=np.concatenate([p.w for p in parts]))
+        return cls("parts", (out_rows, parts[0].shape[1]), w=list(parts))
+
     @property
     def nbytes(self) -> int:
-        """Bytes held: 4 per weight (f32), 2 (f16), 1 + 4 per row (q8)."""
+        """Bytes held: 4 per weight (f32), 2 (f16), 1 + 4 per row (q8), the stored bytes (blocks)."""
         if self.kind == "q8":
             return self.q.nbytes + self.scale.nbytes
+        if self.kind == "parts":
+            return sum(p.nbytes for p in self.w)
         return self.w.nbytes
 
     def apply(self, x: np.ndarray) -> np.ndarray:
         """``x @ W.T``: ``[n, in]`` float32 -> ``[n, out]`` float32."""
         n = x.shape[0]
+        if self.kind == "parts":
+            return np.concatenate([p.apply(x) for p in self.w], axis=1)
         if self.kind == "f32" and n > STREAM_MAX_ROWS:
             return x @ self.w.T
+        if self.kind in _WIDEN and n > STREAM_MAX_ROWS:  # prefill: widen a few hundred rows at a time, then BLAS
+            x = np.ascontiguousarray(x, dtype=F32)
+            out = np.empty((n, self.shape[0]), F32)
+            for a in range(0, self.shape[0], _WIDEN_CHUNK_ROWS):
+                b = min(self.shape[0], a + _WIDEN_CHUNK_ROWS)
+                w = np.empty((b - a, self.shape[1]), F32)
+                _widen_rows(self.w[a:b], w, _WIDEN[self.kind])
+                out[:, a:b] = x @ w.T
+            return out
         if n > STREAM_MAX_ROWS:  # prefill chunk: widen once, then BLAS
             return x @ self.dense().T
         out = np.empty((n, self.shape[0]), F32)
         x = np.ascontiguousarray(x, dtype=F32)
-        if self.kind == "f32":
+        if self.kind in _WIDEN:
+            _mm_blocks(x, self.w, out, _WIDEN[self.kind])
+        elif self.kind == "f32":
             _mm_f32(x, self.w, out)
         elif self.kind == "q8":
             _mm_q8(x, self.q, self.scale, out)
@@ -227,6 +404,12 @@ class Linear:
             return self.w
         if self.kind == "f16":
             return self.w.view(np.float16).astype(F32)
+        if self.kind == "parts":
+            return np.concatenate([p.dense() for p in self.w])
+        if self.kind in _WIDEN:
+            w = np.empty(self.shape, F32)
+            _widen_rows(self.w, w, _WIDEN[self.kind])
+            return w
         return dequantize_q8(self.q, self.scale)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -235,4 +418,11 @@ class Linear:
             return self.w[ids].astype(F32, copy=True)
         if self.kind == "f16":
             return self.w[ids].view(np.float16).astype(F32)
+        if self.kind in _WIDEN:
+            sel = np.ascontiguousarray(self.w[ids])
+            w = np.empty((sel.shape[0], self.shape[1]), F32)
+            _widen_rows(sel, w, _WIDEN[self.kind])
+            return w
+        if self.kind == "parts":
+            return self.dense()[ids]
         return dequantize_q8(self.q[ids], self.scale[ids])

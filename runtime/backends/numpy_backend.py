@@ -18,7 +18,8 @@ Algorithm (the Hugging Face ``transformers`` ``LlamaForCausalLM`` forward, re-de
   positions back masked (Mistral v0.1: query ``i`` sees key ``j`` when ``i - window < j <= i``).
 
 Storage (:class:`runtime.precision.Precision`): the four matrices of a layer and the head are
-:class:`runtime.backends.kernels.Linear` objects in float32, float16 or blockwise int8; a
+:class:`runtime.backends.kernels.Linear` objects in float32, float16, int8 per row, or the
+GGUF's own blocks as stored (``gguf``: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, unpacked row by row); a
 product of up to ``STREAM_MAX_ROWS`` rows (decode, a verify lap, the head over a lap's rows)
 streams each weight row once (kernels.py says why), bigger blocks (prefill) go to BLAS. The KV
 cache is float32 or float16. All arithmetic is float32; biases and norm weights stay float32.
@@ -69,6 +70,15 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (F32(1.0) + np.exp(-x))
 
 
+def _matrix(fmt: str, *parts) -> Linear:
+    """Row blocks ``parts`` (float32 ``[out_i, in]``, or with ``fmt == "gguf"`` also
+    :class:`runtime.gguf_blocks.QTensor`) as one :class:`Linear` in ``fmt`` (``gguf``: each
+    part as stored, :meth:`Linear.concat`)."""
+    if fmt == "gguf":
+        return Linear.concat([Linear.stored(t) for t in parts])
+    return Linear.of(np.concatenate(parts) if len(parts) > 1 else parts[0], fmt)
+
+
 class _Layer:
     __slots__ = ("ln1", "wqkv", "bqkv", "wo", "bo", "qn", "kn", "ln2", "wgu", "wd", "k", "v")
 
@@ -77,16 +87,15 @@ class _Layer:
         a = p + "self_attn."
         self.ln1 = w.pop(p + "input_layernorm.weight")
         self.ln2 = w.pop(p + "post_attention_layernorm.weight")
-        self.wqkv = Linear.of(np.concatenate([w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"),
-                                              w.pop(a + "v_proj.weight")]), fmt)
+        self.wqkv = _matrix(fmt, w.pop(a + "q_proj.weight"), w.pop(a + "k_proj.weight"), w.pop(a + "v_proj.weight"))
         self.bqkv = (np.concatenate([w.pop(a + "q_proj.bias"), w.pop(a + "k_proj.bias"), w.pop(a + "v_proj.bias")])
                      if cfg.qkv_bias else None)
-        self.wo = Linear.of(w.pop(a + "o_proj.weight"), fmt)
+        self.wo = _matrix(fmt, w.pop(a + "o_proj.weight"))
         self.bo = w.pop(a + "o_proj.bias") if cfg.o_bias else None
         self.qn = w.pop(a + "q_norm.weight") if cfg.qk_norm else None
         self.kn = w.pop(a + "k_norm.weight") if cfg.qk_norm else None
-        self.wgu = Linear.of(np.concatenate([w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight")]), fmt)
-        self.wd = Linear.of(w.pop(p + "mlp.down_proj.weight"), fmt)
+        self.wgu = _matrix(fmt, w.pop(p + "mlp.gate_proj.weight"), w.pop(p + "mlp.up_proj.weight"))
+        self.wd = _matrix(fmt, w.pop(p + "mlp.down_proj.weight"))
         self.k: np.ndarray | None = None  # [n_kv, capacity, D]
         self.v: np.ndarray | None = None
 
@@ -97,13 +106,15 @@ class NumpyStage(Stage):
     Args:
         cfg: model shape.
         spec: layer range and host flag.
-        weights: ``{hf_name: float32 array}`` from :func:`runtime.weights.load_range`;
-            consumed (entries are popped) so the stage does not hold a second copy.
+        weights: ``{hf_name: float32 array}`` from :func:`runtime.weights.load_range` (with
+            ``precision.weights == "gguf"``: float32 arrays and QTensors from
+            :func:`runtime.weights.load_range_native`, held as stored); consumed (entries are
+            popped) so the stage does not hold a second copy.
         max_ctx: positions the KV cache may hold (it grows by doubling up to this).
         precision: storage of weights and KV (default float32; ``residual`` is the codec's).
-    Memory: the range's weights (4, 2 or 9/8 B/param for f32, f16, q8; norms float32) + KV cache
-    ``2 * n_kv * D * (4 or 2) B`` per layer per position, for each cache slot used
-    (:meth:`use_cache`: one per question in flight).
+    Memory: the range's weights (4, 2 or 9/8 B/param for f32, f16, q8, the file's bytes for gguf;
+    norms float32) + KV cache ``2 * n_kv * D * (4 or 2) B`` per layer per position, for each
+    cache slot used (:meth:`use_cache`: one per question in flight).
     """
 
     def __init__(self, cfg: ModelConfig, spec: StageSpec, weights: dict[str, np.ndarray], max_ctx: int = 2048,
@@ -116,13 +127,13 @@ class NumpyStage(Stage):
         fmt = precision.weights
         w = weights  # consumed: each tensor is popped so its memory can go once fused
         for a in w.values():
-            assert a.dtype == F32, "weights must be float32"
+            assert (fmt == "gguf" and not isinstance(a, np.ndarray)) or a.dtype == F32, "weights must be float32"
         self.layers = [_Layer(w, i, cfg, fmt) for i in range(spec.start, spec.end)]
         self.embedding = self.norm = self.lm_head = None  # Linear, float32 vector, Linear
         if spec.host:
-            self.embedding = Linear.of(w.pop(EMBED), fmt)
+            self.embedding = _matrix(fmt, w.pop(EMBED))
             self.norm = w.pop(FINAL_NORM)
-            self.lm_head = self.embedding if cfg.tie_embeddings else Linear.of(w.pop(LM_HEAD), fmt)
+            self.lm_head = self.embedding if cfg.tie_embeddings else _matrix(fmt, w.pop(LM_HEAD))
         w.clear()
         self.cos, self.sin = rope_tables(cfg, self.max_ctx)
         self._pos = 0
