@@ -121,6 +121,10 @@ def _mv_shape(name: str, default: tuple[int, int]) -> tuple[int, int]:
     return a, b
 
 
+class _Parts(list):
+    """Buffers of one matrix's row blocks in different formats (bound at :func:`wgsl.part_binding`)."""
+
+
 class WgpuStage(Stage):
     """Layers ``[spec.start, spec.end)`` on the GPU (or lavapipe), same API as :class:`NumpyStage`.
 
@@ -177,15 +181,18 @@ class WgpuStage(Stage):
             return upload(np.asarray(a, dtype=F32))
 
         def mat(*parts):
-            """Matrix (row blocks concatenated) in this stage's format -> [buffer, scales buffer or None]."""
+            """Matrix (row blocks concatenated) in this stage's format -> ([buffer, scales buffer or
+            None] or _Parts of buffers, format for wgsl.weight_decl)."""
+            if fmt == "gguf":
+                return self._stored(parts, upload)
             a = np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
             a = np.asarray(a, dtype=F32)
             if fmt == "f32":
-                return [upload(a), None]
+                return [upload(a), None], fmt
             if fmt == "f16":
-                return [upload(a.astype(np.float16)), None]
+                return [upload(a.astype(np.float16)), None], fmt
             q, d = quantize_q8(a)
-            return [upload(q), upload(d * F32(127.0))]
+            return [upload(q), upload(d * F32(127.0))], fmt
 
         self.x = buf(T * H * 4)  # residual
         self.hx = buf(T * H * 4)  # head input
@@ -206,10 +213,12 @@ class WgpuStage(Stage):
         r1 = int(os.environ.get("SPLITROOM_WGPU_ROWS", "4"))
         self._variants = {1: (1, r1), 8: (8, 2)}
         mk = self._pipeline
-        self.p_qkv = {tb: mk(wgsl.matmul_src(H, self.qkv_w, r, tb, True, False, False, c.rms_eps, fmt, bias=c.qkv_bias)) for tb, r in self._variants.values()}
-        self.p_o = {tb: mk(wgsl.matmul_src(QD, H, r, tb, False, True, False, fmt=fmt, bias=c.o_bias)) for tb, r in self._variants.values()}
-        self.p_gu = {tb: mk(wgsl.matmul_src(H, F, r, tb, True, False, True, c.rms_eps, fmt)) for tb, r in self._variants.values()}
-        self.p_d = {tb: mk(wgsl.matmul_src(F, H, r, tb, False, True, False, fmt=fmt)) for tb, r in self._variants.values()}
+        V_ = self._variants.values()
+        # product pipelines per weight format (a GGUF may mix formats across layers and inside one)
+        p_qkv = lambda f: {tb: mk(wgsl.matmul_src(H, self.qkv_w, r, tb, True, False, False, c.rms_eps, f, bias=c.qkv_bias)) for tb, r in V_}  # noqa: E731
+        p_o = lambda f: {tb: mk(wgsl.matmul_src(QD, H, r, tb, False, True, False, fmt=f, bias=c.o_bias)) for tb, r in V_}  # noqa: E731
+        p_gu = lambda f: {tb: mk(wgsl.matmul_src(H, F, r, tb, True, False, True, c.rms_eps, f)) for tb, r in V_}  # noqa: E731
+        p_d = lambda f: {tb: mk(wgsl.matmul_src(F, H, r, tb, False, True, False, fmt=f)) for tb, r in V_}  # noqa: E731
         self.p_rope = mk(wgsl.rope_kv_src(NH, KV, D, c.qk_norm, c.rms_eps))
         self.p_att = mk(wgsl.attention_src(NH, KV, D, c.sliding_window))
 
@@ -227,12 +236,12 @@ class WgpuStage(Stage):
         if self.fast:
             un = int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))
             if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass
-                self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias))
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias))  # noqa: E731
             else:
-                self.f_qkv = mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, fmt, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias))
-            self.f_o = mk(wgsl.matvec_src(QD, H, rr, wgs, fmt, add=True, U=un, bias=c.o_bias))
-            self.f_gu = mk(wgsl.matvec_src(H, F, rr, wgs, fmt, norm=True, swiglu=True, eps=c.rms_eps, U=un))
-            self.f_d = mk(wgsl.matvec_src(F, H, rr, wgs, fmt, add=True, U=un))
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias))  # noqa: E731
+            f_o = lambda f: mk(wgsl.matvec_src(QD, H, rr, wgs, f, add=True, U=un, bias=c.o_bias))  # noqa: E731
+            f_gu = lambda f: mk(wgsl.matvec_src(H, F, rr, wgs, f, norm=True, swiglu=True, eps=c.rms_eps, U=un))  # noqa: E731
+            f_d = lambda f: mk(wgsl.matvec_src(F, H, rr, wgs, f, add=True, U=un))  # noqa: E731
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
             aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
             aw = max(1, aw // (D // 4)) * (D // 4)
@@ -244,14 +253,18 @@ class WgpuStage(Stage):
         self.plan1: list[tuple[str, object, object, int]] = []  # one-token layer passes: (label, pipeline, bind group, groups)
         w = weights
         for a in w.values():
-            assert a.dtype == F32, "weights must be float32"
+            assert (fmt == "gguf" and not isinstance(a, np.ndarray)) or a.dtype == F32, "weights must be float32"
+        self.formats: set[str] = set()  # weight formats held (for reports)
         for i in range(spec.start, spec.end):
             p = f"model.layers.{i}."
             ln1, ln2 = vec(w.pop(p + "input_layernorm.weight")), vec(w.pop(p + "post_attention_layernorm.weight"))
-            wqkv = mat(w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight"), w.pop(p + "self_attn.v_proj.weight"))
-            wo = mat(w.pop(p + "self_attn.o_proj.weight"))
-            wg, wu = mat(w.pop(p + "mlp.gate_proj.weight")), mat(w.pop(p + "mlp.up_proj.weight"))
-            wd = mat(w.pop(p + "mlp.down_proj.weight"))
+            wqkv, fq = mat(w.pop(p + "self_attn.q_proj.weight"), w.pop(p + "self_attn.k_proj.weight"), w.pop(p + "self_attn.v_proj.weight"))
+            wo, fo = mat(w.pop(p + "self_attn.o_proj.weight"))
+            (wg, fg), (wu, fu) = mat(w.pop(p + "mlp.gate_proj.weight")), mat(w.pop(p + "mlp.up_proj.weight"))
+            wd, fd = mat(w.pop(p + "mlp.down_proj.weight"))
+            if fg != fu:  # gate and up share one kernel: both halves as parts of one signature
+                raise ValueError(f"layer {i + 1}: gate ({fg}) and up ({fu}) in different formats are not computed on wgpu")
+            pq, po, pg, pd = p_qkv(fq), p_o(fo), p_gu(fg), p_d(fd)
             a_ = p + "self_attn."
             bqkv = vec(np.concatenate([w.pop(a_ + "q_proj.bias"), w.pop(a_ + "k_proj.bias"), w.pop(a_ + "v_proj.bias")])) if c.qkv_bias else None
             bo = vec(w.pop(a_ + "o_proj.bias")) if c.o_bias else None
@@ -262,40 +275,41 @@ class WgpuStage(Stage):
             ob = {9: bo} if bo is not None else {}
             nb = {5: qn, 6: kn} if qn is not None else {}
             L = {}
-            for tb in self.p_qkv:
-                L[("qkv", tb)] = self._bind(self.p_qkv[tb], {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, **xb})
-                L[("o", tb)] = self._bind(self.p_o[tb], {0: self.att, 1: wo, 2: self.x, 3: self.params, **ob})
-                L[("gu", tb)] = self._bind(self.p_gu[tb], {0: self.x, 1: wg, 2: self.act, 3: self.params, 4: ln2, 5: wu})
-                L[("d", tb)] = self._bind(self.p_d[tb], {0: self.act, 1: wd, 2: self.x, 3: self.params})
+            for tb in pq:
+                L[("qkv", tb)] = (pq[tb], self._bind(pq[tb], {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1, **xb}))
+                L[("o", tb)] = (po[tb], self._bind(po[tb], {0: self.att, 1: wo, 2: self.x, 3: self.params, **ob}))
+                L[("gu", tb)] = (pg[tb], self._bind(pg[tb], {0: self.x, 1: wg, 2: self.act, 3: self.params, 4: ln2, 5: wu}))
+                L[("d", tb)] = (pd[tb], self._bind(pd[tb], {0: self.act, 1: wd, 2: self.x, 3: self.params}))
             L["rope"] = self._bind(self.p_rope, {0: self.qkv, 1: kc, 2: vc, 3: self.rope, 4: self.params, **nb})
             L["att"] = self._bind(self.p_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params})
             self.layers.append(L)
             if self.fast:
+                fq_, fo_, fg_, fd_ = f_qkv(fq), f_o(fo), f_gu(fg), f_d(fd)
                 if c.qk_norm:
                     self.plan1 += [
-                        ("qkv", self.f_qkv, self._bind(self.f_qkv, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // rr),
+                        ("qkv", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // rr),
                         ("qk_norm_rope", self.p_rope, L["rope"], (NH + 2 * KV, 1)),
                     ]
                 else:
-                    self.plan1.append(("qkv_rope", self.f_qkv, self._bind(self.f_qkv, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1,
-                                                                                       6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // rr))
+                    self.plan1.append(("qkv_rope", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1,
+                                                                          6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // rr))
                 self.plan1 += [
                     ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH),
-                    ("o_add", self.f_o, self._bind(self.f_o, {0: self.att, 1: wo, 2: self.x, **ob}), H // rr),
-                    ("gate_up", self.f_gu, self._bind(self.f_gu, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // rr),
-                    ("down_add", self.f_d, self._bind(self.f_d, {0: self.act, 1: wd, 2: self.x}), H // rr),
+                    ("o_add", fo_, self._bind(fo_, {0: self.att, 1: wo, 2: self.x, **ob}), H // rr),
+                    ("gate_up", fg_, self._bind(fg_, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // rr),
+                    ("down_add", fd_, self._bind(fd_, {0: self.act, 1: wd, 2: self.x}), H // rr),
                 ]
 
         if spec.host:
             emb = w.pop(EMBED)
             head_w = emb if cfg.tie_embeddings else w.pop(LM_HEAD)
-            self.emb = mat(emb)
-            self.head_w = self.emb if cfg.tie_embeddings else mat(head_w)
+            self.emb, fe = mat(emb)
+            self.head_w, fh = (self.emb, fe) if cfg.tie_embeddings else mat(head_w)
             del emb, head_w
             norm = vec(w.pop(FINAL_NORM))
             self.logits = buf(T * V * 4)
-            p_embed = mk(wgsl.embed_src(H, fmt))
-            self.p_head = {tb: mk(wgsl.matmul_src(H, V, r, tb, True, False, False, c.rms_eps, fmt)) for tb, r in self._variants.values()}
+            p_embed = mk(wgsl.embed_src(H, fe))
+            self.p_head = {tb: mk(wgsl.matmul_src(H, V, r, tb, True, False, False, c.rms_eps, fh)) for tb, r in self._variants.values()}
             p_arg = mk(wgsl.argmax_src(V))
             self.b_embed = (p_embed, self._bind(p_embed, {0: self.ids, 1: self.emb, 2: self.x, 3: self.params}))
             self.b_head = {tb: (self.p_head[tb], self._bind(self.p_head[tb], {0: self.hx, 1: self.head_w, 2: self.logits, 3: self.params, 4: norm})) for tb in self.p_head}
@@ -304,8 +318,8 @@ class WgpuStage(Stage):
                 hw, hr = _mv_shape("HEAD", (256, 8))
                 while V % hr:
                     hr //= 2
-                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fmt, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))))
-                f_arg = mk(wgsl.argmax_embed_src(V, H, fmt))
+                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fh, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))))
+                f_arg = mk(wgsl.argmax_embed_src(V, H, fe))
                 # head on the uploaded residual (hx) or on the residual left in x by the last step
                 self.fhead_hx = ("head", f_head, self._bind(f_head, {0: self.hx, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)
                 self.fhead_x = ("head", f_head, self._bind(f_head, {0: self.x, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)
@@ -341,14 +355,52 @@ class WgpuStage(Stage):
 
     # ------------------------------------------------------------------ plumbing
     def _pipeline(self, src: str):
-        mod = self.device.create_shader_module(code=src)
-        return self.device.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
+        """The compute pipeline of WGSL ``src`` (one per distinct source: layers in one format share it)."""
+        cache = self.__dict__.setdefault("_pipes", {})
+        if src not in cache:
+            mod = self.device.create_shader_module(code=src)
+            cache[src] = self.device.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
+        return cache[src]
+
+    def _stored(self, parts, upload):
+        """Row blocks ``parts`` held as the GGUF stores them (float32 arrays, QTensors of blocks or
+        f16 bits) -> (buffers, format for wgsl.weight_decl). Parts in one format are one buffer
+        (their rows concatenated); mixed formats stay apart (:class:`_Parts`, a tuple format).
+        Block bytes are uploaded as they are, padded to whole 4-byte words plus one."""
+        def fmt_of(t):
+            return "f32" if isinstance(t, np.ndarray) else t.fmt
+
+        def raw(ts):
+            if isinstance(ts[0], np.ndarray):
+                return np.concatenate([np.asarray(t, F32) for t in ts]) if len(ts) > 1 else np.asarray(ts[0], F32)
+            b = np.concatenate([t.data.reshape(-1) for t in ts])
+            if ts[0].fmt == "f16":
+                return b
+            return np.concatenate([b, np.zeros(4 + (-b.size) % 4, np.uint8)])  # rd_*: one word past the end
+
+        fmts = [fmt_of(t) for t in parts]
+        for f in fmts:
+            self.formats.add(f)
+        if len(set(fmts)) == 1:
+            return [upload(raw(list(parts))), None], fmts[0]
+        groups: list[list] = []
+        for t, f in zip(parts, fmts):
+            if groups and fmt_of(groups[-1][0]) == f:
+                groups[-1].append(t)
+            else:
+                groups.append([t])
+        bufs = _Parts(upload(raw(g)) for g in groups)
+        sig = tuple((fmt_of(g[0]), sum(int(t.shape[0]) * int(t.shape[1]) for t in g) // 4) for g in groups)
+        return bufs, sig
 
     def _bind(self, pipeline, buffers: dict):
         """Bind group of ``{binding: buffer}``; a ``[matrix, scales]`` pair binds its scales at ``binding + 10``."""
         flat = {}
         for b, bf in buffers.items():
-            if isinstance(bf, list):
+            if isinstance(bf, _Parts):
+                for k, part in enumerate(bf):
+                    flat[wgsl.part_binding(b, k)] = part
+            elif isinstance(bf, list):
                 flat[b] = bf[0]
                 if bf[1] is not None:
                     flat[b + 10] = bf[1]
@@ -395,12 +447,12 @@ class WgpuStage(Stage):
         ty = -(-n // tb)
         c = self.cfg
         for L in self.layers:
-            cp.set_pipeline(self.p_qkv[tb]); cp.set_bind_group(0, L[("qkv", tb)]); cp.dispatch_workgroups(self.qkv_w // r, ty)  # noqa: E702
+            cp.set_pipeline(L[("qkv", tb)][0]); cp.set_bind_group(0, L[("qkv", tb)][1]); cp.dispatch_workgroups(self.qkv_w // r, ty)  # noqa: E702
             cp.set_pipeline(self.p_rope); cp.set_bind_group(0, L["rope"]); cp.dispatch_workgroups(c.n_heads + 2 * c.n_kv_heads, n)  # noqa: E702
             cp.set_pipeline(self.p_att); cp.set_bind_group(0, L["att"]); cp.dispatch_workgroups(c.n_heads, n)  # noqa: E702
-            cp.set_pipeline(self.p_o[tb]); cp.set_bind_group(0, L[("o", tb)]); cp.dispatch_workgroups(c.hidden // r, ty)  # noqa: E702
-            cp.set_pipeline(self.p_gu[tb]); cp.set_bind_group(0, L[("gu", tb)]); cp.dispatch_workgroups(c.ffn // r, ty)  # noqa: E702
-            cp.set_pipeline(self.p_d[tb]); cp.set_bind_group(0, L[("d", tb)]); cp.dispatch_workgroups(c.hidden // r, ty)  # noqa: E702
+            cp.set_pipeline(L[("o", tb)][0]); cp.set_bind_group(0, L[("o", tb)][1]); cp.dispatch_workgroups(c.hidden // r, ty)  # noqa: E702
+            cp.set_pipeline(L[("gu", tb)][0]); cp.set_bind_group(0, L[("gu", tb)][1]); cp.dispatch_workgroups(c.ffn // r, ty)  # noqa: E702
+            cp.set_pipeline(L[("d", tb)][0]); cp.set_bind_group(0, L[("d", tb)][1]); cp.dispatch_workgroups(c.hidden // r, ty)  # noqa: E702
 
     def _encode_embed(self, cp, n: int) -> None:
         p, b = self.b_embed

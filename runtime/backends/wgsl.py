@@ -313,8 +313,80 @@ fn main(@builtin(local_invocation_index) lid: u32) {{
 
 
 # ---------------------------------------------------------------------------- weight formats
+#: GGUF block formats the kernels read as stored: ``{format: (weights per block, bytes per block)}``
+#: (runtime/gguf_blocks.py FORMATS)
+BLOCK_FORMATS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q6_k": (256, 210)}
 #: weight storage formats the kernels read; every product still accumulates in float32.
-WEIGHT_FORMATS = ("f32", "f16", "q8")  # runtime/precision.py WEIGHTS
+WEIGHT_FORMATS = ("f32", "f16", "q8") + tuple(BLOCK_FORMATS)  # runtime/precision.py WEIGHTS; gguf: the blocks
+
+
+def _block_loader(name: str, fmt: str) -> str:
+    """``ld_<name>(i)`` for GGUF blocks held as stored (bytes in ``array<u32>``, padded by one
+    word): element ``e = 4i`` of the flat matrix lies in block ``e / BS`` at ``e % BS``
+    (rows hold whole blocks), and 4 consecutive elements share their block's scales. Layouts
+    as runtime/gguf_blocks.py (ggml-common.h); float16 scales read with ``unpack2x16float``."""
+    bs, nb = BLOCK_FORMATS[fmt]
+    s = [f"""fn rd_{name}(b: u32) -> u32 {{
+  let w = b >> 2u;
+  let sh = (b & 3u) * 8u;
+  return (({name}[w] >> sh) | select({name}[w + 1u] << (32u - sh), 0u, sh == 0u));
+}}
+fn h_{name}(b: u32) -> f32 {{ return unpack2x16float({name}[b >> 2u] >> ((b & 2u) * 8u)).x; }}
+fn by_{name}(b: u32) -> u32 {{ return ({name}[b >> 2u] >> ((b & 3u) * 8u)) & 255u; }}
+fn ld_{name}(i: u32) -> vec4<f32> {{
+  let e = i * 4u;
+  let base = (e / {bs}u) * {nb}u;
+  let j = e % {bs}u;
+"""]
+    lanes = "vec4<f32>(f32(c & 255u), f32((c >> 8u) & 255u), f32((c >> 16u) & 255u), f32(c >> 24u))"
+    if fmt == "q8_0":
+        s.append(f"""  let q = bitcast<i32>(rd_{name}(base + 2u + j));
+  return h_{name}(base) * vec4<f32>(f32(extractBits(q, 0u, 8u)), f32(extractBits(q, 8u, 8u)),
+                                     f32(extractBits(q, 16u, 8u)), f32(extractBits(q, 24u, 8u)));
+}}
+""")
+    elif fmt in ("q4_0", "q4_1"):
+        q0 = 2 if fmt == "q4_0" else 4
+        tail = f"h_{name}(base) * ({lanes} - vec4<f32>(8.0))" if fmt == "q4_0" else             f"h_{name}(base) * {lanes} + vec4<f32>(h_{name}(base + 2u))"
+        s.append(f"""  let c = (rd_{name}(base + {q0}u + (j & 15u)) >> ((j >> 4u) * 4u)) & 0x0F0F0F0Fu;
+  return {tail};
+}}
+""")
+    elif fmt == "q4_k":
+        s.append(f"""  let ch = j >> 6u;
+  let hf = (j >> 5u) & 1u;
+  let sub = 2u * ch + hf;
+  var sc: u32;
+  var mn: u32;
+  if (sub < 4u) {{
+    sc = by_{name}(base + 4u + sub) & 63u;
+    mn = by_{name}(base + 8u + sub) & 63u;
+  }} else {{
+    sc = (by_{name}(base + 8u + sub) & 15u) | ((by_{name}(base + sub) >> 6u) << 4u);
+    mn = (by_{name}(base + 8u + sub) >> 4u) | ((by_{name}(base + 4u + sub) >> 6u) << 4u);
+  }}
+  let c = (rd_{name}(base + 16u + 32u * ch + (j & 31u)) >> (4u * hf)) & 0x0F0F0F0Fu;
+  return vec4<f32>(h_{name}(base) * f32(sc)) * {lanes} - vec4<f32>(h_{name}(base + 2u) * f32(mn));
+}}
+""")
+    elif fmt == "q6_k":
+        s.append(f"""  let hf = j >> 7u;
+  let r = j & 127u;
+  let qq = r >> 5u;
+  let l = r & 31u;
+  let lo = (rd_{name}(base + 64u * hf + 32u * (qq & 1u) + l) >> (4u * (qq >> 1u))) & 0x0F0F0F0Fu;
+  let hi = (rd_{name}(base + 128u + 32u * hf + l) >> (2u * qq)) & 0x03030303u;
+  let c = lo | (hi << 4u);
+  let sc = f32(extractBits(bitcast<i32>(by_{name}(base + 192u + 8u * hf + 2u * qq + (l >> 4u))), 0u, 8u));
+  return vec4<f32>(h_{name}(base + 208u) * sc) * ({lanes} - vec4<f32>(32.0));
+}}
+""")
+    return "".join(s)
+
+
+def part_binding(binding: int, k: int) -> int:
+    """Binding of part ``k`` of a matrix whose row blocks are in different formats (part 0 at ``binding``)."""
+    return binding if k == 0 else binding + 20 + k
 
 
 def weight_decl(name: str, binding: int, fmt: str) -> str:
@@ -328,6 +400,9 @@ def weight_decl(name: str, binding: int, fmt: str) -> str:
       backend's format): int8 values in -127..127 packed 4 per u32,
       one float32 scale ``d * 127`` per block at binding ``binding + 10``; the value is
       ``unpack4x8snorm(q) * (d * 127) = q * d`` (``unpack4x8snorm`` gives ``q / 127``).
+    * a key of :data:`BLOCK_FORMATS`: the GGUF's blocks as stored (:func:`_block_loader`).
+    * a tuple ``((format, vec4 count), ...)``: row blocks in different formats, part ``k`` at
+      :func:`part_binding` (a Q4_K_M layer's Q4_K q/k and Q6_K v in one QKV product).
     """
     if fmt == "f32":
         return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<f32>>;\n"
@@ -340,6 +415,19 @@ def weight_decl(name: str, binding: int, fmt: str) -> str:
         return (f"@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n"
                 f"@group(0) @binding({binding + 10}) var<storage, read> {name}_s: array<f32>;\n"
                 f"fn ld_{name}(i: u32) -> vec4<f32> {{ return unpack4x8snorm({name}[i]) * {name}_s[i >> 3u]; }}\n")
+    if fmt in BLOCK_FORMATS:
+        return f"@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n" + _block_loader(name, fmt)
+    if isinstance(fmt, tuple):  # row blocks in different formats: ((format, vec4 count), ...)
+        out, ends, acc = [], [], 0
+        for k, (f, n4) in enumerate(fmt):
+            out.append(weight_decl(f"{name}_p{k}", part_binding(binding, k), f))
+            acc += n4
+            ends.append(acc)
+        body = "".join(f"  if (i < {ends[k]}u) {{ return ld_{name}_p{k}(i - {ends[k] - n4}u); }}\n"
+                       for k, (_, n4) in enumerate(fmt[:-1]))
+        last = len(fmt) - 1
+        body += f"  return ld_{name}_p{last}(i - {ends[last] - fmt[last][1]}u);\n"
+        return "".join(out) + f"fn ld_{name}(i: u32) -> vec4<f32> {{\n{body}}}\n"
     raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
 
 

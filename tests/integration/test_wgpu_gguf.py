@@ -1,0 +1,109 @@
+"""GGUF blocks held as stored on the wgpu backend (lavapipe in CI): every format's WGSL loader
+against gguf-py's own ``gguf.quants.dequantize`` on random blocks, and whole stages of random
+checkpoints (scripts/make_gguf.py, Q4_K_M's mix of formats included) against the numpy stage
+holding the same blocks; the GPU buffers hold the file's bytes (plus at most 4 bytes a tensor)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+wgpu_backend = pytest.importorskip("runtime.backends.wgpu_backend")
+
+from runtime import gguf_blocks as gb  # noqa: E402
+from runtime.backends import wgsl  # noqa: E402
+from runtime.backends.base import StageSpec  # noqa: E402
+from runtime.backends.numpy_backend import NumpyStage  # noqa: E402
+from runtime.config import ModelConfig  # noqa: E402
+from runtime.precision import Precision  # noqa: E402
+from runtime.weights import load_range_native, prepare_native  # noqa: E402
+from scripts import make_gguf  # noqa: E402
+from tests.unit.test_gguf_blocks import rand_q, ref  # noqa: E402
+
+pytestmark = pytest.mark.slow
+GGUF = Precision(weights="gguf")
+
+
+@pytest.fixture(scope="module")
+def device():
+    try:
+        return wgpu_backend.get_device()[1]
+    except wgpu_backend.WgpuUnavailable as e:
+        pytest.skip(str(e))
+
+
+def run_loader(device, fmt, blocks: np.ndarray, n4: int) -> np.ndarray:
+    """``Y[i] = ld_W(i)`` for every vec4 ``i`` of a matrix in ``fmt`` (a name or a tuple of parts)."""
+    import wgpu
+
+    src = wgsl.weight_decl("W", 1, fmt) + f"""
+@group(0) @binding(2) var<storage, read_write> Y: array<vec4<f32>>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {{
+  if (g.x < {n4}u) {{ Y[g.x] = ld_W(g.x); }}
+}}
+"""
+    U = wgpu.BufferUsage
+    pipe = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
+    parts = blocks if isinstance(fmt, tuple) else [blocks]
+    entries = []
+    for k, b in enumerate(parts):
+        raw = np.concatenate([b.reshape(-1), np.zeros(4 + (-b.size) % 4, np.uint8)])
+        entries.append({"binding": wgsl.part_binding(1, k), "resource": {"buffer": device.create_buffer_with_data(data=raw, usage=U.STORAGE)}})
+    y = device.create_buffer(size=n4 * 16, usage=U.STORAGE | U.COPY_SRC)
+    entries.append({"binding": 2, "resource": {"buffer": y}})
+    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
+    enc = device.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(-(-n4 // 64))
+    cp.end()
+    device.queue.submit([enc.finish()])
+    return np.frombuffer(device.queue.read_buffer(y), np.float32)
+
+
+@pytest.mark.parametrize("fmt", tuple(gb.FORMATS))
+def test_wgsl_loader_matches_gguf_py(device, fmt):
+    q = rand_q(fmt, 6, 512, np.random.default_rng(11))
+    want = ref(q).reshape(-1)
+    got = run_loader(device, fmt, q.data, want.size // 4)
+    # the same products of a float16 scale and small integers: equal up to float32 rounding
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
+
+
+def test_wgsl_loader_of_mixed_parts(device):
+    rng = np.random.default_rng(12)
+    a, b = rand_q("q4_k", 4, 256, rng), rand_q("q6_k", 2, 256, rng)
+    want = np.concatenate([ref(a), ref(b)]).reshape(-1)
+    got = run_loader(device, (("q4_k", 4 * 256 // 4), ("q6_k", 2 * 256 // 4)), [a.data, b.data], want.size // 4)
+    np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("mix", ["q4_k_m", "q4_1", "q8_0", "q4_0"])
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, fast):
+    monkeypatch.setenv("SPLITROOM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
+    path = tmp_path / f"tiny-{mix}.gguf"
+    make_gguf.write(path, "tiny", mix, seed=5)
+    d = prepare_native(path, progress=None)
+    cfg = ModelConfig.load(d)
+    spec = StageSpec(0, cfg.n_layers, True)
+    cpu = NumpyStage(cfg, spec, load_range_native(d, 0, cfg.n_layers, True, True), max_ctx=64, precision=GGUF)
+    ws = load_range_native(d, 0, cfg.n_layers, True, True)
+    file_bytes = sum(v.nbytes for v in ws.values())
+    gpu = wgpu_backend.WgpuStage(cfg, spec, ws, max_ctx=64, precision=GGUF)
+    if fast == "1" and not gpu.fast:
+        pytest.skip("adapter without subgroup operations")
+    rope_bytes = 64 * cfg.head_dim * 4  # the cos | sin table, [max_ctx, head_dim] float32
+    assert file_bytes <= gpu.bytes_weights - rope_bytes <= file_bytes + 8 * (7 * cfg.n_layers + 1)
+    ids = [3, 17, 250, 9, 400, 1, 2, 3, 4, 5]
+    a, b = gpu.head(gpu.embed_forward(ids, 0)), cpu.head(cpu.embed_forward(ids, 0))
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * np.abs(b).max())
+    for _ in range(3):  # one-token steps (the subgroup kernels where the adapter has them)
+        ta, ha = gpu.head_embed_forward(gpu.embed([7]), gpu.position)
+        tb, hb = cpu.head_embed_forward(cpu.embed([7]), cpu.position)
+        assert ta == tb
+        np.testing.assert_allclose(ha, hb, rtol=0, atol=2e-5 * np.abs(hb).max())
