@@ -244,6 +244,21 @@ def permute_rows(q: np.ndarray | QTensor, perm_fn) -> np.ndarray | QTensor:
     return perm_fn(q)
 
 
+def stored_sizes(table: dict[str, TensorInfo], n_layers: int) -> tuple[tuple[int, ...], int, int]:
+    """Bytes the GGUF stores: ``(per layer [n_layers], token embedding, own output head or 0)``,
+    every tensor of a layer (``blk.{i}.*``: matrices in their blocks, norms, biases) counted.
+    These are the bytes a stage holding the file's tensors as stored holds."""
+    layers = [0] * n_layers
+    for name, info in table.items():
+        if name.startswith("blk."):
+            i = name.split(".", 2)[1]
+            if i.isdigit() and int(i) < n_layers:
+                layers[int(i)] += info.nbytes
+    emb = table["token_embd.weight"].nbytes if "token_embd.weight" in table else 0
+    head = table["output.weight"].nbytes if "output.weight" in table else 0
+    return tuple(layers), emb, head
+
+
 def file_size(path: Path | str) -> int:
     """Size in bytes of ``path``."""
     return os.stat(path).st_size

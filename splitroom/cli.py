@@ -755,13 +755,16 @@ def generate(prompt: Optional[str] = typer.Argument(None, help="The question to 
                                                  "(default: the bundled SmolLM2-135M-Instruct)."),
              ids: Optional[str] = typer.Option(None, "--ids", help="The prompt as token ids, e.g. 1,2,3 "
                                                "(instead of PROMPT; no chat template)."),
-             as_json: bool = typer.Option(False, "--json", help="Print the answer and its token ids as JSON.")):
+             as_json: bool = typer.Option(False, "--json", help="Print the answer and its token ids as JSON."),
+             weights: Optional[str] = typer.Option(None, "--weights", help="Weight storage: f32, f16, q8, or gguf "
+                                                   "(the GGUF's blocks as stored; the default for --model X.gguf; "
+                                                   "f32 otherwise).")):
     """Answer PROMPT with the real model (SmolLM2-135M-Instruct or --model PATH), streaming, then print tokens/s."""
     from splitroom.generate_cmd import run_generate
     try:
         code = run_generate(prompt, backend=backend, layers=layers, max_new_tokens=max_tokens, system=system, raw=raw,
                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, model=model, ids=ids,
-                            as_json=as_json)
+                            as_json=as_json, weights=weights)
     except ValueError as e:
         fail(str(e))
     raise typer.Exit(code)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from runtime.backends import BACKENDS, StageSpec, make_stage
@@ -117,6 +118,7 @@ def run_generate(
     model: str | None = None,
     ids: str | None = None,
     as_json: bool = False,
+    weights: str | None = None,
 ) -> int:
     """Generate an answer to ``prompt`` (or to the token ids ``ids``, ``"1,2,3"``) and stream it
     to ``out``; with ``as_json`` print one JSON object instead (``model``, ``text``,
@@ -127,6 +129,8 @@ def run_generate(
     (``top_p``, ``top_k``) from the ``seed``'s stream (a fresh seed when None; the
     speed line names it, so the answer can be had again).
 
+    ``weights``: storage (runtime.precision.WEIGHTS); None: ``gguf`` (the blocks as stored) for a
+    ``model`` that is a GGUF file, ``f32`` otherwise.
     ``model``: a GGUF file or safetensors directory (None: the bundled SmolLM2). ``out`` /
     ``err``: default ``sys.stdout`` / ``sys.stderr`` at the time of the call.
 
@@ -149,11 +153,17 @@ def run_generate(
     if (prompt is None) == (ids is None):
         raise ValueError("give a PROMPT or --ids 1,2,3, not both" if prompt is not None else
                          "give a PROMPT (or the prompt as token ids: --ids 1,2,3)")
+    from runtime.precision import Precision
+    from splitroom.models import checkpoint_kind
+
     if model is not None:  # the checkpoint's metadata first: bad input is refused before any conversion
         shape = read_config(model)
         plan = parse_layers(layers, shape.n_layers)
         prompt_ids = parse_ids(ids, shape.vocab) if ids is not None else None
-    model_dir = resolve(model)
+    if weights is None:
+        weights = "gguf" if model is not None and checkpoint_kind(Path(model).expanduser().resolve()) == "gguf" else "f32"
+    precision = Precision(weights=weights)  # PrecisionError (a ValueError): one line
+    model_dir = resolve(model, stored=weights == "gguf")
     cfg = ModelConfig.load(model_dir)
     if model is None:
         plan = parse_layers(layers, cfg.n_layers)
@@ -171,7 +181,7 @@ def run_generate(
     # the tokenizer's stop ids already hold the checkpoint's (ChatTokenizer.from_dir)
     stops = frozenset(i for i in (tok.stop_ids if tok else cfg.all_stop_ids) if i >= 0)
     ctx = len(prompt_ids) + max_new_tokens + 1
-    stages = [make_stage(backend, model_dir, StageSpec(a, b, host=(i == 0)), max_ctx=ctx)
+    stages = [make_stage(backend, model_dir, StageSpec(a, b, host=(i == 0)), max_ctx=ctx, precision=precision)
               for i, (a, b) in enumerate(plan.ranges)]
     from splitroom.models import BUNDLED_ID
     name = BUNDLED_ID if model is None else (cfg.name or cfg.arch)  # the bundled model's catalog id

@@ -95,14 +95,15 @@ def read_config(path: str | Path):
         raise ModelError(f"{p}: cannot read it as a {kind} model ({_one_line(e)})") from None
 
 
-def spec_from_checkpoint(path: str | Path, kind: str | None = None, bits_per_weight: float = 32.0) -> ModelSpec:
+def spec_from_checkpoint(path: str | Path, kind: str | None = None, bits_per_weight: float | None = 32.0) -> ModelSpec:
     """The planner's model of a checkpoint: weights at ``bits_per_weight`` (32: the runtime's
-    float32; 16 and 9 for its f16 and q8 storage), float32 residuals, ``source`` naming the
+    float32; 16 and 9 for its f16 and q8 storage; ``None``: held as the GGUF stores them, the
+    file's own bytes per layer, :func:`stored_spec`), float32 residuals, ``source`` naming the
     path (absolute) for the real runtime. ``kind``: ``gguf`` or ``safetensors`` when the
     caller expects one (a mismatch is an error).
 
     Raises:
-        ModelError: as :func:`read_config`.
+        ModelError: as :func:`read_config`; ``bits_per_weight=None`` for a safetensors directory.
     """
     p = Path(path).expanduser().resolve()
     found = checkpoint_kind(p)
@@ -112,21 +113,53 @@ def spec_from_checkpoint(path: str | Path, kind: str | None = None, bits_per_wei
     kind = found
     cfg = read_config(p)
     name = cfg.name or p.stem
+    if bits_per_weight is None:
+        if kind != "gguf":
+            raise ModelError(f"{p} is a safetensors directory: weights gguf (blocks as stored) needs a GGUF file")
+        return stored_spec(spec_from_architecture(name, name, cfg.architecture()), p, f"{kind}:{p}")
     spec = spec_from_architecture(name, name, cfg.architecture(bits_per_weight=bits_per_weight))
     import dataclasses
     return dataclasses.replace(spec, source=f"{kind}:{p}")
 
 
-def model_dir(spec_or_path: ModelSpec | str | Path | None, progress=None) -> Path:
+def stored_spec(spec: ModelSpec, gguf_path: str | Path, source: str | None = None) -> ModelSpec:
+    """``spec`` with the weight bytes a stage holds when it keeps ``gguf_path``'s tensors as
+    stored (``weights: gguf``): each layer's bytes in the file (``layer_sizes``, their mean
+    rounded up as ``layer_bytes``, read per token as ``layer_active_bytes``), the embedding's
+    and the own head's; draft layers scaled alike. ``source`` replaces the spec's if given.
+
+    Raises:
+        ModelError: the file cannot be read.
+    """
+    import dataclasses
+
+    import gguf
+
+    from runtime.gguf_blocks import stored_sizes, tensor_table
+
+    try:
+        sizes, emb, head = stored_sizes(tensor_table(gguf.GGUFReader(str(gguf_path))), spec.layers)
+    except Exception as e:
+        raise ModelError(f"{gguf_path}: cannot read its tensors ({_one_line(e)})") from None
+    mean = -(-sum(sizes) // len(sizes)) if sizes else 0
+    draft = -(-spec.draft_bytes * mean // spec.layer_bytes) if spec.layer_bytes else 0
+    return dataclasses.replace(spec, layer_bytes=mean, layer_active_bytes=mean, layer_sizes=sizes,
+                               embedding_bytes=emb, head_bytes=head, draft_bytes=draft,
+                               source=spec.source if source is None else source)
+
+
+def model_dir(spec_or_path: ModelSpec | str | Path | None, progress=None, stored: bool = False) -> Path:
     """The runtime's model directory for a scenario's model or a ``--model`` path (``None``:
-    the bundled SmolLM2), converting a GGUF once into its cache folder.
+    the bundled SmolLM2), converting a GGUF once into its cache folder; with ``stored`` (weights
+    ``gguf``) a GGUF is not converted: its folder names the file whose blocks stages read
+    (:func:`runtime.weights.prepare_native`).
 
     Raises:
         ModelError: the model has no weights on this machine (a catalog model other than
             the bundled one, an inline model), or the checkpoint cannot be used.
     """
     from runtime.config import UnsupportedModel
-    from runtime.weights import WeightsError, ensure_safetensors, prepare_model
+    from runtime.weights import WeightsError, ensure_safetensors, find_gguf, prepare_model, prepare_native
 
     kw = {} if progress is None else {"progress": progress}
     if isinstance(spec_or_path, ModelSpec):
@@ -140,6 +173,11 @@ def model_dir(spec_or_path: ModelSpec | str | Path | None, progress=None) -> Pat
     else:
         path = spec_or_path
     try:
+        if stored:
+            p = find_gguf() if path is None else Path(path).expanduser()
+            if p.is_dir():
+                raise ModelError(f"{p} is a safetensors directory: weights gguf (blocks as stored) needs a GGUF file")
+            return prepare_native(p, **kw)
         if path is None:
             return ensure_safetensors(**kw)
         return prepare_model(Path(path).expanduser(), **kw)  # checks the kind, with checkpoint_kind's messages

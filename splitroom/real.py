@@ -76,11 +76,11 @@ class RealResult:
 def real_model_dir(scn: Scenario) -> Path:
     """The model directory a real room of ``scn`` loads: the bundled SmolLM2 for the catalog
     id ``smollm2-135m``, else the checkpoint the scenario names (``model: {gguf: PATH}`` /
-    ``{safetensors: DIR}``), converted once. Raises RealRunError (one line) for a model with no
+    ``{safetensors: DIR}``), converted once (``weights: gguf``: not converted, its blocks read as stored). Raises RealRunError (one line) for a model with no
     weights here or a checkpoint the runtime cannot use."""
     from splitroom.models import ModelError, model_dir
     try:
-        d = model_dir(scn.model)
+        d = model_dir(scn.model, stored=scn.weights == "gguf")
     except ModelError as e:
         raise RealRunError(str(e)) from None
     if not (d / "tokenizer.json").is_file():

@@ -383,7 +383,7 @@ class ScenarioIn(_Strict):
     model: Any = "smollm2-135m"  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
     context: int = Field(default=8192, ge=1, le=MAX_CONTEXT)
     kv_cache: Literal["f32", "f16", "q8"] = "f16"
-    weights: Literal["f32", "f16", "q8"] | None = None  # weight storage; None: the model's own
+    weights: Literal["f32", "f16", "q8", "gguf"] | None = None  # weight storage; None: the model's own; gguf: as the file stores it
     residual: Literal["f32", "f16"] | None = None  # residual frames on the wire; None: the model's own
     split: Literal["speed", "memory", "optimal"] = "speed"
     headroom: float = Field(default=DEFAULT_HEADROOM, ge=0.0, lt=1.0)  # fraction of each lend kept free
@@ -410,10 +410,11 @@ WEIGHTS_BITS = {"f32": 32.0, "f16": 16.0, "q8": 9.0}
 RESIDUAL_BYTES = {"f32": 4, "f16": 2}
 
 
-def _checkpoint_spec(m: dict, base: Path | None, bits: float | None = None) -> ModelSpec:
+def _checkpoint_spec(m: dict, base: Path | None, bits: float | None = None, stored: bool = False) -> ModelSpec:
     """``{gguf: PATH}`` / ``{safetensors: DIR}``: the architecture read from the checkpoint's
     metadata (splitroom.models); PATH relative to the scenario file's folder; ``bits``: the
-    scenario's ``weights`` (default float32, the runtime's own storage)."""
+    scenario's ``weights`` (default float32, the runtime's own storage); ``stored``: weights
+    ``gguf``, the file's own bytes per layer."""
     kind, raw = next(iter(m.items()))
     if not isinstance(raw, str) or not raw.strip() or "\0" in raw:
         raise _KeyProblem(f"model.{kind}", f"expected a path, got {units.show(raw)}")
@@ -422,17 +423,32 @@ def _checkpoint_spec(m: dict, base: Path | None, bits: float | None = None) -> M
     if not p.is_absolute() and base is not None:
         p = base / p
     try:
-        return spec_from_checkpoint(p, kind, 32.0 if bits is None else bits)
+        return spec_from_checkpoint(p, kind, None if stored else (32.0 if bits is None else bits))
     except ModelError as e:
         raise _KeyProblem(f"model.{kind}", str(e)) from None
     except OSError as e:  # a name too long, a loop of links
         raise _KeyProblem(f"model.{kind}", f"cannot read {units.show(raw)} ({e.strerror or e})") from None
 
 
-def _model_spec(m: Any, bits: float | None = None, base: Path | None = None) -> ModelSpec:
+def _bundled_stored(m: str) -> ModelSpec:
+    """The bundled model's spec held as its GGUF stores it (``weights: gguf`` with a catalog id)."""
+    from splitroom.models import BUNDLED_ID, ModelError, stored_spec
+    if m != BUNDLED_ID:
+        raise _KeyProblem("weights", f"gguf (blocks as stored) needs a GGUF file: model {{gguf: PATH}} or the "
+                                     f"bundled {BUNDLED_ID}, not {units.show(m)}")
+    from runtime.weights import WeightsError, find_gguf
+    try:
+        return stored_spec(catalog_mod.lookup(m), find_gguf())
+    except (ModelError, WeightsError) as e:
+        raise _KeyProblem("weights", str(e)) from None
+
+
+def _model_spec(m: Any, bits: float | str | None = None, base: Path | None = None) -> ModelSpec:
     """The model's spec; ``bits`` (the scenario's ``weights``) re-derives every weight size
     at that many bits per weight, which needs architecture numbers. ``base``: the folder a
     checkpoint's relative path starts from."""
+    if isinstance(m, str) and bits == "gguf":
+        return _bundled_stored(m)
     if isinstance(m, str):
         try:
             if bits is None:
@@ -447,7 +463,7 @@ def _model_spec(m: Any, bits: float | None = None, base: Path | None = None) -> 
             raise
     if isinstance(m, dict):
         if set(m) in ({"gguf"}, {"safetensors"}):
-            return _checkpoint_spec(m, base, bits)
+            return _checkpoint_spec(m, base, None if bits == "gguf" else bits, stored=bits == "gguf")
         try:
             m = InlineModelIn.model_validate(m)
         except ValidationError as e:
@@ -456,6 +472,8 @@ def _model_spec(m: Any, bits: float | None = None, base: Path | None = None) -> 
     else:
         raise _KeyProblem("model", f"expected a catalog id, an inline mapping, {{gguf: PATH}} or "
                                    f"{{safetensors: DIR}}, got {units.show(m)}")
+    if bits == "gguf":
+        raise _KeyProblem("weights", "gguf (blocks as stored) needs a GGUF file: model {gguf: PATH} or the bundled model")
     if m.layer_bytes is not None:
         if bits is not None:
             raise _KeyProblem("weights", "an inline model with layer_bytes states its own sizes; "
@@ -552,7 +570,7 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
             raise _KeyProblem(f"devices[{i}].id", f"duplicate device id {units.show(d)}")
     if s.host is not None and s.host not in ids:
         raise _KeyProblem("host", f"{units.show(s.host)} is not a device (devices: {', '.join(ids)})")
-    model = _model_spec(s.model, WEIGHTS_BITS[s.weights] if s.weights else None, base)
+    model = _model_spec(s.model, "gguf" if s.weights == "gguf" else (WEIGHTS_BITS[s.weights] if s.weights else None), base)
     if s.residual is not None:
         model = replace(model, residual_bytes_per_token=model.hidden * RESIDUAL_BYTES[s.residual])
     devices = tuple(

@@ -248,8 +248,9 @@ def _widen_rows(data, w, widen):  # pragma: no cover - compiled
 _WIDEN = {"q8_0": _widen_q8_0, "q4_0": _widen_q4_0, "q4_1": _widen_q4_1, "q4_k": _widen_q4_k, "q6_k": _widen_q6_k}
 #: GGUF block formats :class:`Linear` holds as stored (runtime.gguf_blocks.FORMATS)
 BLOCK_KINDS = tuple(_WIDEN)
-#: rows widened at once when a large block of activations (prefill) goes to BLAS
-_WIDEN_CHUNK_ROWS = 512
+#: float32 values widened at once when a large block of activations (prefill) goes to BLAS
+#: (16 MiB of float32: few parallel regions between the BLAS calls, a bounded transient)
+_WIDEN_CHUNK_VALUES = 1 << 22
 
 
 def quantize_rows_q8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -378,8 +379,9 @@ class Linear:
         if self.kind in _WIDEN and n > STREAM_MAX_ROWS:  # prefill: widen a few hundred rows at a time, then BLAS
             x = np.ascontiguousarray(x, dtype=F32)
             out = np.empty((n, self.shape[0]), F32)
-            for a in range(0, self.shape[0], _WIDEN_CHUNK_ROWS):
-                b = min(self.shape[0], a + _WIDEN_CHUNK_ROWS)
+            step = max(1, _WIDEN_CHUNK_VALUES // self.shape[1])
+            for a in range(0, self.shape[0], step):
+                b = min(self.shape[0], a + step)
                 w = np.empty((b - a, self.shape[1]), F32)
                 _widen_rows(self.w[a:b], w, _WIDEN[self.kind])
                 out[:, a:b] = x @ w.T

@@ -131,3 +131,26 @@ def test_safetensors_checkpoint_has_no_blocks(tmp_path):
 
     with pytest.raises(WeightsError, match="was not made from a GGUF file"):
         gguf_source(tmp_path)
+
+
+def test_scenario_weights_gguf_counts_the_files_bytes(smol, tmp_path):
+    """The planner's layer sizes for weights: gguf are the file's bytes per layer (Q4_1 blocks,
+    F32 norms) and its Q8_0 embedding, read here from gguf-py's tensor table."""
+    from splitroom.scenario import ScenarioError, load
+
+    _, src = smol
+    r = gguf.GGUFReader(str(src))
+    per = [0] * 30
+    for t in r.tensors:
+        if t.name.startswith("blk."):
+            per[int(t.name.split(".")[1])] += int(t.n_bytes)
+    emb = next(int(t.n_bytes) for t in r.tensors if t.name == "token_embd.weight")
+    assert emb == 49152 * 576 // 32 * 34  # Q8_0: 34 bytes per 32 weights
+    s = load("scenarios/home.yaml", ["weights=gguf"])
+    assert s.weights == "gguf"
+    assert s.model.layer_sizes == tuple(per) and s.model.layer_bytes == -(-sum(per) // 30)
+    assert s.model.embedding_bytes == emb and s.model.head_bytes == 0
+    f32 = load("scenarios/home.yaml", [])
+    assert f32.model.layer_bytes > 6 * s.model.layer_bytes  # float32 vs 5 bits a weight
+    with pytest.raises(ScenarioError, match="weights.*needs a GGUF file"):
+        load("scenarios/home.yaml", ["weights=gguf", "model=qwen2.5-7b"])

@@ -20,7 +20,8 @@ gguf = pytest.importorskip("gguf")
 from runtime.backends import StageSpec, make_stage, wgpu_unsupported  # noqa: E402
 from runtime.config import ModelConfig, UnsupportedModel, describe  # noqa: E402
 from runtime.generate import generate_greedy, prefill  # noqa: E402
-from runtime.weights import prepare_model  # noqa: E402
+from runtime.precision import Precision  # noqa: E402
+from runtime.weights import prepare_model, prepare_native  # noqa: E402
 from tests.tinymodels import greedy_reference, make_model, write_gguf  # noqa: E402
 
 N_LAYERS = 6
@@ -58,6 +59,7 @@ def checkpoints(tmp_path_factory):
             model.save_pretrained(d)
             write_gguf(model, root / f"{key}.gguf")
             out[key] = (model, prepare_model(d, progress=None), prepare_model(root / f"{key}.gguf", progress=None))
+            prepare_native(root / f"{key}.gguf", progress=None)  # the same folder: adds the blocks' source
     return out
 
 
@@ -102,6 +104,22 @@ def test_matches_transformers(checkpoints, references, arch, split, fmt):
         s.rollback(0)
     res = generate_greedy(stages, PROMPT, max_new_tokens=STEPS, stop_ids=frozenset())
     assert res.ids == ref_ids
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_held_as_stored_matches_transformers(checkpoints, references, arch):
+    """weights: gguf reads the GGUF's own tensors (biases, q/k norms, RoPE factors, untied heads
+    included) instead of the float32 conversion: the same transformers reference."""
+    _, _, gg_dir = checkpoints[arch]
+    ref_logits, ref_ids = references[arch]
+    stages = [make_stage("numpy", gg_dir, StageSpec(a, b, host=(i == 0)), max_ctx=64, precision=Precision(weights="gguf"))
+              for i, (a, b) in enumerate(zip(SPLITS["2-way"], SPLITS["2-way"][1:]))]
+    got = stages[0].head(prefill(stages, PROMPT, chunk=5))
+    ref = ref_logits[-got.shape[0]:]
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+    for s in stages:
+        s.rollback(0)
+    assert generate_greedy(stages, PROMPT, max_new_tokens=STEPS, stop_ids=frozenset()).ids == ref_ids
 
 
 def test_all_prompt_logits_and_spread(checkpoints, references):

@@ -48,10 +48,16 @@ def test_dequantize_matches_gguf_py(fmt):
 def test_products_match_float64(fmt, n):
     """Decode rows (streamed) and prefill rows (widened in chunks, BLAS) against float64 of gguf-py's values."""
     rng = np.random.default_rng(100 + n)
-    q = rand_q(fmt, 1100, 768, rng)  # more rows than one widening chunk
+    q = rand_q(fmt, 1100, 768, rng)
     x = rng.standard_normal((n, 768)).astype(np.float32)
     want = x.astype(np.float64) @ ref(q).astype(np.float64).T
-    got = Linear.stored(q).apply(x)
+    from runtime.backends import kernels
+    mp = pytest.MonkeyPatch()
+    mp.setattr(kernels, "_WIDEN_CHUNK_VALUES", 300 * 768)  # several widening chunks, the last one short
+    try:
+        got = Linear.stored(q).apply(x)
+    finally:
+        mp.undo()
     assert got.dtype == np.float32 and got.shape == (n, 1100)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
 
