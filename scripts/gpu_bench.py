@@ -40,13 +40,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runtime.backends.base import StageSpec  # noqa: E402
 from runtime.backends.numpy_backend import NumpyStage, rope_tables  # noqa: E402
 from runtime.bench import SMOLLM2_135M, random_weights  # noqa: E402
+from runtime.config import ModelConfig  # noqa: E402
 from runtime.precision import Precision  # noqa: E402
 
 CFG = SMOLLM2_135M
+#: ``--shape`` choices: SmolLM2-135M, and Llama-3.2-1B/3B's shapes (scripts/make_gguf.py SHAPES)
+SHAPES = {
+    "smollm2": SMOLLM2_135M,
+    "llama-1b": ModelConfig(n_layers=16, hidden=2048, n_heads=32, n_kv_heads=8, ffn=8192, vocab=128256,
+                            rope_theta=500000.0, rms_eps=1e-5),
+    "llama-3b": ModelConfig(n_layers=28, hidden=3072, n_heads=24, n_kv_heads=8, ffn=8192, vocab=128256,
+                            rope_theta=500000.0, rms_eps=1e-5),
+}
+#: formats held as GGUF blocks (weights: gguf), from a random checkpoint scripts/make_gguf.py writes
+GGUF_MIXES = ("q4_k", "q4_k_m", "q8_0", "q6_k", "q4_0", "q4_1")
 
 
 def weight_bytes(cfg, fmt: str) -> int:
-    """Bytes of matrices read per decode token (30 layers + head; norms and the one embedding row are <0.1%)."""
+    """Bytes of matrices read per decode token (all layers + head; norms and the one embedding row are <0.1%);
+    a GGUF mix: the file's stored bytes of the layers and the head (runtime.gguf_blocks.stored_sizes)."""
+    if fmt in GGUF_MIXES:
+        return GGUF_BYTES[fmt]
     H, F, KVD = cfg.hidden, cfg.ffn, cfg.kv_dim
     per_layer = (H * H + 2 * KVD * H) + H * H + 2 * F * H + F * H
     n = cfg.n_layers * per_layer + cfg.vocab * H
@@ -58,13 +72,38 @@ def med(xs):
 
 
 # ------------------------------------------------------------------------------------------ wgpu
+#: {mix: stored bytes read per token} of the GGUFs made by :func:`gguf_weights`
+GGUF_BYTES: dict[str, int] = {}
+
+
+def gguf_weights(mix: str, shape: str, tmp: Path) -> dict:
+    """A random checkpoint of ``shape`` in ``mix`` written by scripts/make_gguf.py into ``tmp``,
+    read back as stored (runtime.weights.load_range_native): ``{hf_name: array | QTensor}``."""
+    import gguf
+
+    from runtime import gguf_blocks as gb
+    from runtime.weights import load_range_native, prepare_native
+    from scripts import make_gguf
+
+    path = tmp / f"random-{shape}-{mix}.gguf"
+    if not path.is_file():
+        make_gguf.write(path, {"smollm2": "smollm2", "llama-1b": "llama-1b", "llama-3b": "llama-3b"}[shape], mix, seed=0)
+    d = prepare_native(path, progress=None)
+    sizes, emb, head = gb.stored_sizes(gb.tensor_table(gguf.GGUFReader(str(path))), CFG.n_layers)
+    GGUF_BYTES[mix] = sum(sizes) + (head or emb)
+    return load_range_native(d, 0, CFG.n_layers, True, True)
+
+
 def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray | None) -> dict:
     from runtime.backends.wgpu_backend import WgpuStage
 
     t0 = time.perf_counter()
-    st = WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=a.ctx, precision=Precision(weights=fmt))
+    stored = fmt in GGUF_MIXES
+    st = WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=a.ctx,
+                   precision=Precision(weights="gguf" if stored else fmt))
     out: dict = {"format": fmt, "init_s": time.perf_counter() - t0, "fast_kernels": st.fast,
-                 "mv_shape": list(getattr(st, "mv", ())), "weight_bytes_per_token": weight_bytes(CFG, fmt)}
+                 "mv_shape": list(getattr(st, "mv", ())), "weight_bytes_per_token": weight_bytes(CFG, fmt),
+                 "gpu_weight_buffer_bytes": st.bytes_weights}
     P = len(prompt)
     st.rollback(0)
     h = st.embed_forward(prompt, 0)
@@ -378,14 +417,28 @@ def main(argv=None) -> None:
     ap.add_argument("--per-submit", default="1,4,16", help="greedy_steps per_submit values to time")
     ap.add_argument("--quick", action="store_true", help="tiny run (lavapipe check of this script)")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="smollm2",
+                    help="model shape (random weights); GGUF formats in --formats (q4_k, q4_k_m, q8_0, ...) are "
+                         "random checkpoints of that shape written by scripts/make_gguf.py")
+    ap.add_argument("--gguf-dir", default="/tmp/splitroom-gguf", help="where the random GGUFs are written")
+    ap.add_argument("--no-numpy-ref", action="store_true", help="skip the numpy reference logits (large shapes)")
     a = ap.parse_args(argv)
+    global CFG
+    CFG = SHAPES[a.shape]
     a.per_submit = [int(v) for v in a.per_submit.split(",")]
     if a.quick:
         a.steps, a.reps = 4, 1
-    res: dict = {"env": env_info(), "config": {"steps": a.steps, "reps": a.reps, "ctx": a.ctx, "prompt": 32}}
+    res: dict = {"env": env_info(), "config": {"steps": a.steps, "reps": a.reps, "ctx": a.ctx, "prompt": 32,
+                                                "shape": a.shape, "model": {k: getattr(CFG, k) for k in
+                                                                            ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab")}}}
     print(json.dumps(res["env"], indent=1)[:1500], flush=True)
-    w = random_weights(CFG, 0)
+    fmts = a.formats.split(",")
+    w = random_weights(CFG, 0) if any(f not in GGUF_MIXES for f in fmts) or not a.no_torch else {}
     prompt = np.random.default_rng(1).integers(3, CFG.vocab, 32).tolist()
+    tmp = Path(a.gguf_dir)
+    tmp.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("SPLITROOM_CACHE", str(tmp / "cache"))
+    ws = {f: (lambda f=f: gguf_weights(f, a.shape, tmp)) if f in GGUF_MIXES else (lambda: w) for f in fmts}
 
     def save():
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -393,9 +446,15 @@ def main(argv=None) -> None:
 
     # numpy references (CPU) for the logits after the prompt, per format (same stored values)
     refs = {}
-    for fmt in a.formats.split(","):
-        ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=64, precision=Precision(weights=fmt))
+    for fmt in fmts:
+        if a.no_numpy_ref and fmt not in GGUF_MIXES:
+            refs[fmt] = None
+            continue
+        t0 = time.perf_counter()
+        ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(ws[fmt]()), max_ctx=64,
+                         precision=Precision(weights="gguf" if fmt in GGUF_MIXES else fmt))
         refs[fmt] = ref.head(ref.embed_forward(prompt, 0)[-1:])
+        res.setdefault("numpy_ref_s", {})[fmt] = time.perf_counter() - t0
         del ref
     have_cuda = False
     if not a.no_torch:
@@ -418,9 +477,9 @@ def main(argv=None) -> None:
     print("bandwidth", res.get("bandwidth_torch"), res.get("bandwidth_wgpu"), flush=True)
     save()
     res["wgpu"] = []
-    for fmt in a.formats.split(","):
+    for fmt in fmts:
         try:
-            r = bench_wgpu(fmt, w, a, prompt, refs[fmt])
+            r = bench_wgpu(fmt, ws[fmt](), a, prompt, refs[fmt])
         except Exception as e:
             r = {"format": fmt, "error": repr(e)}
         print("wgpu", fmt, {k: v for k, v in r.items() if not isinstance(v, (list, dict))}, flush=True)

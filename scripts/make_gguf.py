@@ -8,7 +8,7 @@ quantization of float values (quantizing 3-8 billion weights in numpy would take
 the run; the kernels' speed does not depend on the values). Every tensor is written with
 gguf-py's ``GGUFWriter`` (the format's reference writer), one tensor at a time.
 
-Shapes (``--shape``): ``llama-3b`` (Llama-3.2-3B: 28 x 3072, 24 heads, 8 KV heads, FFN 8192,
+Shapes (``--shape``): ``smollm2`` (SmolLM2-135M; its 576-wide rows take only the 32-weight formats), ``llama-3b`` (Llama-3.2-3B: 28 x 3072, 24 heads, 8 KV heads, FFN 8192,
 vocab 128256, tied head), ``llama-8b`` (Llama-3-8B: 32 x 4096, 32 heads, 8 KV heads, FFN 14336,
 vocab 128256, own head), ``tiny`` (tests). Mixes (``--mix``): one format for every matrix
 (``q8_0``, ``q4_0``, ``q4_1``, ``q4_k``, ``q6_k``, ``f16``), or ``q4_k_m`` (llama.cpp's Q4_K_M
@@ -34,6 +34,7 @@ from runtime import gguf_blocks as gb  # noqa: E402
 #: ``{name: (layers, hidden, heads, kv_heads, ffn, vocab, tied)}``
 SHAPES = {
     "tiny": (3, 256, 4, 2, 512, 512, True),
+    "smollm2": (30, 576, 9, 3, 1536, 49152, True),
     "llama-1b": (16, 2048, 32, 8, 8192, 128256, True),
     "llama-3b": (28, 3072, 24, 8, 8192, 128256, True),
     "llama-8b": (32, 4096, 32, 8, 14336, 128256, False),

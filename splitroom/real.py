@@ -497,6 +497,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
         if net is not None:
             net.__enter__()
         relay, url = start_relay(net, deal.host, workdir, env)
+        adapters = adapter_indices([c.device for c in cfgs if c.device not in colocated])
         for c in cfgs:
             if c.device in colocated:
                 continue
@@ -504,7 +505,8 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
             if c.device == deal.host:
                 for t in sorted(colocated):
                     argv += ["--also", str(write_config(next(x for x in cfgs if x.device == t), workdir))]
-            procs[c.device] = start_process(net, c.device, argv, workdir, env)
+            denv = env if c.device not in adapters else dict(env, SPLITROOM_WGPU_ADAPTER=str(adapters[c.device]))
+            procs[c.device] = start_process(net, c.device, argv, workdir, denv)
         log(f"room {room}: {len(procs)} device processes on {network}"
             + (f" (the model host's process also runs {', '.join(sorted(colocated))})" if colocated else ""))
         host = procs[deal.host]
@@ -574,6 +576,31 @@ def plan_network(scn: Scenario, devices: Sequence[str], netns: bool) -> tuple[ob
     net = netem.EmulatedNetwork(list(devices), rtt_s=rtt_s,
                                 jitter_s=scn.network.jitter.scale_s if scn.network.jitter else 0.0)
     return net, f"network namespaces, {rtt_s * 1000:.0f} ms RTT applied to packets", rtt_s
+
+
+#: environment variable of a real room: each device process's wgpu adapter index, in the order
+#: of the room's device processes (the deal's stages), e.g. ``0,1,2,3`` for one GPU each
+ADAPTERS_ENV = "SPLITROOM_WGPU_ADAPTERS"
+
+
+def adapter_indices(devices: Sequence[str]) -> dict[str, int]:
+    """``{device: adapter index}`` from ``$SPLITROOM_WGPU_ADAPTERS`` (comma-separated indices,
+    one per device process in ``devices``' order; the process gets it as
+    ``SPLITROOM_WGPU_ADAPTER``, runtime.backends.wgpu_backend.get_device); empty when unset.
+
+    Raises:
+        RealRunError: not whole numbers, or fewer indices than device processes.
+    """
+    raw = os.environ.get(ADAPTERS_ENV, "").strip()
+    if not raw:
+        return {}
+    parts = [p.strip() for p in raw.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise RealRunError(f"{ADAPTERS_ENV} must be adapter indices such as 0,1,2, got {raw!r}")
+    if len(parts) < len(devices):
+        raise RealRunError(f"{ADAPTERS_ENV}={raw} names {len(parts)} adapters for {len(devices)} device processes "
+                           f"({', '.join(devices)})")
+    return {d: int(p) for d, p in zip(devices, parts)}
 
 
 def start_process(net, device: str, argv: Sequence[str], workdir: Path, env: dict, **popen) -> subprocess.Popen:

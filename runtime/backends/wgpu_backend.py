@@ -72,11 +72,56 @@ def _runtime_dir() -> None:
         os.environ["XDG_RUNTIME_DIR"] = path
 
 
+class WgpuUnavailable(RuntimeError):
+    """No usable Vulkan adapter here (wgpu missing, no adapter, a bad adapter index): one line."""
+
+
+#: environment variable choosing this process's adapter by index (see :func:`get_device`)
+ADAPTER_ENV = "SPLITROOM_WGPU_ADAPTER"
+
+
+def adapter_index() -> int | None:
+    """The adapter index ``$SPLITROOM_WGPU_ADAPTER`` asks for (0-based, in the order of
+    :func:`list_adapters`), or None when unset or empty.
+
+    Raises:
+        WgpuUnavailable: the value is not a whole number >= 0.
+    """
+    v = os.environ.get(ADAPTER_ENV, "").strip()
+    if not v:
+        return None
+    if not v.isdigit():
+        raise WgpuUnavailable(f"{ADAPTER_ENV} must be an adapter index (0, 1, ...), got {v!r}")
+    return int(v)
+
+
+def _adapters() -> list:
+    """wgpu's adapters in its enumeration order, only Vulkan ones when ``WGPU_BACKEND_TYPE`` is Vulkan."""
+    import wgpu
+
+    found = wgpu.gpu.enumerate_adapters_sync()
+    if os.environ.get("WGPU_BACKEND_TYPE") == "Vulkan":
+        found = [a for a in found if "vulkan" in str(a.info.get("backend_type", "")).lower()]
+    return found
+
+
+def list_adapters() -> list[str]:
+    """Summaries of the Vulkan adapters, in index order (what :data:`ADAPTER_ENV` picks from)."""
+    os.environ.setdefault("WGPU_BACKEND_TYPE", "Vulkan")
+    _runtime_dir()
+    return [a.summary for a in _adapters()]
+
+
 def get_device():
     """The process-wide ``(adapter, device)`` on Vulkan, created once.
 
+    The adapter: the one at index ``$SPLITROOM_WGPU_ADAPTER`` of :func:`list_adapters` (Vulkan
+    adapters in ``wgpu.gpu.enumerate_adapters_sync()``'s order) when that is set (one device process per GPU:
+    each process is started with its own index), else wgpu's high-performance choice.
+
     Raises:
-        WgpuUnavailable: wgpu is not installed, no Vulkan adapter exists, or the adapter is not Vulkan.
+        WgpuUnavailable: wgpu is not installed, no Vulkan adapter exists, the index is past the
+            adapters there are, or the adapter is not Vulkan.
     """
     global _DEVICE
     if _DEVICE is not None:
@@ -87,8 +132,18 @@ def get_device():
         import wgpu
     except ImportError as e:  # pragma: no cover
         raise WgpuUnavailable(f"the wgpu package is not installed: {e}") from e
+    idx = adapter_index()
     try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        if idx is None:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        else:
+            found = _adapters()
+            if idx >= len(found):
+                raise WgpuUnavailable(f"{ADAPTER_ENV}={idx}, but there are {len(found)} adapters: "
+                                      + "; ".join(f"{i}: {a.summary}" for i, a in enumerate(found)))
+            adapter = found[idx]
+    except WgpuUnavailable:
+        raise
     except Exception as e:
         raise WgpuUnavailable(f"no Vulkan adapter: {e}. Install mesa-vulkan-drivers (lavapipe).") from e
     backend = adapter.info.get("backend_type", "")
