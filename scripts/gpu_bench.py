@@ -51,6 +51,8 @@ SHAPES = {
                             rope_theta=500000.0, rms_eps=1e-5),
     "llama-3b": ModelConfig(n_layers=28, hidden=3072, n_heads=24, n_kv_heads=8, ffn=8192, vocab=128256,
                             rope_theta=500000.0, rms_eps=1e-5),
+    "llama-8b": ModelConfig(n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn=14336, vocab=128256,
+                            rope_theta=500000.0, rms_eps=1e-5, tie_embeddings=False),
 }
 #: formats held as GGUF blocks (weights: gguf), from a random checkpoint scripts/make_gguf.py writes
 GGUF_MIXES = ("q4_k", "q4_k_m", "q8_0", "q6_k", "q4_0", "q4_1")
@@ -87,7 +89,7 @@ def gguf_weights(mix: str, shape: str, tmp: Path) -> dict:
 
     path = tmp / f"random-{shape}-{mix}.gguf"
     if not path.is_file():
-        make_gguf.write(path, {"smollm2": "smollm2", "llama-1b": "llama-1b", "llama-3b": "llama-3b"}[shape], mix, seed=0)
+        make_gguf.write(path, shape, mix, seed=0)
     d = prepare_native(path, progress=None)
     sizes, emb, head = gb.stored_sizes(gb.tensor_table(gguf.GGUFReader(str(path))), CFG.n_layers)
     GGUF_BYTES[mix] = sum(sizes) + (head or emb)
@@ -421,7 +423,8 @@ def main(argv=None) -> None:
                     help="model shape (random weights); GGUF formats in --formats (q4_k, q4_k_m, q8_0, ...) are "
                          "random checkpoints of that shape written by scripts/make_gguf.py")
     ap.add_argument("--gguf-dir", default="/tmp/splitroom-gguf", help="where the random GGUFs are written")
-    ap.add_argument("--no-numpy-ref", action="store_true", help="skip the numpy reference logits (large shapes)")
+    ap.add_argument("--numpy-ref", choices=("all", "gguf", "none"), default="all",
+                    help="which formats get the numpy reference logits (gguf: only the block formats; large shapes)")
     a = ap.parse_args(argv)
     global CFG
     CFG = SHAPES[a.shape]
@@ -447,7 +450,7 @@ def main(argv=None) -> None:
     # numpy references (CPU) for the logits after the prompt, per format (same stored values)
     refs = {}
     for fmt in fmts:
-        if a.no_numpy_ref and fmt not in GGUF_MIXES:
+        if a.numpy_ref == "none" or (a.numpy_ref == "gguf" and fmt not in GGUF_MIXES):
             refs[fmt] = None
             continue
         t0 = time.perf_counter()
