@@ -134,7 +134,8 @@ class Node:
             :data:`OPEN_TRACE_BYTES` (a long-lived room: :class:`BoundedTrace`).
     Attributes:
         observers: callables given every event and command, in order, after the node
-            carried it out (e.g. an HTTP server streaming answers); an observer that
+            carried it out, and each Computed record (this device's compute seconds)
+            (e.g. an HTTP server streaming answers); an observer that
             raises is logged and the node goes on.
     """
 
@@ -385,8 +386,9 @@ class Node:
             await self._pad(t0)
             if type(c) is not RollbackKV:
                 ref = c.draft_id if type(c) is Draft else c.lap_id
-                self.trace.append((self.clock(), Computed(self.cfg.device, type(c).__name__, ref,
-                                                          time.perf_counter() - t0)))
+                done = Computed(self.cfg.device, type(c).__name__, ref, time.perf_counter() - t0)
+                self.trace.append((self.clock(), done))
+                self._notify(done)
             if event is not None:
                 self.handle(event)
 

@@ -16,9 +16,16 @@ What each device's screen says (product page 001), as the host knows it:
 * ``Left the room``: the host lost it (with the reason). ``Re-dealing``: the host is
   dealing a lost device's layers to the others. ``Room over``: the room stopped.
 
-While serving, each device of the chain shows the tokens it handled (positions of every
-lap that passed it) and the lap time the host measured (its frame out to its return:
-every hop and worker stage of one lap; the host cannot time single hops of the others).
+While serving, each device of the chain shows its own figures: the tokens it handled
+(positions of every lap that passed it) and its time per lap, as far as the host measures
+it from its own trace records:
+
+* the model host: ``stage_ms``, its own compute per lap (its layers and the output head:
+  the mean of its ``Computed`` RunStage + RunHead seconds over its RunStage count);
+* the one worker of a two-device chain: ``hop_ms``, the host's frame out to its return
+  (the hop out, the worker's stage, the hop back: all of it is that worker's);
+* with several workers the host times only their whole way round: ``shared_ms`` (that
+  time) and ``shared_by`` (how many workers share it), never shown as one device's own.
 API clients show as one "API client" chip (browser guests as one "Guest" chip) with how
 many there are, no layers, and are not counted as devices: the
 :data:`MAX_CLIENTS_SHOWN` that asked last within :data:`CLIENT_SHOWN_S` (a client that
@@ -74,6 +81,8 @@ class RoomPage:
         self.subscribers: set[asyncio.Queue] = set()
         self.tokens_handled: dict[str, int] = {}
         self.passes: dict[str, int] = {}
+        self.compute_s: dict[str, float] = {}  # RunStage + RunHead seconds each device computed
+        self.stage_runs: dict[str, int] = {}  # RunStage commands each device computed
         self.clients: OrderedDict[str, dict] = OrderedDict()  # least recently seen first
         self._pending: Optional[asyncio.TimerHandle] = None
         self._last_push = 0.0
@@ -100,6 +109,15 @@ class RoomPage:
             self.tokens_handled[d] = self.tokens_handled.get(d, 0) + lap_tokens
             self.passes[d] = self.passes.get(d, 0) + 1
         self._broadcast({"event": "pass", "data": {"devices": chain, "tokens": lap_tokens}})
+
+    def computed(self, device: str, command: str, seconds: float) -> None:
+        """``device`` computed ``command`` (RunStage, RunHead, Draft) in ``seconds``
+        (a Computed trace record); drafts are not part of its stage time."""
+        if command not in ("RunStage", "RunHead"):
+            return
+        self.compute_s[device] = self.compute_s.get(device, 0.0) + seconds
+        if command == "RunStage":
+            self.stage_runs[device] = self.stage_runs.get(device, 0) + 1
 
     def client_seen(self, client: str) -> None:
         """An API client asked a question (it becomes the most recent; clients past
@@ -161,6 +179,8 @@ class RoomPage:
         host_id = info.get("host")
         lap_s = srv.lap_mean_s()
         first_stages = {s["device"] for s in info.get("stages", [])}
+        workers = [x for x, _, _ in stages if x != host_id]
+        lap_ms = lap_s * 1000 if lap_s is not None else None
         devices = []
         for d in info.get("devices", []):
             dev = d["id"]
@@ -187,7 +207,11 @@ class RoomPage:
                             ("worker" if mine or (was and dev in srv.lost) else "guest"), "layers": layers, "status": status, "title": title,
                             "detail": detail, "why": why.get(dev, ""),
                             "tokens_handled": self.tokens_handled.get(dev, 0), "passes": self.passes.get(dev, 0),
-                            "lap_ms": lap_s * 1000 if (lap_s is not None and mine) else None})
+                            "stage_ms": (1000 * self.compute_s.get(dev, 0.0) / self.stage_runs[dev]
+                                         if mine and self.stage_runs.get(dev) else None),
+                            "hop_ms": lap_ms if mine and dev != host_id and len(workers) == 1 else None,
+                            "shared_ms": lap_ms if mine and dev != host_id and len(workers) > 1 else None,
+                            "shared_by": len(workers) if mine and dev != host_id and len(workers) > 1 else None})
         now = self.clock()
         recent = itertools.takewhile(lambda cv: now - cv[1]["seen"] <= CLIENT_SHOWN_S, reversed(self.clients.items()))
         clients = []  # one chip per kind: identical clients merge

@@ -47,7 +47,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
-from planner.protocol import (AnswerDone, BeginAnswer, DeviceLost, EmitToken, FrameArrived, LapEnded,
+from planner.protocol import (AnswerDone, BeginAnswer, Computed, DeviceLost, EmitToken, FrameArrived, LapEnded,
                               QuestionAsked, Refuse, SendFrame)
 from planner.sampling import GREEDY
 
@@ -256,6 +256,8 @@ class RoomServer:
                 self._lap_count += 1
         elif cls is LapEnded:
             self.m_laps.inc()
+        elif cls is Computed:
+            self.page.computed(obj.device, obj.command, obj.seconds)
         elif cls is QuestionAsked:
             t = self.tickets.get(obj.question_id)
             if t is not None:

@@ -122,3 +122,24 @@ def test_nineteen_api_clients_are_one_chip_and_leave_the_page_when_gone(browser)
         now[0] += page_mod.CLIENT_SHOWN_S + 1  # nobody asked since: the next snapshot (2 s) has no chip
         text = _wait_text(browser, "chips", lambda t: "API client" not in t, timeout_s=8.0)
         assert "API client" not in text and "a" in text, text
+
+
+def test_each_device_screen_shows_its_own_time_not_the_room_wide_speed(browser):
+    from planner.frames import FrameHeader, FrameKind
+    from planner.protocol import Computed, FrameArrived, SendFrame
+    now = [0.0]
+    srv = RoomServer("m", {**INFO, "devices": [{"id": "a"}, {"id": "b"}], "shares": [], "notes": []},
+                     clock=lambda: now[0])
+    srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
+    srv.phase, srv.last_tokens_per_s = "serving", 41.0
+    srv._observe(Computed("a", "RunStage", 1, 0.004))  # the host: 4 ms, out, 25 ms away, back
+    srv._observe(SendFrame("a", "b", FrameHeader(FrameKind.DECODE, 1, 1, 1, 1, 576)))
+    now[0] += 0.025
+    srv._observe(FrameArrived("a", "b", FrameHeader(FrameKind.RESULT, 1, 1, 1, 1, 576)))
+    with PageServer(srv) as url:
+        browser.get(url)
+        _wait_text(browser, "screens", lambda t: "ms" in t)
+        a, b = browser.execute_script(  # both at once: each snapshot redraws the screens
+            "return ['screen-a', 'screen-b'].map((i) => document.getElementById(i).textContent)")
+        assert "4.0 ms per stage" in a and "25.0 ms per hop and stage" in b, (a, b)
+        assert "tok/s" not in a and "tok/s" not in b, (a, b)  # the room's 41.0 tok/s is not a device's

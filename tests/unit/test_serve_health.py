@@ -188,3 +188,40 @@ def test_the_room_page_merges_identical_clients_into_one_chip_and_drops_those_go
     assert [(c["kind"], c["ids"]) for c in srv.page.snapshot()["clients"]] == [("api", ["api:key-0000000000000003"])]
     now[0] += page_mod.CLIENT_SHOWN_S + 1
     assert srv.page.snapshot()["clients"] == []
+
+
+def test_each_device_card_shows_its_own_figures_not_the_room_wide_lap():
+    from planner.frames import FrameHeader, FrameKind
+    from planner.protocol import Computed, FrameArrived, SendFrame
+    now = [0.0]
+
+    def room(stages):
+        srv = RoomServer("m", {**INFO, "devices": [{"id": x} for x, _, _ in stages]}, clock=lambda: now[0])
+        srv.attach(fake_node(stages))
+        srv.phase = "serving"
+        return srv
+
+    def laps(srv, last, times_ms, host_ms):  # each lap: the host computes, sends, it comes back
+        for lap, (away, (stage, head)) in enumerate(zip(times_ms, host_ms), start=1):
+            h = FrameHeader(FrameKind.DECODE, 1, lap, lap, 1, 576)
+            srv._observe(Computed("a", "RunStage", lap, stage / 1000))
+            srv._observe(Computed("a", "Draft", lap, 0.5))  # a draft is not the stage's time
+            srv._observe(SendFrame("a", "b", h))
+            now[0] += away / 1000
+            srv._observe(FrameArrived("a", last, FrameHeader(FrameKind.RESULT, 1, lap, lap, 1, 576)))
+            srv._observe(Computed("a", "RunHead", lap, head / 1000))
+
+    # host a (4 + 1 ms, then 6 + 1 ms per lap), one worker b (10 ms, then 20 ms away from a)
+    srv = room([("a", 0, 15), ("b", 15, 30)])
+    laps(srv, "b", [10, 20], [(4, 1), (6, 1)])
+    cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
+    assert abs(cards["a"]["stage_ms"] - 6.0) < 1e-9 and cards["a"]["hop_ms"] is None  # (4+1+6+1) / 2
+    assert abs(cards["b"]["hop_ms"] - 15.0) < 1e-9 and cards["b"]["stage_ms"] is None  # (10+20) / 2
+    assert cards["a"]["tokens_handled"] == cards["b"]["tokens_handled"] == 2
+    # two workers: the host times only their way round, said as shared by 2, never as one's own
+    srv = room([("a", 0, 10), ("b", 10, 20), ("c", 20, 30)])
+    laps(srv, "c", [30], [(3, 1)])
+    cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
+    assert abs(cards["a"]["stage_ms"] - 4.0) < 1e-9
+    for w in "bc":
+        assert cards[w]["hop_ms"] is None and abs(cards[w]["shared_ms"] - 30.0) < 1e-9 and cards[w]["shared_by"] == 2

@@ -54,10 +54,9 @@ function render(s) {
   for (const d of s.devices) {
     const stats = el("div", { class: "stats" });
     if (d.status === "serving") {
+      // this device's own figures (page.py's module doc says what the host can time)
       stats.append(el("span", { class: "dot serving", id: "hop-" + d.id }),
-        el("span", {}, fmt(s.measured_tokens_per_s, 1) + " tok/s"),
-        el("span", {}, d.tokens_handled + " tokens handled"),
-        el("span", {}, (d.lap_ms === null ? "-" : fmt(d.lap_ms, 1)) + " ms per lap"));
+        el("span", {}, d.tokens_handled + " tokens handled"), el("span", { class: "own" }, ownTime(d)));
     }
     screens.append(el("div", { class: "screen", id: "screen-" + d.id },
       el("h3", {}, icon(d.kind), " " + d.name + " · " + d.role),
@@ -87,6 +86,15 @@ function showCard(id) {
     el("div", {}, `${d.role} · lends ${d.lends} · ${d.layers ? "layers " + d.layers : "no layers"}`),
     el("div", {}, `${d.title}: ${d.detail || ""}`), el("div", { class: "notes" }, d.why || ""),
     el("button", { onclick: () => { openCard = null; card.hidden = true; } }, "Close"));
+}
+
+function ownTime(d) {
+  if (d.stage_ms !== null && d.stage_ms !== undefined) return fmt(d.stage_ms, 1) + " ms per stage (its layers and the head)";
+  if (d.hop_ms !== null && d.hop_ms !== undefined) return fmt(d.hop_ms, 1) + " ms per hop and stage (out, its layers, back)";
+  if (d.shared_ms !== null && d.shared_ms !== undefined) {
+    return `not timed alone: ${fmt(d.shared_ms, 1)} ms per lap for all ${d.shared_by} workers`;
+  }
+  return "no lap timed yet";
 }
 
 function clientName(c) {
