@@ -89,10 +89,10 @@ def parse_layers(text: str, n_layers: int) -> tuple[int, int]:
     Raises:
         LayerRangeError: not ``A-B`` or ``A`` (``malformed``), or not ``1 <= A <= B <= n_layers``.
     """
-    parts = str(text).strip().split("-")
+    parts = [p.strip() for p in str(text).strip().split("-")]
     try:
-        if len(parts) > 2:
-            raise ValueError
+        if len(parts) > 2 or not all(p.isascii() and p.isdigit() for p in parts):
+            raise ValueError  # int() would read full-width digits, '²' and '1_0'
         a = int(parts[0])
         b = int(parts[-1])
     except ValueError:

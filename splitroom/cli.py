@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -141,6 +142,38 @@ def check_answered(m: dict, source: str, refusals=None) -> None:
         why = next((o.reason for o in (refusals or ())), None)
         fail(f"{source}: the simulated room answered none of its {m['questions']} questions "
              f"({m.get('refused', 0)} refused{': ' + why if why else ''}); no prediction")
+
+
+def _all_finite(x) -> bool:
+    """Whether every number in ``x`` (nested dicts and lists of metrics) is finite."""
+    if isinstance(x, float):
+        return math.isfinite(x)
+    if isinstance(x, dict):
+        return all(_all_finite(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return all(_all_finite(v) for v in x)
+    return True
+
+
+def simulated(scn, d, source: str, **kw):
+    """:func:`splitroom.report.run_simulation`, or exit 2 with one line when the room's
+    times are too large to simulate: every key is finite, but a sum of them (a poll of
+    1e308 s on a hop, a pass at an efficiency of 1e-320) overflows the simulated clock
+    to infinity, which then gives NaN metrics (or int(NaN) in the stall episodes)."""
+    from splitroom.report import run_simulation
+    why = (f"{source}: the simulated times are not finite: a time, rate or efficiency in the "
+           "scenario is too extreme to simulate; no prediction")
+    try:
+        result = run_simulation(scn, d, **kw)
+    except (OverflowError, ValueError) as e:
+        if "nan" in str(e).lower() or "inf" in str(e).lower() or isinstance(e, OverflowError):
+            fail(why)
+        raise
+    m = result.metrics
+    if not _all_finite({k: m.get(k) for k in ("tokens_per_s", "ttft_s", "lap_s", "inter_token_s",
+                                               "breakdown", "duration_s")}):
+        fail(why)
+    return result
 
 
 def deal_scenario(scn, source: str):
@@ -325,9 +358,9 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
             scn, d = ends_local_scenario(scn)
         except DealError as e:
             fail(f"{scenario}: {e}")
-    from splitroom.report import run_simulation
-    result = run_simulation(scn, d, show_progress=progress and not as_json, console=err,
-                            keep_trace=bool(trace or plot))
+    # the bar only on a terminal: a transient bar on a log or a pipe leaves an empty line
+    result = simulated(scn, d, scenario, show_progress=progress and not as_json and err.is_terminal,
+                       console=err, keep_trace=bool(trace or plot))
     check_answered(result.metrics, scenario, result.refusals)
     from splitroom.ranges import REPLICAS, acceptance_source, predict_range
     result.metrics["range"] = predict_range(scn, d, result.metrics, REPLICAS if ranged else 0)
@@ -337,7 +370,7 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     privacy = None
     if scn.ends_local is not None:
         from splitroom.privacy_run import privacy_summary
-        plain = run_simulation(plain_scn, plain_deal, show_progress=False, keep_trace=False)
+        plain = simulated(plain_scn, plain_deal, scenario, show_progress=False, keep_trace=False)
         privacy = privacy_summary(scn, result.metrics, plain.metrics)
     try:
         if trace:

@@ -389,7 +389,7 @@ class ScenarioIn(_Strict):
     headroom: float = Field(default=DEFAULT_HEADROOM, ge=0.0, lt=1.0)  # fraction of each lend kept free
     phone_layers: bool = False
     host: str | None = None
-    stages: list[StageIn] | None = None
+    stages: list[StageIn] | None = Field(default=None, min_length=1)  # null, not [], for no pinning
     devices: list[DeviceIn] = Field(min_length=1)
     network: NetworkIn = NetworkIn()
     workload: WorkloadIn = WorkloadIn()

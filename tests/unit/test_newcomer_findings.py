@@ -1,0 +1,120 @@
+"""What a newcomer broke by trying the scenario language and the CLI from the README and
+docs/scenario.md alone: each case is bad or extreme input that must end in one line and
+exit 2 (docs/scenario.md "Rules for every key"), or a table that must say where time goes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from planner.deal import LayerRangeError, parse_layers
+from splitroom.cli import app
+
+# Two devices, no jitter; the home room's stall episodes are what turned an infinite time
+# into a traceback (sim/episodes: int(nan)).
+ROOM = """\
+name: newcomer
+model: smollm2-135m
+context: 512
+devices:
+  - {id: a, lends: 500 MB, memory_bandwidth: 100 GB/s, compute: 10 TFLOPS}
+  - {id: b, lends: 500 MB, memory_bandwidth: 100 GB/s, compute: 10 TFLOPS}
+stages: [{device: a, layers: "1-15"}, {device: b, layers: "16-30"}]
+network: {rtt: 10 ms, bandwidth: 1 Gbit/s}
+workload: {questions: 1, prompt_tokens: 8, answer_tokens: 6}
+"""
+EPISODES = ROOM.replace("bandwidth: 1 Gbit/s}", "bandwidth: 1 Gbit/s, "
+                        "episodes: {every: 60 s, lasting: 3 s, extra_rtt: 50 ms}}")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def one_line_exit_2(r, *parts: str) -> str:
+    """Exit 2, one stderr line, no traceback, every part in the line."""
+    assert r.exit_code == 2, (r.exit_code, r.stdout[-800:], r.stderr[-800:], r.exception)
+    assert isinstance(r.exception, SystemExit), r.exception
+    err = r.stderr.strip().splitlines()
+    err = [line for line in err if "warning:" not in line]  # the slow-deal warning may come first
+    assert len(err) == 1, err
+    assert "Traceback" not in r.stderr + r.stdout
+    for p in parts:
+        assert p in err[0], (p, err[0])
+    return err[0]
+
+
+def write(tmp_path, text: str) -> str:
+    f = tmp_path / "room.yaml"
+    f.write_text(text)
+    return str(f)
+
+
+# A poll of 1e308 s is a finite time the loader accepts; half of it added to a hop's
+# 5 ms flight is still finite, but the simulated clock then overflows to inf.
+# An efficiency of 1e-320 is in (0, 1] as documented; roofline / 1e-320 is inf.
+@pytest.mark.parametrize("room", [ROOM, EPISODES], ids=["plain", "episodes"])
+@pytest.mark.parametrize("setting", ["network.poll=1e308 s", "devices[0].efficiency=1e-320",
+                                     "devices[1].overhead={pass: 1e308 s}"])
+def test_a_time_too_large_to_simulate_is_one_line_not_nan_or_a_traceback(tmp_path, room, setting):
+    f = write(tmp_path, room)
+    r = invoke("simulate", f, "--no-progress", "--no-range", "--set", setting)
+    one_line_exit_2(r, "room.yaml: ", "not finite", "no prediction")
+
+
+def test_simulate_json_is_never_nan(tmp_path):
+    """--json must be JSON: Python's json writes NaN and Infinity, which JSON has not."""
+    f = write(tmp_path, ROOM)
+    r = invoke("simulate", f, "--no-progress", "--no-range", "--json", "--set", "network.poll=1e308 s")
+    if r.exit_code == 0:
+        json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"--json printed {c}"))
+    else:
+        one_line_exit_2(r, "not finite")
+
+
+def test_an_ordinary_room_still_simulates(tmp_path):
+    """The guard refuses only what overflows: 1 ms of poll is a hop of 5 + 0.5 ms."""
+    f = write(tmp_path, ROOM)
+    r = invoke("simulate", f, "--no-progress", "--no-range", "--json", "--set", "network.poll=1 ms")
+    assert r.exit_code == 0, (r.stderr, r.exception)
+    m = json.loads(r.stdout)["metrics"]
+    hops = [x["mean_s"] for x in m["breakdown"] if x["kind"] == "hop"]
+    # rtt / 2 + poll / 2 = 5.5 ms, plus one token's frame at 125 MB/s: a 32-byte header
+    # (planner/frames.py) and SmolLM2's 576-wide residual at float32 (the runtime's own)
+    assert all(math.isclose(h, 0.0055 + (32 + 576 * 4) / 125e6, rel_tol=1e-6) for h in hops), hops
+
+
+@pytest.mark.parametrize("text", ["１-３０", "1_0-30", "1-3_0", "٣-30", "²-30"])
+def test_a_layer_range_is_ascii_digits_only(text):
+    """int() reads full-width and Arabic-Indic digits and underscores; a range people
+    type is plain 1-based digits, anything else is malformed (one line)."""
+    with pytest.raises(LayerRangeError) as e:
+        parse_layers(text, 30)
+    assert e.value.malformed
+
+
+def test_full_width_digits_in_a_pinned_stage_are_refused_by_plan(tmp_path):
+    f = write(tmp_path, ROOM)
+    r = invoke("plan", f, "--set", "stages=[{device: a, layers: '１-３０'}]")
+    one_line_exit_2(r, "stages[0].layers", "expected a range like '1-13'")
+
+
+def test_an_empty_stages_list_is_refused_without_a_1_0_range(tmp_path):
+    """`stages: []` gave 'stages cover layers 1-0 but the model has 30'."""
+    f = write(tmp_path, ROOM)
+    r = invoke("plan", f, "--set", "stages=[]")
+    err = one_line_exit_2(r, "stages")
+    assert "1-0" not in err, err
+
+
+def test_an_error_after_the_progress_bar_is_still_one_line(tmp_path):
+    """Without --no-progress, on stderr that is not a terminal (a log, a pipe), the
+    transient progress bar left an empty line before the error: two lines."""
+    f = write(tmp_path, ROOM)
+    r = invoke("simulate", f, "--no-range", "--set", "workload.prompt_tokens=600")
+    assert r.exit_code == 2, (r.stderr, r.exception)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), repr(r.stderr)
+    assert "600 tokens" in r.stderr
