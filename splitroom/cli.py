@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -144,35 +143,20 @@ def check_answered(m: dict, source: str, refusals=None) -> None:
              f"({m.get('refused', 0)} refused{': ' + why if why else ''}); no prediction")
 
 
-def _all_finite(x) -> bool:
-    """Whether every number in ``x`` (nested dicts and lists of metrics) is finite."""
-    if isinstance(x, float):
-        return math.isfinite(x)
-    if isinstance(x, dict):
-        return all(_all_finite(v) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        return all(_all_finite(v) for v in x)
-    return True
-
-
 def simulated(scn, d, source: str, **kw):
     """:func:`splitroom.report.run_simulation`, or exit 2 with one line when the room's
     times are too large to simulate: every key is finite, but a sum of them (a poll of
     1e308 s on a hop, a pass at an efficiency of 1e-320) overflows the simulated clock
     to infinity, which then gives NaN metrics (or int(NaN) in the stall episodes)."""
-    from splitroom.report import run_simulation
-    why = (f"{source}: the simulated times are not finite: a time, rate or efficiency in the "
-           "scenario is too extreme to simulate; no prediction")
+    from splitroom.report import NOT_FINITE, finite_metrics, overflowed, run_simulation
     try:
         result = run_simulation(scn, d, **kw)
     except (OverflowError, ValueError) as e:
-        if "nan" in str(e).lower() or "inf" in str(e).lower() or isinstance(e, OverflowError):
-            fail(why)
+        if overflowed(e):
+            fail(f"{source}: {NOT_FINITE}")
         raise
-    m = result.metrics
-    if not _all_finite({k: m.get(k) for k in ("tokens_per_s", "ttft_s", "lap_s", "inter_token_s",
-                                               "breakdown", "duration_s")}):
-        fail(why)
+    if not finite_metrics(result.metrics):
+        fail(f"{source}: {NOT_FINITE}")
     return result
 
 

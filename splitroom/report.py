@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from rich.console import Console
@@ -10,6 +11,37 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from planner.deal import shown_layers
 from planner.trace import to_record
+
+
+#: The one line for a room whose every key is finite but whose simulated times overflow.
+NOT_FINITE = ("the simulated times are not finite: a time, rate or efficiency in the scenario is too "
+              "extreme to simulate; no prediction")
+
+
+def _all_finite(x) -> bool:
+    if isinstance(x, float):
+        return math.isfinite(x)
+    if isinstance(x, dict):
+        return all(_all_finite(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return all(_all_finite(v) for v in x)
+    return True
+
+
+def finite_metrics(m: dict) -> bool:
+    """Whether a run's headline metrics (tokens/s, first token, laps, inter-token
+    percentiles, the breakdown, the duration) are all finite numbers: a sum of finite
+    keys (a poll of 1e308 s on a hop, a pass at an efficiency of 1e-320) can overflow
+    the simulated clock to infinity, and the metrics then hold inf and NaN."""
+    return _all_finite({k: m.get(k) for k in ("tokens_per_s", "ttft_s", "lap_s", "inter_token_s",
+                                               "breakdown", "duration_s")})
+
+
+def overflowed(e: Exception) -> bool:
+    """Whether an error raised by a simulation is that overflow (``int(nan)`` in the
+    stall episodes, an OverflowError), not a bug to show."""
+    return isinstance(e, OverflowError) or (isinstance(e, ValueError) and
+                                            any(w in str(e).lower() for w in ("nan", "infinity")))
 
 
 def run_simulation(scn, deal, show_progress: bool = True, console: Console | None = None, keep_trace: bool = True):

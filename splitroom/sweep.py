@@ -100,7 +100,12 @@ def predict_one(args: tuple) -> dict:
         check_fits(d, scn.devices, scn.model, scn.options)  # a room that does not fit is a row's error, not a speed
         m = simulate(scn, d, trace=False).metrics
     except (ScenarioError, DealError, ValueError, CalibrationError) as e:
-        row["error"] = str(e)
+        from splitroom.report import NOT_FINITE, overflowed
+        row["error"] = NOT_FINITE if overflowed(e) else str(e)
+        return row
+    from splitroom.report import NOT_FINITE, finite_metrics
+    if not finite_metrics(m):
+        row["error"] = NOT_FINITE
         return row
     if m["questions"] and not m["answered"]:
         row["error"] = f"answered none of {m['questions']} questions"

@@ -118,3 +118,16 @@ def test_an_error_after_the_progress_bar_is_still_one_line(tmp_path):
     assert r.exit_code == 2, (r.stderr, r.exception)
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), repr(r.stderr)
     assert "600 tokens" in r.stderr
+
+
+@pytest.mark.parametrize("room", [ROOM, EPISODES], ids=["plain", "episodes"])
+def test_sweep_gives_an_overflowing_combination_that_line_as_its_error(tmp_path, room):
+    """sweep printed 'inf ms' and 0.00 tok/s for it (Infinity in --json), or with stall
+    episodes the raw 'cannot convert float NaN to integer'; the 1 ms row is predicted."""
+    f = write(tmp_path, room)
+    r = invoke("sweep", f, "--no-range", "--jobs", "1", "--json", "--vary", "network.poll=1e308 s,1ms")
+    assert r.exit_code == 0, (r.stderr, r.exception)
+    rows = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"--json printed {c}"))["rows"]
+    by = {row["values"][0][1]: row for row in rows}
+    assert "not finite" in by["1e308 s"]["error"], by["1e308 s"]
+    assert by["1ms"]["error"] is None and by["1ms"]["tokens_per_s"] > 0
