@@ -762,6 +762,9 @@ def set_key(data: dict, dotted: str, value: Any) -> None:
     for p in re.split(r"\.|\[([0-9]+)\]", dotted):
         if p is None or p == "":
             continue
+        if "[" in p or "]" in p:  # devices[-1], devices[x]: not an item [N] nor a key
+            raise ScenarioError(f"--set {dotted}: {units.show(p)} is neither a key nor a list item "
+                                "(items are [0], [1], ...)")
         parts.append(int(p) if p.isascii() and p.isdigit() else p)  # "³".isdigit() is True
     if not parts:
         raise ScenarioError(f"--set {dotted}: empty key")

@@ -131,3 +131,12 @@ def test_sweep_gives_an_overflowing_combination_that_line_as_its_error(tmp_path,
     by = {row["values"][0][1]: row for row in rows}
     assert "not finite" in by["1e308 s"]["error"], by["1e308 s"]
     assert by["1ms"]["error"] is None and by["1ms"]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("key", ["devices[-1].lends", "devices[x].lends", "devices[0.lends"])
+def test_a_set_index_that_is_not_a_list_item_names_the_set(tmp_path, key):
+    """--set devices[-1].lends=... said '(top): unknown key (a typo?)': the bracketed
+    text became a top-level key."""
+    f = write(tmp_path, ROOM)
+    err = one_line_exit_2(invoke("plan", f, "--set", f"{key}=1 GB"), "--set", key)
+    assert "(top)" not in err, err
