@@ -176,7 +176,8 @@ def main() -> int:
     ap.add_argument("--out", default="heldout.json", help="predictions and results (JSON)")
     ap.add_argument("--repeat", type=int, default=1, help="real runs per configuration (median and spread)")
     ap.add_argument("--small", action="store_true", help="quick profile and two configurations (CI)")
-    ap.add_argument("--only", help="run only the configurations whose name contains this text")
+    ap.add_argument("--only", help="run only the configurations whose name contains one of these texts "
+                    "(comma-separated)")
     ap.add_argument("--markdown", help="also write the table as Markdown here")
     ap.add_argument("--table", help="only print the table of a finished run's JSON (its --out)")
     a = ap.parse_args()
@@ -208,7 +209,8 @@ def main() -> int:
 
     from runtime import netem
     netns_ok, why = netem.available()
-    configs = [c for c in configurations(a.small) if not a.only or a.only in c[0]]
+    only = [x.strip() for x in (a.only or "").split(",") if x.strip()]
+    configs = [c for c in configurations(a.small) if not only or any(x in c[0] for x in only)]
     preds = []
     for name, sets in configs:
         scn = load(SCENARIO, COMMON + sets)
