@@ -140,3 +140,30 @@ def test_a_set_index_that_is_not_a_list_item_names_the_set(tmp_path, key):
     f = write(tmp_path, ROOM)
     err = one_line_exit_2(invoke("plan", f, "--set", f"{key}=1 GB"), "--set", key)
     assert "(top)" not in err, err
+
+
+@pytest.mark.xfail(strict=True, reason="serve's api.py is being changed by another engineer: the "
+                   "message shows the string '1' as 1 (str(t)); the fix is repr for a non-number")
+@pytest.mark.parametrize("param", ["temperature", "top_p", "top_k"])
+def test_a_sampling_parameter_sent_as_a_string_is_shown_as_one(param):
+    """`"temperature": "1"` got 'temperature must be a number from 0 to 2 (got 1)': the
+    client cannot see that it sent a string."""
+    from runtime.serve.api import ApiError, parse_chat_request
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], param: "1"}
+    with pytest.raises(ApiError) as e:
+        parse_chat_request(body, "smollm2-135m")
+    assert e.value.param == param and e.value.status == 400
+    assert "'1'" in e.value.message, e.value.message
+
+
+@pytest.mark.xfail(strict=True, reason="not fixed: errors from the scenario's keys name the file "
+                   "without its folder (p.name), the deal's errors name it as typed; two tests of "
+                   "other engineers assert the bare name (test_room_language, test_cost)")
+def test_every_error_names_the_scenario_as_typed(tmp_path):
+    """docs/scenario.md: 'FILE: key.path: problem'. `plan DIR/room.yaml --set seed=-1`
+    printed 'room.yaml: seed: ...' but `--set stages=[...bad...]` 'DIR/room.yaml: cannot
+    deal the room: ...': one command, two names for one file."""
+    f = write(tmp_path, ROOM)
+    key = one_line_exit_2(invoke("plan", f, "--set", "seed=-1"), "seed")
+    deal = one_line_exit_2(invoke("plan", f, "--set", "stages=[{device: a, layers: '2-30'}]"), "cannot deal")
+    assert key.startswith(f"error: {f}: ") and deal.startswith(f"error: {f}: "), (key, deal)
