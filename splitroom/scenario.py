@@ -267,6 +267,7 @@ class SpeculativeIn(_Strict):
     @model_validator(mode="after")
     def _draft_model_needs_model_drafter(self):
         given = [k for k in ("draft_model", "draft_device", "draft_engine") if getattr(self, k) is not None]
+        given += ["draft_passes"] if "draft_passes" in self.model_fields_set else []  # it has a default
         if given and self.drafter != "model":
             raise ValueError(f"{given[0]} needs drafter: model (got drafter: {self.drafter})")
         if (self.draft_device is not None or self.draft_engine is not None) and self.draft_model is None:

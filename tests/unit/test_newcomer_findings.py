@@ -167,3 +167,12 @@ def test_every_error_names_the_scenario_as_typed(tmp_path):
     key = one_line_exit_2(invoke("plan", f, "--set", "seed=-1"), "seed")
     deal = one_line_exit_2(invoke("plan", f, "--set", "stages=[{device: a, layers: '2-30'}]"), "cannot deal")
     assert key.startswith(f"error: {f}: ") and deal.startswith(f"error: {f}: "), (key, deal)
+
+
+@pytest.mark.parametrize("spec", ["{drafter: ngram, draft_passes: k+1}", "{drafter: early_exit, draft_passes: k}"])
+def test_draft_passes_needs_the_model_drafter_as_its_siblings_do(tmp_path, spec):
+    """draft_model, draft_device and draft_engine with drafter: ngram are refused in one
+    line; draft_passes was accepted and silently did nothing."""
+    f = write(tmp_path, ROOM)
+    one_line_exit_2(invoke("plan", f, "--set", f"decoding.speculative={spec}"),
+                    "decoding.speculative", "draft_passes needs drafter: model")
