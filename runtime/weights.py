@@ -258,7 +258,7 @@ def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: Callable[
     tmp.replace(out / SAFETENSORS_NAME)
     if "tokenizer.ggml.model" in meta:
         write_tokenizer_files(meta, out)
-    _write_source(out, gguf_path)
+    _write_source(out, gguf_path, reader)
     cfg_tmp = out / "config.json.tmp"
     cfg_tmp.write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     cfg_tmp.replace(out / "config.json")
@@ -288,9 +288,19 @@ def _gguf_config(reader, gguf_path) -> tuple[dict, ModelConfig]:
 GGUF_SOURCE = "gguf.json"
 
 
-def _write_source(out: Path, gguf_path: Path | str) -> None:
+def _write_source(out: Path, gguf_path: Path | str, reader=None) -> None:
+    """Write :data:`GGUF_SOURCE`: the GGUF's path, identity and tensor table (name -> GGML type,
+    shape, offset, bytes), so a stage reads its range without parsing the file's metadata again
+    (a tokenizer's worth of small arrays that would stay in the process's heap)."""
+    import gguf
+
+    from .gguf_blocks import tensor_table
+
+    table = tensor_table(reader if reader is not None else gguf.GGUFReader(str(gguf_path)))
+    rec = {"path": str(Path(gguf_path).resolve()), "identity": file_identity(gguf_path),
+           "tensors": {n: [t.ggml_type, list(t.shape), t.offset, t.nbytes] for n, t in table.items()}}
     tmp = out / (GGUF_SOURCE + ".tmp")
-    tmp.write_text(json.dumps({"path": str(Path(gguf_path).resolve()), "identity": file_identity(gguf_path)}))
+    tmp.write_text(json.dumps(rec))
     tmp.replace(out / GGUF_SOURCE)
 
 
@@ -311,7 +321,7 @@ def prepare_native(gguf_path: Path | str, progress: Callable[[str], None] | None
     if not _is_gguf(src):
         raise WeightsError(f"{src} is not a GGUF file")
     d = cache_dir_for(src)
-    if (d / "config.json").is_file() and (d / GGUF_SOURCE).is_file():
+    if (d / "config.json").is_file() and (d / GGUF_SOURCE).is_file() and "tensors" in json.loads((d / GGUF_SOURCE).read_text()):
         return d
     try:
         reader = gguf.GGUFReader(str(src))
@@ -323,7 +333,7 @@ def prepare_native(gguf_path: Path | str, progress: Callable[[str], None] | None
     d.mkdir(parents=True, exist_ok=True)
     if "tokenizer.ggml.model" in meta:
         write_tokenizer_files(meta, d)
-    _write_source(d, src)
+    _write_source(d, src, reader)
     tmp = d / "config.json.tmp"
     tmp.write_text(json.dumps(cfg.to_hf_dict(), indent=2))
     tmp.replace(d / "config.json")
@@ -332,8 +342,9 @@ def prepare_native(gguf_path: Path | str, progress: Callable[[str], None] | None
     return d
 
 
-def gguf_source(model_dir: Path | str) -> Path:
-    """The GGUF file a model directory was made from (:data:`GGUF_SOURCE`).
+def gguf_source(model_dir: Path | str, with_table: bool = False):
+    """The GGUF file a model directory was made from (:data:`GGUF_SOURCE`); with ``with_table``
+    ``(path, {name: runtime.gguf_blocks.TensorInfo} or None)``, the table recorded beside it.
 
     Raises:
         WeightsError: the directory is not a GGUF's (a safetensors checkpoint has no blocks to
@@ -347,7 +358,14 @@ def gguf_source(model_dir: Path | str) -> Path:
     p = Path(rec["path"])
     if not p.is_file() or file_identity(p) != rec.get("identity"):
         raise WeightsError(f"{p} changed or is gone since {d} was prepared; prepare the model again")
-    return p
+    if not with_table:
+        return p
+    from .gguf_blocks import TensorInfo
+
+    table = rec.get("tensors")
+    if table is None:
+        return p, None
+    return p, {n: TensorInfo(n, int(t[0]), tuple(int(x) for x in t[1]), int(t[2]), int(t[3])) for n, t in table.items()}
 
 
 def load_range_native(model_dir: Path | str, start: int, end: int, with_embedding: bool,
@@ -366,11 +384,12 @@ def load_range_native(model_dir: Path | str, start: int, end: int, with_embeddin
 
     from . import gguf_blocks as gb
 
-    src = gguf_source(model_dir)
+    src, table = gguf_source(model_dir, with_table=True)
     cfg = ModelConfig.load(model_dir)
     want = set(range_tensor_names(cfg, start, end, with_embedding, with_head))
     try:
-        table = gb.tensor_table(gguf.GGUFReader(str(src)))
+        if table is None:  # a folder prepared without the table
+            table = gb.tensor_table(gguf.GGUFReader(str(src)))
     except Exception as e:
         raise WeightsError(f"{src}: cannot read its tensor table ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     permuted = SUPPORTED[cfg.arch]
