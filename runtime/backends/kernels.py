@@ -167,9 +167,9 @@ def _widen_q4_0(r, buf):  # pragma: no cover - compiled
         o = b * 18
         d = _h2f(r[o], r[o + 1])
         for j in range(16):
-            q = r[o + 2 + j]
-            buf[b * 32 + j] = d * (np.float32(q & np.uint8(15)) - np.float32(8.0))
-            buf[b * 32 + 16 + j] = d * (np.float32(q >> np.uint8(4)) - np.float32(8.0))
+            q = np.int32(r[o + 2 + j])  # int32, not numba's int64 promotion: its float conversion vectorizes
+            buf[b * 32 + j] = d * (np.float32(q & 15) - np.float32(8.0))
+            buf[b * 32 + 16 + j] = d * (np.float32(q >> 4) - np.float32(8.0))
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -179,9 +179,9 @@ def _widen_q4_1(r, buf):  # pragma: no cover - compiled
         d = _h2f(r[o], r[o + 1])
         m = _h2f(r[o + 2], r[o + 3])
         for j in range(16):
-            q = r[o + 4 + j]
-            buf[b * 32 + j] = d * np.float32(q & np.uint8(15)) + m
-            buf[b * 32 + 16 + j] = d * np.float32(q >> np.uint8(4)) + m
+            q = np.int32(r[o + 4 + j])
+            buf[b * 32 + j] = d * np.float32(q & 15) + m
+            buf[b * 32 + 16 + j] = d * np.float32(q >> 4) + m
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
@@ -203,9 +203,9 @@ def _widen_q4_k(r, buf):  # pragma: no cover - compiled
                 mm = dmin * np.float32(mn)
                 base = b * 256 + 64 * c + 32 * h
                 q0 = o + 16 + 32 * c
-                sh = np.uint8(4 * h)
+                sh = np.int32(4 * h)
                 for l in range(32):
-                    buf[base + l] = dd * np.float32((r[q0 + l] >> sh) & np.uint8(15)) - mm
+                    buf[base + l] = dd * np.float32((np.int32(r[q0 + l]) >> sh) & 15) - mm
 
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
