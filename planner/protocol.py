@@ -321,8 +321,9 @@ class Redeal:
     half-open, host ``host``. Every device of the new chain loads its range (from its
     disk or a peer) and empties its KV cache; frames of laps before ``first_lap`` are
     dropped. Report :class:`ChainReady` ``(first_lap)`` when all are ready. The host then
-    replays question ``question_id``'s ``replay_tokens`` tokens (prompt + answer so far;
-    None and 0 when no question is being answered)."""
+    replays every question in flight (prompt + answer so far, each in its own KV cache
+    slot): ``question_id`` is the first of them and ``replay_tokens`` their tokens in
+    all (None and 0 when no question is being answered)."""
 
     lost: str
     host: str

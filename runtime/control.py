@@ -35,7 +35,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from planner.deal import Deal
-from planner.frames import DType
+from planner.frames import MAX_SLOTS, DType
 from planner.protocol import ReturnPath
 from planner.room import RUNTIME_DRAFTERS
 from planner.sampling import MAX_SEED, Sampling
@@ -113,6 +113,7 @@ class SchedulerSettings(_Model):
     sampling: SamplingSettings = SamplingSettings()
     stop_tokens: tuple[int, ...] = ()
     draft_policy: Optional[DraftPolicySettings] = None
+    questions_in_flight: int = Field(1, ge=1, le=MAX_SLOTS)
 
     @classmethod
     def of(cls, config: SchedulerConfig) -> "SchedulerSettings":
@@ -126,7 +127,8 @@ class SchedulerSettings(_Model):
                                return_path=self.return_path, wake=self.wake, phones=frozenset(self.phones),
                                eos_token=self.eos_token, dtype=DType(self.dtype), context=self.context,
                                sampling=self.sampling.sampling(), stop_tokens=tuple(self.stop_tokens),
-                               draft_policy=self.draft_policy.policy() if self.draft_policy is not None else None)
+                               draft_policy=self.draft_policy.policy() if self.draft_policy is not None else None,
+                               questions_in_flight=self.questions_in_flight)
 
 
 StageRow = tuple[DEVICE_ID, Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]]

@@ -211,7 +211,8 @@ class Simulation:
         self.loop = _Queue()
         seeds = np.random.SeedSequence(scn.seed)
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
-        self.config = replace(SchedulerConfig.from_scenario(scn), draft_policy=draft_policy(scn, self.deal))
+        self.config = replace(SchedulerConfig.from_scenario(scn, deal=self.deal),
+                              draft_policy=draft_policy(scn, self.deal))
         self.chain = Chain(self.deal, self.config,
                            redeal=redeal_rule_for(scn) if scn.faults else None)
         self.driver = Driver(self.chain, self, self._record)

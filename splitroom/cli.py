@@ -280,6 +280,10 @@ def metrics_table(m: dict, title: str = "prediction") -> Table:
     rows = [
         ("tokens per second", f"{m['tokens_per_s']:.2f}" + _range_cell(m, "tokens_per_s", lambda x: f"{x:.2f}")),
         ("time to first token", _ms(m["ttft_s"]) + _range_cell(m, "ttft_s", _ms)),
+        *([("all questions: tokens per second", f"{m['aggregate_tokens_per_s']:.2f}"),
+           ("first token from asking p50 / p99", f"{_ms(m['ttft_asked_s']['p50'])} / "
+                                                 f"{_ms(m['ttft_asked_s']['p99'])}")]
+          if "aggregate_tokens_per_s" in m and m.get("questions", 1) > 1 else []),
         ("inter-token p50 / p95", f"{_ms(it['p50'])} / {_ms(it['p95'])}"),
         ("inter-token p99 / max", f"{_ms(it['p99'])} / {_ms(it['max'])}"),
         ("tokens per lap", f"{m['tokens_per_lap']:.2f}"),

@@ -108,7 +108,8 @@ def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backe
     from runtime.config import ModelConfig
     mcfg = ModelConfig.load(model_dir)  # the checkpoint's own eos (SmolLM2: 2, <|im_end|>) and stop ids
     sched = SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id if mcfg.eos_id >= 0 else None,
-                                          stop_tokens=tuple(i for i in mcfg.stop_ids if i >= 0)).to_json()
+                                          stop_tokens=tuple(i for i in mcfg.stop_ids if i >= 0),
+                                          deal=deal).to_json()
     chain = [(s.device, s.start, s.end) for s in deal.stages]
     members = [deal.host] + [s.device for s in deal.stages if s.device != deal.host]
     prompts = real_prompts(scn)

@@ -299,6 +299,8 @@ class DecodingIn(_Strict):
     # where the output head and sampling run: the model host, or the last stage's device
     head: Literal["host", "last_stage"] = "host"
     sampling: SamplingIn = SamplingIn()
+    # questions whose laps share the chain at once (1: product page 001)
+    questions_in_flight: int = Field(default=1, ge=1, le=MAX_IN_FLIGHT)
 
 
 class InlineModelIn(_Strict):
@@ -601,7 +603,8 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
             pins.append(PinnedStage(st.device, start, end))
         pins = tuple(pins)
     options = DealOptions(context_tokens=s.context, kv_cache=s.kv_cache, split=s.split,
-                          phone_layers=s.phone_layers, host=s.host, stages=pins, headroom=s.headroom)
+                          phone_layers=s.phone_layers, host=s.host, stages=pins, headroom=s.headroom,
+                          kv_caches=s.decoding.questions_in_flight)
 
     def jit(j: JitterIn | None) -> Jitter | None:
         if j is None:
@@ -675,6 +678,7 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
     decoding = Decoding(prefill_chunk=s.decoding.prefill_chunk, speculative=spec, async_laps=s.decoding.async_laps,
                         return_path="direct" if s.decoding.return_ == "via_host" else s.decoding.return_,
                         via_host=s.decoding.return_ == "via_host", wake=s.decoding.wake, head=s.decoding.head,
+                        questions_in_flight=s.decoding.questions_in_flight,
                         sampling=Sampling(temperature=smp.temperature, top_p=smp.top_p, top_k=smp.top_k, seed=smp.seed))
     faults = []
     for i, f in enumerate(s.faults):

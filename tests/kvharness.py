@@ -38,7 +38,7 @@ _P = (1 << 61) - 1
 def _hash(prefix: Sequence[int]) -> int:
     h = 7
     for t in prefix:
-        h = (h * 1_000_003 + int(t) + 1) % _P
+        h = (h * 1_000_003 + (t if isinstance(t, int) else len(str(t)) * 7919) + 1) % _P
     return h
 
 
@@ -81,6 +81,7 @@ class KVHarness(Harness):
         self.lap_first: dict[int, int] = {}
         self.seqs: dict[int, list[int]] = {}  # question -> prompt + answer so far
         self.corrupt_laps: set[int] = set()
+        self.last_out: dict[int, tuple] = {}  # lap -> the residual its last stage sent on
 
     def ask_prompt(self, qid: int, device: str, prompt: Sequence[int], max_new: int,
                    sampling: Sampling | None = None) -> None:
@@ -95,72 +96,62 @@ class KVHarness(Harness):
         w = self.chain.workers.get(device)
         return w.prev if w is not None else self.host.host
 
-    def execute(self, c) -> None:
-        cls = type(c)
+    # -- the executor (planner.drive.Executor), carrying each command out as it is issued
+
+    def run_stage(self, c: RunStage) -> None:
         host = self.host.host
-        if cls is RunStage:
-            if c.inputs or c.device == host:
-                self.lap_tokens[c.lap_id] = tuple(c.inputs)
-                self.lap_first[c.lap_id] = c.first_pos
-            cache = self.kv.setdefault((c.device, c.slot), [])
-            toks = self.lap_tokens.get(c.lap_id, ())
-            if len(cache) < c.first_pos or len(toks) != c.tokens:
+        if c.inputs or c.device == host:
+            self.lap_tokens[c.lap_id] = tuple(c.inputs)
+            self.lap_first[c.lap_id] = c.first_pos
+        cache = self.kv.setdefault((c.device, c.slot), [])
+        toks = self.lap_tokens.get(c.lap_id, ())
+        if len(cache) < c.first_pos or len(toks) != c.tokens:
+            self.corrupt_laps.add(c.lap_id)
+            res = CORRUPT
+        else:
+            del cache[c.first_pos:]
+            cache.extend(toks)
+            res = tuple(cache)
+            if c.device != host and self.out.get((c.lap_id, self._prev(c.device))) != res:
                 self.corrupt_laps.add(c.lap_id)
                 res = CORRUPT
+        self.out[(c.lap_id, c.device)] = res
+        self.last_out[c.lap_id] = res
+        super().run_stage(c)
+
+    def rollback(self, c: RollbackKV) -> None:
+        del self.kv.setdefault((c.device, c.slot), [])[c.to_pos:]
+
+    def redeal(self, c: Redeal) -> None:
+        chain = {d for d, _, _ in c.stages} | {c.host}
+        for key in [k for k in self.kv if k[0] in chain]:  # every device of the new chain starts empty
+            del self.kv[key]
+        super().redeal(c)
+
+    def run_head(self, c: RunHead) -> None:
+        res = self.last_out.get(c.lap_id, CORRUPT)
+        first, n = self.lap_first[c.lap_id], len(self.lap_tokens[c.lap_id])
+        preds = []
+        for r in range(c.rows):
+            p = first + n - c.rows + r  # the row's position: it predicts p + 1
+            if res is CORRUPT or len(res) < p + 1:
+                preds.append(model_next(("corrupt", c.lap_id, p)))
+            elif c.sampling is None or c.sampling.greedy:
+                preds.append(model_next(res[:p + 1]))
             else:
-                del cache[c.first_pos:]
-                cache.extend(toks)
-                res = tuple(cache)
-                if c.device != host:
-                    came = self.out.get((c.lap_id, self._prev(c.device)))
-                    if came != res:
-                        self.corrupt_laps.add(c.lap_id)
-                        res = CORRUPT
-            self.out[(c.lap_id, c.device)] = res
-            self.last_out = getattr(self, "last_out", {})
-            self.last_out[c.lap_id] = res
-            super().execute(c)
-            return
-        if cls is RollbackKV:
-            cache = self.kv.setdefault((c.device, c.slot), [])
-            del cache[c.to_pos:]
-            return
-        if cls is Redeal:
-            for d, _, _ in c.stages:
-                for key in [k for k in self.kv if k[0] == d]:
-                    del self.kv[key]
-            if c.host not in {d for d, _, _ in c.stages}:
-                for key in [k for k in self.kv if k[0] == c.host]:
-                    del self.kv[key]
-            super().execute(c)
-            return
-        if cls is RunHead:
-            res = self.last_out.get(c.lap_id, CORRUPT)
-            first, n = self.lap_first[c.lap_id], len(self.lap_tokens[c.lap_id])
-            preds = []
-            for r in range(c.rows):
-                p = first + n - c.rows + r  # the row's position: it predicts p + 1
-                if res is CORRUPT or len(res) < p + 1:
-                    preds.append(model_next(("corrupt", c.lap_id, p)))
-                elif c.sampling is None or c.sampling.greedy:
-                    preds.append(model_next(res[:p + 1]))
-                else:
-                    preds.append(sampled_next(res[:p + 1], c.uniforms[r]))
-            self._put(("dev", host), HeadFinished(c.lap_id, tuple(preds)))
-            return
-        if cls is Draft:
-            base = self.seqs[c.question_id][:c.base_len] + list(c.assumed)
-            a = min(max(self.accept(c.k), 0), c.k)
-            right = []
-            seq = list(base)
-            for _ in range(c.k):
-                t = model_next(seq)
-                right.append(t)
-                seq.append(t)
-            toks = tuple(t if i < a else t + 1 for i, t in enumerate(right))
-            self._put(("dev", host), DraftReady(c.draft_id, toks))
-            return
-        if cls is EmitToken:
-            self.seqs[c.question_id].append(c.token)
-            return
-        super().execute(c)
+                preds.append(sampled_next(res[:p + 1], c.uniforms[r]))
+        self._put(("dev", self.host.host), HeadFinished(c.lap_id, tuple(preds)))
+
+    def draft(self, c: Draft) -> None:
+        seq = self.seqs[c.question_id][:c.base_len] + list(c.assumed)
+        a = min(max(self.accept(c.k), 0), c.k)
+        right = []
+        for _ in range(c.k):
+            t = model_next(seq)
+            right.append(t)
+            seq.append(t)
+        self._put(("dev", self.host.host), DraftReady(c.draft_id, tuple(t if i < a else t + 1
+                                                                        for i, t in enumerate(right))))
+
+    def emit(self, c: EmitToken) -> None:
+        self.seqs[c.question_id].append(c.token)

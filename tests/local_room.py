@@ -204,7 +204,8 @@ def chain_deal(host: str, ranges: Sequence[tuple[str, int, int]]) -> Deal:
 
 def scheduler_config(hidden: int, draft_tokens: int = 0, async_laps: int = 1, prefill_chunk: int = 16,
                      return_path: str = "direct", eos_token: int | None = 2,
-                     model_id: str = "smollm2-135m", sampling: Sampling | None = None) -> SchedulerConfig:
+                     model_id: str = "smollm2-135m", sampling: Sampling | None = None,
+                     questions_in_flight: int = 1) -> SchedulerConfig:
     """Scheduler settings for a real room of catalog model ``model_id`` (SmolLM2:
     float32 residuals, eos 2), made as every room makes them: a scenario's decoding
     section through :meth:`SchedulerConfig.from_scenario` (``sampling``: the room's
@@ -218,5 +219,6 @@ def scheduler_config(hidden: int, draft_tokens: int = 0, async_laps: int = 1, pr
     spec = Speculative(drafter="ngram", draft_tokens=draft_tokens) if draft_tokens else None
     scn = Scenario(name="local", seed=0, model=model, devices=(),
                    decoding=Decoding(prefill_chunk=prefill_chunk, speculative=spec, async_laps=async_laps,
-                                     return_path=return_path, sampling=sampling or Sampling()))
+                                     return_path=return_path, sampling=sampling or Sampling(),
+                                     questions_in_flight=questions_in_flight))
     return SchedulerConfig.from_scenario(scn, eos_token=eos_token)

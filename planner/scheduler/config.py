@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from planner.draft_policy import DraftPolicy
-from planner.frames import DType
+from planner.frames import MAX_SLOTS, DType
 from planner.protocol import ReturnPath
 from planner.room import Scenario
 from planner.sampling import GREEDY, Sampling
@@ -49,6 +49,9 @@ class SchedulerConfig:
         draft_policy: ``draft_tokens: auto``: each lap's k in 0..``draft_tokens`` is
             chosen per question by :mod:`planner.draft_policy` (None: always
             ``draft_tokens``); its ``max_draft_tokens`` must equal ``draft_tokens``.
+        questions_in_flight: questions answered at once, each in its own KV cache slot
+            (1 .. :data:`planner.frames.MAX_SLOTS`; 1 is product page 001's rule). The
+            host answers no more than its deal's ``kv_caches`` when the deal says.
     """
 
     hidden: int
@@ -64,13 +67,19 @@ class SchedulerConfig:
     sampling: Sampling = GREEDY
     stop_tokens: tuple[int, ...] = ()
     draft_policy: DraftPolicy | None = None
+    questions_in_flight: int = 1
 
     @classmethod
     def from_scenario(cls, scn: Scenario, eos_token: int | None = None,
-                      stop_tokens: tuple[int, ...] = ()) -> "SchedulerConfig":
+                      stop_tokens: tuple[int, ...] = (), deal=None) -> "SchedulerConfig":
         """The settings a scenario asks for. Residuals travel as float32 when the
         model's residual is 4 bytes per value (the real runtime's SmolLM2), else f16.
-        A sampling section without a seed takes the scenario's ``seed``."""
+        A sampling section without a seed takes the scenario's ``seed``. With ``deal``
+        (:class:`planner.deal.Deal`), questions in flight are no more than the KV caches
+        it holds (``deal.kv_caches``)."""
+        n = scn.decoding.questions_in_flight
+        if deal is not None and deal.kv_caches:
+            n = min(n, deal.kv_caches)
         spec = scn.decoding.speculative
         f32 = scn.model.residual_bytes_per_token >= 4 * scn.model.hidden
         return cls(hidden=scn.model.hidden, prefill_chunk=scn.decoding.prefill_chunk,
@@ -80,7 +89,7 @@ class SchedulerConfig:
                    phones=frozenset(d.id for d in scn.devices if d.kind == "phone"),
                    eos_token=eos_token, dtype=DType.FLOAT32 if f32 else DType.FLOAT16,
                    context=scn.options.context_tokens, sampling=_seeded(scn.decoding.sampling, scn.seed),
-                   stop_tokens=tuple(sorted(set(stop_tokens) - {eos_token})))
+                   stop_tokens=tuple(sorted(set(stop_tokens) - {eos_token})), questions_in_flight=n)
 
     def to_json(self) -> dict:
         """As a JSON-ready mapping (phones a sorted list, dtype its code, sampling a mapping)."""
@@ -100,6 +109,8 @@ class SchedulerConfig:
     def __post_init__(self):
         if self.prefill_chunk < 1 or self.async_laps < 1 or self.draft_tokens < 0 or self.hidden < 1:
             raise ValueError("prefill_chunk, async_laps and hidden must be >= 1 and draft_tokens >= 0")
+        if not 1 <= self.questions_in_flight <= MAX_SLOTS:
+            raise ValueError(f"questions_in_flight must be 1-{MAX_SLOTS}, got {self.questions_in_flight}")
         if self.context is not None and self.context < 1:
             raise ValueError(f"context must be >= 1 position or None, got {self.context}")
         try:

@@ -45,9 +45,18 @@ What the model host does per question (product pages 001 and 002):
   next frame), and drops a frame whose first position lies beyond its cache (a stale
   lap launched before a rejection).
 * **Return path**: ``direct`` (the last stage sends to the host) or ``via_stages``.
-* **Queue**: one question answered at a time; up to 10 wait, at most 2 per device
-  (product page 001); the 11th or a device's 3rd is refused with a reason. An asker
-  that withdraws a question (QuestionWithdrawn: it went away) frees its place.
+* **Queue**: ``questions_in_flight`` questions answered at once (1 by default: product
+  page 001's one at a time); up to 10 more wait, at most 2 per device (product page
+  001); the 11th or a device's 3rd is refused with a reason. An asker that withdraws a
+  question (QuestionWithdrawn: it went away) frees its place.
+* **Several questions in flight** (``questions_in_flight`` N > 1, at most the deal's
+  ``kv_caches``): each question answered holds a KV cache slot (0 .. N-1, the lowest
+  free when it begins) on every stage, named by each of its frames, and runs its own
+  laps exactly as it would alone (prefill, decode or verify, async laps, rollback);
+  their laps interleave through the chain, so while one question's lap is at a worker
+  another's runs on the host. A question that ends frees its slot for the next waiting
+  one. Nothing of one question's laps depends on another's, so each answer is the one
+  it would be alone.
 * **Phone GPU wake**: at the start of each lap the host tells every phone that holds
   layers that a frame is coming (at most 50 ms of busy-keeping; product page 001).
 """
@@ -61,7 +70,7 @@ from typing import Callable, Sequence
 
 from planner.deal import Deal
 from planner.draft_policy import DraftState
-from planner.frames import FrameHeader, FrameKind
+from planner.frames import MAX_SLOTS, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DriverError,
                               EmitToken, Event, FrameArrived, HeadFinished, IgnoreReason, LapEnded, LapFailed, LapKind,
                               QuestionAsked, QuestionWithdrawn, Redeal, Refuse, RollbackKV, RunHead, RunStage,
@@ -96,6 +105,7 @@ class _Lap:
     predictions: tuple[int, ...] | None = None
     back: bool = False  # its frame came back to the host
     sent: bool = False  # the host's stage finished it (a prefill chunk that does not return is then done here)
+    slot: int = 0  # its question's KV cache slot
 
 
 @dataclass
@@ -116,6 +126,8 @@ class _Question:
     uniforms: Uniforms | None = None  # the question's random stream (sampling only)
     draft: DraftState | None = None  # draft_tokens: auto (planner.draft_policy)
     filling: bool = True  # the prefill (or the replay) has not given its token yet
+    slot: int = 0  # its KV cache on every stage (frames carry it)
+    inflight: deque = field(default_factory=deque)  # its decode/verify laps not yet judged, in launch order
 
 
 class HostScheduler:
@@ -141,9 +153,12 @@ class HostScheduler:
     when the rest of the room cannot hold the model; see :mod:`planner.chain`), a worker
     of the chain that is lost no longer ends the room. The host forgets every lap in
     flight, returns :class:`Redeal` with the new chain, waits for :class:`ChainReady`,
-    then replays the active question's prompt and answer so far from position 0 (replay
-    laps, prefill chunks) so every stage's KV cache covers exactly the positions so far;
-    the replay's head gives the next token and the answer goes on. Questions waiting
+    then replays every question in flight, each its prompt and answer so far from
+    position 0 in its own slot (replay laps, prefill chunks), so every stage's KV cache
+    covers exactly the positions so far; each replay's head gives that question's next
+    token and its answer goes on. When the re-deal holds fewer questions' caches
+    (``Deal.kv_caches``) than are in flight, the ones begun last are refused with the
+    reason, and the others keep going. Questions waiting
     keep their places; questions asked meanwhile wait. Without ``redeal`` (or when the
     host itself is lost, or the re-deal fails) the host refuses what it cannot answer
     and stops, with the reason.
@@ -159,9 +174,8 @@ class HostScheduler:
         self.recovering: int | None = None  # first lap of the new chain, until ChainReady
         self._set_deal(deal)
         self.queue: deque[QuestionAsked] = deque()
-        self.active: _Question | None = None
+        self.active: dict[int, _Question] = {}  # question id -> question being answered, in the order begun
         self.laps: dict[int, _Lap] = {}
-        self.inflight: deque[int] = deque()  # decode/verify laps not yet judged, in launch order
         self._next_lap = 0
         self._next_draft = 0
         self.stopped: str | None = None
@@ -173,6 +187,9 @@ class HostScheduler:
 
     def _set_deal(self, deal: Deal) -> None:
         stages = list(deal.stages)
+        #: most questions answered at once: the setting, no more than the deal's KV caches
+        self.questions_in_flight = max(1, min(self.config.questions_in_flight, MAX_SLOTS,
+                                              deal.kv_caches if deal.kv_caches else MAX_SLOTS))
         if any(s.device == self.host for s in stages[1:]):
             raise ValueError("the model host's range must be the first stage of the chain")
         self.deal = deal
@@ -197,10 +214,9 @@ class HostScheduler:
             return HostState.STOPPED
         if self.recovering is not None:
             return HostState.RECOVERING
-        q = self.active
-        if q is None:
+        if not self.active:
             return HostState.IDLE
-        return HostState.FILLING if q.filling else HostState.DECODING
+        return HostState.FILLING if all(q.filling for q in self.active.values()) else HostState.DECODING
 
     def _ignore(self, event, reason: IgnoreReason, detail: str = "") -> list:
         return note_ignored(self.ignored, self.host, event, reason, detail)
@@ -211,7 +227,21 @@ class HostScheduler:
     @property
     def busy(self) -> bool:
         """True while a question is being answered."""
-        return self.active is not None
+        return bool(self.active)
+
+    @property
+    def in_flight(self) -> int:
+        """Questions being answered now (0 .. :attr:`questions_in_flight`)."""
+        return len(self.active)
+
+    @property
+    def inflight(self) -> list[int]:
+        """The decode/verify laps not yet judged, of every question in flight."""
+        return [i for q in self.active.values() for i in q.inflight]
+
+    def _full(self) -> bool:
+        """No question can begin now: every slot taken, or a re-deal under way."""
+        return len(self.active) >= self.questions_in_flight or self.recovering is not None
 
     # -- queue ----------------------------------------------------------------------
 
@@ -228,7 +258,7 @@ class HostScheduler:
         elif self.config.context is not None and len(ev.prompt) + ev.max_new_tokens > self.config.context:
             refuse = (f"does not fit the context: a prompt of {len(ev.prompt)} tokens + {ev.max_new_tokens} "
                       f"answer tokens > {self.config.context} positions")
-        elif self.active is not None or self.recovering is not None:
+        elif self._full():
             if len(self.queue) >= MAX_WAITING:
                 refuse = f"queue full: {MAX_WAITING} questions are waiting"
             elif sum(1 for q in self.queue if q.device == ev.device) >= MAX_WAITING_PER_DEVICE:
@@ -236,7 +266,7 @@ class HostScheduler:
         self._remember(ev.question_id)
         if refuse:
             return [Refuse(ev.question_id, ev.device, refuse)]
-        if self.active is not None or self.recovering is not None:
+        if self._full():
             self.queue.append(ev)
             return []
         return self._begin(ev)
@@ -257,8 +287,8 @@ class HostScheduler:
             if w.question_id == ev.question_id:
                 self.queue.remove(w)
                 return [Refuse(w.question_id, w.device, "withdrawn by the asker")]
-        q = self.active
-        if q is None or q.question_id != ev.question_id:
+        q = self.active.get(ev.question_id)
+        if q is None:
             return self._ignore(ev, _UNKNOWN, f"question {ev.question_id} is neither waiting nor being answered")
         q.done = True
         q.reason = "withdrawn"
@@ -272,32 +302,41 @@ class HostScheduler:
             q.uniforms = Uniforms(sampling.seed if sampling.seed is not None else abs(ev.question_id))
         if self.config.draft_policy is not None:
             q.draft = self.config.draft_policy.start()
-        self.active = q
-        self.inflight.clear()
+        taken = {a.slot for a in self.active.values()}
+        q.slot = min(i for i in range(self.questions_in_flight + 1) if i not in taken)
+        self.active[q.question_id] = q
         cmds: list = [BeginAnswer(q.question_id, q.device, q.prompt_len)]
         cmds += self._launch_prefill_chunk(q)
         return cmds
 
+    def _end_question(self, q: _Question) -> list:
+        """``q`` is no longer answered (answered, refused or withdrawn; its laps in
+        flight already dropped): its slot is free and the next waiting questions begin."""
+        for lap_id in [i for i, lap in self.laps.items()
+                       if lap.question_id == q.question_id and lap.sent and not lap.returns]:
+            del self.laps[lap_id]  # its prefill chunks that never come back
+        self.active.pop(q.question_id, None)
+        return self._next_question()
+
     def _next_question(self) -> list:
-        for lap_id in [i for i, lap in self.laps.items() if lap.sent and not lap.returns]:
-            del self.laps[lap_id]  # the ended question's prefill chunks that never come back
-        self.active = None
-        self.inflight.clear()
-        if self.queue and self.recovering is None:
-            return self._begin(self.queue.popleft())
-        return []
+        """Begin waiting questions while slots are free."""
+        cmds: list = []
+        while self.queue and not self._full():
+            cmds += self._begin(self.queue.popleft())
+        return cmds
 
     # -- laps -----------------------------------------------------------------------
 
     def _new_lap(self, q: _Question, kind: LapKind, first_pos: int, inputs: Sequence[int], returns: bool) -> _Lap:
-        lap = _Lap(self._next_lap, q.question_id, kind, first_pos, tuple(inputs), returns)
+        lap = _Lap(self._next_lap, q.question_id, kind, first_pos, tuple(inputs), returns, slot=q.slot)
         self._next_lap += 1
         self.laps[lap.lap_id] = lap
         return lap
 
     def _run_host_stage(self, lap: _Lap) -> list:
         cmds: list = [Wake(d, lap.lap_id, WAKE_MAX_S) for d in self.wake_targets]
-        cmds.append(RunStage(self.host, lap.lap_id, lap.question_id, lap.first_pos, len(lap.inputs), lap.inputs))
+        cmds.append(RunStage(self.host, lap.lap_id, lap.question_id, lap.first_pos, len(lap.inputs), lap.inputs,
+                             lap.slot))
         return cmds
 
     def _launch_prefill_chunk(self, q: _Question) -> list:
@@ -310,7 +349,7 @@ class HostScheduler:
 
     def _header(self, lap: _Lap, kind: FrameKind) -> FrameHeader:
         return FrameHeader(kind, lap.question_id, lap.lap_id, lap.first_pos, len(lap.inputs), self.config.hidden,
-                           self.config.dtype, lap.returns)
+                           self.config.dtype, lap.returns, lap.slot)
 
     def _stage_finished(self, ev: StageFinished) -> list:
         if ev.device != self.host:
@@ -327,8 +366,8 @@ class HostScheduler:
             cmds.append(SendFrame(self.host, self.workers[0], self._header(lap, kind)))
         elif lap.returns:  # the host holds every layer: the residual is already here
             cmds += self._returned(lap)
-        q = self.active
-        mine = q is not None and q.question_id == lap.question_id
+        q = self.active.get(lap.question_id)
+        mine = q is not None
         if lap.kind in _FILL_KINDS and mine and q.next_chunk < q.fill_len:
             cmds += self._launch_prefill_chunk(q)
         if not lap.returns and not mine:  # a chunk of a question that ended: nothing more comes of it
@@ -352,8 +391,8 @@ class HostScheduler:
 
     def _returned(self, lap: _Lap) -> list:
         lap.back = True
-        q = self.active
-        if lap.stale or q is None or q.question_id != lap.question_id:
+        q = self.active.get(lap.question_id)
+        if lap.stale or q is None:
             return self._end_lap(lap, stale=True)
         rows = 1 if lap.kind in (LapKind.PREFILL, LapKind.REPLAY) else len(lap.inputs)
         if q.uniforms is None:
@@ -365,8 +404,9 @@ class HostScheduler:
 
     def _end_lap(self, lap: _Lap, stale: bool, kept: int = 0) -> list:
         self.laps.pop(lap.lap_id, None)
-        if lap.lap_id in self.inflight:
-            self.inflight.remove(lap.lap_id)
+        q = self.active.get(lap.question_id)
+        if q is not None and lap.lap_id in q.inflight:
+            q.inflight.remove(lap.lap_id)
         drafted = len(lap.inputs) - 1 if lap.kind == LapKind.VERIFY else 0
         return [LapEnded(lap.lap_id, lap.question_id, lap.kind, drafted, kept, stale)]
 
@@ -374,17 +414,17 @@ class HostScheduler:
 
     def _head_finished(self, ev: HeadFinished) -> list:
         lap = self.laps.get(ev.lap_id)
-        q = self.active
+        q = self.active.get(lap.question_id) if lap is not None else None
         if lap is None:
             if not self._launched(ev.lap_id):
                 raise DriverError(f"HeadFinished for lap {ev.lap_id}, which the host never launched")
             return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
         if lap.predictions is not None:
             return self._ignore(ev, _BUG, f"a second head result for lap {ev.lap_id}")
-        if q is None or q.question_id != lap.question_id or lap.stale:
+        if q is None or lap.stale:
             return self._end_lap(lap, stale=True)
         if not ev.predictions:
-            return self._abort(f"the output head returned no prediction for lap {lap.lap_id}")
+            return self._abort(q, f"the output head returned no prediction for lap {lap.lap_id}")
         lap.predictions = tuple(ev.predictions)
         if lap.kind in (LapKind.PREFILL, LapKind.REPLAY):
             q.filling = False
@@ -393,10 +433,10 @@ class HostScheduler:
             return cmds + self._after_commit(q)
         cmds = []
         # judge laps in launch order; a later lap's result waits for its predecessors
-        while self.inflight:
-            head = self.laps.get(self.inflight[0])
+        while q.inflight:
+            head = self.laps.get(q.inflight[0])
             if head is None:
-                self.inflight.popleft()
+                q.inflight.popleft()
                 continue
             if head.predictions is None:
                 break
@@ -426,7 +466,7 @@ class HostScheduler:
         else:
             cmds += self._discard_assumed(q)
             if a < len(x) - 1:
-                cmds.append(RollbackKV(self.host, q.question_id, lap.first_pos + a + 1))
+                cmds.append(RollbackKV(self.host, q.question_id, lap.first_pos + a + 1, q.slot))
         cmds += self._commit(q, new)
         return cmds
 
@@ -434,11 +474,12 @@ class HostScheduler:
         """Forget the assumed continuation; every lap still in flight is stale."""
         q.assumed.clear()
         q.drafting = None
-        return self._drop_inflight()
+        return self._drop_inflight(q)
 
-    def _drop_inflight(self) -> list:
+    def _drop_inflight(self, q: _Question) -> list:
+        """Every decode/verify lap of ``q`` still in flight is stale."""
         cmds: list = []
-        for lap_id in list(self.inflight):
+        for lap_id in list(q.inflight):
             lap = self.laps[lap_id]
             lap.stale = True
             cmds += self._end_lap(lap, stale=True)
@@ -463,7 +504,8 @@ class HostScheduler:
         return cmds
 
     def _finish(self, q: _Question) -> list:
-        return self._drop_inflight() + [AnswerDone(q.question_id, q.device, q.generated, q.reason)] + self._next_question()
+        cmds = self._drop_inflight(q) + [AnswerDone(q.question_id, q.device, q.generated, q.reason)]
+        return cmds + self._end_question(q)
 
     def _after_commit(self, q: _Question) -> list:
         if q.done:
@@ -475,19 +517,19 @@ class HostScheduler:
     def _fill_pipeline(self, q: _Question) -> list:
         k = self.config.draft_tokens if q.draft is None else q.draft.choose(self._positions_left(q))
         if k == 0:
-            if self.inflight or q.drafting is not None:
+            if q.inflight or q.drafting is not None:
                 return []
             pre = self._discard_assumed(q) if q.assumed else []  # an adaptive question going plain
             if q.draft is not None:
                 q.draft.plain_lap()
             lap = self._new_lap(q, LapKind.DECODE, len(q.seq) - 1, (q.seq[-1],), returns=True)
-            self.inflight.append(lap.lap_id)
+            q.inflight.append(lap.lap_id)
             return pre + self._run_host_stage(lap)
         if q.drafting is not None:
             return []
         live = 0
         laps = self.laps
-        for i in self.inflight:
+        for i in q.inflight:
             if not laps[i].stale:
                 live += 1
         if live >= self.config.async_laps:
@@ -510,14 +552,14 @@ class HostScheduler:
         return self.config.context - len(q.seq) - len(q.assumed)
 
     def _draft_ready(self, ev: DraftReady) -> list:
-        q = self.active
         if not 0 <= ev.draft_id < self._next_draft:
             raise DriverError(f"DraftReady for draft {ev.draft_id}, which the host never asked for")
-        if q is None or q.drafting != ev.draft_id:
+        q = next((a for a in self.active.values() if a.drafting == ev.draft_id), None)
+        if q is None:
             return self._ignore(ev, _STALE, f"draft {ev.draft_id} is no longer awaited")
         q.drafting = None
         if not ev.tokens:
-            return self._abort("the drafter returned no tokens")
+            return self._abort(q, "the drafter returned no tokens")
         tokens = tuple(ev.tokens)[:self._positions_left(q)]  # a drafter that sent more than asked
         if not tokens:
             return self._fill_pipeline(q)
@@ -530,7 +572,7 @@ class HostScheduler:
             inputs = tokens
         q.assumed.extend(tokens)
         lap = self._new_lap(q, LapKind.VERIFY, first_pos, inputs, returns=True)
-        self.inflight.append(lap.lap_id)
+        q.inflight.append(lap.lap_id)
         return self._run_host_stage(lap) + self._fill_pipeline(q)
 
     # -- failures -------------------------------------------------------------------
@@ -539,21 +581,18 @@ class HostScheduler:
         """A residual of ``ev.lap_id`` went bad (NaN/inf): its question fails, naming the
         device; laps of other questions, stale laps and unknown ones are ignored."""
         lap = self.laps.get(ev.lap_id)
-        q = self.active
         if lap is None and not self._launched(ev.lap_id):  # a peer's Fault: outside input
             return self._ignore(ev, _UNKNOWN, f"lap {ev.lap_id} was never launched")
-        if lap is None or lap.stale or q is None or q.question_id != lap.question_id:
+        q = self.active.get(lap.question_id) if lap is not None else None
+        if lap is None or lap.stale or q is None:
             return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
-        cmds = [] if lap.lap_id in self.inflight else self._end_lap(lap, stale=True)  # it will not come back
-        return cmds + self._abort(f"numerical fault on {ev.device}: {ev.reason}")
+        cmds = [] if lap.lap_id in q.inflight else self._end_lap(lap, stale=True)  # it will not come back
+        return cmds + self._abort(q, f"numerical fault on {ev.device}: {ev.reason}")
 
-    def _abort(self, reason: str) -> list:
-        q = self.active
-        cmds: list = []
-        if q is not None:
-            cmds.append(Refuse(q.question_id, q.device, reason))
-            cmds += self._drop_inflight()
-        return cmds + self._next_question()
+    def _abort(self, q: _Question, reason: str) -> list:
+        """Refuse ``q`` with ``reason`` mid-answer; the next waiting question begins."""
+        cmds: list = [Refuse(q.question_id, q.device, reason)] + self._drop_inflight(q)
+        return cmds + self._end_question(q)
 
     def _lost(self, ev: DeviceLost) -> list:
         dev = ev.device
@@ -580,8 +619,8 @@ class HostScheduler:
             else:
                 keep.append(w)
         self.queue = keep
-        if self.active is not None and self.active.device == dev:
-            cmds += self._abort(f"{dev} left the room")
+        for q in [a for a in self.active.values() if a.device == dev]:
+            cmds += self._abort(q, f"{dev} left the room")
         return cmds
 
     def _stop(self, reason: str) -> list:
@@ -591,13 +630,16 @@ class HostScheduler:
             self.stopped = reason
         reason = self.stopped
         cmds: list = []
-        if self.active is not None:
-            cmds.append(Refuse(self.active.question_id, self.active.device, reason))
-            self.active = None
+        active = list(self.active.values())
+        self.active = {}
+        for q in active:
+            cmds.append(Refuse(q.question_id, q.device, reason))
         while self.queue:
             w = self.queue.popleft()
             cmds.append(Refuse(w.question_id, w.device, reason))
-        cmds += self._drop_inflight()
+        for q in active:
+            for lap_id in list(q.inflight):
+                cmds += self._end_lap(self.laps[lap_id], stale=True)
         for lap in self.laps.values():
             lap.stale = True
         return cmds
@@ -632,23 +674,32 @@ class HostScheduler:
         for lap in sorted(self.laps.values(), key=lambda lap: lap.lap_id):  # every lap in flight is lost
             lap.stale = True
             cmds += self._end_lap(lap, stale=True)
-        self.inflight.clear()
         self._set_deal(new)
         self.recovering = self._next_lap  # a lap id of its own, so each re-deal's ChainReady is told apart
         self._next_lap += 1
-        q = self.active
-        if q is not None and q.device == dev:
-            cmds.append(Refuse(q.question_id, q.device, f"{dev} left the room"))
-            self.active = q = None
-        if q is not None:
+        kept: list[_Question] = []
+        for q in self.active.values():
+            if q.device == dev:
+                cmds.append(Refuse(q.question_id, q.device, f"{dev} left the room"))
+            elif len(kept) >= self.questions_in_flight:  # the chain left holds fewer KV caches
+                cmds.append(Refuse(q.question_id, q.device, f"{dev} left the room and the devices left hold the KV "
+                                   f"caches of {self.questions_in_flight} question"
+                                   f"{'s' if self.questions_in_flight != 1 else ''} at once"))
+            else:
+                kept.append(q)
+        self.active = {}
+        for slot, q in enumerate(kept):  # every cache of the new chain is empty: slots from 0 again
             q.assumed.clear()
             q.drafting = None
+            q.inflight.clear()
             q.next_chunk = 0
             q.fill_len = len(q.seq)
             q.filling = True
+            q.slot = slot
+            self.active[q.question_id] = q
         stages = tuple((s.device, s.start, s.end) for s in new.stages)
-        cmds.append(Redeal(dev, self.host, stages, self.recovering, q.question_id if q else None,
-                           len(q.seq) if q else 0))
+        cmds.append(Redeal(dev, self.host, stages, self.recovering, kept[0].question_id if kept else None,
+                           sum(len(q.seq) for q in kept)))
         return cmds
 
     def _chain_ready(self, ev: ChainReady) -> list:
@@ -656,10 +707,10 @@ class HostScheduler:
             reason = _STALE if self._launched(ev.first_lap) else _UNKNOWN
             return self._ignore(ev, reason, f"no re-deal with first lap {ev.first_lap} is awaited")
         self.recovering = None
-        q = self.active
-        if q is not None:
-            return self._launch_prefill_chunk(q)
-        return self._next_question()
+        cmds: list = []
+        for q in list(self.active.values()):  # each replays in its own slot, their laps interleaved
+            cmds += self._launch_prefill_chunk(q)
+        return cmds + self._next_question()
 
     #: event type -> handler: the one table ``handle`` dispatches by
     HANDLERS: dict = {QuestionAsked: _asked, StageFinished: _stage_finished, FrameArrived: _frame_back,

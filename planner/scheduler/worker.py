@@ -59,8 +59,9 @@ def note_ignored(sink: list, device: str, event, reason: IgnoreReason, detail: s
 class WorkerMachine:
     """A worker's state machine: frame in -> run my layers -> frame out.
 
-    ``handle(event, now_s) -> list[command]``. Keeps the KV length of the question it
-    serves; a frame of a new question starts from an empty cache, a frame whose first
+    ``handle(event, now_s) -> list[command]``. Keeps, for each KV cache slot a frame
+    names (one per question in flight), the question it serves there and its cache
+    length; a frame of a new question in a slot starts that cache empty, a frame whose first
     position is before the cache's end rolls the cache back to it (RollbackKV), and one
     whose first position lies beyond the cache's end is stale and dropped (DropFrame),
     as is any frame of a lap before ``first_lap`` (a lap of the chain before a re-deal).
@@ -81,8 +82,8 @@ class WorkerMachine:
         self.prev = stages[i - 1] if i > 0 else deal.host
         self.return_path = ReturnPath(return_path)
         self.first_lap = first_lap
-        self.question_id: int | None = None
-        self.kv_len = 0
+        self.slot_question: dict[int, int] = {}  # KV cache slot -> the question it serves
+        self.slot_kv: dict[int, int] = {}  # KV cache slot -> positions it holds
         self.pending: dict[int, FrameHeader] = {}
         self.ignored: list = [] if ignored is None else ignored
 
@@ -120,27 +121,28 @@ class WorkerMachine:
             return _FORWARD
         if kind != _K_DECODE and kind != _K_PREFILL:
             return _IGNORE
-        kv = self.kv_len
-        if h.question_id != self.question_id:
+        slot = h.slot
+        kv = self.slot_kv.get(slot, 0)
+        if h.question_id != self.slot_question.get(slot):
             if h.first_pos != 0:  # a question always starts with a prefill frame at position 0
                 return DROP, "frame of a question this stage is not serving"
-            self.question_id = h.question_id
+            self.slot_question[slot] = h.question_id
             kv = 0
         first = h.first_pos
         if first > kv:
-            self.kv_len = kv
+            self.slot_kv[slot] = kv
             return DROP, f"stale: starts at {first}, cache holds {kv}"
-        self.kv_len = first + h.tokens
+        self.slot_kv[slot] = first + h.tokens
         self.pending[h.lap_id] = h
         return _ROLLBACK_RUN if first < kv else _RUN
 
     def commands_for(self, h: FrameHeader, verdict: Verdict, reason: str | None) -> list[Command]:
         """The commands of :meth:`accept`'s answer ``(verdict, reason)`` for frame ``h``."""
         if verdict is RUN:
-            return [RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens)]
+            return [RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens, (), h.slot)]
         if verdict is ROLLBACK_RUN:
-            return [RollbackKV(self.device, h.question_id, h.first_pos),
-                    RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens)]
+            return [RollbackKV(self.device, h.question_id, h.first_pos, h.slot),
+                    RunStage(self.device, h.lap_id, h.question_id, h.first_pos, h.tokens, (), h.slot)]
         if verdict is DROP:
             return [DropFrame(self.device, h, reason or "")]
         if verdict is FORWARD:

@@ -232,7 +232,9 @@ class RoomPage:
                 "predicted_tokens_per_s": info.get("predicted_tokens_per_s"),
                 "measured_tokens_per_s": srv.last_tokens_per_s,
                 "queue": {"waiting": len(host.queue) if host is not None else 0,
-                          "answering": bool(host is not None and host.busy)}}
+                          "answering": bool(host is not None and host.busy),
+                          "in_flight": host.in_flight if host is not None else 0,
+                          "in_flight_limit": host.questions_in_flight if host is not None else 1}}
 
     # -- HTTP ------------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ Readiness: until the host's node is attached (its layers loaded and every device
 channels open) and while its scheduler is stopped (a device lost for good) or re-dealing,
 a chat request gets 503 at once, with the reason and ``Retry-After``.
 
-The queue is the scheduler's (one answer at a time, 10 waiting, 2 per asker): each
+The queue is the scheduler's (``decoding.questions_in_flight`` answers at once, one by
+default; 10 waiting, 2 per asker): each
 request is asked as a question whose asker is its client, ``api:key-<sha256 of the API
 key, 16 hex>`` when it sends ``Authorization: Bearer KEY``, else ``api:<address>``. The
 scheduler's refusal "queue full" or "already has 2 waiting" becomes 429 with
@@ -165,6 +166,13 @@ class RoomServer:
         self.m_waiting.set_function(lambda: len(self._host().queue) if self._host() is not None else 0)
         self.m_answering = Gauge("splitroom_answering", "1 while a question is being answered", registry=r)
         self.m_answering.set_function(lambda: 1 if self._host() is not None and self._host().busy else 0)
+        self.m_in_flight = Gauge("splitroom_questions_in_flight", "questions being answered at once", registry=r)
+        self.m_in_flight.set_function(lambda: self._host().in_flight if self._host() is not None else 0)
+        self.m_in_flight_limit = Gauge("splitroom_questions_in_flight_limit",
+                                       "most questions answered at once (decoding.questions_in_flight, as dealt)",
+                                       registry=r)
+        self.m_in_flight_limit.set_function(
+            lambda: self._host().questions_in_flight if self._host() is not None else 1)
         self.m_questions = Counter("splitroom_questions", "questions that ended, by outcome", ["outcome"],
                                    registry=r)
         self.m_tokens = Counter("splitroom_tokens", "answer tokens emitted", registry=r)
@@ -421,6 +429,8 @@ class RoomServer:
                 "ready": ready, "reason": reason or None, "model": self.model_id,
                 "queue": {"waiting": len(host.queue) if host is not None else 0,
                           "answering": bool(host is not None and host.busy),
+                          "in_flight": host.in_flight if host is not None else 0,
+                          "in_flight_limit": host.questions_in_flight if host is not None else 1,
                           "most_waiting_of_one_asker": max(Tally(q.device for q in host.queue).values(),
                                                            default=0) if host is not None else 0},
                 "lost": list(self.lost), "stages": self.stages(),

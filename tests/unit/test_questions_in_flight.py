@@ -137,3 +137,22 @@ def test_simulated_clients_ask_at_once_and_each_asks_again_when_answered():
     # one question answered at a time: question 3 is asked when question 0 ends, by its client
     assert asked[3][0] == done[0] and asked[3][1].device == "client-0"
     assert asked[4][0] == done[1] and asked[4][1].device == "client-1"
+
+
+def test_the_scenario_key_reaches_the_deal_and_the_scheduler():
+    from pathlib import Path
+
+    from planner.deal import deal as make_deal
+    from planner.scheduler import SchedulerConfig
+    from splitroom.scenario import load
+    home = Path(__file__).resolve().parents[2] / "scenarios" / "home.yaml"
+    scn = load(home, ["decoding.questions_in_flight=3", "context=512"])
+    assert scn.decoding.questions_in_flight == 3 and scn.options.kv_caches == 3
+    d = make_deal(scn.devices, scn.model, scn.options)
+    assert d.kv_caches == 3 and SchedulerConfig.from_scenario(scn, deal=d).questions_in_flight == 3
+    # at home.yaml's own context (2,048) the desktop holds one cache of its 19 layers and no
+    # more (plan: max_context 2,395 positions), so the deal deals the room down to one
+    scn = load(home, ["decoding.questions_in_flight=3"])
+    d = make_deal(scn.devices, scn.model, scn.options)
+    assert d.kv_caches == 1 and d.fits
+    assert SchedulerConfig.from_scenario(scn, deal=d).questions_in_flight == 1

@@ -21,7 +21,7 @@ INFO = {"host": "a", "stages": [{"device": "a", "start": 0, "end": 15, "shown": 
 
 
 def fake_node(stages, stopped=None, recovering=None):
-    host = SimpleNamespace(stopped=stopped, recovering=recovering, queue=[], busy=False)
+    host = SimpleNamespace(stopped=stopped, recovering=recovering, queue=[], busy=False, in_flight=0, questions_in_flight=1)
     deal = Deal(host="a", split="pinned", stages=tuple(Stage(*s) for s in stages), guests=(), fits=True, notes=())
     return SimpleNamespace(chain=SimpleNamespace(host=host, deal=deal), tokenizer=None, observers=[],
                            cfg=SimpleNamespace(host="a"))

@@ -31,7 +31,7 @@ class Node:
     """What RoomServer uses of runtime.room.Node; ``asked`` holds each question id."""
 
     def __init__(self):
-        host = SimpleNamespace(stopped=None, recovering=None, queue=[], busy=False)
+        host = SimpleNamespace(stopped=None, recovering=None, queue=[], busy=False, in_flight=0, questions_in_flight=1)
         self.chain = SimpleNamespace(host=host, deal=Deal(host="a", split="pinned", stages=(Stage("a", 0, 30),),
                                                           guests=(), fits=True, notes=()))
         self.tokenizer = SimpleNamespace(encode_chat=lambda messages: [1, 2, 3], stream_decoder=Decoder,

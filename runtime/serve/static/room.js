@@ -64,7 +64,9 @@ function render(s) {
   }
   const st = $("status");
   st.className = "panel " + (s.ready ? "ready" : "wait");
-  st.textContent = s.ready ? `Ready · ${s.queue.answering ? "answering" : "idle"} · ${s.queue.waiting} waiting`
+  const answering = s.queue.in_flight_limit > 1 ? `answering ${s.queue.in_flight} of ${s.queue.in_flight_limit} at once`
+                                               : (s.queue.answering ? "answering" : "idle");
+  st.textContent = s.ready ? `Ready · ${answering} · ${s.queue.waiting} waiting`
                            : "Not ready: " + (s.reason || s.phase);
   const deal = $("deal");
   deal.replaceChildren(...s.deal.stages.map((x) =>
