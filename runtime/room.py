@@ -279,8 +279,15 @@ class Node:
             self._on_lost(dst, f"send failed: {e}")
 
     def handle(self, event) -> None:
-        """Feed one event to this node's machine and carry out its commands."""
-        self.driver.dispatch(event, self.clock())
+        """Feed one event to this node's machine and carry out its commands. The residual
+        of a frame no command takes up (a stale lap, a frame the machine ignored) is let
+        go at once, so frames that lead nowhere are not kept."""
+        cmds = self.driver.dispatch(event, self.clock())
+        if type(event) is FrameArrived:
+            lap = event.header.lap_id
+            if lap in self.residual and not any(getattr(c, "lap_id", None) == lap or (
+                    type(c) is SendFrame and c.header.lap_id == lap) for c in cmds):
+                del self.residual[lap]
 
     def _record(self, now: float, event, cmds, ignored) -> None:
         trace = self.trace

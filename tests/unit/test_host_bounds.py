@@ -132,3 +132,26 @@ def test_room_processes_write_their_output_through_the_rotated_log(tmp_path, mon
     assert _last_log_line(tmp_path, "dev") == "the last"  # stdout and stderr both kept
     assert sorted(x.name for x in tmp_path.iterdir()) == ["dev.log", "dev.log.1", "dev.log.2"]
     assert (tmp_path / "dev.log.2").read_text().startswith("line 0")  # 9 bytes a line, 1,000 a file
+
+
+def test_a_frame_no_command_takes_up_is_not_kept():
+    """A worker node keeps the residual of a frame only while a command will use it: a
+    frame of a kind a worker does not handle, and a stale one, leave nothing behind."""
+    import numpy as np
+
+    from planner.frames import FrameHeader, FrameKind
+    from runtime.codec import encode_frame
+    from tests.fuzzing import worker_node
+    node = worker_node()
+
+    def feed(h):
+        async def go():
+            node._on_message("host", "residual", encode_frame(h, np.ones((h.tokens, 576), np.float32)))
+        node.fuzz_loop.run_until_complete(go())
+    feed(FrameHeader(FrameKind.RESULT, 1, 7, 0, 4, 576))  # not a worker's kind: ignored
+    assert node.residual == {}
+    feed(FrameHeader(FrameKind.PREFILL, 2, 8, 0, 4, 576))  # run here: kept for its RunStage
+    assert list(node.residual) == [8]
+    feed(FrameHeader(FrameKind.DECODE, 2, 9, 40, 1, 576))  # past the cache: dropped as stale
+    assert list(node.residual) == [8]
+    node.fuzz_loop.close()
