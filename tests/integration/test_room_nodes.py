@@ -216,10 +216,10 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     # Not before the timeout, and noticed by the heartbeats (not the transport's own
     # timeout): the reason says which rule fired, however loaded the machine is
     assert rec["device"] == lose and rec["detected_at_s"] - rec["lost_at_s"] >= 2.0
-    # (the host and, when it hears of it first, the other worker may each record it)
-    lost = [o for _, o in trace if type(o).__name__ == "DeviceLost"]
-    assert lost and {o.device for o in lost} == {lose}, lost
-    assert all(o.reason.startswith("no heartbeat for") for o in lost), lost
+    # (the host and the other worker may each record it; the silent node, cut off, records
+    # the others as lost in its own trace, which is merged here: only records of `lose` count)
+    lost = [o for _, o in trace if type(o).__name__ == "DeviceLost" and o.device == lose]
+    assert lost and all(o.reason.startswith("no heartbeat for") for o in lost), lost
     assert rec["recovery_s"] is not None and rec["next_token_at_s"] > rec["ready_at_s"] >= rec["detected_at_s"]
     redeal = next(o for _, o in trace if type(o).__name__ == "Redeal")
     want = [("host", 0, 21), ("w2", 21, 30)] if lose == "w1" else [("host", 0, 9), ("w1", 9, 30)]
