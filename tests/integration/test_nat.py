@@ -116,7 +116,9 @@ def test_turn_carries_a_room_through_a_symmetric_nat(bed, want, tmp_path):
     for url, err in ((ice_h[1], r["h_err"]), (ice_w[1], r["w_err"])):
         password = url.split("@")[0].rsplit(":", 1)[1]
         assert password not in err and ":***@" in err
-    assert "allocation" in bed.turn_log_text().lower()
+    # coturn logged the allocation ("ALLOCATE processed, success"; some builds also write
+    # "... allocation ..." lines, not every run)
+    assert "allocate processed, success" in bed.turn_log_text().lower()
 
 
 def test_the_relay_issues_turn_credentials_and_a_host_can_use_only_the_relay(bed, want, tmp_path):

@@ -6,6 +6,7 @@ and its temporary work folder is gone afterwards."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 
 import pytest
@@ -22,7 +23,7 @@ SHORT = "What is the capital of France?"
 ANSWER = 8
 
 
-def test_a_refused_question_is_reported_with_its_reason_and_status_1(monkeypatch):
+def test_a_question_the_room_cannot_hold_is_refused_before_the_room_starts(monkeypatch):
     tok = ChatTokenizer.from_dir(ensure_safetensors())
     long_len, short_len = len(tok.encode_chat(LONG)), len(tok.encode_chat(SHORT))
     context = short_len + ANSWER  # the short question fits exactly, the long one does not
@@ -37,16 +38,11 @@ def test_a_refused_question_is_reported_with_its_reason_and_status_1(monkeypatch
             f"workload.prompts={json.dumps([LONG, SHORT])}", "devices[1].lends=400 MB", "devices[2].lends=0 B"]
     args = ["run", "scenarios/home.yaml", "--real", "--loopback", "--json", "--timeout", "120"]
     r = CliRunner().invoke(app, args + [a for s in sets for a in ("--set", s)])
-    assert r.exit_code == 1, (r.exit_code, r.stderr[-2000:], r.exception)
-    out = json.loads(r.stdout)
-    ended = [a["ended"] for a in out["answers"]]
-    assert ended[0] == (f"refused: does not fit the context: a prompt of {long_len} tokens + {ANSWER} "
-                        f"answer tokens > {context} positions")
-    assert ended[1] == "answered" and "Paris" in out["answers"][1]["text"]
-    assert out["answers"][0]["token_ids"] == []
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("question ")]
-    assert lines == [f"question 1: {ended[0]}"]
-    assert "Traceback" not in r.stderr
-    assert len(made) == 1 and made[0].split("/")[-1].startswith("splitroom-real-")
-    import os
-    assert not os.path.exists(made[0])
+    # a workload question the room cannot hold is refused before any process starts: one
+    # line with the lengths, exit 2, nothing left behind (the room would refuse it anyway)
+    assert r.exit_code == 2, (r.exit_code, r.stderr[-2000:], r.exception)
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1 and (f"question 1 does not fit: a prompt of {long_len} tokens + {ANSWER} answer tokens "
+                              f"> {context} positions") in err[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert all(not os.path.exists(d) for d in made)  # the work folder, if made, is gone
