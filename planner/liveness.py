@@ -7,6 +7,17 @@ device loading a re-dealt range itself (:attr:`Liveness.loading`), the grace win
 after a re-deal began (``grace_s``), and, for ``load_timeout_s`` after it began, the
 devices still loading their new ranges (``spared`` in :meth:`Liveness.handle_timer`).
 
+A re-deal opened with ``answers=True`` (the model host's) spares only the peers that
+answered it (:meth:`Liveness.answered`: the device took the re-deal and loads its range
+now). A peer that has not answered is held to the plain heartbeat rule while the windows
+are open, so a second device that died just before or during a re-deal is lost one
+timeout after it was last heard, and its loss folds into the re-deal under way, instead
+of waiting out the windows. Answers are kept while a re-deal's windows are open (a
+device loading for the first re-deal is still spared by a second one) and forgotten when
+a re-deal begins after they closed.
+
+Each loss names the rule that fired (:data:`SILENT`, :data:`UNANSWERED`, :data:`LOADING`).
+
 The timers follow aioquic's connection API: the driver asks :meth:`Liveness.next_deadline_s`
 when to call next, and calls :meth:`Liveness.handle_timer` at that time with the time;
 nothing here reads a clock. Times are seconds on one monotonic clock the driver chooses.
@@ -18,12 +29,21 @@ from dataclasses import dataclass
 from typing import Collection, Iterable
 
 
+#: the plain heartbeat rule: silent for more than ``timeout_s``, no re-deal window sparing it
+SILENT = "silent"
+#: silent for more than ``timeout_s`` while a re-deal is under way that it never answered
+UNANSWERED = "unanswered"
+#: still loading its re-dealt range (``spared``) when the load window closed
+LOADING = "loading"
+
+
 @dataclass(frozen=True)
 class Tick:
-    """What :meth:`Liveness.handle_timer` found: ``lost`` the ``(peer, silent for s)``
-    newly past the timeout, ``beat`` the peers to send a heartbeat to now."""
+    """What :meth:`Liveness.handle_timer` found: ``lost`` the ``(peer, silent for s, rule)``
+    newly past the timeout (``rule``: :data:`SILENT`, :data:`UNANSWERED` or
+    :data:`LOADING`), ``beat`` the peers to send a heartbeat to now."""
 
-    lost: tuple[tuple[str, float], ...]
+    lost: tuple[tuple[str, float, str], ...]
     beat: tuple[str, ...]
 
 
@@ -52,6 +72,8 @@ class Liveness:
         self.loading = False  # this device loads a re-dealt range: no peer is lost by silence
         self.grace_until = -float("inf")
         self.quiet_until = -float("inf")
+        self.wants_answers = False  # the latest re-deal spares only the peers that answered it
+        self.answered_peers: set[str] = set()  # peers that answered a re-deal whose windows are open
         self._next = now_s + beat_s if beat_s > 0 else None
 
     def start(self, now_s: float) -> None:
@@ -74,10 +96,19 @@ class Liveness:
         for p in self.last_heard:
             self.last_heard[p] = now_s
 
-    def replanned(self, now_s: float) -> None:
-        """A re-deal began at ``now_s``: open the grace and load windows."""
+    def replanned(self, now_s: float, answers: bool = False) -> None:
+        """A re-deal began at ``now_s``: open the grace and load windows. ``answers``: they
+        spare only the peers that answer the re-deal (:meth:`answered`); the others are
+        held to the plain heartbeat rule meanwhile (module doc)."""
+        if now_s >= self.grace_until and now_s >= self.quiet_until:  # the earlier windows closed
+            self.answered_peers.clear()
         self.grace_until = now_s + self.grace_s
         self.quiet_until = now_s + self.load_timeout_s
+        self.wants_answers = answers
+
+    def answered(self, peer: str) -> None:
+        """``peer`` took the re-deal under way (it loads its range now): the windows spare it."""
+        self.answered_peers.add(peer)
 
     def forget(self, peer: str) -> None:
         """``peer`` is lost: no more heartbeats to it, no second loss."""
@@ -91,18 +122,30 @@ class Liveness:
         """The heartbeat timer fired at ``now_s``: which peers are lost by silence, and
         which get a heartbeat now (every other peer not lost). ``spared``: peers still
         loading a re-dealt range, not lost by silence until ``load_timeout_s`` after the
-        re-deal began. The next deadline is ``beat_s`` from ``now_s``."""
+        re-deal began (when the re-deal wants answers: only those that answered). The
+        next deadline is ``beat_s`` from ``now_s``."""
         if self._next is not None:
             self._next = now_s + self.beat_s
-        quiet = spared if now_s < self.quiet_until else ()
-        may_lose = self.timeout_s > 0 and not self.loading and now_s >= self.grace_until
+        in_grace = now_s < self.grace_until
+        in_load = now_s < self.quiet_until
+        may_lose = self.timeout_s > 0 and not self.loading
         lost, beat = [], []
         for p in self.peers:
             if p in self.lost:
                 continue
             seen = self.last_heard.get(p)
-            if may_lose and seen is not None and now_s - seen > self.timeout_s and p not in quiet:
-                lost.append((p, now_s - seen))
-                continue
+            if may_lose and seen is not None and now_s - seen > self.timeout_s:
+                rule = self._rule(p, spared, in_grace, in_load)
+                if rule is not None:
+                    lost.append((p, now_s - seen, rule))
+                    continue
             beat.append(p)
         return Tick(tuple(lost), tuple(beat))
+
+    def _rule(self, peer: str, spared: Collection[str], in_grace: bool, in_load: bool) -> str | None:
+        """The rule that loses ``peer``, silent past the timeout (None: a window spares it)."""
+        if self.wants_answers and (in_grace or in_load) and peer not in self.answered_peers:
+            return UNANSWERED
+        if in_grace or (in_load and peer in spared):
+            return None
+        return LOADING if peer in spared else SILENT

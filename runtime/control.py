@@ -14,6 +14,9 @@ transport message, told apart by ``"type"``:
   silent for the heartbeat timeout (1 s) after its first heartbeat is lost.
 * :class:`Replan` host -> the devices of a re-dealt chain (after a lost worker): load
   your new range, empty your KV cache, drop frames of laps before ``first_lap``.
+* :class:`Loading` a device of the new chain -> host, as soon as a Replan arrives: it
+  takes the re-deal of ``first_lap`` and loads its range now (the host spares its
+  silence while it loads; a device that never answers is held to the heartbeat rule).
 * :class:`Ready`  a device of the new chain -> host: done loading for ``first_lap``.
 * :class:`Crash`  host -> one device, only where fault injection is on (a scenario's
   ``faults:`` in ``run --real``): exit at once, as a killed process would.
@@ -256,6 +259,13 @@ class Replan(_Model):
         return chain_deal(self.host, self.stages)
 
 
+class Loading(_Model):
+    """This device took the Replan of ``first_lap`` and loads its range now."""
+
+    type: Literal["loading"] = "loading"
+    first_lap: int = Field(ge=0)
+
+
 class Ready(_Model):
     """This device holds its range of the chain of ``first_lap``, KV cache empty."""
 
@@ -280,14 +290,14 @@ class Crash(_Model):
     type: Literal["crash"] = "crash"
 
 
-ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Ready, Crash, Fault],
+ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Loading, Ready, Crash, Fault],
                            Field(discriminator="type")]
 _CONTROL = TypeAdapter(ControlMessage)
 
 
-def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye | Heartbeat | Replan | Ready | Crash | Fault:
+def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye | Heartbeat | Replan | Loading | Ready | Crash | Fault:
     """One control message from its JSON bytes. Raises ControlError (one line) for
-    anything that is not exactly one of the four messages."""
+    anything that is not exactly one of the messages above."""
     try:
         return _CONTROL.validate_json(data)
     except ValidationError as e:

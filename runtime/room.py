@@ -45,12 +45,12 @@ from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain, CopyPlan, copy_plan
 from planner.deal import Stage as DealStage, shown_layers
 from planner.drive import Driver
-from planner.liveness import Liveness
+from planner.liveness import LOADING, UNANSWERED, Liveness
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-from .control import (ControlError, Crash, Fault, Heartbeat, NodeConfig, Ready, Replan, encode_control,
+from .control import (ControlError, Crash, Fault, Heartbeat, Loading, NodeConfig, Ready, Replan, encode_control,
                       parse_control)
 from .drafters import ngram_draft
 from .work import NumericalFault, consumes_residual, nonfinite, run_work
@@ -235,7 +235,10 @@ class Node:
             return
         if isinstance(msg, Replan) and not self.is_host and src == self.cfg.host:
             self._tasks.append(asyncio.ensure_future(self._replan(msg)))
+        elif isinstance(msg, Loading) and self.is_host:
+            self.liveness.answered(src)  # it took the re-deal: its silence while it loads is spared
         elif isinstance(msg, Ready) and self.is_host:
+            self.liveness.answered(src)
             self._ready(src, msg.first_lap)
         elif isinstance(msg, Fault) and self.is_host:
             self.handle(LapFailed(msg.lap_id, msg.device, msg.reason))
@@ -346,6 +349,8 @@ class Node:
 
     def redeal(self, c: Redeal) -> None:
         self._latest_redeal = max(self._latest_redeal, c.first_lap)  # now: an earlier task sees it superseded
+        # now too: a loss handled right after this Redeal must not complete the re-deal it supersedes
+        self.awaiting = {c.first_lap: {d for d, _, _ in c.stages} | {self.cfg.device}}
         self._tasks.append(asyncio.ensure_future(self._host_redeal(c)))
 
     def question_ended(self, c: AnswerDone | Refuse) -> None:
@@ -521,8 +526,10 @@ class Node:
 
     def _start_grace(self) -> None:
         """A re-deal began: silence is no loss for REDEAL_GRACE_S, and a device loading
-        its new range is spared for REDEAL_LOAD_TIMEOUT_S."""
-        self.liveness.replanned(time.monotonic())
+        its new range is spared for REDEAL_LOAD_TIMEOUT_S; on the model host, only the
+        devices that answered the Replan (Loading) are spared, so a second device lost
+        meanwhile folds into the re-deal under way (planner.liveness)."""
+        self.liveness.replanned(time.monotonic(), answers=self.is_host)
 
     async def _host_redeal(self, r: Redeal) -> None:
         """Carry out the host's Redeal ``r``: tell the new chain (Replan, sent without
@@ -533,7 +540,6 @@ class Node:
         self._start_grace()
         self.deal = self.chain.deal
         others = [d for d, _, _ in r.stages if d != self.cfg.device]
-        self.awaiting = {r.first_lap: set(others) | {self.cfg.device}}  # an earlier re-deal is superseded
         plan = copy_plan([(s.device, s.start, s.end) for s in self._deal_before], r.stages, self.cfg.host)
         self._deal_before = tuple(DealStage(d, a, b) for d, a, b in r.stages)
         manifests, copies = {}, {}
@@ -567,6 +573,9 @@ class Node:
             return  # an older plan than one already taken
         self._latest_redeal = msg.first_lap
         self._start_grace()
+        if any(d == self.cfg.device for d, _, _ in msg.stages):  # before loading: the host spares it then
+            self._tasks.append(asyncio.ensure_future(
+                self._send(self.cfg.host, REPLY, encode_control(Loading(first_lap=msg.first_lap)))))
         deal = msg.deal()
         self.chain.adopt(deal, msg.first_lap)
         self.deal = deal
@@ -621,8 +630,8 @@ class Node:
             await asyncio.sleep(max(deadline - time.monotonic(), 0.0))
             now = time.monotonic()
             tick = live.handle_timer(now, {d for waiting in self.awaiting.values() for d in waiting})
-            for p, silent_s in tick.lost:
-                self._on_lost(p, f"no heartbeat for {silent_s:.1f} s", self.clock() - silent_s)
+            for p, silent_s, rule in tick.lost:
+                self._on_lost(p, lost_reason(silent_s, rule), self.clock() - silent_s)
             for p in tick.beat:
                 asyncio.ensure_future(self._send(p, REPLY, beat))
 
@@ -727,6 +736,18 @@ class Node:
     def trace_records(self) -> list[dict]:
         """This node's trace as JSON records."""
         return [to_record(t, o) for t, o in self.trace]
+
+
+def lost_reason(silent_s: float, rule: str) -> str:
+    """The DeviceLost reason for a peer silent ``silent_s`` seconds, lost by ``rule``
+    (planner.liveness: SILENT, UNANSWERED, LOADING): the rule is named, so a reader
+    (and a test) tells a loss folded into a re-deal from one at the load window's end."""
+    why = f"no heartbeat for {silent_s:.1f} s"
+    if rule == UNANSWERED:
+        return f"{why}, and no answer to the re-deal under way"
+    if rule == LOADING:
+        return f"{why}, still loading its re-dealt range after {REDEAL_LOAD_TIMEOUT_S:g} s"
+    return why
 
 
 def _drain(q: asyncio.Queue) -> list:

@@ -277,6 +277,45 @@ def test_two_workers_lost_at_once_the_host_ends_up_with_every_layer_and_answers_
     assert [r.stages for r in redeals] == [(("host", 0, 23), ("w2", 23, 30)), (("host", 0, 30),)]
 
 
+def test_a_second_worker_lost_during_the_re_deal_folds_into_it_and_the_answers_stay_right(model_dir, tokenizer,
+                                                                                           reference):
+    """host 1-6, w1 7-13, w2 14-21, w3 22-30; w1 falls silent after 4 answer tokens, and w2
+    falls silent the moment the host notices w1 (its re-deal is about to begin). w2 never
+    answers that re-deal (no Loading), so the host holds it to the heartbeat rule instead
+    of sparing it as a device still loading for the 30 s load window: its loss names that
+    rule and is folded into the re-deal under way (the second Redeal supersedes the
+    first), the one chain that gets ready is host 1-21, w3 22-30, w3 (which answered) is
+    never taken for lost, and both answers are the greedy tokens."""
+    from planner.protocol import DeviceLost
+    chain = [["host", 0, 6], ["w1", 6, 13], ["w2", 13, 21], ["w3", 21, 30]]
+    hub = Hub()
+    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0)
+    host = nodes[0]
+    host.observers.append(lambda o: type(o) is DeviceLost and o.device == "w1" and hub.dead.add("w2"))
+
+    async def go():
+        for node in nodes:
+            node.start()
+        while host.emitted < 4:
+            await asyncio.sleep(0.005)
+        hub.dead.add("w1")
+        await asyncio.wait_for(host.done.wait(), 120)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    lost = [o for _, o in host.trace if type(o) is DeviceLost]
+    assert [o.device for o in lost] == ["w1", "w2"], lost
+    assert lost[0].reason.startswith("no heartbeat for") and "re-deal" not in lost[0].reason
+    assert lost[1].reason.endswith("and no answer to the re-deal under way"), lost[1].reason
+    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
+    assert [r.stages for r in redeals] == [(("host", 0, 13), ("w2", 13, 21), ("w3", 21, 30)),
+                                           (("host", 0, 21), ("w3", 21, 30))]
+    ready = [o.first_lap for _, o in host.trace if type(o).__name__ == "ChainReady"]
+    assert ready == [redeals[1].first_lap]
+    assert (host.stage.start, host.stage.end) == (0, 21)
+
+
 def test_a_compute_failure_on_the_host_ends_that_question_with_a_reason_not_a_hang(model_dir, tokenizer,
                                                                                     reference):
     """The host's output head raises once (as a broken backend would): the question of

@@ -3,7 +3,7 @@ timer tests do (next deadline, then handle_timer at that time)."""
 
 from __future__ import annotations
 
-from planner.liveness import Liveness, Tick
+from planner.liveness import LOADING, SILENT, Liveness, Tick
 
 
 def make(**kw) -> Liveness:
@@ -27,7 +27,7 @@ def test_a_peer_silent_past_the_timeout_is_lost_once_with_its_silence():
     live.heard("h", 101.0)
     assert live.handle_timer(103.0).lost == ()  # 2.0 s: not past the timeout
     tick = live.handle_timer(103.25)
-    assert tick.lost == (("h", 2.25),) and tick.beat == ("w2",)
+    assert tick.lost == (("h", 2.25, SILENT),) and tick.beat == ("w2",)
     live.forget("h")
     assert live.handle_timer(110.0) == Tick(lost=(), beat=("w2",))
 
@@ -42,9 +42,9 @@ def test_loading_grace_and_the_devices_still_loading_spare_silence():
     live.replanned(105.0)  # grace until 115, the loading devices spared until 135
     assert live.handle_timer(114.9).lost == ()
     tick = live.handle_timer(115.0, spared={"w2"})
-    assert tick.lost == (("h", 15.0),) and tick.beat == ("w2",)
+    assert tick.lost == (("h", 15.0, SILENT),) and tick.beat == ("w2",)
     live.forget("h")
-    assert live.handle_timer(135.0, spared={"w2"}).lost == (("w2", 35.0),)
+    assert live.handle_timer(135.0, spared={"w2"}).lost == (("w2", 35.0, LOADING),)
 
 
 def test_refresh_counts_silence_again_only_for_peers_heard():

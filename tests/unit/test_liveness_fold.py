@@ -1,0 +1,101 @@
+"""Two devices lost close together fold into one re-deal (planner/liveness.py, times
+passed in, no clock): while the model host's re-deal is under way, only the peers that
+answered it are spared by its grace and load windows; a peer that never answered is held
+to the plain heartbeat rule, and its loss names that rule (UNANSWERED).
+
+The runtime's values: a beat every 0.25 s, lost after 1 s of silence, a 10 s grace and a
+30 s load window. w1 falls silent at 0, w2 at 0.3 (both killed); w3 lives."""
+
+from __future__ import annotations
+
+from planner.liveness import LOADING, SILENT, UNANSWERED, Liveness
+
+
+def ticks(live: Liveness, times, spared=()):
+    """``[(time, [(peer, rule)])]`` for each tick at ``times``; losses forgotten as the Node does."""
+    out = []
+    for t in times:
+        lost = [(p, rule) for p, _, rule in live.handle_timer(t, spared).lost]
+        for p, _ in lost:
+            live.forget(p)
+        out.append((t, lost))
+    return out
+
+
+def room() -> Liveness:
+    live = Liveness(["w1", "w2", "w3"], beat_s=0.25, timeout_s=1.0, grace_s=10.0, load_timeout_s=30.0)
+    for p in ("w1", "w2", "w3"):
+        live.heard(p, 0.0)
+    live.heard("w2", 0.3)
+    for t in (0.25, 0.5, 0.75, 1.0):
+        live.heard("w3", t)
+    return live
+
+
+def first_loss(live: Liveness) -> None:
+    got = ticks(live, [0.25, 0.5, 0.75, 1.0, 1.25])
+    assert [(t, lost) for t, lost in got if lost] == [(1.25, [("w1", SILENT)])]
+
+
+def test_a_second_device_dead_before_the_re_deal_is_lost_by_the_heartbeat_rule_not_after_the_windows():
+    live = room()
+    first_loss(live)
+    live.replanned(1.25, answers=True)  # the host re-deals w1's layers; w2 and w3 are to load
+    live.answered("w3")  # w3 took the re-deal: it loads now, silent (heard last at 1.0)
+    got = ticks(live, [1.5 + 0.25 * i for i in range(8)], spared={"w2", "w3"})  # to 3.25
+    # w2, last heard at 0.3, is past the 1 s timeout at the first tick after 1.3; w3 is spared
+    assert [(t, lost) for t, lost in got if lost] == [(1.5, [("w2", UNANSWERED)])]
+
+
+def test_a_second_device_that_dies_during_the_re_deal_without_answering_it_is_lost_one_timeout_later():
+    live = Liveness(["w1", "w2", "w3"], beat_s=0.25, timeout_s=1.0, grace_s=10.0, load_timeout_s=30.0)
+    live.heard("w1", 0.0)
+    live.heard("w3", 1.0)
+    live.forget("w1")  # lost at 1.25
+    live.replanned(1.25, answers=True)
+    live.heard("w2", 1.3)  # a heartbeat already on its way when the re-deal began; then w2 dies
+    live.answered("w3")
+    got = ticks(live, [1.5 + 0.25 * i for i in range(8)], spared={"w2", "w3"})
+    assert [(t, lost) for t, lost in got if lost] == [(2.5, [("w2", UNANSWERED)])]
+
+
+def test_a_device_that_answered_is_spared_until_the_load_window_and_then_named_as_loading():
+    live = room()
+    first_loss(live)
+    live.replanned(1.25, answers=True)
+    live.answered("w2")
+    live.answered("w3")
+    got = ticks(live, [1.5 + 0.25 * i for i in range(120)], spared={"w2", "w3"})  # to 31.25
+    # neither is lost while loading; past the load window (1.25 + 30) both still loading are
+    assert [(t, lost) for t, lost in got if lost] == [(31.25, [("w2", LOADING), ("w3", LOADING)])]
+
+
+def test_an_answer_to_the_first_re_deal_still_spares_a_device_during_the_second():
+    live = room()
+    first_loss(live)
+    live.replanned(1.25, answers=True)
+    live.answered("w3")
+    assert ticks(live, [1.5], spared={"w2", "w3"}) == [(1.5, [("w2", UNANSWERED)])]
+    live.replanned(1.5, answers=True)  # the second re-deal, without w2: w3 is still loading the first
+    got = ticks(live, [1.75 + 0.25 * i for i in range(20)], spared={"w3"})
+    assert [lost for _, lost in got if lost] == []
+
+
+def test_answers_are_forgotten_once_the_windows_closed():
+    live = room()
+    first_loss(live)
+    live.replanned(1.25, answers=True)
+    live.answered("w3")
+    assert ticks(live, [1.5], spared={"w2", "w3"}) == [(1.5, [("w2", UNANSWERED)])]
+    live.heard("w3", 40.0)
+    live.replanned(40.0, answers=True)  # a later re-deal, long after: w3 has not answered this one
+    assert ticks(live, [41.25], spared={"w3"}) == [(41.25, [("w3", UNANSWERED)])]
+
+
+def test_without_answers_the_windows_spare_every_peer_as_before():
+    live = room()
+    first_loss(live)
+    live.replanned(1.25)  # a worker's own view of a re-deal: nobody answers it
+    got = ticks(live, [1.5 + 0.25 * i for i in range(30)], spared=())  # to 8.75: inside the grace
+    assert [lost for _, lost in got if lost] == []
+    assert ticks(live, [11.25]) == [(11.25, [("w2", SILENT), ("w3", SILENT)])]
