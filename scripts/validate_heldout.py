@@ -131,6 +131,29 @@ def _warm_ttft(p: dict) -> None:
                                 if p["measured_warm_ttft_s"] else None)
 
 
+def judge(p: dict) -> None:
+    """Fill in one configuration's measured figures beside its prediction, in place.
+
+    ``p``: a configuration of the record, with ``predicted`` (``tokens_per_s``,
+    ``ttft_s``, ``ttft_each_s``, ``range``) and ``measured_runs`` (each with
+    ``tokens_per_s``, ``ttft_s``, ``ttft_each_s``). Adds the medians over the runs
+    (``measured_tokens_per_s``, ``measured_ttft_s``), ``spread_tokens_per_s`` [min,
+    max], the signed errors in percent of the measured median (``error_pct_tokens_per_s``,
+    ``error_pct_ttft``: positive when the prediction is higher), the warm first-token
+    figures and ``inside_range`` (the measured median within the predicted P10-P90)."""
+    tps = [m["tokens_per_s"] for m in p["measured_runs"]]
+    ttft = [m["ttft_s"] for m in p["measured_runs"]]
+    p["measured_tokens_per_s"] = statistics.median(tps)
+    p["measured_ttft_s"] = statistics.median(ttft)
+    p["spread_tokens_per_s"] = [min(tps), max(tps)]
+    p["error_pct_tokens_per_s"] = 100 * (p["predicted"]["tokens_per_s"] - p["measured_tokens_per_s"]) / \
+        p["measured_tokens_per_s"]
+    p["error_pct_ttft"] = 100 * (p["predicted"]["ttft_s"] - p["measured_ttft_s"]) / p["measured_ttft_s"]
+    _warm_ttft(p)
+    rg = p["predicted"]["range"]["tokens_per_s"]
+    p["inside_range"] = rg["p10"] <= p["measured_tokens_per_s"] <= rg["p90"]
+
+
 def summary(preds: list[dict]) -> dict:
     """RMS and worst error on tokens/s, worst first-token error, how many medians lie
     in their range, how many first-token times are within 15% (all, and later questions)."""
@@ -237,22 +260,12 @@ def main() -> int:
             print(f"  {p['name']} run {r + 1}: {res.measured['tokens_per_s']:.2f} tok/s, "
                   f"ttft {res.measured['ttft_s'] * 1000:.0f} ms (predicted {p['predicted']['tokens_per_s']:.2f}, "
                   f"{p['predicted']['ttft_s'] * 1000:.0f} ms), load {os.getloadavg()[0]:.1f}", flush=True)
-        tps = [m["tokens_per_s"] for m, _, _ in runs]
-        ttft = [m["ttft_s"] for m, _, _ in runs]
         p["measured_runs"] = [{"tokens_per_s": m["tokens_per_s"], "ttft_s": m["ttft_s"],
                                "ttft_each_s": m.get("ttft_each_s"), "tokens_per_lap": m["tokens_per_lap"],
                                "answered": m["answered"], "breakdown": m.get("breakdown"), "lap_s": m.get("lap_s"),
                                "drafted_per_lap": m.get("drafted_per_lap"), "parts": _parts(cal),
                                "load_1min": load} for m, cal, load in runs]
-        p["measured_tokens_per_s"] = statistics.median(tps)
-        p["measured_ttft_s"] = statistics.median(ttft)
-        p["spread_tokens_per_s"] = [min(tps), max(tps)]
-        p["error_pct_tokens_per_s"] = 100 * (p["predicted"]["tokens_per_s"] - p["measured_tokens_per_s"]) / \
-            p["measured_tokens_per_s"]
-        p["error_pct_ttft"] = 100 * (p["predicted"]["ttft_s"] - p["measured_ttft_s"]) / p["measured_ttft_s"]
-        _warm_ttft(p)
-        rg = p["predicted"]["range"]["tokens_per_s"]
-        p["inside_range"] = rg["p10"] <= p["measured_tokens_per_s"] <= rg["p90"]
+        judge(p)
         out.write_text(json.dumps(record, indent=1))
 
     record["summary"] = summary(preds)

@@ -60,7 +60,10 @@ def test_run_real_reports_the_price_beside_the_plain_deal(reference):
     assert p["ends_local"] == {"first": 2, "last": 3}
     assert p["same_tokens"] is True
     assert out["answers"][0]["token_ids"] == reference
+    # both rates are timings (no bound here: docs/ holds measured figures); the price's
+    # formula is checked with hand numbers in tests/unit/test_derived_figures.py. Here: it is
+    # the ends-local room's figure against the plain room's, both reported
     assert p["tokens_per_s"] > 0 and p["plain_tokens_per_s"] > 0
-    assert p["change_pct"] == pytest.approx(100 * (p["tokens_per_s"] - p["plain_tokens_per_s"])
-                                            / p["plain_tokens_per_s"])
+    assert p["tokens_per_s"] == out["measured"]["tokens_per_s"]
+    assert p["change_pct"] is not None and p["predicted_change_pct"] is not None
     assert [s["device"] for s in out["plan"]["stages"]][-1].endswith(TAIL_SUFFIX)

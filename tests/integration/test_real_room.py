@@ -46,10 +46,10 @@ def test_split_room_answers_like_one_process(reference, sets, n_devices):
         assert key in res.measured and key in res.predicted
     assert res.measured["tokens_per_s"] > 0 and res.predicted["tokens_per_s"] > 0
     # how close the figure is depends on the machine's load, so accuracy is a measured figure
-    # (scripts/validate_heldout.py, docs/validation.md), not a bound here; the test checks the
-    # reported error is the signed percentage of the two figures it was given, by hand
-    m, p = res.measured["tokens_per_s"], res.predicted["tokens_per_s"]
-    assert res.error_pct["tokens_per_s"] == pytest.approx(100.0 * (p - m) / m)
+    # (scripts/validate_heldout.py, docs/validation.md), not a bound here; the error's formula
+    # (signed percent of the measured figure) is checked with hand numbers in
+    # tests/unit/test_derived_figures.py
+    assert set(res.error_pct) == {"tokens_per_s", "ttft_s", "tokens_per_lap", "inter_token_p50", "inter_token_p99"}
     assert res.calibration["hops"] > 0 and set(res.calibration["s_per_layer"]) == {s.device for s in d.stages}
 
 
