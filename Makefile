@@ -22,6 +22,10 @@ validate: setup
 
 # Mutation testing of planner/ ([tool.mutmut] in pyproject.toml) and the score per module
 # (docs/testing.md); not CI: it runs the unit and property tests once per mutant.
+# MODULE=planner.cost: that module's mutants only (planner.scheduler: the scheduler
+# package); CHILDREN=N mutants at once (default 1). Hypothesis tests run few examples
+# (SPLITROOM_MUTATION, tests/conftest.py). Results add up in mutants/ across runs.
 mutate: setup
-	$(VENV)/bin/mutmut run
+	SPLITROOM_MUTATION=1 nice -n 19 $(VENV)/bin/mutmut run --max-children $(or $(CHILDREN),1) \
+		$(if $(MODULE),"$(MODULE).*")
 	$(VENV)/bin/python scripts/mutation_report.py --out docs/mutation-$$(date -u +%F).json
