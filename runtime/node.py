@@ -42,6 +42,10 @@ log = logging.getLogger("splitroom.node")
 DONE, BAD_CONFIG, NO_ROOM, TIMED_OUT, LOST_HOST = 0, 2, 3, 4, 5
 
 
+#: the model host's process creates ``config.trace_path`` + this (empty) once it has joined
+#: the room, every device connected: ``run --real`` tells a death while loading by it
+JOINED_SUFFIX = ".joined"
+
 #: KV positions of a device whose scheduler settings give no context
 DEFAULT_MAX_CTX = 2048
 
@@ -200,6 +204,9 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         log.error("%s: could not join room %s: %s", cfg.device, room, e)
         return NO_ROOM
+    if cfg.trace_path and cfg.device == cfg.host:  # tells run --real the room started
+        with open(cfg.trace_path + JOINED_SUFFIX, "w", encoding="utf-8"):
+            pass
     t0 = time.monotonic()
     stop = stop_on_signals() if stop is None else stop
     rounds = 0

@@ -45,6 +45,16 @@ class RealRunError(RuntimeError):
     """The room could not be run (wrong model, a device that failed to start, a timeout)."""
 
 
+class DiedWhileLoading(RealRunError):
+    """A worker's process ended before the room started (before the model host's
+    process joined the room): ``device`` and ``how`` it ended (:func:`ended_how`)."""
+
+    def __init__(self, device: str, how: str):
+        super().__init__(f"{device} died while loading ({how})")
+        self.device = device
+        self.how = how
+
+
 @dataclass
 class RealResult:
     """Measured and predicted numbers of one real run.
@@ -426,17 +436,32 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     The work folder (device configs, traces, logs) is a temporary directory removed
     when the run ends, failed or not (``SPLITROOM_KEEP_WORKDIR=1`` keeps it).
 
+    A worker whose process ends before the room started (it died while loading: before
+    the model host's process joined the room) makes the room start again without it
+    when the devices left can hold the model (:func:`redeal_without`, said on ``log``).
+
     Raises RealRunError when the scenario's model has no weights here (see
-    :func:`real_model_dir`), a device process fails (with the last line of its log), or the run exceeds
-    ``timeout_s`` seconds.
+    :func:`real_model_dir`), a device process fails (with the last line of its log), a
+    worker dies while loading and the devices left cannot hold the model ("cannot start:
+    DEVICE died while loading (how; why)"), or the run exceeds ``timeout_s`` seconds.
     """
     import shutil
-    workdir = Path(tempfile.mkdtemp(prefix="splitroom-real-"))
-    try:
-        return _run_real(scn, deal, backend, netns, timeout_s, log, profile, workdir)
-    finally:
-        if os.environ.get("SPLITROOM_KEEP_WORKDIR") != "1":
-            shutil.rmtree(workdir, ignore_errors=True)
+    gone: set[str] = set()
+    while True:
+        workdir = Path(tempfile.mkdtemp(prefix="splitroom-real-"))
+        try:
+            return _run_real(scn, deal, backend, netns, timeout_s, log, profile, workdir)
+        except DiedWhileLoading as e:  # the room never started: without that device, or a one-line error
+            gone.add(e.device)
+            new, why = redeal_without(scn, deal, gone)
+            if new is None:
+                raise RealRunError(f"cannot start: {e.device} died while loading ({e.how}; {why})") from None
+            deal = new
+            log(f"{e.device} died while loading: re-dealt without it: "
+                + ", ".join(f"{s.device} {s.shown}" for s in deal.stages))
+        finally:
+            if os.environ.get("SPLITROOM_KEEP_WORKDIR") != "1":
+                shutil.rmtree(workdir, ignore_errors=True)
 
 
 def ended_how(returncode: int, last_line: str) -> str:
@@ -510,11 +535,8 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
             procs[c.device] = start_process(net, c.device, argv, workdir, denv)
         log(f"room {room}: {len(procs)} device processes on {network}"
             + (f" (the model host's process also runs {', '.join(sorted(colocated))})" if colocated else ""))
-        host = procs[deal.host]
-        try:
-            rc = host.wait(timeout=timeout_s + 30)
-        except subprocess.TimeoutExpired:
-            raise RealRunError(f"the room did not finish within {timeout_s:.0f} s") from None
+        from runtime.node import JOINED_SUFFIX
+        rc = _wait_host(procs, deal.host, cfgs[0].trace_path + JOINED_SUFFIX, workdir, timeout_s)
         if rc != 0:
             last = _last_log_line(workdir, deal.host)
             raise RealRunError(f"the model host's process ended ({ended_how(rc, last)})")
@@ -555,6 +577,42 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
 
 
 # -- starting and ending a room's processes (shared by run --real and splitroom serve) --
+
+
+def redeal_without(scn: Scenario, deal: Deal, dead: set[str]) -> tuple[Deal | None, str]:
+    """The deal of a room that lost ``dead`` before it started: ``(new deal, "")`` when
+    the devices left can hold the model (dealt again by the scenario's rules, the host
+    kept; a pinned room merges the lost ranges into their neighbours, checked against
+    what each lends: :func:`planner.chain.redeal_rule`), else ``(None, why)``. The model
+    host among ``dead`` is never re-dealt."""
+    from planner.chain import redeal_rule
+    if deal.host in dead:
+        return None, "the model host is gone"
+    try:
+        new = redeal_rule(scn.devices, scn.model, scn.options)(deal, frozenset(dead))
+    except ValueError as e:
+        return None, str(e)
+    return new, ""
+
+
+
+def _wait_host(procs: dict, host: str, joined: str, workdir: Path, timeout_s: float) -> int:
+    """Wait for the model host's process to end; returns its exit status. Raises
+    DiedWhileLoading for a worker whose process ends before the host's ``joined`` file
+    exists (the room never started: runtime.node.JOINED_SUFFIX), RealRunError when the
+    host has not ended 30 s after ``timeout_s`` seconds (its own timeout ends it first)."""
+    end = time.monotonic() + timeout_s + 30
+    while True:
+        rc = procs[host].poll()
+        if rc is not None:
+            return rc
+        if not os.path.exists(joined):
+            for dev, p in procs.items():
+                if dev != host and p.poll() is not None:
+                    raise DiedWhileLoading(dev, ended_how(p.returncode, _last_log_line(workdir, dev)))
+        if time.monotonic() >= end:
+            raise RealRunError(f"the room did not finish within {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def plan_network(scn: Scenario, devices: Sequence[str], netns: bool) -> tuple[object | None, str, float]:

@@ -79,22 +79,6 @@ def room_info(scn: Scenario, deal: Deal) -> dict:
             "host_extra_bytes": scn.model.host_extra_bytes}
 
 
-def redeal_without(scn: Scenario, deal: Deal, dead: set[str]) -> tuple[Optional[Deal], str]:
-    """The deal of a room that lost ``dead`` before it started: ``(new deal, "")`` when
-    the devices left can hold the model (dealt again by the scenario's rules, the host
-    kept; a pinned room merges the lost ranges into their neighbours, checked against
-    what each lends: :func:`planner.chain.redeal_rule`), else ``(None, why)``. The model
-    host among ``dead`` is never re-dealt."""
-    from planner.chain import redeal_rule
-    if deal.host in dead:
-        return None, "the model host is gone"
-    try:
-        new = redeal_rule(scn.devices, scn.model, scn.options)(deal, frozenset(dead))
-    except ValueError as e:
-        return None, str(e)
-    return new, ""
-
-
 def _refuse_until_stopped(sock: socket.socket, model_id: str, reason: str, stopped: Callable[[], bool]) -> int:
     """Answer every request on ``sock`` with 503 and ``reason`` (no Retry-After: waiting
     will not help) until ``stopped()``; returns 1 (the room never served)."""
@@ -146,8 +130,8 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
     Raises:
         ServeError: see the class; nothing is left running when it is raised.
     """
-    from splitroom.real import (RealRunError, device_argv, node_configs, plan_network, real_model_dir, start_process,
-                                start_relay, stop_room, write_config, _last_log_line, ended_how)
+    from splitroom.real import (RealRunError, device_argv, node_configs, plan_network, real_model_dir, redeal_without,
+                                start_process, start_relay, stop_room, write_config, _last_log_line, ended_how)
     try:
         model_dir = str(real_model_dir(scn))  # before anything starts: a bad model leaves nothing running
     except RealRunError as e:

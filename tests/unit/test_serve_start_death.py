@@ -16,7 +16,8 @@ import urllib.request
 
 from planner.deal import deal as make_deal
 from splitroom.scenario import load
-from splitroom.serve_cmd import _refuse_until_stopped, redeal_without
+from splitroom.real import redeal_without
+from splitroom.serve_cmd import _refuse_until_stopped
 
 
 def test_a_room_that_can_do_without_the_dead_device_is_dealt_again():
