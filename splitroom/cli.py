@@ -346,12 +346,14 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
             scn, d = ends_local_scenario(scn)
         except DealError as e:
             fail(f"{scenario}: {e}")
-    # the bar only on a terminal: a transient bar on a log or a pipe leaves an empty line
-    result = simulated(scn, d, scenario, show_progress=progress and not as_json and err.is_terminal,
-                       console=err, keep_trace=bool(trace or plot))
-    check_answered(result.metrics, scenario, result.refusals)
-    from splitroom.ranges import REPLICAS, acceptance_source, predict_range
-    result.metrics["range"] = predict_range(scn, d, result.metrics, REPLICAS if ranged else 0)
+    from splitroom.ranges import REPLICAS, acceptance_source, default_jobs, start_range
+    # the range's replicas run in other processes (where there are CPUs) while this one simulates the point
+    with start_range(scn, d, REPLICAS if ranged else 0, default_jobs()) as pending:
+        # the bar only on a terminal: a transient bar on a log or a pipe leaves an empty line
+        result = simulated(scn, d, scenario, show_progress=progress and not as_json and err.is_terminal,
+                           console=err, keep_trace=bool(trace or plot))
+        check_answered(result.metrics, scenario, result.refusals)
+        result.metrics["range"] = pending.result(result.metrics)
     source = acceptance_source(scn)
     if source:
         result.metrics["acceptance_from"] = source

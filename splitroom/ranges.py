@@ -20,6 +20,8 @@ by prompt, no jitter, no episodes) gets a range of one point, and the sources sa
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -27,7 +29,8 @@ import numpy as np
 from planner.deal import Deal
 from planner.room import Scenario
 
-__all__ = ["REPLICAS", "SWEEP_REPLICAS", "acceptance_source", "range_sources", "predict_range"]
+__all__ = ["REPLICAS", "SWEEP_REPLICAS", "PendingRange", "acceptance_source", "default_jobs", "range_sources",
+           "predict_range", "start_range"]
 
 #: replicas of one prediction (simulate, run --real --calibration); sweep takes fewer
 REPLICAS = 10
@@ -71,7 +74,111 @@ def _pct(xs: Sequence[float]) -> dict:
             "p90": float(np.percentile(a, 90))}
 
 
-def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLICAS) -> dict:
+def _run_replica(scn: Scenario, deal: Deal, seed: int, picks: list[int] | None) -> tuple[bool, float, float]:
+    """One replica: ``scn`` at network seed ``seed``, questions drawing from prompts
+    ``picks``; returns ``(answered every question, tokens per second, first token s)``."""
+    from sim.driver import simulate
+    m = simulate(dataclasses.replace(scn, seed=seed), deal, trace=False, acceptance_picks=picks).metrics
+    return m.get("answered", 0) >= m.get("questions", 0), m["tokens_per_s"], m["ttft_s"]
+
+
+_JOB: tuple | None = None  # (scenario, deal) of the replicas a worker process runs
+
+
+def _replica(seed: int, picks: list[int] | None) -> tuple[bool, float, float]:
+    """:func:`_run_replica` of the scenario :func:`_use` gave this worker process."""
+    return _run_replica(*_JOB, seed, picks)
+
+
+def _use(scn: Scenario, deal: Deal) -> None:
+    global _JOB
+    _JOB = (scn, deal)
+
+
+def default_jobs() -> int:
+    """Processes a prediction's replicas may use: this process's CPUs (1 where
+    processes cannot be forked: replicas then run one after another here)."""
+    if sys.platform != "linux":  # fork is Linux's start method; elsewhere it is unsafe or missing
+        return 1
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):  # pragma: no cover
+        return os.cpu_count() or 1
+
+
+class PendingRange:
+    """The replicas of a prediction's range, started at once so that they run while
+    the caller simulates the point prediction (:func:`start_range`). Use as a context
+    manager, or call :meth:`close`: worker processes still running are ended."""
+
+    def __init__(self, scn: Scenario, deal: Deal, replicas: int = REPLICAS, jobs: int = 1):
+        self.sources = range_sources(scn)
+        self._job = (scn, deal)
+        self._runs: list = []
+        self._pool = None
+        if not self.sources or replicas < 1:
+            return
+        w = scn.workload
+        per_run = max(w.questions * w.answer_tokens, 1)
+        n = max(min(replicas, TOKEN_BUDGET // per_run), min(MIN_REPLICAS, replicas))
+        prompts = _walk_prompts(scn)
+        rng = np.random.default_rng(np.random.SeedSequence([scn.seed, 0x5EED]))
+        args = []
+        for _ in range(n):  # every replica's draws made here, in order: the same for any jobs
+            seed = int(rng.integers(0, 2**63))
+            picks = rng.integers(0, prompts, w.questions).tolist() if prompts else None
+            args.append((seed, picks))
+        jobs = min(jobs, n)
+        if jobs > 1:
+            import multiprocessing
+            # fork: the workers inherit the scenario (set before they start) instead of pickling it
+            self._pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_use, initargs=(scn, deal))
+            self._runs = [self._pool.apply_async(_replica, a) for a in args]
+        else:
+            self._runs = args
+
+    def result(self, point: dict) -> dict:
+        """The range (:func:`predict_range`'s dict) beside ``point``, the point
+        prediction's metrics; waits for the replicas."""
+        try:
+            if self._pool is not None:
+                runs = [r.get() for r in self._runs]
+            else:
+                runs = [_run_replica(*self._job, seed, picks) for seed, picks in self._runs]
+        finally:
+            self.close()
+        tps = [r[1] for r in runs if r[0]]
+        ttft = [r[2] for r in runs if r[0]]
+        if not tps:
+            one = {"p10": point["tokens_per_s"], "p50": point["tokens_per_s"], "p90": point["tokens_per_s"]}
+            t = {"p10": point["ttft_s"], "p50": point["ttft_s"], "p90": point["ttft_s"]}
+            # no replica (none asked, or none answered every question): skipped when there was spread
+            return {"tokens_per_s": one, "ttft_s": t, "replicas": 0, "sources": [], "skipped": bool(self.sources)}
+        return {"tokens_per_s": _pct(tps), "ttft_s": _pct(ttft), "replicas": len(tps), "sources": self.sources,
+                "skipped": False}
+
+    def close(self) -> None:
+        """End the worker processes (those still running a replica too)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+
+    def __enter__(self) -> "PendingRange":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start_range(scn: Scenario, deal: Deal, replicas: int = REPLICAS, jobs: int = 1) -> PendingRange:
+    """Start the bootstrap replicas of ``scn``'s range (module doc) in up to ``jobs``
+    forked processes (1: none, they run in :meth:`PendingRange.result`); the draws of
+    every replica are made here, so the range is the same for any ``jobs``."""
+    return PendingRange(scn, deal, replicas, jobs)
+
+
+def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLICAS, jobs: int = 1) -> dict:
     """P10, P50 and P90 of tokens per second and time to first token over bootstrap
     replicas of ``scn`` (module doc), beside the ``point`` prediction's metrics.
 
@@ -80,31 +187,10 @@ def predict_range(scn: Scenario, deal: Deal, point: dict, replicas: int = REPLIC
     ``skipped`` is then True when there was one), every percentile is the point's and
     ``replicas`` is 0. Replicas are fewer than asked when the scenario is long
     (:data:`TOKEN_BUDGET` simulated tokens in all, at least :data:`MIN_REPLICAS`).
-    Deterministic for the scenario's seed."""
-    from sim.driver import simulate
-    sources = range_sources(scn)
-    if not sources or replicas < 1:
-        one = {"p10": point["tokens_per_s"], "p50": point["tokens_per_s"], "p90": point["tokens_per_s"]}
-        t = {"p10": point["ttft_s"], "p50": point["ttft_s"], "p90": point["ttft_s"]}
-        return {"tokens_per_s": one, "ttft_s": t, "replicas": 0, "sources": [], "skipped": bool(sources)}
-    w = scn.workload
-    per_run = max(w.questions * w.answer_tokens, 1)
-    n = max(min(replicas, TOKEN_BUDGET // per_run), min(MIN_REPLICAS, replicas))
-    prompts = _walk_prompts(scn)
-    rng = np.random.default_rng(np.random.SeedSequence([scn.seed, 0x5EED]))
-    tps, ttft = [], []
-    for r in range(n):
-        seed = int(rng.integers(0, 2**63))
-        picks = rng.integers(0, prompts, w.questions).tolist() if prompts else None
-        m = simulate(dataclasses.replace(scn, seed=seed), deal, trace=False, acceptance_picks=picks).metrics
-        if m.get("answered", 0) < m.get("questions", 0):
-            continue
-        tps.append(m["tokens_per_s"])
-        ttft.append(m["ttft_s"])
-    if not tps:
-        return predict_range(scn, deal, point, 0)
-    return {"tokens_per_s": _pct(tps), "ttft_s": _pct(ttft), "replicas": len(tps), "sources": sources,
-            "skipped": False}
+    ``jobs``: processes to run them in (:func:`start_range`). Deterministic for the
+    scenario's seed."""
+    with start_range(scn, deal, replicas, jobs) as pending:
+        return pending.result(point)
 
 
 def acceptance_source(scn: Scenario) -> str | None:

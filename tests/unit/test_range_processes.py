@@ -1,0 +1,51 @@
+"""The range's replicas run in worker processes (splitroom/ranges.py, start_range):
+the same range as one after another in this process, and no process left behind."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+import pytest
+
+from planner.deal import deal_for
+from sim.driver import simulate
+from splitroom.ranges import predict_range, range_sources, start_range
+from splitroom.scenario import load
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="replicas fork worker processes on Linux only")
+
+
+def _room(*sets):
+    return load("scenarios/wan_glm.yaml", ["decoding.return=direct", "workload.answer_tokens=30", *sets])
+
+
+@pytest.mark.parametrize("sets", [(), ("decoding.async_laps=3", "workload.questions=2")])
+def test_replicas_in_processes_give_the_range_of_replicas_in_turn(sets):
+    scn = _room(*sets)
+    assert range_sources(scn) == ["network jitter"]
+    d = deal_for(scn)
+    point = simulate(scn, d, trace=False).metrics
+    serial = predict_range(scn, d, point, 6, jobs=1)
+    assert serial["replicas"] == 6 and serial["tokens_per_s"]["p90"] > serial["tokens_per_s"]["p10"]
+    assert predict_range(scn, d, point, 6, jobs=2) == serial
+    assert predict_range(scn, d, point, 6, jobs=4) == serial
+    assert not multiprocessing.active_children()
+
+
+def test_a_range_closed_before_its_result_ends_its_workers():
+    scn = _room("workload.answer_tokens=2000")
+    pending = start_range(scn, deal_for(scn), 6, jobs=2)
+    assert len(multiprocessing.active_children()) == 2
+    pending.close()
+    assert not multiprocessing.active_children()
+
+
+def test_a_range_with_nothing_to_vary_starts_no_process():
+    scn = _room("network.jitter={distribution: none}")
+    point = {"tokens_per_s": 3.0, "ttft_s": 0.5}
+    with start_range(scn, deal_for(scn), 10, jobs=4) as pending:
+        assert not multiprocessing.active_children()
+        r = pending.result(point)
+    assert r == {"tokens_per_s": {"p10": 3.0, "p50": 3.0, "p90": 3.0}, "ttft_s": {"p10": 0.5, "p50": 0.5, "p90": 0.5},
+                 "replicas": 0, "sources": [], "skipped": False}
