@@ -26,7 +26,7 @@ nothing here reads a clock. Times are seconds on one monotonic clock the driver 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Iterable
+from typing import Callable, Collection, Iterable
 
 
 #: the plain heartbeat rule: silent for more than ``timeout_s``, no re-deal window sparing it
@@ -149,3 +149,38 @@ class Liveness:
         if in_grace or (in_load and peer in spared):
             return None
         return LOADING if peer in spared else SILENT
+
+
+def stall_loss(start_s: float, end_s: float, delay_s: Callable[[float], float], beat_s: float,
+               timeout_s: float) -> tuple[float, float] | None:
+    """When the heartbeat rule (:class:`Liveness`, no re-deal under way) loses a peer
+    whose link stalls over ``[start_s, end_s)``: ``(lost at, last heard at)`` in seconds,
+    or None when the stall never makes it silent past ``timeout_s``.
+
+    ``delay_s(t)``: seconds a message the peer sends at ``t`` takes to arrive (longer
+    inside the stall). The peer's heartbeats go every ``beat_s`` from ``start_s - beat_s``
+    (one just before the stall) on an ordered channel (one never overtakes an earlier
+    one); this device's timer ticks every ``beat_s`` half a beat after them (the two
+    processes' phases are not known: half a beat is the mean). Only the stall is
+    followed: the last tick is one beat after the last message sent in it arrived.
+    Raises ValueError for ``beat_s <= 0`` or ``end_s < start_s``."""
+    if beat_s <= 0 or end_s < start_s:
+        raise ValueError(f"beat_s must be > 0 and end_s >= start_s, got {beat_s}, [{start_s}, {end_s})")
+    sends = [start_s - beat_s]
+    while sends[-1] < end_s:
+        sends.append(start_s + beat_s * (len(sends) - 1))
+    arrivals, latest = [], -float("inf")
+    for t in sends:
+        latest = max(latest, t + delay_s(t))
+        arrivals.append(latest)
+    live = Liveness(("peer",), beat_s, timeout_s, 0.0, 0.0, now_s=sends[0])
+    i, tick = 0, sends[0] + beat_s / 2
+    while tick <= arrivals[-1] + beat_s:
+        while i < len(arrivals) and arrivals[i] <= tick:
+            live.heard("peer", arrivals[i])
+            i += 1
+        lost = live.handle_timer(tick).lost
+        if lost:
+            return tick, live.last_heard["peer"]
+        tick += beat_s
+    return None

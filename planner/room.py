@@ -289,6 +289,8 @@ class Decoding:
 
 #: A device silent this long (no heartbeat on the control channel) is lost, seconds.
 HEARTBEAT_TIMEOUT_S = 1.0
+#: Seconds between a device's heartbeats to each peer (the runtime's NodeConfig default).
+HEARTBEAT_S = 0.25
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ from planner.metrics import Accumulator
 from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
-from planner.room import Scenario
+from planner.liveness import stall_loss
+from planner.room import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S, Scenario
 from planner.chain import Chain, copy_plan, redeal_rule_for
 from planner.drive import Driver, synthetic_draft, synthetic_head
 from planner.scheduler import SchedulerConfig
@@ -213,8 +214,13 @@ class Simulation:
         (link_seed, acc_seed, dev_seed) = seeds.spawn(3)
         self.config = replace(SchedulerConfig.from_scenario(scn, deal=self.deal),
                               draft_policy=draft_policy(scn, self.deal))
+        network = relayed_network(scn.network, [d.id for d in scn.devices], self.deal.host) \
+            if scn.decoding.via_host else scn.network  # return: via_host (sim/relay.py)
+        self.links = Links(self.loop, network, np.random.default_rng(link_seed))
+        #: worker -> its link's first stall that the heartbeat rule loses it in (the real room's)
+        self._stall_lost = self._stall_losses()
         self.chain = Chain(self.deal, self.config,
-                           redeal=redeal_rule_for(scn) if scn.faults else None)
+                           redeal=redeal_rule_for(scn) if scn.faults or self._stall_lost else None)
         self.driver = Driver(self.chain, self, self._record)
         self.dead = self.driver.dead  # devices killed by a scenario fault
         self.first_deal = self.deal  # self.deal follows re-deals; the result reports the deal the room began with
@@ -224,9 +230,6 @@ class Simulation:
         self.devices = {d.id: device_model(d, scn, self.deal, prof) for d in scn.devices}
         self._scale = self._stage_scales()
         self._free_at: dict[str, float] = {}
-        network = relayed_network(scn.network, [d.id for d in scn.devices], self.deal.host) \
-            if scn.decoding.via_host else scn.network  # return: via_host (sim/relay.py)
-        self.links = Links(self.loop, network, np.random.default_rng(link_seed))
         spec = scn.decoding.speculative
         measured = prof.drafters.get(spec.drafter) if (spec and prof) else None
         if measured is not None:  # the acceptance measured on this scenario's kind of questions
@@ -242,6 +245,7 @@ class Simulation:
         self.tokens_total = scn.workload.questions * scn.workload.answer_tokens
         self.tokens_done = 0
         self._asked = 0
+        self._ended = 0  # questions answered or refused
         self._lap_span: dict[int, tuple[int, int]] = {}  # lap -> (first position, tokens), from RunStage
         self._in_flight: dict[tuple[str, str], deque] = {}  # link -> frames sent, not yet delivered
         self._prompt_len: dict[int, int] = {}  # question -> prompt tokens (laps before it are prefill)
@@ -255,7 +259,7 @@ class Simulation:
     def _can_run_ahead(self) -> bool:
         """Whether workers may run ahead (module doc): no faults, results return
         directly, and no worker's clock-down state hears from the host (Wake)."""
-        if self.scn.faults or self.config.return_path != ReturnPath.DIRECT:
+        if self.scn.faults or self._stall_lost or self.config.return_path != ReturnPath.DIRECT:
             return False
         woken = set(self.chain.host.wake_targets) if self.chain.host else set()
         return not any(self.devices[w].clock_down and not self.devices[w].self_wake for w in self.chain.workers
@@ -323,6 +327,7 @@ class Simulation:
     def question_ended(self, c: AnswerDone | Refuse) -> None:
         if type(c) is Refuse:
             self.refusals.append(c)
+        self._ended += 1
         client = self._client_of.pop(c.question_id, 0)
         self._start(lambda: self._ask_next(client))
 
@@ -501,6 +506,43 @@ class Simulation:
         now = self.loop.now
         self._at(now + f.detect_s, DeviceLost(f.device, f"no heartbeat for {f.detect_s:g} s", silent_since_s=now))
 
+    def _stall_losses(self) -> dict[str, tuple[float, float]]:
+        """``{worker: (start_s, end_s)}``: each worker of the deal whose link to the model
+        host stalls (the scenario's episodes) long and hard enough that the heartbeat
+        rule loses it, with its first stall. Every stall of a link has the same length
+        and extra round trip, so the first one that starts in the run decides; one
+        already under way at the start is not counted (nothing was heard before it)."""
+        host, out = self.deal.host, {}
+        for s in self.deal.stages:
+            if s.device == host:
+                continue
+            link = self.links.get(s.device, host)
+            window = link.next_stall(0.0)
+            if window is not None and stall_loss(*window, link.control_delay_s, HEARTBEAT_S,
+                                                 HEARTBEAT_TIMEOUT_S) is not None:
+                out[s.device] = window
+        return out
+
+    def _stall(self, device: str, start_s: float, end_s: float) -> None:
+        """``device``'s link to the host stalls now (``[start_s, end_s)``): while the
+        room still runs, the host's heartbeat rule (planner.liveness.stall_loss) loses
+        it when the rule says: DeviceLost then, and the device is gone from then on (the
+        real room does not take it back)."""
+        if device in self.dead or self._ended >= self.scn.workload.questions:
+            return
+        link = self.links.get(device, self.deal.host)
+        lost = stall_loss(start_s, end_s, link.control_delay_s, HEARTBEAT_S, HEARTBEAT_TIMEOUT_S)
+        if lost is None:
+            return
+        at_s, heard_s = lost
+
+        def lose(_a) -> None:
+            if device in self.dead or self._ended >= self.scn.workload.questions:
+                return
+            self.dead.add(device)
+            self.dispatch(DeviceLost(device, f"no heartbeat for {at_s - heard_s:.1f} s", silent_since_s=heard_s))
+        self.loop.at(at_s, lose)
+
     def redeal(self, r: Redeal) -> None:
         """The new chain loads its ranges, as :func:`planner.chain.copy_plan` says (the
         real room's plan): a worker copies its lowest gained range from the model host
@@ -557,6 +599,9 @@ class Simulation:
         for f in self.scn.faults:
             if f.at_s is not None:  # a process that waits at_s, then kills
                 loop.at(0.0, lambda _a, f=f: loop.at(f.at_s, lambda _b: self._kill(f)), priority=_URGENT)
+        for dev, (start, end) in self._stall_lost.items():  # a link whose stalls the heartbeat rule notices
+            loop.at(0.0, lambda _a, d=dev, a=start, b=end: loop.at(a, lambda _b: self._stall(d, a, b)),
+                    priority=_URGENT)
         collecting = gc.isenabled()
         gc.disable()  # the run makes ~10^5 objects that live until its end: collections only rescan them
         try:

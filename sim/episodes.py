@@ -112,6 +112,23 @@ class EpisodeClock:
             return (start, start + self._lasting)
         return None
 
+    def next_window(self, t_s: float) -> tuple[float, float] | None:
+        """The first stall ``(start_s, end_s)`` that starts at or after ``t_s``
+        (seconds, ``>= 0``), or ``None`` for a link that never stalls or is always
+        stalled (its delay never changes, so it never falls silent). Raises ValueError
+        for ``t_s < 0``."""
+        if t_s < 0:
+            raise ValueError(f"time must be >= 0, got {t_s}")
+        if self._never or self._always:
+            return None
+        every = self._every
+        n = int((t_s - self.phase_s + every) // every)
+        while True:
+            start = self.phase_s + (n - 1) * every + self._offset(n)
+            if start >= t_s:
+                return (start, start + self._lasting)
+            n += 1
+
     def stalled(self, t_s: float) -> bool:
         """True when time ``t_s`` (seconds, ``>= 0``) falls inside a stall."""
         return self.window(t_s) is not None

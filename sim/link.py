@@ -191,6 +191,18 @@ class Link:
         self.bytes += frame_bytes
         return arrive
 
+    def control_delay_s(self, t_s: float) -> float:
+        """Seconds a control message (a heartbeat: a few bytes) sent at ``t_s`` takes:
+        ``rtt/2 + extra_rtt(t)/2 + hop_overhead``, without jitter (no draw, so the
+        frames' random stream is not moved) and without queueing behind frames."""
+        clock = self._clock
+        return self._half_rtt + self._overhead + (0.5 * clock.extra_rtt_s(t_s) if clock is not None else 0.0)
+
+    def next_stall(self, t_s: float) -> tuple[float, float] | None:
+        """The first stall of this link starting at or after ``t_s``, ``(start_s, end_s)``,
+        or None (see :meth:`sim.episodes.EpisodeClock.next_window`)."""
+        return self._clock.next_window(t_s) if self._clock is not None else None
+
     def _window_rounds(self, frame_bytes: int, now_s: float) -> int:
         """Extra round trips a frame needs under slow start (RFC 4960 section 7.2.1,
         as SCTP and TCP do it): the sender may have ``cwnd`` bytes in flight; each
