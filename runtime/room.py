@@ -40,7 +40,7 @@ import numpy as np
 from planner.frames import FrameError, FrameHeader, FrameKind
 from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
                               FrameArrived, LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage,
-                              SendFrame, Wake, WeightsCopied)
+                              SendFrame, StageFinished, Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain, CopyPlan, copy_plan
 from planner.deal import Stage as DealStage, shown_layers
@@ -67,9 +67,10 @@ REDEAL_GRACE_S = 10.0
 #: Ready yet) is not declared lost by silence; after that a silent one is lost like any
 #: other (a device that died during a re-deal must not stall the room for good).
 REDEAL_LOAD_TIMEOUT_S = 30.0
-#: trace records a ``keep_open`` node keeps (the latest; older ones are dropped)
+#: trace records a node whose trace is not written keeps, or a ``keep_open`` one (the
+#: latest; older ones are dropped)
 OPEN_TRACE_RECORDS = 20_000
-#: what a ``keep_open`` node's trace may hold, bytes (estimated by :func:`record_bytes`;
+#: what such a node's trace may hold, bytes (estimated by :func:`record_bytes`;
 #: the oldest records are dropped past it)
 OPEN_TRACE_BYTES = 16 * 1024 * 1024
 #: a trace record's own cost, bytes: the (time, object) pair and a frozen dataclass of a
@@ -114,6 +115,13 @@ class BoundedTrace:
     def __iter__(self):
         return iter(self._items)
 
+    def clear(self) -> None:
+        """Let go of every record (``dropped`` counts them)."""
+        self.dropped += len(self._items)
+        self._items.clear()
+        self._sizes.clear()
+        self.bytes = 0
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -129,9 +137,12 @@ class Node:
         drafter: the host's drafter ``(context ids, k) -> k ids``.
         clock: seconds, for the trace (``time.time`` by default).
         keep_open: the host keeps taking questions (:meth:`ask`) after its configured
-            prompts: :attr:`done` is never set by running out of them, and the trace
-            keeps only its last :data:`OPEN_TRACE_RECORDS` records, at most
-            :data:`OPEN_TRACE_BYTES` (a long-lived room: :class:`BoundedTrace`).
+            prompts: :attr:`done` is never set by running out of them.
+    The trace (:attr:`trace`, ``[(t, event or command)]``) is kept whole only when it is
+    written out at the end (``config.trace_path`` set) and the node is not ``keep_open``;
+    otherwise (a long-lived room: ``splitroom serve``'s and ``join``'s devices, whose
+    traces nobody writes) it keeps only its latest :data:`OPEN_TRACE_RECORDS` records, at
+    most :data:`OPEN_TRACE_BYTES` (:class:`BoundedTrace`).
     Attributes:
         observers: callables given every event and command, in order, after the node
             carried it out, and each Computed record (this device's compute seconds)
@@ -181,8 +192,8 @@ class Node:
         self.keep_open = keep_open
         self.observers: list[Callable[[Any], None]] = []
         self._asked_here = 0  # questions asked with ask()
-        if keep_open:
-            self.trace = BoundedTrace()  # type: ignore[assignment]
+        if keep_open or not config.trace_path:
+            self.trace = BoundedTrace(OPEN_TRACE_RECORDS, OPEN_TRACE_BYTES)  # type: ignore[assignment]
         transport.set_handler(self._on_message)
         if hasattr(transport, "set_lost_handler"):
             transport.set_lost_handler(self._on_lost)
@@ -282,12 +293,15 @@ class Node:
             self._on_lost(dst, f"send failed: {e}")
 
     def handle(self, event) -> None:
-        """Feed one event to this node's machine and carry out its commands. The residual
-        of a frame no command takes up (a stale lap, a frame the machine ignored) is let
-        go at once, so frames that lead nowhere are not kept."""
+        """Feed one event to this node's machine and carry out its commands. A residual
+        no command takes up is let go at once: that of a frame that arrived (a stale lap,
+        a frame the machine ignored) and that of a stage that finished with nothing to
+        send (a prefill chunk that does not return: its work is in the KV cache), so
+        frames and chunks that lead nowhere are not kept."""
         cmds = self.driver.dispatch(event, self.clock())
-        if type(event) is FrameArrived:
-            lap = event.header.lap_id
+        cls = type(event)
+        if cls is FrameArrived or cls is StageFinished:
+            lap = event.header.lap_id if cls is FrameArrived else event.lap_id
             if lap in self.residual and not any(getattr(c, "lap_id", None) == lap or (
                     type(c) is SendFrame and c.header.lap_id == lap) for c in cmds):
                 del self.residual[lap]
@@ -356,8 +370,6 @@ class Node:
     def question_ended(self, c: AnswerDone | Refuse) -> None:
         answered = type(c) is AnswerDone
         self.ended[c.question_id] = "answered" if answered else f"refused: {c.reason}"
-        if answered:  # the answered question's laps are over (a refusal may be of a waiting one)
-            self.residual.clear()
         self._ask_next()
 
     async def _pad(self, t0: float) -> None:

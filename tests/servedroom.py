@@ -50,6 +50,9 @@ class StandIn(Stage):
     def head(self, hidden):
         return np.repeat(self._logits, len(hidden), axis=0)
 
+    def _swap_cache(self, old: int, new: int) -> None:
+        pass  # its KV caches hold nothing: each slot is only its position (Stage.use_cache)
+
 
 def _stage(model_dir: str, a: int, b: int, host: bool):
     """A loaded stage, made once per process and emptied for each room (loading takes seconds)."""
