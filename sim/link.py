@@ -39,15 +39,17 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Generator
+from typing import TYPE_CHECKING, Generator
 
 import numpy as np
-import simpy
 
 from planner.links import LOOPBACK, ResolvedLink, resolve_link
 from planner.room import Episodes, Network
 from sim.episodes import EpisodeClock
 from sim.jitter import make_jitter
+
+if TYPE_CHECKING:  # the links need only an object with .now (the driver's queue, or a SimPy environment)
+    import simpy
 
 __all__ = ["LOOPBACK", "Link", "Links", "ResolvedLink", "Uplinks", "resolve_link"]
 

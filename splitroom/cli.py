@@ -8,15 +8,18 @@ and ``--json``. Bad input prints one line to stderr and exits with status 2.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+
+if TYPE_CHECKING:  # rich.table is imported where a table is made: --json output makes none
+    from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run one LLM across several machines, and predict how fast that room will be.")
@@ -64,13 +67,34 @@ def model_override(path: Optional[str]) -> list[str]:
     return [f"model={{{kind}: {json.dumps(str(p.resolve()))}}}"]
 
 
+#: whether :func:`main` turned garbage collection off for the command's start-up
+_startup_gc_off = False
+
+
+def started() -> None:
+    """The command's start-up (imports, the scenario read and validated) is over:
+    garbage collection resumes, with what start-up made (modules, classes, pydantic
+    validators, the scenario) frozen out of later collections (``gc.freeze``). Start-up
+    allocates many long-lived objects and little garbage, so collections during it only
+    rescan them (about a tenth of a short simulate's CPU time). Only after
+    :func:`main` turned collection off."""
+    global _startup_gc_off
+    if _startup_gc_off:
+        _startup_gc_off = False
+        gc.freeze()
+        gc.enable()
+
+
 def load_scenario(path: str, sets: Optional[List[str]], model: Optional[str] = None):
-    """Load a scenario (with ``--model PATH`` replacing its model) or exit 2 with its one-line error."""
+    """Load a scenario (with ``--model PATH`` replacing its model) or exit 2 with its
+    one-line error; start-up ends here (:func:`started`)."""
     from splitroom.scenario import ScenarioError, load
     try:
         return load(path, list(sets or []) + model_override(model))
     except ScenarioError as e:
         fail(str(e))
+    finally:
+        started()
 
 
 def check_output(path: Optional[str], option: str) -> None:
@@ -192,6 +216,7 @@ def fitting_deal(scn, source: str):
 def deal_table(deal_, scn) -> Table:
     """The deal as a table: device, role, layers, bytes used of lent, why."""
     from planner.deal import format_bytes
+    from rich.table import Table
     t = Table(title=f"{scn.name or 'room'} · {scn.model.name} ({scn.model.layers} layers) · split {deal_.split}",
               title_justify="left")
     for col, j in (("device", "left"), ("role", "left"), ("layers", "right"), ("used / lent", "right"),
@@ -273,6 +298,7 @@ def _range_cell(m: dict, key: str, show) -> str:
 def metrics_table(m: dict, title: str = "prediction") -> Table:
     """Headline metrics as a two-column table; a prediction's range beside its
     tokens per second and first token when it has one."""
+    from rich.table import Table
     t = Table(title=title, title_justify="left", show_header=False)
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -313,6 +339,7 @@ def range_line(r: dict) -> str:
 
 def breakdown_table(m: dict) -> Table:
     """Where one lap's time goes: each stage's compute, each hop, head, draft."""
+    from rich.table import Table
     t = Table(title="where one lap's time goes (mean per lap)", title_justify="left")
     t.add_column("part")
     t.add_column("where")
@@ -401,6 +428,7 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
 
 def cost_table(cost: dict) -> Table:
     """US dollars per million useful tokens: the room beside the cheapest single machine."""
+    from rich.table import Table
     t = Table(title=f"cost of a useful token (electricity {cost['electricity_usd_per_kwh']:.3f} USD/kWh)",
               title_justify="left")
     for col, j in (("", "left"), ("USD / hour", "right"), ("useful tok/s", "right"),
@@ -425,6 +453,7 @@ def compare_table(res) -> Table:
     """Measured beside the prediction from a profile (when given, made before the run)
     and the same-run figure (the simulator calibrated from this very run), each with
     its signed error."""
+    from rich.table import Table
     t = Table(title=f"measured vs predicted ({res.network})", title_justify="left")
     cols = [("metric", "left"), ("measured", "right")]
     if res.profile_predicted is not None:
@@ -530,6 +559,7 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     for line in recovery_lines(res.measured, "measured: ") + recovery_lines(res.predicted, "predicted: "):
         out.print(line, highlight=False)  # scenario faults: the recovery, measured beside predicted
     cal = res.calibration
+    from rich.table import Table
     t = Table(title="measured per device and hop", title_justify="left")
     t.add_column("part")
     t.add_column("value", justify="right")
@@ -654,6 +684,7 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
 def profile_table(prof) -> Table:
     """A profile's headline numbers: per device a decode and a verify pass per layer,
     the head; per drafter its cost and mean accepted drafts; the transport's hop."""
+    from rich.table import Table
     t = Table(title=f"calibration profile ({prof.notes.get('machine', '?')}, {prof.notes.get('date', '?')})",
               title_justify="left")
     t.add_column("part")
@@ -733,6 +764,7 @@ def sweep(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     if as_json:
         print(json.dumps({"sort": sort, "rows": rows}, indent=2))
         return
+    from rich.table import Table
     t = Table(title=f"{scenario}: {len(rows)} configurations, best first", title_justify="left")
     keys = [k for k, _ in combos[0]] if combos else []
     t.add_column("")
@@ -783,6 +815,7 @@ def generate(prompt: Optional[str] = typer.Argument(None, help="The question to 
                                                    "(the GGUF's blocks as stored; the default for --model X.gguf; "
                                                    "f32 otherwise).")):
     """Answer PROMPT with the real model (SmolLM2-135M-Instruct or --model PATH), streaming, then print tokens/s."""
+    started()
     from splitroom.generate_cmd import run_generate
     try:
         code = run_generate(prompt, backend=backend, layers=layers, max_new_tokens=max_tokens, system=system, raw=raw,
@@ -806,6 +839,7 @@ def relay(host: str = typer.Option("127.0.0.1", "--host", help="Address to liste
           stun_url: Optional[str] = typer.Option(None, "--stun-url", help="A STUN server (stun:HOST:PORT) to hand "
                                                  "out too.")):
     """Run the signalling relay (SDP offers/answers only) at ws://HOST:PORT/room/ROOM."""
+    started()
     if not 0 <= port <= 65535:
         fail(f"--port {port}: expected a TCP port 0-65535")
     from runtime.relay import main as relay_main
@@ -882,6 +916,7 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
          seed: Optional[int] = typer.Option(None, "--seed", help="Host: seed of the sampled answers."),
          model: Optional[str] = ModelOpt):
     """Join a room on a LAN as one device: hold a layer range, and (--host) ask and stream answers."""
+    started()
     if serve is not None and not 0 <= serve <= 65535:
         fail(f"--serve {serve}: expected a TCP port 0-65535")
     if not 0 <= host_wait <= 86400:  # NaN fails too
@@ -905,7 +940,13 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
     raise typer.Exit(code)
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Garbage collection is off until the command's
+    start-up is over (:func:`started`: after its scenario is loaded, or first thing in
+    a command that loads none)."""
+    global _startup_gc_off
+    if gc.isenabled():
+        gc.disable()
+        _startup_gc_off = True
     try:
         app()
     except KeyboardInterrupt:  # pragma: no cover

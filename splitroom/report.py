@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typing import TYPE_CHECKING
 
 from planner.deal import shown_layers
 from planner.trace import to_record
+
+if TYPE_CHECKING:  # rich.progress is imported only where a bar is shown
+    from rich.console import Console
 
 
 #: The one line for a room whose every key is finite but whose simulated times overflow.
@@ -50,6 +51,8 @@ def run_simulation(scn, deal, show_progress: bool = True, console: Console | Non
     from sim.driver import Simulation
     if not show_progress:
         return Simulation(scn, deal, trace=keep_trace).run()
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console or Console(stderr=True), transient=True) as bar:
         task = bar.add_task("sim", total=scn.workload.questions * scn.workload.answer_tokens)
