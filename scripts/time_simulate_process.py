@@ -3,7 +3,8 @@
 ``os.wait4``), each run holding ``/tmp/splitroom-timing.lock`` (as ``flock`` does) so two timings never
 overlap; prints every run, then median and min-max, and the machine's load.
 
-    PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py [--runs 5] [-- EXTRA SPLITROOM ARGS]
+    PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py [--runs 5] [-- EXTRA SIMULATE ARGS]
+    PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py --command "plan tests/data/room12_80.yaml"
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -26,10 +28,12 @@ TOKENS = 10_000
 LOCK = "/tmp/splitroom-timing.lock"
 
 
-def one_run(extra: list[str]) -> tuple[float, float]:
-    """(wall s, user+sys CPU s) of one whole process, under the timing lock."""
-    argv = [sys.executable, "-c", ENTRY, "simulate",
-            "scenarios/wan_glm.yaml", *_sets(BENCH_SETS), "--json", *extra]
+def one_run(extra: list[str], command: str | None = None) -> tuple[float, float]:
+    """(wall s, user+sys CPU s) of one whole process, under the timing lock: the
+    benchmark's simulate with ``extra`` arguments, or ``splitroom COMMAND``."""
+    args = shlex.split(command) if command else ["simulate", "scenarios/wan_glm.yaml", *_sets(BENCH_SETS),
+                                                 "--json", *extra]
+    argv = [sys.executable, "-c", ENTRY, *args]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as flock(1) does; the clock starts once it is held
@@ -45,18 +49,21 @@ def one_run(extra: list[str]) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--command", help="time `splitroom COMMAND` instead (e.g. 'plan tests/data/room12_80.yaml')")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
     walls, cpus = [], []
     print("load before:", os.getloadavg())
     for i in range(a.runs):
-        w, c = one_run(a.extra)
+        w, c = one_run(a.extra, a.command)
         walls.append(w)
         cpus.append(c)
         print(f"run {i + 1}: wall {w:.3f} s, cpu {c:.3f} s, load {os.getloadavg()[0]:.2f}", flush=True)
     mw, mc = statistics.median(walls), statistics.median(cpus)
-    print(f"wall median {mw:.3f} s [{min(walls):.3f}-{max(walls):.3f}] -> {TOKENS / mw:,.0f} answer tokens/s")
-    print(f"cpu  median {mc:.3f} s [{min(cpus):.3f}-{max(cpus):.3f}] -> {TOKENS / mc:,.0f} answer tokens/CPU s")
+    rate = "" if a.command else f" -> {TOKENS / mw:,.0f} answer tokens/s"
+    print(f"wall median {mw:.3f} s [{min(walls):.3f}-{max(walls):.3f}]{rate}")
+    rate = "" if a.command else f" -> {TOKENS / mc:,.0f} answer tokens/CPU s"
+    print(f"cpu  median {mc:.3f} s [{min(cpus):.3f}-{max(cpus):.3f}]{rate}")
     print("load after:", os.getloadavg(), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
 
 
