@@ -68,11 +68,14 @@ REDEAL_GRACE_S = 10.0
 #: other (a device that died during a re-deal must not stall the room for good).
 REDEAL_LOAD_TIMEOUT_S = 30.0
 #: trace records a node whose trace is not written keeps, or a ``keep_open`` one (the
-#: latest; older ones are dropped)
-OPEN_TRACE_RECORDS = 20_000
+#: latest; older ones are dropped). Nothing reads such a trace (``splitroom serve``'s and
+#: ``join``'s devices write none), so it is a window of the latest few hundred laps for a
+#: debugger, not memory a device lends the room: 0.8 MB by :func:`record_bytes` (20,000
+#: records were 8 MB, 7% of a phone lending 120 MB)
+OPEN_TRACE_RECORDS = 2_000
 #: what such a node's trace may hold, bytes (estimated by :func:`record_bytes`;
 #: the oldest records are dropped past it)
-OPEN_TRACE_BYTES = 16 * 1024 * 1024
+OPEN_TRACE_BYTES = 2 * 1024 * 1024
 #: a trace record's own cost, bytes: the (time, object) pair and a frozen dataclass of a
 #: few fields (sys.getsizeof of a typical event and its tuple, rounded up)
 RECORD_BYTES = 400
