@@ -54,14 +54,18 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-async def soak(url: str, requests: int, answered: int, warmup: int, check, every: int) -> dict:
+async def soak(url: str, requests: int, answered: int, warmup: int, check, every: int,
+               progress: dict | None = None) -> dict:
     """ASKERS loops ask one question at a time each (they keep the queue full: one
     answered, 10 waiting); FLOODERS loops ask while the other requests number less than
     ``(requests - answered) / answered`` per answered one, and mostly get 429. Every
     request is from a client not seen before. ``warmup`` answered questions come first
-    (the bounded trace and page fill up), then the counted run."""
+    (the bounded trace and page fill up), then the counted run. ``progress["counts"]``,
+    when given, is the live count of the run (requests, answered, 429, other)."""
     import aiohttp
     counts = {"requests": 0, "answered": 0, "429": 0, "other": 0}
+    if progress is not None:
+        progress["counts"] = counts
     checks: list = []
     body = {"model": "smollm2-135m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     ratio = (requests - answered) / max(answered, 1)
@@ -98,6 +102,8 @@ async def soak(url: str, requests: int, answered: int, warmup: int, check, every
         t0 = time.perf_counter()
         await asyncio.gather(*(asker(s) for _ in range(ASKERS)))  # the warm-up
         warm = dict(counts, seconds=round(time.perf_counter() - t0, 1))
+        if progress is not None:
+            progress["warmup"] = warm
         for k in counts:
             counts[k] = 0
         goal.update(answered=answered, requests=requests)
