@@ -26,16 +26,23 @@ def greedy_reference(prompt: str, max_new: int) -> list[int]:
 SPLITROOM = [sys.executable, "-c", "from splitroom.cli import main; main()"]
 
 
+#: a relay that seats every keyed hello without checking its proof (a hostile relay):
+#: ``splitroom relay`` on 127.0.0.1 with ``runtime.relay.check_relay_hello`` always true
+UNCHECKING_RELAY = [sys.executable, "-c", "import runtime.relay as r\nr.check_relay_hello = lambda *a: True\n"
+                    "r.main('127.0.0.1', 0)"]
+
+
 @contextlib.contextmanager
-def relay_room(room: str) -> Iterator[tuple[str, dict, list]]:
-    """Start `splitroom relay` on a free loopback port; yield ``(room url, env, procs)``.
+def relay_room(room: str, relay_argv: list[str] | None = None) -> Iterator[tuple[str, dict, list]]:
+    """Start `splitroom relay` on a free loopback port (or ``relay_argv``, which prints
+    the same "listening on" line); yield ``(room url, env, procs)``.
 
     Append every process the test starts to ``procs``: on exit each one still running
     (the relay included) is terminated, then killed after 5 s.
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    relay = subprocess.Popen(SPLITROOM + ["relay", "--host", "127.0.0.1", "--port", "0"], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv = relay_argv or SPLITROOM + ["relay", "--host", "127.0.0.1", "--port", "0"]
+    relay = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs = [relay]
     try:
         line = relay.stdout.readline()

@@ -12,13 +12,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.joinroom import SPLITROOM, greedy_reference, read_until, relay_room
+from tests.joinroom import SPLITROOM, UNCHECKING_RELAY, greedy_reference, read_until, relay_room
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +54,8 @@ class Lines:
 
 
 def _host(url: str, env: dict, answers: Path | None = None, queue: Path | None = None,
-          ask: bool = True) -> subprocess.Popen:
-    argv = SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers", "w",
+          ask: bool = True, cli: list[str] = SPLITROOM) -> subprocess.Popen:
+    argv = cli + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers", "w",
                         "--max-tokens", str(MAX_NEW), "--address", "127.0.0.1", "--timeout", "50"]
     if ask:
         argv += ["--ask", PROMPT]
@@ -122,3 +123,45 @@ def test_a_host_that_does_not_come_back_ends_the_room_after_the_wait():
     assert "Traceback" not in log
     assert t_wait - t_kill < 5  # noticed by heartbeat (1 s of silence)
     assert 2.0 <= t_end - t_kill < 12  # the wait, then a clean exit
+
+
+#: ``splitroom`` whose relay hello carries the tag in $IMPOSTOR_TAG (a tag is public: the
+#: relay logs it) instead of its own key's: it gets past a relay that does not check proofs
+IMPOSTOR = [sys.executable, "-c", "import os, runtime.relay as r\nmade = r.relay_hello\n"
+            "r.relay_hello = lambda *a: {**made(*a), 'room_tag': os.environ['IMPOSTOR_TAG']}\n"
+            "from splitroom.cli import main\nmain()"]
+
+
+def test_an_impostor_host_while_the_host_is_away_is_refused_and_the_room_resumes(tmp_path: Path):
+    """A keyed room whose relay seats without checking (hostile): while the host is away,
+    a device without the key takes the host's id and says hello as the host. The worker
+    refuses it (its proof over the DTLS certificate does not match), keeps waiting, and
+    the real host coming back resumes the room with the greedy answer."""
+    from runtime.relay import room_tag
+    want = greedy_reference(PROMPT, MAX_NEW)
+    key, other = "k" * 32, "x" * 32
+    queue = tmp_path / "queue.jsonl"
+    with relay_room("impostor", UNCHECKING_RELAY) as (url, env, procs):
+        worker, w_err = _worker(f"{url}?key={key}", env, 60)
+        first = _host(f"{url}?key={key}", env, queue=queue)
+        procs += [worker, first]
+        _kill_while_streaming(first)
+        w_err.wait_for("Host reconnecting", 10)
+        imp = _host(f"{url}?key={other}", dict(env, IMPOSTOR_TAG=room_tag(key, "impostor")), cli=IMPOSTOR)
+        procs.append(imp)
+        w_err.wait_for("refused a device connected as the model host h", 60)
+        os.kill(imp.pid, signal.SIGKILL)
+        imp.wait(timeout=5)
+        assert worker.poll() is None  # still waiting for the host
+        answers = tmp_path / "answers.json"
+        again = _host(f"{url}?key={key}", env, answers, queue=queue, ask=False)
+        procs.append(again)
+        _, h_err = again.communicate(timeout=60)
+        assert again.returncode == 0, h_err
+        assert worker.wait(timeout=15) == 0
+        log = w_err.text()
+    (a,) = json.loads(answers.read_text())["answers"]
+    assert [t for t in a["token_ids"] if t != 2] == want and a["ended"] == "answered"
+    refused = [ln for ln in log.splitlines() if "refused a device connected as the model host h" in ln]
+    assert refused and all("still waiting" in ln for ln in refused), log
+    assert "h is back" in log and "Traceback" not in log
