@@ -76,6 +76,9 @@ class RealResult:
     #: per question, in asking order: "answered", "refused: REASON" or "lost: REASON"
     #: (``answers`` is aligned with it; a question that ended without an answer has "")
     ended: list = dataclasses.field(default_factory=list)
+    #: every device the model host declared lost, in order: ``(device, reason)`` (the
+    #: reason names the rule that fired, runtime.room.lost_reason)
+    losses: list = dataclasses.field(default_factory=list)
 
     @property
     def unanswered(self) -> list[tuple[int, str]]:
@@ -544,11 +547,13 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
         stop_room(procs, relay, net)
     wall = time.time() - t_start
     from runtime.room import merge_traces
-    records = []
+    records, losses = [], []
     for c in cfgs:
         path = Path(c.trace_path)
         if path.exists():
             records.append([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+            if c.device == deal.host:
+                losses = [(o.device, o.reason) for _, o in merge_traces(records[-1:]) if type(o).__name__ == "DeviceLost"]
     trace = merge_traces(records)
     measured = compute_metrics(trace)
     info = json.loads(Path(cfgs[0].trace_path + ".answers.json").read_text())
@@ -573,7 +578,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     _check_answered(predicted, "the same-run prediction")
     return RealResult(measured, predicted, _error_pct(measured, predicted), aligned, cal, network, emulated,
                       profile_predicted, _error_pct(measured, profile_predicted) if profile_predicted else None,
-                      ended)
+                      ended, losses)
 
 
 # -- starting and ending a room's processes (shared by run --real and splitroom serve) --

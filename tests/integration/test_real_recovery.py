@@ -8,6 +8,8 @@ is measured beside the simulator's prediction (which copies at the link's bandwi
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -78,10 +80,16 @@ LONG_PROMPT = "Explain in detail how a car engine works."
 LONG_TOKENS = 240
 
 
-def test_a_fault_at_a_time_kills_the_worker_that_long_after_the_start():
+@functools.lru_cache(maxsize=1)
+def long_greedy() -> list[int]:
+    """LONG_PROMPT's single-process greedy answer, LONG_TOKENS tokens (made once: two tests use it)."""
     md = ensure_safetensors()
     ids = ChatTokenizer.from_dir(md).encode_chat(LONG_PROMPT)
-    want = generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, LONG_TOKENS).ids
+    return list(generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, LONG_TOKENS).ids)
+
+
+def test_a_fault_at_a_time_kills_the_worker_that_long_after_the_start():
+    want = long_greedy()
     assert len(want) == LONG_TOKENS and 2 not in want  # the answer cannot end before the fault
     sets = [s for s in SETS if not s.startswith(("workload.answer_tokens", "workload.prompts"))] + [
         f"workload.answer_tokens={LONG_TOKENS}", f"workload.prompts=['{LONG_PROMPT}']"]
@@ -104,3 +112,24 @@ def test_faults_the_real_room_cannot_inject_are_one_line_errors():
         scn = load("scenarios/home.yaml", SETS + [bad])
         with pytest.raises(RealRunError, match=msg):
             run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=30, log=lambda s: None)
+
+
+def test_two_workers_killed_three_quarters_of_a_second_apart_fold_into_one_re_deal():
+    """desktop 1-20 hosts, laptop 21-26, phone 27-30; laptop is killed 1 s after the start
+    and phone 0.75 s later, before the host notices laptop (1 s of silence). The phone
+    never answers the re-deal that begins then, so the host loses it by the heartbeat
+    rule ("no answer to the re-deal under way"), not at the end of the 30 s load window,
+    and the room ends with every layer on the host: the answer is the greedy one."""
+    want = long_greedy()
+    sets = ["devices[0].lends=1 GB", "workload.questions=1", f"workload.answer_tokens={LONG_TOKENS}",
+            f"workload.prompts=['{LONG_PROMPT}']",
+            "stages=[{device: desktop, layers: '1-20'}, {device: laptop, layers: '21-26'}, "
+            "{device: phone, layers: '27-30'}]",
+            "faults=[{device: laptop, at: 1 s}, {device: phone, at: 1.75 s}]"]
+    scn = load("scenarios/home.yaml", sets)
+    res = run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=150, log=lambda s: None)
+    assert res.answers[0]["token_ids"] == want and res.answers[0]["ended"] == "answered"
+    assert [d for d, _ in res.losses] == ["laptop", "phone"], res.losses
+    assert res.losses[0][1].startswith("no heartbeat for") and "re-deal" not in res.losses[0][1], res.losses
+    assert res.losses[1][1].endswith("and no answer to the re-deal under way"), res.losses
+    assert [r["device"] for r in res.measured["recovery"]] == ["laptop", "phone"]
