@@ -59,6 +59,10 @@ class Drafter:
     def _draft(self, context: list[int], k: int) -> list[int]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def warm_up(self) -> None:
+        """Pay a drafter's first-use costs before the room's clock starts (nothing to pay
+        without weights); its counts are not touched."""
+
     @property
     def cost_s_per_token(self) -> float:
         """Mean seconds per drafted token so far (0 before any)."""
@@ -89,6 +93,12 @@ class StageDrafter(Drafter):
         self.stage = stage
         self.name = name
         self.seen: list[int] = []
+
+    def warm_up(self) -> None:
+        """Run its stage's prefill and decode shapes once (:meth:`Stage.warm_up`) and
+        forget them: the next call starts from an empty cache."""
+        self.stage.warm_up((1, 16))
+        self.seen = []
 
     def _draft(self, context: list[int], k: int) -> list[int]:
         st = self.stage

@@ -67,13 +67,23 @@ def load_device(cfg: NodeConfig, max_ctx: int | None = None):
         a, b = (mine[0][1], mine[0][2]) if mine else (0, 0)
         stage = make_stage(cfg.backend, cfg.model_dir, StageSpec(a, b, host=is_host), max_ctx=max_ctx,
                            precision=cfg.precision())
+        stage.warm_up(lap_rows(cfg.scheduler))
     if is_host:
         from .tokenizer import ChatTokenizer
         tokenizer = ChatTokenizer.from_dir(cfg.model_dir)
         if cfg.scheduler.draft_tokens:
             from .drafters import make_drafter
             drafter = make_drafter(cfg.drafter, cfg.model_dir, cfg.early_exit_layers)
+            drafter.warm_up()
     return stage, tokenizer, drafter
+
+
+def lap_rows(sched) -> tuple[int, ...]:
+    """The row counts of the frames a room with scheduler settings ``sched``
+    (:class:`planner.scheduler.SchedulerConfig`) sends: a prefill chunk, a verify lap
+    (draft tokens + 1; with ``draft_tokens: auto`` the longest) and a decode step (1).
+    What :meth:`runtime.backends.base.Stage.warm_up` runs once."""
+    return tuple(sorted({1, int(sched.prefill_chunk), int(sched.draft_tokens or 0) + 1}))
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -170,6 +171,27 @@ class Stage(ABC):
         logits = self.head(hidden[-1:])
         tok = int(np.argmax(logits[0]))
         return tok, self.embed_forward([tok], first_pos)
+
+    def warm_up(self, rows: Sequence[int] = (1,)) -> None:
+        """Run each lap shape once, then empty the KV cache: a forward of ``n`` rows of
+        zeros ``[n, hidden]`` float32 at position 0 for each ``n`` in ``rows`` (a prefill
+        chunk, a verify lap's k+1, a decode step's 1), and on the model host the embedding
+        and the head on as many rows. First use of a shape costs more than later ones
+        (pages of the weights touched for the first time, compiled kernels loaded, BLAS
+        and GPU pipelines set up); a device does this while it loads, before it says it
+        is ready, so the room's first question does not pay it. llama.cpp's ``--warmup``
+        (an empty decode before serving, on by default) is the same idea. Row counts
+        over ``max_ctx`` are skipped; whatever the cache held is dropped.
+        """
+        for n in sorted({int(n) for n in rows if 0 < int(n) <= self.max_ctx}):
+            self.rollback(0)
+            x = np.zeros((n, self.cfg.hidden), np.float32)
+            if self.is_host:
+                x = self.embed([0] * n)
+            h = self.forward(x, 0)
+            if self.is_host:
+                self.head(h)
+        self.rollback(0)
 
     def _check_pos(self, first_pos: int, n: int) -> None:
         if first_pos != self.position:

@@ -40,8 +40,9 @@ def test_a_worker_killed_mid_answer_the_real_room_answers_like_one_process():
     (p,) = res.predicted["recovery"]
     assert m["device"] == p["device"] == "laptop"
     assert m["replay_tokens"] == p["replay_tokens"] == len(ids) + 5  # prompt + the 5 tokens before the loss
-    # heartbeat timeout 1 s, beats every 0.25 s (the upper bound leaves room for a loaded CI machine)
-    assert 0.9 <= m["detected_at_s"] - m["lost_at_s"] < 4.0
+    # heartbeat timeout 1 s, beats every 0.25 s: not before the timeout; how soon after it is
+    # the timers' arithmetic (tests/unit/test_liveness_timers.py, time passed in), not this clock's
+    assert 0.9 <= m["detected_at_s"] - m["lost_at_s"]
     # the recovery covers detection, re-deal and replay; its speed (goal < 5 s on loopback) is a
     # measured figure in docs/runtime.md, not a timed test
     assert m["recovery_s"] >= m["detected_at_s"] - m["lost_at_s"]
@@ -103,7 +104,7 @@ def test_a_fault_at_a_time_kills_the_worker_that_long_after_the_start():
     # the host tells laptop to crash 1 s after its start (its first record, the first
     # question): noticed after 1 s of silence, which began at the crash or before it
     start = m["lost_at_s"] - m["into_run_s"]
-    assert 1.0 <= m["detected_at_s"] - start < 1.0 + 1.0 + 2.0
+    assert 1.0 <= m["detected_at_s"] - start
     assert m["detected_at_s"] - m["lost_at_s"] >= 1.0
 
 

@@ -325,7 +325,9 @@ def test_channel_open_timeout_names_the_peer():
                     t0 = time.monotonic()
                     with pytest.raises(TransportError, match="'z'"):
                         await connect_room(url, "r", "a", ["z"], host_addresses=LO, open_timeout_s=1.5)
-                    assert time.monotonic() - t0 < 4.0
+                    # the 1.5 s asked for, not connect_room's default of 20 s (a loaded machine
+                    # may add seconds; it cannot add 18.5)
+                    assert time.monotonic() - t0 < 15.0
                     # and a peer that never joins at all
                     with pytest.raises(TransportError, match="'ghost'.*join"):
                         await connect_room(url, "r", "b", ["ghost"], host_addresses=LO, open_timeout_s=0.5)
