@@ -120,3 +120,52 @@ def test_simulate_without_prices_has_no_cost(tmp_path):
     r = CliRunner().invoke(app, ["simulate", str(f), "--json", "--no-progress"])
     assert r.exit_code == 0, r.output
     assert not any("cost" in k for k in json.loads(r.output))
+
+
+@pytest.mark.parametrize("price", [Price(buy=1000.0, years=0.0), Price(buy=1000.0, years=-1.0),
+                                   Price(years=3.0, watts=100.0), Price()])
+def test_a_price_without_rent_or_a_positive_life_is_refused_by_name(price):
+    with pytest.raises(ValueError) as e:
+        usd_per_hour(price, 0.30)
+    assert str(e.value) == "a price needs per_hour, or buy with years > 0"
+
+
+def test_a_life_under_a_year_is_a_life():
+    # 876.60 USD over half a year = 876.60 / (0.5 x 8766 h) = 0.2 USD/h, no power drawn
+    assert usd_per_hour(Price(buy=876.60, years=0.5), 0.30) == pytest.approx(0.2, rel=1e-12)
+
+
+def test_nothing_delivered_costs_no_rate_and_no_price_per_token():
+    devs = [Device("a", lends_bytes=1, price=Price(per_hour=2.0))]
+    d = Deal(host="a", split="speed", stages=(Stage("a", 0, 1),), guests=(), fits=True, notes=())
+    # 100 tokens in 0 s (an empty run) or 0 tokens in 10 s: rate 0, USD per million None
+    for tokens, s in ((100, 0.0), (0, 10.0)):
+        c = token_cost(d, devs, tokens, s)
+        assert (c.useful_tokens_per_s, c.usd_per_million_tokens, c.room_usd_per_hour) == (0.0, None, 2.0)
+    # 50 tokens in 20 s: 2.5 tok/s = 9000 an hour; 2 USD / 9000 tokens = 222.22 USD per million
+    c = token_cost(d, devs, 50, 20.0)
+    assert c.useful_tokens_per_s == 2.5 and c.usd_per_million_tokens == pytest.approx(2.0 / 9000 * 1e6)
+    assert c.to_json() == {"usd_per_million_tokens": pytest.approx(2.0 / 9000 * 1e6), "room_usd_per_hour": 2.0,
+                           "useful_tokens_per_s": 2.5, "per_device_usd_per_hour": {"a": 2.0}, "unpriced": []}
+
+
+def test_a_machine_as_the_room_s_only_device_keeps_its_numbers():
+    for m in MACHINES:
+        d = m.device()
+        assert (d.id, d.name, d.kind, d.lends_bytes, d.memory_bandwidth_Bps, d.compute_flops, d.price, d.webgpu) == (
+            m.id, m.name, "computer", m.lends_bytes, m.memory_bandwidth_Bps, m.compute_flops, m.price, True)
+
+
+def test_machines_that_hold_count_the_host_s_embedding_and_uneven_layers_exactly():
+    from planner.model import ModelSpec
+    # 4 layers of 40e9 + 1, 10e9, 10e9 and 10e9 bytes (70e9 + 1) and an embedding of
+    # 10e9 - 1 bytes: the host needs exactly 80e9 bytes, no headroom, no KV. The rented
+    # H100 lends exactly 80 GB: it holds all 4 (from layer 1, summed size by size; the
+    # mean size, ceil(70e9 + 1) / 4) = 17.5e9 + 1, would give only 3). The 72 GB Mac
+    # Studio would hold the layers (70e9 + 1) but not with the embedding: it does not
+    # hold the model. The 96, 119 and 480 GB machines do.
+    sizes = (40 * 10**9 + 1, 10**10, 10**10, 10**10)
+    m = ModelSpec(id="u", name="u", layers=4, hidden=8, layer_bytes=-(-sum(sizes) // 4), layer_active_bytes=1,
+                  layer_flops_per_token=0.0, kv_bytes_per_token=0, embedding_bytes=10**10 - 1, layer_sizes=sizes)
+    held = {x.id for x in machines_that_hold(m, DealOptions(context_tokens=16, headroom=0.0))}
+    assert held == {"h100-80-rent", "framework-desktop-128", "dgx-spark", "mac-studio-m3-ultra-512"}
