@@ -96,14 +96,19 @@ def _use(scn: Scenario, deal: Deal) -> None:
 
 
 def default_jobs() -> int:
-    """Processes a prediction's replicas may use: this process's CPUs (1 where
-    processes cannot be forked: replicas then run one after another here)."""
+    """Processes a prediction's replicas may use: one per CPU this process may run on
+    that is idle now (the one-minute load average below the CPUs), at least 1. On a
+    machine whose CPUs are all busy, worker processes only share the same CPUs and
+    cost more CPU time (measured: docs/benchmarks.md), so the replicas then run one
+    after another here, as they do where processes cannot be forked (not Linux)."""
     if sys.platform != "linux":  # fork is Linux's start method; elsewhere it is unsafe or missing
         return 1
     try:
-        return max(len(os.sched_getaffinity(0)), 1)
+        cpus = max(len(os.sched_getaffinity(0)), 1)
+        idle = cpus - os.getloadavg()[0]
     except (AttributeError, OSError):  # pragma: no cover
-        return os.cpu_count() or 1
+        return 1
+    return max(1, min(cpus, int(idle) + 1)) if idle >= 1 else 1
 
 
 class PendingRange:

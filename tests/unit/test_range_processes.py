@@ -49,3 +49,14 @@ def test_a_range_with_nothing_to_vary_starts_no_process():
         r = pending.result(point)
     assert r == {"tokens_per_s": {"p10": 3.0, "p50": 3.0, "p90": 3.0}, "ttft_s": {"p10": 0.5, "p50": 0.5, "p90": 0.5},
                  "replicas": 0, "sources": [], "skipped": False}
+
+
+@pytest.mark.parametrize("cpus,load,want", [(2, 0.0, 2), (2, 0.9, 2), (2, 1.5, 1), (2, 12.0, 1), (8, 3.5, 5),
+                                            (8, 0.2, 8), (1, 0.0, 1)])
+def test_replicas_fork_onto_idle_cpus_only(monkeypatch, cpus, load, want):
+    import os
+
+    from splitroom.ranges import default_jobs
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert default_jobs() == want
