@@ -952,3 +952,7 @@ def main() -> None:
     except KeyboardInterrupt:  # pragma: no cover
         err.print("interrupted")
         sys.exit(130)
+    finally:  # a command that ended before its start-up did (a usage error, --help): collection back on
+        if _startup_gc_off:
+            _startup_gc_off = False
+            gc.enable()

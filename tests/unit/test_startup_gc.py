@@ -57,3 +57,9 @@ def test_collection_the_caller_turned_off_stays_off(monkeypatch, capsys):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("argv", [("no-such-command",), ("plan",), ("--help",)])
+def test_a_command_that_ends_before_start_up_is_over_turns_it_back_on(monkeypatch, capsys, argv):
+    assert _main(monkeypatch, *argv) in (0, 2)
+    assert gc.isenabled() and not cli._startup_gc_off
