@@ -25,6 +25,8 @@ nothing here reads a clock. Times are seconds on one monotonic clock the driver 
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable, Collection, Iterable
 
@@ -166,21 +168,31 @@ def stall_loss(start_s: float, end_s: float, delay_s: Callable[[float], float], 
     Raises ValueError for ``beat_s <= 0`` or ``end_s < start_s``."""
     if beat_s <= 0 or end_s < start_s:
         raise ValueError(f"beat_s must be > 0 and end_s >= start_s, got {beat_s}, [{start_s}, {end_s})")
+    # A loss, if any, comes at the first tick past the last heartbeat heard before the
+    # stall plus the timeout: a stall adds one extra delay to every message sent in it, so
+    # once the first of those arrives they arrive a beat apart again. Following that many
+    # beats (and counting them, so that times too large to add a beat to still end) is
+    # enough, however long the stall.
+    beats = math.ceil(timeout_s / beat_s) + 4
     sends = [start_s - beat_s]
-    while sends[-1] < end_s:
-        sends.append(start_s + beat_s * (len(sends) - 1))
-    arrivals, latest = [], -float("inf")
+    for j in range(beats + 2):
+        sends.append(start_s + beat_s * j)
+        if sends[-1] >= end_s:
+            break
+    arrivals, latest = [], -math.inf
     for t in sends:
         latest = max(latest, t + delay_s(t))
         arrivals.append(latest)
     live = Liveness(("peer",), beat_s, timeout_s, 0.0, 0.0, now_s=sends[0])
-    i, tick = 0, sends[0] + beat_s / 2
-    while tick <= arrivals[-1] + beat_s:
+    i = 0
+    for k in range(beats + 2):
+        tick = sends[0] + beat_s / 2 + beat_s * k
+        if tick > arrivals[-1] + beat_s:
+            break
         while i < len(arrivals) and arrivals[i] <= tick:
             live.heard("peer", arrivals[i])
             i += 1
         lost = live.handle_timer(tick).lost
         if lost:
             return tick, live.last_heard["peer"]
-        tick += beat_s
     return None

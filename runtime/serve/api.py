@@ -233,7 +233,7 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
         else:
             fine = isinstance(v, (int, float)) and not isinstance(v, bool) and v in ok
         if not fine:
-            raise _bad(f"{why} (got {str(v)[:40]})", k, "unsupported_value")
+            raise _bad(f"{why} (got {_shown(v)})", k, "unsupported_value")
     if given.get("logit_bias"):
         raise _bad("logit_bias is not supported", "logit_bias", "unsupported_value")
     rf = given.get("response_format")
@@ -313,7 +313,16 @@ def parse_chat_request(body: Any, model_id: str) -> ChatRequest:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A JSON number: an int of any size (finite, never converted to a float) or a finite float."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _shown(v: Any) -> str:
+    """``v`` for an error message, at most 40 characters: a number as written, anything else
+    as Python writes it (the string ``"1"`` shows as ``'1'``, so a client sees it sent a string)."""
+    return (str(v) if _number(v) else repr(v))[:40]
 
 
 def _sampling(given: dict) -> Sampling | None:
@@ -321,18 +330,18 @@ def _sampling(given: dict) -> Sampling | None:
     greedy, temperature absent or 0). Raises ApiError (400) naming the parameter."""
     t = given.get("temperature", 0)
     if not _number(t) or not 0 <= t <= MAX_TEMPERATURE:
-        raise _bad(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} (got {str(t)[:40]})", "temperature",
+        raise _bad(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} (got {_shown(t)})", "temperature",
                    "invalid_value" if _number(t) else "invalid_type")
     if 0 < t < MIN_TEMPERATURE:
-        raise _bad(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (got {str(t)[:40]})",
+        raise _bad(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (got {_shown(t)})",
                    "temperature")
     p = given.get("top_p", 1)
     if not _number(p) or not 0 < p <= 1:
-        raise _bad(f"top_p must be a number more than 0 and at most 1 (got {str(p)[:40]})", "top_p",
+        raise _bad(f"top_p must be a number more than 0 and at most 1 (got {_shown(p)})", "top_p",
                    "invalid_value" if _number(p) else "invalid_type")
     k = given.get("top_k", 0)
     if not _is_int(k) or k < 0:
-        raise _bad(f"top_k must be an integer >= 0, 0 for off (got {str(k)[:40]})", "top_k",
+        raise _bad(f"top_k must be an integer >= 0, 0 for off (got {_shown(k)})", "top_k",
                    "invalid_value" if _is_int(k) else "invalid_type")
     seed = given.get("seed")
     if seed is not None and not _is_int(seed):

@@ -60,3 +60,19 @@ def test_a_mild_stall_loses_nothing():
     res = Simulation(scn, deal(scn.devices, scn.model, scn.options)).run()
     assert res.metrics["recovery"] == [] and res.metrics["answered"] == 4
     assert res.metrics["duration_s"] > 20.0  # the run met at least one stall
+
+
+def test_a_stall_of_any_length_is_followed_for_a_bounded_number_of_beats():
+    # the loss (or none) shows within the first timeout after the stall starts; a stall of
+    # 1e9 s, or at times a beat no longer changes (1e300 s), must not be walked beat by beat
+    calls = []
+
+    def delay(t):
+        calls.append(t)
+        return 0.01 + (3.5 if t >= 10.0 else 0.0)
+    assert stall_loss(10.0, 1e9, delay, 0.25, 1.0) == pytest.approx((10.875, 9.76))
+    assert len(calls) <= 1 + 4 + 4 + 2  # the beat before, then ceil(1 / 0.25) + 4 (+2) at most
+    calls.clear()
+    assert stall_loss(10.0, 1e9, lambda t: 0.01 + (0.025 if t >= 10.0 else 0.0), 0.25, 1.0) is None
+    # where adding a beat leaves the time as it was, no silence can be seen: it ends, None
+    assert stall_loss(1e300, 2e300, lambda t: 0.01 + (5.0 if t >= 1e300 else 0.0), 0.25, 1.0) is None
