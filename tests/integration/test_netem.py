@@ -21,7 +21,9 @@ from runtime.netem import EmulatedNetwork, NetemError, available, cleanup_stale
 OK, WHY = available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"network emulation unavailable: {WHY}")
 
-PREFIX = "srtest"
+# this process's own prefix (8 characters at most): two suites on one machine at once (two
+# clones, a clone beside a user's room) must not count, or clean up, each other's namespaces
+PREFIX = f"st{os.getpid() % 0xFFFFFF:06x}"
 ROOT = str(Path(__file__).resolve().parents[2])
 
 # An owner that builds a network, prints its helpers' pids and waits to be killed (at most 30 s).
