@@ -23,7 +23,10 @@ What a profile holds (all times in seconds, sizes in bytes):
   (``walks``: the distribution, for a bootstrap over prompts), on the built-in chat and
   grounded prompts and on the scenario's own ``workload.sample`` when it gives one;
 * the transport: one-way seconds of a frame by size on the measuring machine, fitted
-  as ``fixed_s + bytes * s_per_byte``, and the transport's initial congestion window.
+  as ``fixed_s + bytes * s_per_byte``, and the transport's initial congestion window;
+* the compute noise of the calibration room (``stage_noise``): every decode lap's stage
+  time over its stage's median in that room, in lap order, the spread a prediction's
+  range draws its compute factor from (:func:`block_mean`).
 
 Version :data:`PROFILE_VERSION`; a newer or older file is refused with its version.
 """
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 __all__ = ["PROFILE_VERSION", "WORKLOAD_KINDS", "SAMPLE", "ProfileError", "Curve", "PassCurve", "DeviceProfile",
-           "DrafterProfile", "TransportProfile", "Profile", "fit_line", "sample_workload"]
+           "DrafterProfile", "TransportProfile", "Profile", "block_mean", "fit_line", "sample_workload"]
 
 #: the profile format's version; bump on any incompatible change
 PROFILE_VERSION = 1
@@ -477,13 +480,17 @@ class Profile:
     transport: TransportProfile | None = None
     notes: dict[str, str] = field(default_factory=dict)
     version: int = PROFILE_VERSION
+    #: each decode lap's stage time over its stage's median in the calibration room, in
+    #: lap order (dimensionless, > 0; empty: not measured)
+    stage_noise: tuple[float, ...] = ()
 
     def to_mapping(self) -> dict:
         """A plain mapping (YAML/JSON-ready) that :meth:`from_mapping` reads back."""
         return {"splitroom_profile": self.version, "notes": dict(self.notes),
                 "devices": {k: v.to_mapping() for k, v in sorted(self.devices.items())},
                 "drafters": {k: v.to_mapping() for k, v in sorted(self.drafters.items())},
-                "transport": self.transport.to_mapping() if self.transport else None}
+                "transport": self.transport.to_mapping() if self.transport else None,
+                **({"stage_noise": [float(x) for x in self.stage_noise]} if self.stage_noise else {})}
 
     @classmethod
     def from_mapping(cls, m: Any) -> "Profile":
@@ -506,4 +513,37 @@ class Profile:
         return cls({str(k): DeviceProfile.from_mapping(v, f"devices.{k}") for k, v in devs.items()},
                    {str(k): DrafterProfile.from_mapping(v, f"drafters.{k}") for k, v in drafters.items()},
                    TransportProfile.from_mapping(tr, "transport") if tr is not None else None,
-                   {str(k): str(v) for k, v in notes.items()} if isinstance(notes, Mapping) else {})
+                   {str(k): str(v) for k, v in notes.items()} if isinstance(notes, Mapping) else {},
+                   stage_noise=_ratios(m.get("stage_noise"), "stage_noise"))
+
+
+def _ratios(v: Any, where: str) -> tuple[float, ...]:
+    """``v`` (None or a list of finite numbers > 0) as a tuple of floats.
+    Raises ProfileError naming ``where`` for anything else."""
+    if v is None:
+        return ()
+    if not isinstance(v, (list, tuple)):
+        raise ProfileError(f"{where}: expected a list of ratios (numbers > 0)")
+    out = []
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x > 0):
+            raise ProfileError(f"{where}[{i}]: expected a number > 0, got {x!r}")
+        out.append(float(x))
+    return tuple(out)
+
+
+def block_mean(xs: Sequence[float], starts: Sequence[int], block: int) -> float:
+    """The mean of ``xs`` over the blocks of ``block`` consecutive values beginning
+    at each index of ``starts``, wrapping past the end: one replica of the circular
+    block bootstrap (Politis and Romano 1992; blocks keep the lap-to-lap correlation
+    that load on a shared machine gives, which drawing single laps would lose).
+
+    ``xs``: values in order, at least one; ``starts``: indices into ``xs``, at least
+    one; ``block`` >= 1 (longer than ``xs``: it wraps). Raises ProfileError otherwise."""
+    if not xs or not starts or block < 1:
+        raise ProfileError("block_mean needs values, starts and a block of at least 1")
+    n = len(xs)
+    if any(not (0 <= s < n) for s in starts):
+        raise ProfileError(f"block_mean: a start outside 0..{n - 1}")
+    total = sum(xs[(s + j) % n] for s in starts for j in range(block))
+    return float(total / (len(starts) * block))

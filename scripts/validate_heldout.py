@@ -89,6 +89,10 @@ def configurations(small: bool) -> list[tuple[str, list[str]]]:
     for name, room, sp in spec_rows:
         for kind in ("chat", "grounded"):
             rows.append((f"{name}, {kind}", room + sp + workload(kind)))
+    # the fixed k auto is compared with on grounded at 80 ms: every k, in the same room
+    for k in (2, 8):
+        rows.append((f"3 devices, 80 ms, ngram k={k}, grounded", THREE + ["network.rtt=80ms"] + spec("ngram", k)
+                     + workload("grounded")))
     if small:
         return [rows[0], rows[4]]  # plain on loopback; ngram k=2 on the chat sample at 40 ms
     return rows
@@ -203,6 +207,9 @@ def main() -> int:
                     "(comma-separated)")
     ap.add_argument("--markdown", help="also write the table as Markdown here")
     ap.add_argument("--table", help="only print the table of a finished run's JSON (its --out)")
+    ap.add_argument("--predict-only", action="store_true", help="write the predictions to --out and stop")
+    ap.add_argument("--resume", help="run the configurations (those --only selects) of this record, written "
+                    "before by --predict-only, adding the runs to it (needs --profile: the one it predicted from)")
     a = ap.parse_args()
     if a.table:
         record = json.loads(Path(a.table).read_text())
@@ -214,10 +221,21 @@ def main() -> int:
 
     from planner.deal import deal
     from splitroom.calibration import load_profile
-    from splitroom.real import predict_real_run, prompt_token_counts, real_prompts, run_real
+    from splitroom.real import predict_real_run, prompt_token_counts, real_prompts
     from splitroom.scenario import load
     from runtime.weights import ensure_safetensors
 
+    only = [x.strip() for x in (a.only or "").split(",") if x.strip()]
+    if a.resume:
+        if not a.profile:
+            print("error: --resume needs --profile (the profile its predictions came from)", file=sys.stderr)
+            return 2
+        out = Path(a.resume)
+        record = json.loads(out.read_text())
+        chunk = [p for p in record["configurations"] if not only or any(x in p["name"] for x in only)]
+        print(f"resuming {out}: {len(chunk)} configuration(s), predicted at {record['predicted_at']}", flush=True)
+        run_chunk(record, chunk, a.repeat, load_profile(a.profile), out)
+        return finish(record, out, a.markdown)
     out = Path(a.out)
     model_dir = str(ensure_safetensors())
     if a.profile:
@@ -232,7 +250,6 @@ def main() -> int:
 
     from runtime import netem
     netns_ok, why = netem.available()
-    only = [x.strip() for x in (a.only or "").split(",") if x.strip()]
     configs = [c for c in configurations(a.small) if not only or any(x in c[0] for x in only)]
     preds = []
     for name, sets in configs:
@@ -249,33 +266,64 @@ def main() -> int:
     out.write_text(json.dumps(record, indent=1))
     print(f"{len(preds)} predictions written to {out} before any run", flush=True)
 
-    for p in preds:
-        scn = load(SCENARIO, COMMON + p["sets"])
-        d = deal(scn.devices, scn.model, scn.options)
-        runs = []
-        for r in range(a.repeat):
+    if a.predict_only:
+        return 0
+    run_chunk(record, preds, a.repeat, profile, out)
+    return finish(record, out, a.markdown)
+
+
+def _uptime() -> str:
+    """``uptime``'s line (the load averages, for the record of each run)."""
+    import subprocess
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        import os
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_chunk(record: dict, preds: list[dict], repeat: int, profile, out: Path) -> None:
+    """Run every configuration of ``preds`` ``repeat`` times, interleaved (run 1 of each,
+    then run 2 of each, ...: configurations compared with each other see the same load),
+    adding each run to its configuration's ``measured_runs`` (with ``uptime`` before and
+    after) and writing ``record`` to ``out`` after every run."""
+    import os
+    from planner.deal import deal
+    from splitroom.real import run_real
+    from splitroom.scenario import load
+    for r in range(repeat):
+        for p in preds:
+            scn = load(SCENARIO, COMMON + p["sets"])
+            d = deal(scn.devices, scn.model, scn.options)
+            before = _uptime()
             # the profile goes in for the adaptive rule's lap costs (its prediction is the one above)
             res = run_real(scn, d, netns=p["netns"], timeout_s=600, log=lambda s: None, profile=profile)
-            runs.append((res.measured, res.calibration, os.getloadavg()[0]))
-            print(f"  {p['name']} run {r + 1}: {res.measured['tokens_per_s']:.2f} tok/s, "
-                  f"ttft {res.measured['ttft_s'] * 1000:.0f} ms (predicted {p['predicted']['tokens_per_s']:.2f}, "
+            m, cal = res.measured, res.calibration
+            p.setdefault("measured_runs", []).append({
+                "tokens_per_s": m["tokens_per_s"], "ttft_s": m["ttft_s"], "ttft_each_s": m.get("ttft_each_s"),
+                "tokens_per_lap": m["tokens_per_lap"], "answered": m["answered"], "breakdown": m.get("breakdown"),
+                "lap_s": m.get("lap_s"), "drafted_per_lap": m.get("drafted_per_lap"), "parts": _parts(cal),
+                "load_1min": os.getloadavg()[0], "uptime_before": before, "uptime_after": _uptime(),
+                "finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
+            print(f"  {p['name']} run {len(p['measured_runs'])}: {m['tokens_per_s']:.2f} tok/s, "
+                  f"ttft {m['ttft_s'] * 1000:.0f} ms (predicted {p['predicted']['tokens_per_s']:.2f}, "
                   f"{p['predicted']['ttft_s'] * 1000:.0f} ms), load {os.getloadavg()[0]:.1f}", flush=True)
-        p["measured_runs"] = [{"tokens_per_s": m["tokens_per_s"], "ttft_s": m["ttft_s"],
-                               "ttft_each_s": m.get("ttft_each_s"), "tokens_per_lap": m["tokens_per_lap"],
-                               "answered": m["answered"], "breakdown": m.get("breakdown"), "lap_s": m.get("lap_s"),
-                               "drafted_per_lap": m.get("drafted_per_lap"), "parts": _parts(cal),
-                               "load_1min": load} for m, cal, load in runs]
-        judge(p)
-        out.write_text(json.dumps(record, indent=1))
+            judge(p)
+            out.write_text(json.dumps(record, indent=1))
 
+
+def finish(record: dict, out: Path, markdown_path: str | None) -> int:
+    """The summary over the configurations that ran, written to ``out``; print the table."""
+    import os
+    preds = [p for p in record["configurations"] if p.get("measured_runs")]
     record["summary"] = summary(preds)
     record["summary"]["load_at_end"] = os.getloadavg()
     record["summary"]["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     out.write_text(json.dumps(record, indent=1))
     table = markdown(record, preds)
     print(table)
-    if a.markdown:
-        Path(a.markdown).write_text(table + "\n")
+    if markdown_path:
+        Path(markdown_path).write_text(table + "\n")
     return 0
 
 

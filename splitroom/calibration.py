@@ -25,7 +25,8 @@ from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Pro
 from planner.room import Scenario
 
 __all__ = ["CalibrationError", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
-           "profiled_s_per_layer", "save_profile", "with_room_overheads"]
+           "profiled_s_per_layer", "room_overheads", "save_profile", "stage_noise",
+           "with_room_overheads"]
 
 
 class CalibrationError(RuntimeError):
@@ -116,19 +117,19 @@ def add_acceptance(profile: Profile, measured: dict) -> Profile:
 
 
 def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str], None] = print,
-                           answer_tokens: int = 32) -> dict:
+                           answer_tokens: int = 32,
+                           pingpong: Callable[[], TransportProfile] | None = None) -> dict:
     """What a real room adds to the parts measured alone, from one small room run.
 
     The room: the scenario's first two devices that can hold layers, the layers split
     in half, on loopback, plain decoding, two of the calibration prompts (not any
-    scenario's). From its trace: per decode stage, the measured compute beyond the
-    profile's pass time (the worker thread hand-off, the event loop, cold caches
-    between processes), per unit of slowdown; per decode hop, the median beyond the
-    transport's ping-pong one-way time; per head, beyond the measured head. The
-    held-out rooms (other device counts, round trips, drafters, laps, prompts) are
-    never run here. Returns ``{stage_ratio, hop_s, head_s, laps, tokens_per_s}``:
-    the room's decode stage time over the profile's, and seconds.
-    Raises CalibrationError when the room cannot run.
+    scenario's). The transport's ping-pong (``pingpong``: default
+    runtime.calibrate.measure_transport, 30 round trips a frame size) is measured again
+    right before and right after the room, so the hop correction compares the room's
+    hops with a ping-pong at the room's own load, not with the one of the parts step
+    minutes earlier. The held-out rooms (other device counts, round trips, drafters,
+    laps, prompts) are never run here. Returns :func:`room_overheads`'s mapping plus
+    ``laps`` and ``tokens_per_s``. Raises CalibrationError when the room cannot run.
     """
     from planner.deal import DealError, deal_for
     from planner.room import PinnedStage
@@ -148,53 +149,124 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
         workload=dataclasses.replace(scn.workload, prompts=tuple(CALIBRATION_PROMPTS[:2]), questions=2,
                                      answer_tokens=answer_tokens, asked_by=()),
         decoding=dataclasses.replace(scn.decoding, speculative=None, async_laps=1))
+    if pingpong is None:
+        def pingpong() -> TransportProfile:
+            from runtime.calibrate import measure_transport
+            return measure_transport(scn.model.hidden, n=30, warmup=5)
     try:
         d = deal_for(room)
-        log(f"room: {devs[0].id} layers 1-{half}, {devs[1].id} {half + 1}-{scn.model.layers}, loopback, plain")
+        log(f"room: {devs[0].id} layers 1-{half}, {devs[1].id} {half + 1}-{scn.model.layers}, loopback, plain "
+            f"(the transport's ping-pong right before and after it)")
+        before = pingpong()
         res = run_real(room, d, netns=False, timeout_s=300, log=lambda s: None)
+        after = pingpong()
     except (DealError, RealRunError) as e:
         raise CalibrationError(f"the calibration room failed: {e}") from None
+    except (OSError, RuntimeError, TimeoutError) as e:
+        raise CalibrationError(f"the ping-pong beside the calibration room failed: {e}") from None
     from runtime.weights import ensure_safetensors
     ctx = int(sum(prompt_token_counts(str(ensure_safetensors()), room.workload.prompts)) / 2) + answer_tokens // 2
-    cal = res.calibration
-    ratios = []
-    for st in d.stages:
-        s = cal["s_per_layer"].get(st.device)
-        if s is None:
+    alone = {st.device: profile.devices[st.device].stage.pass_s(st.layers, 1, ctx)
+             for st in d.stages if st.device in profile.devices}
+    layers = {st.device: st.layers for st in d.stages}
+    out = room_overheads(res.calibration, alone, layers, profile.devices[devs[0].id], before, after)
+    out.update(laps=res.measured.get("laps", 0), tokens_per_s=res.measured.get("tokens_per_s", 0.0))
+    log(f"room: {out['laps']} laps; against the parts alone: stage x{out['stage_ratio']:.3f}, "
+        f"hop {out['hop_s'] * 1e3:+.2f} ms beyond the ping-pong beside it, head {out['head_s'] * 1e3:+.2f} ms; "
+        f"stage time spread P10-P90 x{_pctl(out['stage_noise'], 10):.3f}-x{_pctl(out['stage_noise'], 90):.3f}")
+    return out
+
+
+def _pctl(xs: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``xs`` (1.0 for none), nearest-rank."""
+    if not xs:
+        return 1.0
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, max(0, int(round(q / 100 * (len(ys) - 1)))))]
+
+
+def stage_noise(stage_s_each: dict[str, Sequence[float]]) -> tuple[float, ...]:
+    """Each decode lap's stage time over its stage's median, averaged over the stages
+    of that lap, in lap order (the i-th time of every stage belongs to lap i; lists of
+    unequal length are cut to the shortest). ``stage_s_each``: device -> seconds of
+    its decode passes in order. Empty when no stage has a time above 0."""
+    cols = []
+    for xs in stage_s_each.values():
+        xs = [float(x) for x in xs]
+        if not xs:
             continue
-        dp = profile.devices[st.device]
-        alone = dp.stage.pass_s(st.layers, 1, ctx)
-        if alone > 0:
-            ratios.append(s * st.layers / alone)
+        med = _median(xs)
+        if med > 0:
+            cols.append([x / med for x in xs])
+    if not cols:
+        return ()
+    n = min(len(c) for c in cols)
+    return tuple(sum(c[i] for c in cols) / len(cols) for i in range(n))
+
+
+def _median(xs: Sequence[float]) -> float:
+    ys = sorted(xs)
+    m = len(ys) // 2
+    return ys[m] if len(ys) % 2 else (ys[m - 1] + ys[m]) / 2
+
+
+def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int], host: DeviceProfile,
+                   before: TransportProfile, after: TransportProfile) -> dict:
+    """A calibration room's overheads from its measured parts (splitroom.real.calibrate's
+    mapping ``cal``) and the parts measured alone.
+
+    ``alone_s``: device -> the profile's pass time of its stage (seconds, one token at
+    the room's mean context); ``layers``: device -> its stage's layers; ``host``: the
+    host's device profile (its head and slowdown); ``before`` / ``after``: the
+    transport's ping-pong right before and right after the room (same frame sizes).
+    Returns ``{stage_ratio, hop_s, head_s, one_way_s, stage_noise}``: the room's median
+    decode stage time over the pass alone (mean over stages); its median decode hop
+    minus the mean of the two ping-pongs' decode-frame one-way time (seconds); the
+    head's time per row beyond the measured head, per unit of slowdown (seconds); the
+    two ping-pongs' mean one-way curve (a :class:`Curve` mapping: bytes -> seconds);
+    and :func:`stage_noise`. Raises CalibrationError when no decode stage was
+    recorded or the two ping-pongs measured different frame sizes."""
+    ratios = []
+    for dev, alone in alone_s.items():
+        s = cal["s_per_layer"].get(dev)
+        if s is not None and alone > 0:
+            ratios.append(s * layers[dev] / alone)
     if not ratios:
         raise CalibrationError("the calibration room recorded no decode stage")
-    host = profile.devices[devs[0].id]
-    hop = (cal["hop_p50_s"] - profile.transport.one_way_s(profile.transport.one_way_s.xs[0])
-           if profile.transport is not None and cal["hops"] else 0.0)
+    a, b = before.one_way_s, after.one_way_s
+    if a.xs != b.xs:
+        raise CalibrationError("the ping-pongs beside the room measured different frame sizes")
+    beside = Curve(a.xs, tuple((x + y) / 2 for x, y in zip(a.ys, b.ys)))
+    hop = cal["hop_p50_s"] - beside(beside.xs[0]) if cal["hops"] else 0.0
     head = (cal["head_s_per_row"] - host.head(1)) / host.slowdown if cal["head_s_per_row"] else 0.0
-    out = {"stage_ratio": sum(ratios) / len(ratios), "hop_s": hop, "head_s": head,
-           "laps": res.measured.get("laps", 0), "tokens_per_s": res.measured.get("tokens_per_s", 0.0)}
-    log(f"room: {out['laps']} laps; against the parts alone: stage x{out['stage_ratio']:.3f}, "
-        f"hop {hop * 1e3:+.2f} ms, head {head * 1e3:+.2f} ms")
-    return out
+    return {"stage_ratio": sum(ratios) / len(ratios), "hop_s": hop, "head_s": head,
+            "one_way_s": beside.to_mapping(), "stage_noise": list(stage_noise(cal.get("stage_s_each", {})))}
 
 
 def with_room_overheads(profile: Profile, room: dict) -> Profile:
     """``profile`` with a room run's measurements folded in: every device's pass curve
     times ``stage_ratio`` (the room's decode stage over the pass measured alone), its
-    head curve plus ``head_s`` times its slowdown, the transport's one-way times plus
-    ``hop_s``; kept in the notes."""
+    head curve plus ``head_s`` times its slowdown, the transport's one-way times (the
+    ping-pong beside the room, ``one_way_s``, when the mapping has it, else the
+    profile's) plus ``hop_s``, and ``stage_noise``; kept in the notes."""
     devices = {k: DeviceProfile(v.stage.scaled(room["stage_ratio"]),
                                 v.head.shifted(room["head_s"] * v.slowdown), v.slowdown)
                for k, v in profile.devices.items()}
     tr = profile.transport
     if tr is not None:
-        tr = TransportProfile(tr.one_way_s.shifted(room["hop_s"]), tr.window_bytes, tr.weights_Bps)
+        curve = Curve.from_mapping(room["one_way_s"], "room.one_way_s") if room.get("one_way_s") else tr.one_way_s
+        tr = TransportProfile(curve.shifted(room["hop_s"]), tr.window_bytes, tr.weights_Bps)
     notes = dict(profile.notes)
+    beside = " beyond the ping-pong measured beside it" if room.get("one_way_s") else ""
     notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: stage times x"
-                     f"{room['stage_ratio']:.4f}, per hop {room['hop_s'] * 1e3:+.3f} ms, per head "
+                     f"{room['stage_ratio']:.4f}, per hop {room['hop_s'] * 1e3:+.3f} ms{beside}, per head "
                      f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (folded in above)")
-    return dataclasses.replace(profile, devices=devices, transport=tr, notes=notes)
+    noise = tuple(room.get("stage_noise") or ())
+    if noise:
+        notes["stage_noise"] = (f"{len(noise)} decode laps of the room: stage time over its median "
+                                f"P10 x{_pctl(noise, 10):.3f}, P90 x{_pctl(noise, 90):.3f}")
+    return dataclasses.replace(profile, devices=devices, transport=tr, notes=notes,
+                               stage_noise=noise or profile.stage_noise)
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

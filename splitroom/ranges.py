@@ -11,10 +11,19 @@ the measured prompts' walks. What it leaves out, and what a user's run varies by
   varies as two real questions do;
 * **the network**: every replica has its own seed, so jitter draws and the phase of
   stall episodes (``network.jitter``, ``network.episodes``) differ from replica to
-  replica.
+  replica;
+* **compute noise**: a profile whose calibration room kept every decode lap's stage
+  time over its median (``Profile.stage_noise``) gives each replica one factor on
+  every profiled stage pass: the mean of that sequence over blocks of
+  :data:`NOISE_BLOCK_LAPS` consecutive laps drawn with replacement, as many blocks as
+  cover the room's laps (the circular block bootstrap, Politis and Romano 1992;
+  planner.profile.block_mean). So a replica runs as much slower or faster as a
+  stretch of the calibration room did. It is the spread of that one room on that
+  machine at that load, not of the machine's load later.
 
-Nothing else is varied: no fixed +-%. A room with neither (no speculation measured
-by prompt, no jitter, no episodes) gets a range of one point, and the sources say so.
+Nothing else is varied: no fixed +-%. A room with none of these (no speculation
+measured by prompt, no jitter, no episodes, no compute noise measured) gets a range of
+one point, and the sources say so.
 """
 
 from __future__ import annotations
@@ -27,10 +36,11 @@ from typing import Sequence
 import numpy as np
 
 from planner.deal import Deal
+from planner.profile import DeviceProfile, block_mean
 from planner.room import Scenario
 
-__all__ = ["REPLICAS", "SWEEP_REPLICAS", "PendingRange", "acceptance_source", "default_jobs", "range_sources",
-           "predict_range", "start_range"]
+__all__ = ["NOISE_BLOCK_LAPS", "REPLICAS", "SWEEP_REPLICAS", "PendingRange", "acceptance_source", "compute_factors",
+           "default_jobs", "range_sources", "predict_range", "start_range", "with_compute_factor"]
 
 #: replicas of one prediction (simulate, run --real --calibration); sweep takes fewer
 REPLICAS = 10
@@ -38,6 +48,8 @@ SWEEP_REPLICAS = 5
 #: simulated answer tokens all replicas together may cost (fewer replicas beyond it)
 TOKEN_BUDGET = 200_000
 MIN_REPLICAS = 5
+#: consecutive decode laps in one block of the compute-noise bootstrap
+NOISE_BLOCK_LAPS = 8
 
 
 def _walk_prompts(scn: Scenario) -> int:
@@ -65,7 +77,36 @@ def range_sources(scn: Scenario) -> list[str]:
         out.append("network jitter")
     if net.episodes is not None or any(link.episodes is not None for link in net.links):
         out.append("stall episodes")
+    if _noise(scn):
+        out.append(f"compute: block bootstrap over {len(_noise(scn))} calibration-room laps")
     return out
+
+
+def _noise(scn: Scenario) -> tuple[float, ...]:
+    """The profile's compute-noise sequence when the scenario has profiled devices."""
+    prof = scn.profile
+    if prof is None or not prof.stage_noise or not any(d.id in prof.devices for d in scn.devices):
+        return ()
+    return prof.stage_noise
+
+
+def compute_factors(noise: Sequence[float], replicas: int, rng: np.random.Generator,
+                    block: int = NOISE_BLOCK_LAPS) -> list[float]:
+    """One compute factor per replica (module doc): block starts drawn uniformly from
+    ``rng``, ceil(len(noise) / block) blocks each. ``noise``: stage time over median
+    per lap, at least one value."""
+    m = max(1, -(-len(noise) // block))
+    return [block_mean(noise, rng.integers(0, len(noise), m).tolist(), block) for _ in range(replicas)]
+
+
+def with_compute_factor(scn: Scenario, factor: float) -> Scenario:
+    """``scn`` with every profiled device's stage pass times ``factor`` (head, drafters
+    and transport unchanged); ``scn`` itself for a factor of 1 or no profile."""
+    prof = scn.profile
+    if prof is None or factor == 1.0:
+        return scn
+    devs = {k: DeviceProfile(v.stage.scaled(factor), v.head, v.slowdown) for k, v in prof.devices.items()}
+    return dataclasses.replace(scn, profile=dataclasses.replace(prof, devices=devs))
 
 
 def _pct(xs: Sequence[float]) -> dict:
@@ -74,20 +115,23 @@ def _pct(xs: Sequence[float]) -> dict:
             "p90": float(np.percentile(a, 90))}
 
 
-def _run_replica(scn: Scenario, deal: Deal, seed: int, picks: list[int] | None) -> tuple[bool, float, float]:
+def _run_replica(scn: Scenario, deal: Deal, seed: int, picks: list[int] | None,
+                 factor: float = 1.0) -> tuple[bool, float, float]:
     """One replica: ``scn`` at network seed ``seed``, questions drawing from prompts
-    ``picks``; returns ``(answered every question, tokens per second, first token s)``."""
+    ``picks``, stage passes times ``factor``; returns ``(answered every question,
+    tokens per second, first token s)``."""
     from sim.driver import simulate
-    m = simulate(dataclasses.replace(scn, seed=seed), deal, trace=False, acceptance_picks=picks).metrics
+    m = simulate(dataclasses.replace(with_compute_factor(scn, factor), seed=seed), deal, trace=False,
+                 acceptance_picks=picks).metrics
     return m.get("answered", 0) >= m.get("questions", 0), m["tokens_per_s"], m["ttft_s"]
 
 
 _JOB: tuple | None = None  # (scenario, deal) of the replicas a worker process runs
 
 
-def _replica(seed: int, picks: list[int] | None) -> tuple[bool, float, float]:
+def _replica(seed: int, picks: list[int] | None, factor: float = 1.0) -> tuple[bool, float, float]:
     """:func:`_run_replica` of the scenario :func:`_use` gave this worker process."""
-    return _run_replica(*_JOB, seed, picks)
+    return _run_replica(*_JOB, seed, picks, factor)
 
 
 def _use(scn: Scenario, deal: Deal) -> None:
@@ -133,6 +177,10 @@ class PendingRange:
             seed = int(rng.integers(0, 2**63))
             picks = rng.integers(0, prompts, w.questions).tolist() if prompts else None
             args.append((seed, picks))
+        noise = _noise(scn)
+        if noise:  # drawn after the others, from its own stream: the other draws stay as they were
+            nrng = np.random.default_rng(np.random.SeedSequence([scn.seed, 0xC0FFEE]))
+            args = [a + (f,) for a, f in zip(args, compute_factors(noise, n, nrng))]
         jobs = min(jobs, n)
         if jobs > 1:
             import multiprocessing
@@ -149,7 +197,7 @@ class PendingRange:
             if self._pool is not None:
                 runs = [r.get() for r in self._runs]
             else:
-                runs = [_run_replica(*self._job, seed, picks) for seed, picks in self._runs]
+                runs = [_run_replica(*self._job, *a) for a in self._runs]
         finally:
             self.close()
         tps = [r[1] for r in runs if r[0]]

@@ -210,7 +210,8 @@ def calibrate(trace: list, deal: Deal) -> dict:
     and median over decode/verify frames); the host's head seconds per row; drafting
     seconds per token; and the accepted length of every draft made on a correct
     assumption (for the simulator's recorded acceptance). Compute times are the nodes'
-    Computed records (queue wait excluded)."""
+    Computed records (queue wait excluded); ``stage_s_each`` keeps every decode/verify
+    stage time per device in trace order (seconds)."""
     prefill = {o.lap_id for _, o in trace if type(o).__name__ == "LapEnded" and o.kind == "prefill"}
     prefill |= {o.header.lap_id for _, o in trace if type(o).__name__ == "SendFrame" and o.header.kind.name == "PREFILL"}
     tokens: dict = {}
@@ -271,7 +272,8 @@ def calibrate(trace: list, deal: Deal) -> dict:
             n = max(by_n, key=lambda k: (len(by_n[k]), k))
             chunk[st.device] = (n, float(np.median(by_n[n])) / st.layers)
     return {"s_per_layer": per_layer, "lap_tokens": int(np.median(lap_tokens)) if lap_tokens else 1,
-            "chunk_s_per_layer": chunk, "hop_s": float(np.mean(hops)) if hops else 0.0,
+            "chunk_s_per_layer": chunk, "stage_s_each": {k: list(v) for k, v in stage_s.items()},
+            "hop_s": float(np.mean(hops)) if hops else 0.0,
             "hop_p50_s": float(np.median(hops)) if hops else 0.0, "hops": len(hops),
             "head_s_per_row": float(np.median(head_per_row)) if head_per_row else None,
             "draft_s_per_token": draft_s / drafted if drafted else None,

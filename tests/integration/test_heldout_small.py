@@ -50,6 +50,8 @@ def test_calibrate_cli_quick_writes_a_profile_that_simulate_reads(tmp_path):
     # the phone's process pads to 3x (emulate: {slowdown: 3}): so does its profile
     assert p.devices["phone"].stage.pass_s(5, 1, 16) == pytest.approx(3 * p.devices["desktop"].stage.pass_s(5, 1, 16))
     assert p.drafters["ngram"].accepted and p.transport is not None and p.transport.weights_Bps > 0
+    # the calibration room's hops against the ping-pong measured beside it, and its laps' compute noise
+    assert "beside it" in p.notes["room"] and len(p.stage_noise) >= 8
     # the grounded walk copies a given passage: prompt lookup is right more often than on chat
     ngram = p.drafters["ngram"]
     chat, grounded = ngram.accepted_lengths(4), ngram.for_workload("grounded").accepted_lengths(4)
