@@ -291,11 +291,11 @@ def load_profile(path: str | Path) -> Profile:
     except (OSError, UnicodeDecodeError) as e:
         raise CalibrationError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     except yaml.YAMLError as e:
-        raise CalibrationError(f"{p.name}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        raise CalibrationError(f"{path}: not valid YAML ({getattr(e, 'problem', e)})") from None
     try:
         return Profile.from_mapping(data)
     except ProfileError as e:
-        raise CalibrationError(f"{p.name}: {e}") from None
+        raise CalibrationError(f"{path}: {e}") from None
 
 
 def check_covers(scn: Scenario, profile: Profile, name: str = "profile") -> None:

@@ -892,31 +892,32 @@ def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
     """Load and validate a scenario file. Raises ScenarioError (one line) on any problem."""
     p = Path(path)
     text = _read_text(p, str(path))  # the path as typed: a missing file's folder matters
-    data = _read_yaml(text, p.name)
+    name = str(path)  # every error names the file as the user typed it
+    data = _read_yaml(text, name)
     if isinstance(data, dict):
-        check_size(data, p.name)
+        check_size(data, name)
     if isinstance(data, dict) and isinstance(data.get("calibration"), str):
         cal_path = (p.parent / data["calibration"])
         what = f"calibration: {cal_path.name}: "
-        cal = _read_yaml(_read_text(cal_path, f"{p.name}: {what}".rstrip(": ")), p.name, what)
-        check_size(cal, f"{p.name}: {what}".rstrip(": "))
+        cal = _read_yaml(_read_text(cal_path, f"{name}: {what}".rstrip(": ")), name, what)
+        check_size(cal, f"{name}: {what}".rstrip(": "))
         if isinstance(cal, dict) and "splitroom_profile" in cal:  # a profile (splitroom calibrate)
             from planner.profile import Profile, ProfileError
             try:
                 profile = Profile.from_mapping(cal)
             except ProfileError as e:
-                raise ScenarioError(f"{p.name}: {what}{e}") from None
+                raise ScenarioError(f"{name}: {what}{e}") from None
             from splitroom.calibration import CalibrationError, apply_profile
             try:
-                return apply_profile(from_mapping(data, p.name, overrides, p.parent), profile,
-                                     f"{p.name}: {what}".rstrip(": "))
+                return apply_profile(from_mapping(data, name, overrides, p.parent), profile,
+                                     f"{name}: {what}".rstrip(": "))
             except CalibrationError as e:
                 raise ScenarioError(str(e)) from None
         if not isinstance(cal, dict) or not isinstance(cal.get("measured"), dict):
-            raise ScenarioError(f"{p.name}: calibration: {cal_path.name} is neither a profile "
+            raise ScenarioError(f"{name}: calibration: {cal_path.name} is neither a profile "
                                 "(splitroom calibrate) nor a `measured:` mapping")
         data = dict(data)
         merged = dict(cal["measured"])
         merged.update(data.get("measured") or {})
         data["measured"] = merged
-    return from_mapping(data, p.name, overrides, p.parent)
+    return from_mapping(data, name, overrides, p.parent)

@@ -170,9 +170,6 @@ def test_an_integer_too_large_for_a_float_is_a_400_naming_the_parameter(param, l
     assert (e.value.param, e.value.status) == (param, 400) and limit in e.value.message
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: errors from the scenario's keys name the file "
-                   "without its folder (p.name), the deal's errors name it as typed; two tests of "
-                   "other engineers assert the bare name (test_room_language, test_cost)")
 def test_every_error_names_the_scenario_as_typed(tmp_path):
     """docs/scenario.md: 'FILE: key.path: problem'. `plan DIR/room.yaml --set seed=-1`
     printed 'room.yaml: seed: ...' but `--set stages=[...bad...]` 'DIR/room.yaml: cannot
