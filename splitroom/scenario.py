@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
@@ -89,8 +89,30 @@ MAX_VALUES = 200_000
 MAX_DEPTH = 32
 
 
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field's type names ``bool`` (``bool``, ``bool | None``) or anything
+    (``Any``) among its alternatives."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_admits_bool(a) for a in get_args(annotation))
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: Any) -> Any:
+        """YAML's ``true``/``false`` are refused where the key is not a boolean: pydantic's
+        lax mode would read ``context: true`` as a context of 1 token. A key with a
+        parser of its own (quantities with units, ``draft_tokens``) refuses booleans there.
+
+        Raises ValueError (the one-line key error of :func:`from_mapping`)."""
+        field = cls.model_fields[info.field_name]
+        own_check = any(isinstance(m, BeforeValidator) for m in field.metadata)  # units, draft_tokens
+        if isinstance(value, bool) and not own_check and not _admits_bool(field.annotation):
+            raise ValueError(f"expected a number or a text value, not the boolean {str(value).lower()}")
+        return value
 
 
 class EmulateIn(_Strict):

@@ -189,11 +189,9 @@ def test_draft_passes_needs_the_model_drafter_as_its_siblings_do(tmp_path, spec)
                     "decoding.speculative", "draft_passes needs drafter: model")
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: the scenario models validate in pydantic's lax mode, "
-                   "so YAML booleans and quoted numbers become numbers; a strict mode touches every key")
 @pytest.mark.parametrize("setting", ["context=true", "seed=true", "workload.questions=true",
                                      "devices[0].efficiency=true", "network.round_trips_per_hop=true"])
 def test_a_boolean_is_not_a_number(tmp_path, setting):
     """`--set context=true` planned a room of context 1 and exited 0."""
     f = write(tmp_path, ROOM)
-    one_line_exit_2(invoke("plan", f, "--set", setting), setting.split("=")[0].split("[")[0])
+    one_line_exit_2(invoke("plan", f, "--set", setting), setting.split("=")[0].split("[")[0], "boolean")
