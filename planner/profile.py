@@ -25,7 +25,7 @@ What a profile holds (all times in seconds, sizes in bytes):
 * the transport: one-way seconds of a frame by size on the measuring machine, fitted
   as ``fixed_s + bytes * s_per_byte``, and the transport's initial congestion window;
 * the compute noise of the calibration room (``stage_noise``): every decode lap's stage
-  time over its stage's median in that room, in lap order, the spread a prediction's
+  time over its stage's mean in that room, in lap order, the spread a prediction's
   range draws its compute factor from (:func:`block_mean`).
 
 Version :data:`PROFILE_VERSION`; a newer or older file is refused with its version.
@@ -480,7 +480,7 @@ class Profile:
     transport: TransportProfile | None = None
     notes: dict[str, str] = field(default_factory=dict)
     version: int = PROFILE_VERSION
-    #: each decode lap's stage time over its stage's median in the calibration room, in
+    #: each decode lap's stage time over its stage's mean in the calibration room, in
     #: lap order (dimensionless, > 0; empty: not measured)
     stage_noise: tuple[float, ...] = ()
 

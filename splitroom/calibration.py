@@ -186,7 +186,7 @@ def _pctl(xs: Sequence[float], q: float) -> float:
 
 
 def stage_noise(stage_s_each: dict[str, Sequence[float]]) -> tuple[float, ...]:
-    """Each decode lap's stage time over its stage's median, averaged over the stages
+    """Each decode lap's stage time over its stage's mean, averaged over the stages
     of that lap, in lap order (the i-th time of every stage belongs to lap i; lists of
     unequal length are cut to the shortest). ``stage_s_each``: device -> seconds of
     its decode passes in order. Empty when no stage has a time above 0."""
@@ -195,19 +195,13 @@ def stage_noise(stage_s_each: dict[str, Sequence[float]]) -> tuple[float, ...]:
         xs = [float(x) for x in xs]
         if not xs:
             continue
-        med = _median(xs)
-        if med > 0:
-            cols.append([x / med for x in xs])
+        mean = sum(xs) / len(xs)
+        if mean > 0:
+            cols.append([x / mean for x in xs])
     if not cols:
         return ()
     n = min(len(c) for c in cols)
     return tuple(sum(c[i] for c in cols) / len(cols) for i in range(n))
-
-
-def _median(xs: Sequence[float]) -> float:
-    ys = sorted(xs)
-    m = len(ys) // 2
-    return ys[m] if len(ys) % 2 else (ys[m - 1] + ys[m]) / 2
 
 
 def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int], host: DeviceProfile,
@@ -219,28 +213,39 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
     the room's mean context); ``layers``: device -> its stage's layers; ``host``: the
     host's device profile (its head and slowdown); ``before`` / ``after``: the
     transport's ping-pong right before and right after the room (same frame sizes).
-    Returns ``{stage_ratio, hop_s, head_s, one_way_s, stage_noise}``: the room's median
-    decode stage time over the pass alone (mean over stages); its median decode hop
-    minus the mean of the two ping-pongs' decode-frame one-way time (seconds); the
+
+    A room's tokens per second follow the sum of its laps, so the folded figures are
+    means, not medians: the room's mean decode stage time over the pass alone (mean
+    over stages), and its mean decode hop. Returns ``{stage_ratio, hop_s, head_s,
+    one_way_s, stage_noise, stage_ratio_p50, hop_p50_s}``: that stage ratio; the mean
+    hop minus the mean of the two ping-pongs' decode-frame one-way time (seconds); the
     head's time per row beyond the measured head, per unit of slowdown (seconds); the
     two ping-pongs' mean one-way curve (a :class:`Curve` mapping: bytes -> seconds);
-    and :func:`stage_noise`. Raises CalibrationError when no decode stage was
-    recorded or the two ping-pongs measured different frame sizes."""
-    ratios = []
+    :func:`stage_noise`; and for the notes the same stage ratio and hop correction from
+    medians. Raises CalibrationError when no decode stage was recorded or the two
+    ping-pongs measured different frame sizes."""
+    each = cal.get("stage_s_each", {})
+    ratios, medians = [], []
     for dev, alone in alone_s.items():
         s = cal["s_per_layer"].get(dev)
-        if s is not None and alone > 0:
-            ratios.append(s * layers[dev] / alone)
+        if s is None or alone <= 0:
+            continue
+        xs = each.get(dev) or []
+        medians.append(s * layers[dev] / alone)
+        ratios.append(sum(xs) / len(xs) / alone if xs else medians[-1])
     if not ratios:
         raise CalibrationError("the calibration room recorded no decode stage")
     a, b = before.one_way_s, after.one_way_s
     if a.xs != b.xs:
         raise CalibrationError("the ping-pongs beside the room measured different frame sizes")
     beside = Curve(a.xs, tuple((x + y) / 2 for x, y in zip(a.ys, b.ys)))
-    hop = cal["hop_p50_s"] - beside(beside.xs[0]) if cal["hops"] else 0.0
+    decode = beside(beside.xs[0])
+    hop = cal["hop_s"] - decode if cal["hops"] else 0.0
     head = (cal["head_s_per_row"] - host.head(1)) / host.slowdown if cal["head_s_per_row"] else 0.0
     return {"stage_ratio": sum(ratios) / len(ratios), "hop_s": hop, "head_s": head,
-            "one_way_s": beside.to_mapping(), "stage_noise": list(stage_noise(cal.get("stage_s_each", {})))}
+            "one_way_s": beside.to_mapping(), "stage_noise": list(stage_noise(each)),
+            "stage_ratio_p50": sum(medians) / len(medians),
+            "hop_p50_s": cal["hop_p50_s"] - decode if cal["hops"] else 0.0}
 
 
 def with_room_overheads(profile: Profile, room: dict) -> Profile:
@@ -258,12 +263,15 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
         tr = TransportProfile(curve.shifted(room["hop_s"]), tr.window_bytes, tr.weights_Bps)
     notes = dict(profile.notes)
     beside = " beyond the ping-pong measured beside it" if room.get("one_way_s") else ""
+    medians = (f"; from medians instead: stage x{room['stage_ratio_p50']:.4f}, hop "
+               f"{room['hop_p50_s'] * 1e3:+.3f} ms (not used)") if "stage_ratio_p50" in room else ""
     notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: stage times x"
                      f"{room['stage_ratio']:.4f}, per hop {room['hop_s'] * 1e3:+.3f} ms{beside}, per head "
-                     f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (folded in above)")
+                     f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (means, folded in above)"
+                     f"{medians}")
     noise = tuple(room.get("stage_noise") or ())
     if noise:
-        notes["stage_noise"] = (f"{len(noise)} decode laps of the room: stage time over its median "
+        notes["stage_noise"] = (f"{len(noise)} decode laps of the room: stage time over its mean "
                                 f"P10 x{_pctl(noise, 10):.3f}, P90 x{_pctl(noise, 90):.3f}")
     return dataclasses.replace(profile, devices=devices, transport=tr, notes=notes,
                                stage_noise=noise or profile.stage_noise)

@@ -13,7 +13,7 @@ the measured prompts' walks. What it leaves out, and what a user's run varies by
   stall episodes (``network.jitter``, ``network.episodes``) differ from replica to
   replica;
 * **compute noise**: a profile whose calibration room kept every decode lap's stage
-  time over its median (``Profile.stage_noise``) gives each replica one factor on
+  time over its mean (``Profile.stage_noise``) gives each replica one factor on
   every profiled stage pass: the mean of that sequence over blocks of
   :data:`NOISE_BLOCK_LAPS` consecutive laps drawn with replacement, as many blocks as
   cover the room's laps (the circular block bootstrap, Politis and Romano 1992;
@@ -93,7 +93,7 @@ def _noise(scn: Scenario) -> tuple[float, ...]:
 def compute_factors(noise: Sequence[float], replicas: int, rng: np.random.Generator,
                     block: int = NOISE_BLOCK_LAPS) -> list[float]:
     """One compute factor per replica (module doc): block starts drawn uniformly from
-    ``rng``, ceil(len(noise) / block) blocks each. ``noise``: stage time over median
+    ``rng``, ceil(len(noise) / block) blocks each. ``noise``: stage time over the mean
     per lap, at least one value."""
     m = max(1, -(-len(noise) // block))
     return [block_mean(noise, rng.integers(0, len(noise), m).tolist(), block) for _ in range(replicas)]

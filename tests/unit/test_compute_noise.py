@@ -33,27 +33,28 @@ def test_block_mean_by_hand_wraps_past_the_end():
             block_mean(*bad)
 
 
-def test_stage_noise_is_each_laps_time_over_its_stages_median_averaged_over_stages():
-    # a: median 1.5 -> 2/3, 4/3, 2/3, 8/3; b: median 2 -> all 1 (its fifth lap cut)
+def test_stage_noise_is_each_laps_time_over_its_stages_mean_averaged_over_stages():
+    # a: mean 2 -> 0.5, 1, 0.5, 2; b: mean 2 -> all 1 (its fifth lap cut)
     got = stage_noise({"a": [1.0, 2.0, 1.0, 4.0], "b": [2.0, 2.0, 2.0, 2.0, 2.0], "c": []})
-    assert got == pytest.approx((5 / 6, 7 / 6, 5 / 6, 11 / 6))
+    assert got == pytest.approx((0.75, 1.0, 0.75, 1.5))
     assert stage_noise({}) == () and stage_noise({"a": [0.0, 0.0]}) == ()
 
 
 def _cal():
-    return {"s_per_layer": {"desktop": 0.002, "laptop": 0.003}, "hop_p50_s": 0.004, "hops": 10,
+    return {"s_per_layer": {"desktop": 0.002, "laptop": 0.003}, "hop_p50_s": 0.004, "hop_s": 0.005, "hops": 10,
             "head_s_per_row": 0.007, "stage_s_each": {"desktop": [0.03, 0.03, 0.06], "laptop": [0.045, 0.045, 0.045]}}
 
 
 def test_room_overheads_by_hand_against_the_ping_pong_beside_the_room():
     out = room_overheads(_cal(), {"desktop": 0.02, "laptop": 0.03}, {"desktop": 15, "laptop": 15}, _dev(),
                          _transport(0.001, 0.002), _transport(0.003, 0.004))
-    assert out["stage_ratio"] == pytest.approx(1.5)  # 0.002 * 15 / 0.02 and 0.003 * 15 / 0.03
-    # the two ping-pongs' mean at the decode frame is 2 ms; the room's hop 4 ms
-    assert out["hop_s"] == pytest.approx(0.002)
+    # means: desktop 0.04 s over 0.02 alone, laptop 0.045 over 0.03; medians 0.002 * 15 / 0.02, 0.003 * 15 / 0.03
+    assert out["stage_ratio"] == pytest.approx((2.0 + 1.5) / 2) and out["stage_ratio_p50"] == pytest.approx(1.5)
+    # the two ping-pongs' mean at the decode frame is 2 ms; the room's hop 5 ms on average, 4 ms the median
+    assert out["hop_s"] == pytest.approx(0.003) and out["hop_p50_s"] == pytest.approx(0.002)
     assert out["one_way_s"] == pytest.approx({"2336": 0.002, "11552": 0.003})
     assert out["head_s"] == pytest.approx(0.004)  # 7 ms per row against the 3 ms head of one row
-    assert out["stage_noise"] == pytest.approx([1.0, 1.0, 1.5])  # desktop 1, 1, 2; laptop 1, 1, 1
+    assert out["stage_noise"] == pytest.approx([0.875, 0.875, 1.25])  # desktop 0.75, 0.75, 1.5; laptop 1, 1, 1
     with pytest.raises(CalibrationError, match="no decode stage"):
         room_overheads(dict(_cal(), s_per_layer={}), {"desktop": 0.02}, {"desktop": 15}, _dev(),
                        _transport(0.001, 0.002), _transport(0.001, 0.002))
@@ -68,14 +69,17 @@ def test_folding_in_takes_the_ping_pong_beside_the_room_and_keeps_the_noise():
                           _transport(0.001, 0.002), _transport(0.003, 0.004))
     room.update(laps=3, tokens_per_s=1.0)
     got = with_room_overheads(prof, room)
-    # the beside curve (2 ms, 3 ms) plus the 2 ms hop: the decode frame's one-way is the room's 4 ms hop
-    assert got.transport.one_way_s.ys == pytest.approx((0.004, 0.005))
+    # the beside curve (2 ms, 3 ms) plus the 3 ms hop: the decode frame's one-way is the room's mean 5 ms hop
+    assert got.transport.one_way_s.ys == pytest.approx((0.005, 0.006))
     assert got.transport.window_bytes == 11600.0
-    assert got.stage_noise == pytest.approx((1.0, 1.0, 1.5))  # (1 + 1) / 2, (1 + 1) / 2, (2 + 1) / 2
-    assert "beside it" in got.notes["room"] and "3 decode laps" in got.notes["stage_noise"]
+    assert got.stage_noise == pytest.approx((0.875, 0.875, 1.25))
+    # the desktop alone was compared: its mean 0.04 s over 0.02 s alone; 0.001 + 10 * 0.002 = 0.021 s times 2
+    assert got.devices["desktop"].stage.pass_s(10, 1, 0) == pytest.approx(2.0 * 0.021)
+    assert "beside it" in got.notes["room"] and "from medians instead: stage x1.5000, hop +2.000 ms" in got.notes["room"]
+    assert "3 decode laps" in got.notes["stage_noise"]
     # a room mapping without the ping-pong beside it shifts the profile's own curve
     old = with_room_overheads(prof, {k: v for k, v in room.items() if k not in ("one_way_s", "stage_noise")})
-    assert old.transport.one_way_s.ys == pytest.approx((0.012, 0.022)) and old.stage_noise == ()
+    assert old.transport.one_way_s.ys == pytest.approx((0.013, 0.023)) and old.stage_noise == ()
 
 
 def test_stage_noise_round_trips_and_malformed_names_the_key():
