@@ -28,7 +28,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Collection, Sequence
 
 from planner.deal import Deal, DealError, Stage, deal as make_deal, format_bytes, usable_bytes
+from planner.lapcost import LapCost
 from planner.model import ModelSpec
+from planner.optimal import SLOWER_THAN_OPTIMAL_RATIO
 from planner.protocol import Command, Event, FrameArrived, IgnoreReason, Redeal, StageFinished
 from planner.room import DealOptions, Device, Network, Scenario
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
@@ -37,6 +39,14 @@ from planner.scheduler.worker import note_ignored
 #: ``(current deal, every device lost so far) -> new deal``; raises ValueError (DealError)
 #: when the devices left cannot hold the model.
 RedealRule = Callable[[Deal, frozenset[str]], Deal]
+#: ``(current deal, every device still lost) -> the deal to move to, or None to stay``:
+#: what the host does when a lost device comes back (:func:`rejoin_rule`)
+RejoinRule = Callable[[Deal, frozenset[str]], "Deal | None"]
+
+#: a device that came back is re-dealt into the chain only when the deal with it is
+#: predicted this many times faster than the current one (the margin past which the
+#: room warns that a deal is slower than it could be: planner.optimal)
+REJOIN_MARGIN = SLOWER_THAN_OPTIMAL_RATIO
 
 
 def merge_lost(current: Deal, lost: frozenset[str]) -> Deal:
@@ -165,6 +175,55 @@ def redeal_rule(devices: Sequence[Device], model: ModelSpec, options: DealOption
     return rule
 
 
+def rejoin_rule(devices: Sequence[Device], model: ModelSpec, first: Deal, options: DealOptions | None = None,
+                network: Network | None = None, return_path: str = "direct",
+                margin: float = REJOIN_MARGIN) -> RejoinRule:
+    """The planner's rule for a device that came back (:class:`planner.protocol.DeviceBack`):
+    the deal the room would have without the devices still lost (a pinned room: its first
+    deal ``first`` with the still-lost ranges merged into their neighbours,
+    :func:`merge_lost`; otherwise :func:`planner.deal.deal` again over ``devices`` less
+    the lost, the host kept), checked against what each device lends (:func:`check_lent`),
+    is taken only when :class:`planner.lapcost.LapCost` predicts its decode lap more than
+    ``margin`` times shorter than the current deal's (each device's measured seconds per
+    layer when it has them, ``Device.s_per_layer`` from a calibration, else its roofline).
+    The rule returns None (stay) when that deal does not fit, does not differ, or is not
+    faster past the margin; it never raises."""
+    opts = options or DealOptions()
+    usable = {d.id: usable_bytes(d, opts) for d in devices}
+    per_layer = [model.range_memory_bytes(i, i + 1, opts.context_tokens, opts.kv_cache) for i in range(model.layers)]
+    cost = LapCost(devices, model, network or Network(), return_path)
+    members = {s.device for s in first.stages}
+
+    def rows(d: Deal) -> list[tuple[str, int, int]]:
+        return [(s.device, s.start, s.end) for s in d.stages]
+
+    def rule(current: Deal, lost: frozenset[str]) -> Deal | None:
+        try:
+            if opts.stages is not None or first.split == "pinned":
+                gone = lost & members
+                new = merge_lost(first, frozenset(gone)) if gone else first
+            else:
+                rest = [d for d in devices if d.id not in lost]
+                new = make_deal(rest, model, replace(opts, host=current.host), network, return_path)
+                if not new.fits:
+                    return None
+            check_lent(new, usable, per_layer, model.host_extra_bytes, current)
+        except ValueError:
+            return None
+        if new.host != current.host or rows(new) == rows(current):
+            return None
+        if cost.lap_s(current.host, rows(current)) <= margin * cost.lap_s(new.host, rows(new)):
+            return None
+        return new
+    return rule
+
+
+def rejoin_rule_for(scn: Scenario, first: Deal, margin: float = REJOIN_MARGIN) -> RejoinRule:
+    """:func:`rejoin_rule` of scenario ``scn`` (its devices, options, network and return
+    path), the room having begun with ``first``."""
+    return rejoin_rule(scn.devices, scn.model, first, scn.options, scn.network, scn.decoding.return_path, margin)
+
+
 def redeal_rule_for(scn: Scenario, devices: Sequence[Device] | None = None) -> RedealRule:
     """:func:`redeal_rule` of scenario ``scn`` (its options, network and return path, as
     :func:`planner.deal.deal_for` deals it) over ``devices`` (default: all of its own)."""
@@ -189,6 +248,8 @@ class Chain:
         redeal: the re-deal rule (:func:`redeal_rule`) that lets the room survive a lost
             worker; None: a lost device of the chain ends the room (the host refuses
             what it cannot answer).
+        rejoin: the rule for a lost device that comes back (:func:`rejoin_rule`); None:
+            it is no longer lost but gets no layers.
     Attributes:
         host: the HostScheduler, or None when this process does not run the host.
         workers: ``device id -> WorkerMachine`` for the workers this process runs.
@@ -200,7 +261,7 @@ class Chain:
     """
 
     def __init__(self, deal: Deal, config: SchedulerConfig, runs: Collection[str] | None = None,
-                 redeal: RedealRule | None = None):
+                 redeal: RedealRule | None = None, rejoin: RejoinRule | None = None):
         self.deal = deal
         self.config = config
         members = {deal.host} | {s.device for s in deal.stages}
@@ -211,7 +272,7 @@ class Chain:
         self._runs_all = runs is None
         self.runs = frozenset(members if runs is None else runs)
         self.ignored: list = []
-        self.host: HostScheduler | None = (HostScheduler(deal, config, redeal=redeal, ignored=self.ignored)
+        self.host: HostScheduler | None = (HostScheduler(deal, config, redeal=redeal, ignored=self.ignored, rejoin=rejoin)
                                            if deal.host in self.runs else None)
         self.workers: dict[str, WorkerMachine] = {}
         self._build_workers(deal, 0)

@@ -18,6 +18,15 @@ a re-deal begins after they closed.
 
 Each loss names the rule that fired (:data:`SILENT`, :data:`UNANSWERED`, :data:`LOADING`).
 
+A lost peer may come back (a device whose Wi-Fi dropped for a few seconds): when it says
+hello again (:meth:`Liveness.returned`) it gets heartbeats again, and once it has been
+heard without a gap past the timeout for the rejoin hold (:func:`rejoin_hold_s`: longer
+after each drop in the last :data:`FLAP_WINDOW_S`, so a flapping link does not make the
+room re-deal again and again) :meth:`Liveness.handle_timer` names it in ``Tick.back`` and
+it counts as present again, its silence timed from then (a driver feeds
+:class:`planner.protocol.DeviceBack`). One that falls silent again during the hold counts
+as another drop and must say hello again.
+
 The timers follow aioquic's connection API: the driver asks :meth:`Liveness.next_deadline_s`
 when to call next, and calls :meth:`Liveness.handle_timer` at that time with the time;
 nothing here reads a clock. Times are seconds on one monotonic clock the driver chooses.
@@ -38,15 +47,37 @@ UNANSWERED = "unanswered"
 #: still loading its re-dealt range (``spared``) when the load window closed
 LOADING = "loading"
 
+#: seconds a lost peer that said hello again must be heard without a gap before it
+#: counts as back, after its first drop: two heartbeat timeouts of the room's 1 s (a
+#: device that answers steadily for that long is taken to be back; chosen, not measured)
+REJOIN_HOLD_S = 2.0
+#: the longest rejoin hold, seconds, however often the peer dropped (chosen: a device
+#: flapping all day still rejoins every few minutes)
+REJOIN_HOLD_MAX_S = 120.0
+#: seconds over which a peer's drops are counted for the hold (chosen: ten minutes)
+FLAP_WINDOW_S = 600.0
+
+
+def rejoin_hold_s(drops_s: Iterable[float], now_s: float, base_s: float = REJOIN_HOLD_S,
+                  max_s: float = REJOIN_HOLD_MAX_S, window_s: float = FLAP_WINDOW_S) -> float:
+    """How long a lost peer must be heard steadily before it counts as back, seconds:
+    ``base_s * 2 ** (n - 1)`` for its ``n`` drops (times in ``drops_s``) in the last
+    ``window_s`` before ``now_s`` (``base_s`` for n <= 1), at most ``max_s`` (exponential
+    back-off, as TCP's retransmission timer doubles, RFC 6298 section 5.5)."""
+    n = sum(1 for t in drops_s if now_s - window_s <= t <= now_s)
+    return min(max_s, base_s * 2.0 ** max(n - 1, 0))
+
 
 @dataclass(frozen=True)
 class Tick:
     """What :meth:`Liveness.handle_timer` found: ``lost`` the ``(peer, silent for s, rule)``
     newly past the timeout (``rule``: :data:`SILENT`, :data:`UNANSWERED` or
-    :data:`LOADING`), ``beat`` the peers to send a heartbeat to now."""
+    :data:`LOADING`), ``beat`` the peers to send a heartbeat to now (those coming back
+    included), ``back`` the lost peers that have now been heard for their rejoin hold."""
 
     lost: tuple[tuple[str, float, str], ...]
     beat: tuple[str, ...]
+    back: tuple[str, ...] = ()
 
 
 class Liveness:
@@ -76,6 +107,8 @@ class Liveness:
         self.quiet_until = -float("inf")
         self.wants_answers = False  # the latest re-deal spares only the peers that answered it
         self.answered_peers: set[str] = set()  # peers that answered a re-deal whose windows are open
+        self.back_since: dict[str, float] = {}  # lost peer that said hello again -> since when
+        self.drops: dict[str, list[float]] = {}  # peer -> when it was lost, each time
         self._next = now_s + beat_s if beat_s > 0 else None
 
     def start(self, now_s: float) -> None:
@@ -112,9 +145,37 @@ class Liveness:
         """``peer`` took the re-deal under way (it loads its range now): the windows spare it."""
         self.answered_peers.add(peer)
 
-    def forget(self, peer: str) -> None:
-        """``peer`` is lost: no more heartbeats to it, no second loss."""
+    def forget(self, peer: str, now_s: float | None = None) -> None:
+        """``peer`` is lost (at ``now_s``, counted as a drop for :func:`rejoin_hold_s`
+        when given): no more heartbeats to it, no second loss, until it comes back
+        (:meth:`returned`)."""
+        if peer in self.lost:
+            return
         self.lost.add(peer)
+        self.back_since.pop(peer, None)
+        if now_s is not None:
+            self.drops.setdefault(peer, []).append(now_s)
+            self.drops[peer] = [t for t in self.drops[peer] if t >= now_s - FLAP_WINDOW_S]  # bounded
+
+    def returned(self, peer: str, now_s: float) -> None:
+        """``peer``, lost, said hello again at ``now_s``: it gets heartbeats again, and
+        counts as back once heard without a gap past the timeout for its rejoin hold
+        (``Tick.back``). Nothing for a peer that is not lost, or already coming back."""
+        if peer not in self.lost or peer in self.back_since:
+            return
+        self.back_since[peer] = now_s
+        self.last_heard[peer] = now_s
+
+    def coming_back(self, peer: str) -> bool:
+        """True while ``peer`` is lost but said hello again (:meth:`returned`)."""
+        return peer in self.back_since
+
+    def revive(self, peer: str, now_s: float) -> None:
+        """Count ``peer`` as present again now (the model host took it back into the
+        chain, or it is the host heard again): its silence is timed from ``now_s``."""
+        self.lost.discard(peer)
+        self.back_since.pop(peer, None)
+        self.last_heard[peer] = now_s
 
     def next_deadline_s(self) -> float | None:
         """When :meth:`handle_timer` wants to be called next (None: never)."""
@@ -131,9 +192,21 @@ class Liveness:
         in_grace = now_s < self.grace_until
         in_load = now_s < self.quiet_until
         may_lose = self.timeout_s > 0 and not self.loading
-        lost, beat = [], []
+        lost, beat, back = [], [], []
         for p in self.peers:
             if p in self.lost:
+                since = self.back_since.get(p)
+                if since is None:
+                    continue
+                if self.timeout_s > 0 and now_s - self.last_heard[p] > self.timeout_s:
+                    del self.back_since[p]  # silent again before it was back: another drop
+                    self.drops.setdefault(p, []).append(now_s)
+                    continue
+                if now_s - since >= rejoin_hold_s(self.drops.get(p, ()), now_s):
+                    self.lost.discard(p)
+                    del self.back_since[p]
+                    back.append(p)
+                beat.append(p)
                 continue
             seen = self.last_heard.get(p)
             if may_lose and seen is not None and now_s - seen > self.timeout_s:
@@ -142,7 +215,7 @@ class Liveness:
                     lost.append((p, now_s - seen, rule))
                     continue
             beat.append(p)
-        return Tick(tuple(lost), tuple(beat))
+        return Tick(tuple(lost), tuple(beat), tuple(back))
 
     def _rule(self, peer: str, spared: Collection[str], in_grace: bool, in_load: bool) -> str | None:
         """The rule that loses ``peer``, silent past the timeout (None: a window spares it)."""

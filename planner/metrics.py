@@ -321,7 +321,7 @@ def recoveries(trace: Iterable[tuple[float, Any]], t_first: float | None = None)
         cls = type(o)
         if cls is DeviceLost:
             lost.setdefault(o.device, (o.silent_since_s if o.silent_since_s is not None else t, t))
-        elif cls is Redeal:
+        elif cls is Redeal and o.back is None:  # a re-deal after a loss (not a device taken back)
             at, seen = lost.get(o.lost, (t, t))
             rec = {"device": o.lost, "lost_at_s": at, "into_run_s": at - t_first, "detected_at_s": seen,
                    "ready_at_s": None,

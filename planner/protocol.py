@@ -140,6 +140,18 @@ class DeviceLost:
 
 
 @frozen
+class DeviceBack:
+    """``device``, lost earlier, is heard again (it said hello again and its heartbeats
+    kept coming for the rejoin hold, :func:`planner.liveness.rejoin_hold_s`): it is a
+    member of the room again. The host re-deals it back into the chain when its rejoin
+    rule (:func:`planner.chain.rejoin_rule`) finds a faster deal with it (a
+    :class:`Redeal` whose ``back`` names it); otherwise it waits outside the chain."""
+
+    device: str
+    reason: str = ""
+
+
+@frozen
 class ChainReady:
     """Every device of the chain announced by :class:`Redeal` ``first_lap`` holds its new
     layer range (weights loaded) with an empty KV cache: the host may replay."""
@@ -316,8 +328,8 @@ class Refuse:
 
 @frozen
 class Redeal:
-    """``lost`` left the chain; the host re-dealt the layers over the devices still in
-    the room. ``stages`` is the new chain ``((device, start, end), ...)`` 0-based
+    """``lost`` left the chain (or ``back`` came back to the room: ``lost`` is then
+    empty); the host re-dealt the layers over the devices in the room. ``stages`` is the new chain ``((device, start, end), ...)`` 0-based
     half-open, host ``host``. Every device of the new chain loads its range (from its
     disk or a peer) and empties its KV cache; frames of laps before ``first_lap`` are
     dropped. Report :class:`ChainReady` ``(first_lap)`` when all are ready. The host then
@@ -331,6 +343,7 @@ class Redeal:
     first_lap: int
     question_id: int | None = None
     replay_tokens: int = 0
+    back: str | None = None
 
 
 @frozen
@@ -372,15 +385,15 @@ class Ignored:
     detail: str = ""
 
 
-EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
+EVENTS = (QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, DeviceBack, ChainReady,
           QuestionWithdrawn, LapFailed)
 RECORDS = (Computed, WeightsCopied, Ignored)
 COMMANDS = (BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
             LapEnded, AnswerDone, Refuse, Redeal)
 
 #: Anything a driver feeds to :meth:`planner.chain.Chain.handle` (or a machine).
-Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, ChainReady,
-              QuestionWithdrawn, LapFailed]
+Event = Union[QuestionAsked, StageFinished, FrameArrived, HeadFinished, DraftReady, DeviceLost, DeviceBack,
+              ChainReady, QuestionWithdrawn, LapFailed]
 #: Anything a machine returns for a driver to carry out.
 Command = Union[BeginAnswer, RunStage, SendFrame, RunHead, Draft, Wake, RollbackKV, DropFrame, EmitToken,
                 LapEnded, AnswerDone, Refuse, Redeal]

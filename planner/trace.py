@@ -46,8 +46,9 @@ def _tuples(v: Any) -> Any:
 
 
 #: fields written only when set: a greedy room's records are as they were before sampling
-#: (and a room of one question in flight's, KV cache slot 0)
-_ONLY_WHEN_SET = {"sampling": None, "uniforms": (), "slot": 0}
+#: (and a room of one question in flight's, KV cache slot 0; a re-deal after a loss's,
+#: no device taken back)
+_ONLY_WHEN_SET = {"sampling": None, "uniforms": (), "slot": 0, "back": None}
 
 
 def to_record(t_s: float, obj: Any) -> dict:

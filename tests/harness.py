@@ -16,7 +16,7 @@ from typing import Callable
 
 from planner.chain import Chain
 from planner.drive import Driver, NoOpExecutor, synthetic_draft, synthetic_head
-from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
+from planner.protocol import (AnswerDone, ChainReady, DeviceBack, DeviceLost, Draft, DraftReady, EmitToken, FrameArrived,
                               HeadFinished, LapEnded, QuestionAsked, Redeal, Refuse, RunHead, RunStage, SendFrame,
                               StageFinished)
 from planner.scheduler import SchedulerConfig
@@ -31,15 +31,16 @@ class Harness(NoOpExecutor):
     """Drives a room's :class:`planner.chain.Chain` with instant, reorderable work.
 
     ``accept(k) -> int`` says how many leading drafts of a k-token draft are right;
-    ``redeal`` is the chain's re-deal rule (None: a lost device ends the room). After a
+    ``redeal`` is the chain's re-deal rule (None: a lost device ends the room), ``rejoin``
+    its rule for a device that comes back (:meth:`back`). After a
     ``Redeal`` the new chain's readiness (``ChainReady``) waits on its own channel, so
     it may come before or after frames of the old chain still in flight. ``log`` holds
     every event and command in order; ``ignored`` every Ignored record the machines left.
     """
 
     def __init__(self, deal, config: SchedulerConfig, accept: Callable[[int], int] = lambda k: 0,
-                 redeal=None):
-        self.chain = Chain(deal, config, redeal=redeal)
+                 redeal=None, rejoin=None):
+        self.chain = Chain(deal, config, redeal=redeal, rejoin=rejoin)
         self.driver = Driver(self.chain, self, self._record)
         self.dead = self.driver.dead
         self.host = self.chain.host
@@ -102,6 +103,12 @@ class Harness(NoOpExecutor):
                                                                or (key[1] == device and not deliver_sent))):
                 del self.channels[key]
         self.dispatch(DeviceLost(device, "test"))
+
+    def back(self, device: str) -> None:
+        """``device``, lost, is back (alive again, its KV cache empty): the host hears
+        DeviceBack at once (the rejoin hold is the drivers' business)."""
+        self.dead.discard(device)
+        self.dispatch(DeviceBack(device, "test"))
 
     def _put(self, key: tuple, ev) -> None:
         if (key[0] == "dev" and key[1] in self.dead) or (key[0] == "link" and key[2] in self.dead):

@@ -71,7 +71,7 @@ from typing import Callable, Sequence
 from planner.deal import Deal
 from planner.draft_policy import DraftState
 from planner.frames import MAX_SLOTS, FrameHeader, FrameKind
-from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceLost, Draft, DraftReady, DriverError,
+from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceBack, DeviceLost, Draft, DraftReady, DriverError,
                               EmitToken, Event, FrameArrived, HeadFinished, IgnoreReason, LapEnded, LapFailed, LapKind,
                               QuestionAsked, QuestionWithdrawn, Redeal, Refuse, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake)
@@ -162,14 +162,23 @@ class HostScheduler:
     keep their places; questions asked meanwhile wait. Without ``redeal`` (or when the
     host itself is lost, or the re-deal fails) the host refuses what it cannot answer
     and stops, with the reason.
+
+    Rejoin: :class:`DeviceBack` takes a lost device out of :attr:`lost`. With ``rejoin``
+    (``(deal, devices still lost) -> the deal to move to, or None to stay``; see
+    :func:`planner.chain.rejoin_rule`) the host then re-deals it back into the chain
+    through the same path as a loss (:class:`Redeal` with ``back`` set and ``lost``
+    empty, then ChainReady and the replay), when the rule says so; otherwise the device
+    waits outside the chain. A room that has stopped stays stopped (Ignored, stale).
     """
 
     def __init__(self, deal: Deal, config: SchedulerConfig,
-                 redeal: Callable[[Deal, frozenset[str]], Deal] | None = None, ignored: list | None = None):
+                 redeal: Callable[[Deal, frozenset[str]], Deal] | None = None, ignored: list | None = None,
+                 rejoin: Callable[[Deal, frozenset[str]], Deal | None] | None = None):
         self.config = config
         self.ignored: list = [] if ignored is None else ignored
         self.host = deal.host
         self.redeal = redeal
+        self.rejoin = rejoin
         self.lost: set[str] = set()
         self.recovering: int | None = None  # first lap of the new chain, until ChainReady
         self._set_deal(deal)
@@ -623,6 +632,26 @@ class HostScheduler:
             cmds += self._abort(q, f"{dev} left the room")
         return cmds
 
+    def _back(self, ev: DeviceBack) -> list:
+        dev = ev.device
+        if dev not in self.lost:
+            return self._ignore(ev, _REPEATED, f"{dev} was not lost")
+        if self.stopped is not None:
+            return self._ignore(ev, _STALE, f"the room has stopped: {self.stopped}")
+        self.lost.discard(dev)
+        if self.rejoin is None:
+            return []
+        still = frozenset(self.lost)
+        try:
+            new = self.rejoin(self.deal, still)
+            if new is not None:
+                self._check_redeal(new, still)
+        except ValueError as e:
+            return self._ignore(ev, _STALE, f"{dev} is back but not re-dealt: {e}")
+        if new is None or tuple(new.stages) == tuple(self.deal.stages):
+            return []
+        return self._recover(None, new, back=dev)
+
     def _stop(self, reason: str) -> list:
         """Refuse the active question and every waiting one; take no more. A room that
         has stopped keeps the first reason: a later loss does not hide why it stopped."""
@@ -661,8 +690,9 @@ class HostScheduler:
         if at != old_end:
             raise ValueError(f"the re-deal holds {at} layers, the model has {old_end}")
 
-    def _recover(self, dev: str, new: Deal) -> list:
-        """``dev`` left the chain; ``new`` is the re-deal over the rest (see class doc)."""
+    def _recover(self, dev: str | None, new: Deal, back: str | None = None) -> list:
+        """``dev`` left the chain (or ``back`` came back: ``dev`` None); ``new`` is the
+        re-deal over the devices in the room (see class doc)."""
         cmds: list = []
         keep: deque[QuestionAsked] = deque()
         for w in self.queue:  # the lost device's own questions cannot be answered to it
@@ -682,7 +712,8 @@ class HostScheduler:
             if q.device == dev:
                 cmds.append(Refuse(q.question_id, q.device, f"{dev} left the room"))
             elif len(kept) >= self.questions_in_flight:  # the chain left holds fewer KV caches
-                cmds.append(Refuse(q.question_id, q.device, f"{dev} left the room and the devices left hold the KV "
+                cmds.append(Refuse(q.question_id, q.device, (f"{dev} left the room and the devices left" if dev else
+                                                             f"{back} came back and the re-dealt chain") + " hold the KV "
                                    f"caches of {self.questions_in_flight} question"
                                    f"{'s' if self.questions_in_flight != 1 else ''} at once"))
             else:
@@ -698,8 +729,8 @@ class HostScheduler:
             q.slot = slot
             self.active[q.question_id] = q
         stages = tuple((s.device, s.start, s.end) for s in new.stages)
-        cmds.append(Redeal(dev, self.host, stages, self.recovering, kept[0].question_id if kept else None,
-                           sum(len(q.seq) for q in kept)))
+        cmds.append(Redeal(dev or "", self.host, stages, self.recovering, kept[0].question_id if kept else None,
+                           sum(len(q.seq) for q in kept), back))
         return cmds
 
     def _chain_ready(self, ev: ChainReady) -> list:
@@ -714,7 +745,7 @@ class HostScheduler:
 
     #: event type -> handler: the one table ``handle`` dispatches by
     HANDLERS: dict = {QuestionAsked: _asked, StageFinished: _stage_finished, FrameArrived: _frame_back,
-                      HeadFinished: _head_finished, DraftReady: _draft_ready, DeviceLost: _lost,
+                      HeadFinished: _head_finished, DraftReady: _draft_ready, DeviceLost: _lost, DeviceBack: _back,
                       ChainReady: _chain_ready, QuestionWithdrawn: _withdrawn, LapFailed: _lap_failed}
 
 
