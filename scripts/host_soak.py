@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+from planner.model import BUNDLED_MODEL_ID
+
 HOST = """
 import asyncio, json, sys
 from tests.servedroom import served_room
@@ -67,7 +69,7 @@ async def soak(url: str, requests: int, answered: int, warmup: int, check, every
     if progress is not None:
         progress["counts"] = counts
     checks: list = []
-    body = {"model": "smollm2-135m", "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
+    body = {"model": BUNDLED_MODEL_ID, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]}
     ratio = (requests - answered) / max(answered, 1)
     goal = {"answered": warmup, "requests": 0}
     next_check = [0]

@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import openai
 
+from planner.model import BUNDLED_MODEL_ID
+
 PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "Name three primary colours.",
            "What is 12 times 12?", "Give me a word that rhymes with cat.", "What does a bee make?",
            "Say hello in Spanish.", "What colour is the sky on a clear day?"]
@@ -120,7 +122,7 @@ async def _client(url: str, i: int, n: int, max_tokens: int, t0: list) -> list[d
             sent = time.monotonic()
             t0.append(sent)
             times = []
-            stream = await cl.chat.completions.create(model="smollm2-135m", stream=True, max_tokens=max_tokens,
+            stream = await cl.chat.completions.create(model=BUNDLED_MODEL_ID, stream=True, max_tokens=max_tokens,
                                                       messages=[{"role": "user", "content": prompt}])
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:

@@ -60,6 +60,7 @@ from typing import Optional, Sequence, TextIO  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
 from planner.deal import LayerRangeError, parse_layers as parse_range, shown_layers as shown  # noqa: E402
+from planner.model import BUNDLED_MODEL_ID, lookup  # noqa: E402
 from planner.room import RUNTIME_DRAFTERS  # noqa: E402
 
 log = logging.getLogger("splitroom.join")
@@ -68,7 +69,7 @@ REFUSED = 6  # exit status of a host with a question not answered
 
 CONTROL = "reply"  # the hello/plan/bye messages travel on the reply channel
 RESIDUAL = "residual"
-MODEL_ID = "smollm2-135m"
+MODEL_ID = BUNDLED_MODEL_ID
 
 
 class JoinError(RuntimeError):
@@ -170,7 +171,6 @@ def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "m
                         "give every device a range, or every device auto")
     if autos:
         from planner.deal import DealError, deal
-        from planner.model import lookup
         from planner.room import DealOptions, Device
         devices = [Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items())]
         try:
@@ -763,7 +763,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             if api is not None:  # what the room page shows (the host's hellos and the plan)
                 api[0].room_info.update({
                     "name": room, "model": {"id": model_id,
-                                            "name": "SmolLM2-135M-Instruct" if model_id == MODEL_ID else mcfg.name,
+                                            "name": lookup(MODEL_ID).name if model_id == MODEL_ID else mcfg.name,
                                             "layers": mcfg.n_layers}, "host": host,
                     "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
                                 for d, h in hellos.items()],

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.model import ModelSpec, spec_from_architecture
+from planner.model import BUNDLED_MODEL_ID, ModelSpec, spec_from_architecture
 
-BUNDLED_ID = "smollm2-135m"
+BUNDLED_ID = BUNDLED_MODEL_ID
 
 
 class ModelError(ValueError):

@@ -405,7 +405,7 @@ _AT_TOKEN = re.compile(r"^\s*token\s+(\d+)\s*$")
 class ScenarioIn(_Strict):
     name: str = ""
     seed: int = Field(default=1, ge=0, le=2**64 - 1)
-    model: Any = "smollm2-135m"  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
+    model: Any = catalog_mod.BUNDLED_MODEL_ID  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
     context: int = Field(default=8192, ge=1, le=MAX_CONTEXT)
     kv_cache: Literal["f32", "f16", "q8"] = "f16"
     weights: Literal["f32", "f16", "q8", "gguf"] | None = None  # weight storage; None: the model's own; gguf: as the file stores it

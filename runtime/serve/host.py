@@ -30,6 +30,8 @@ from typing import Awaitable, Optional, TypeVar  # noqa: E402
 
 from aiohttp import web  # noqa: E402
 
+from planner.model import BUNDLED_MODEL_ID  # noqa: E402
+
 from ..control import ControlError, NodeConfig  # noqa: E402
 from ..node import BAD_CONFIG, DONE, NO_ROOM, load_device, run_device, stop_on_signals  # noqa: E402
 from .server import RoomServer  # noqa: E402
@@ -162,7 +164,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     g.add_argument("--listen-fd", type=int, help="a listening TCP socket inherited from the parent")
     g.add_argument("--port", type=int, help="listen on this TCP port (with --bind)")
     p.add_argument("--bind", default="127.0.0.1", help="address for --port (default 127.0.0.1)")
-    p.add_argument("--model-id", default="smollm2-135m")
+    p.add_argument("--model-id", default=BUNDLED_MODEL_ID)
     p.add_argument("--room-info", help="a JSON file of room facts for /health and the room page")
     p.add_argument("--open-timeout", type=float, default=120.0)
     p.add_argument("--lifetime", type=float, default=DEFAULT_LIFETIME_S)
