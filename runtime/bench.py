@@ -6,7 +6,7 @@ ms per layer (one-token ``forward`` through all layers / layer count), prefill t
 shapes (speed does not depend on the values) when the GGUF is not available.
 pytest-benchmark versions of these live in tests/benchmark/test_bench_model.py.
 
-``--cpu-report`` (numpy) measures, in one run, the limit and the numbers issue 14 asks for:
+``--cpu-report`` (numpy) measures, in one run, the limit and the CPU backend's figures:
 the **matrix-vector limit** (a BLAS ``sgemv`` streaming a 512 MiB float32 matrix, far larger
 than any cache, GB/s), then per weight precision (f32, f16, q8) decode tok/s and its bytes per
 token over that limit, a **verify pass** of k+1 positions over a one-token pass, and the
@@ -159,7 +159,7 @@ def weight_bytes(stage) -> int:
 
 def cpu_report(precisions=("f32", "f16", "q8"), reps: int = 7, decode_tokens: int = 32, prompt_len: int = 64,
                ks=(1, 4, 8), random: bool = False, llama: bool = True) -> dict:
-    """Everything issue 14 asks of the CPU backend, as ratios to a same-run limit (see module doc)."""
+    """The CPU backend's figures, as ratios to a same-run limit (see module doc)."""
     from .precision import Precision
 
     out: dict = {"limit": mv_limit(reps=reps)}
@@ -239,7 +239,7 @@ def kernel_sweep(rows=(1, 5, 9), sweeps: int = 9, layers: int = 30, seed: int = 
     kept at its **minimum over** ``sweeps`` passes, then summed: on a machine shared with other
     work the minimum of a sub-millisecond product is the run that had a core to itself, so the
     sums approach what a quiet machine does. For ``rows`` in ``rows``: BLAS (``x @ W.T``, the
-    numpy backend before issue 14) and the streaming kernels in f32, f16, q8. The limit is BLAS
+    plain numpy product) and the streaming kernels in f32, f16, q8. The limit is BLAS
     sgemv (one row) over the same matrices the same way; every figure is also GB/s of weights.
     """
     from .backends.kernels import Linear

@@ -1,4 +1,4 @@
-"""Model host memory over many questions and clients (issue 25): a served room (the
+"""Model host memory over many questions and clients: a served room (the
 host and one worker as real Nodes, the real RoomServer over HTTP; in a child
 process) answers WARMUP questions (its bounded trace and page fill up), then REQUESTS
 requests, each from a client it has not seen before (``Authorization: Bearer`` a fresh

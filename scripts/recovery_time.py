@@ -1,4 +1,4 @@
-"""Recovery in the real room (issue 10): how long from a lost worker to the next token,
+"""Recovery in the real room: how long from a lost worker to the next token,
 measured by ``splitroom run --real`` on loopback and predicted by the simulator from a
 calibration profile made beforehand (``splitroom calibrate``).
 

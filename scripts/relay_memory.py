@@ -1,4 +1,4 @@
-"""Relay memory under many clients (issue 11): the relay's resident memory (VmRSS of its
+"""Relay memory under many clients: the relay's resident memory (VmRSS of its
 process) before, with CLIENTS websocket clients connected (each says hello in one of
 ROOMS rooms, then sends one SDP offer to another device), and after they all left,
 for several rounds; and the relay's own bookkeeping after the last round (audit log

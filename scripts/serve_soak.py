@@ -1,4 +1,4 @@
-"""Memory of a served room's processes over many questions and clients (issue 25):
+"""Memory of a served room's processes over many questions and clients:
 ``splitroom serve SCENARIO --loopback`` (the model host's process, one process per
 worker and the relay, as shipped, the real model), then the load of
 ``scripts/host_soak.py`` over its HTTP API: WARMUP answered questions first (the

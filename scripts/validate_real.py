@@ -1,7 +1,7 @@
 """Measured beside predicted for the rooms of docs/validation.md (real runs, minutes).
 
-    .venv/bin/python scripts/validate_real.py rooms      # issue 5 table: RTT x devices
-    .venv/bin/python scripts/validate_real.py drafters   # issue 6 table: drafters x async laps
+    .venv/bin/python scripts/validate_real.py rooms      # table: RTT x devices
+    .venv/bin/python scripts/validate_real.py drafters   # table: drafters x async laps
 
 Prints markdown rows; each row is one `splitroom run --real scenarios/home.yaml` with
 the --set overrides shown.

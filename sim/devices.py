@@ -14,8 +14,7 @@ chunk attending to ``n_ctx + i`` positions at two multiply-adds a head dimension
 and p.v: the ``4 x seqlen^2 x head_dim x heads`` forward count of FlashAttention's
 benchmarks, Dao et al. 2022). Decode passes stay memory bound: what context costs them
 is the KV read. Decoding one token reads each layer's weights once, which is why
-decode is memory bound (issue 3: "decode reads each layer's weights once; a chunk of n
-tokens costs max(bytes/bandwidth, flops/compute)").
+decode is memory bound: a chunk of n tokens costs max(bytes/bandwidth, flops/compute).
 
 ``bytes_read(n)`` for a dense layer is ``layer_active_bytes`` whatever ``n`` is (every
 position of a chunk shares one read of the weights). For a mixture-of-experts layer
@@ -67,7 +66,7 @@ Mobile GPUs lower their clock when their queue runs dry and take time to ramp ba
 (dynamic voltage and frequency scaling). Decoding submits many small pieces of work
 per token, and the clock falls in the gaps between them; a prompt chunk keeps the GPU
 busy with large submissions. Public measurements of llama.cpp on an Adreno 830 over
-Vulkan (quoted in issue 9) show exactly that: decode 21.0 tok/s with the clock free vs
+Vulkan show exactly that: decode 21.0 tok/s with the clock free vs
 31.5 with it pinned (a second model: 11.8 vs 13.7), prompt processing unchanged. So a
 device that clocks down runs a decode or verify pass (at most
 :data:`DECODE_MAX_TOKENS` positions) :data:`DECODE_CLOCK_DOWN_FACTOR` (31.5 / 21.0 =
@@ -154,7 +153,7 @@ __all__ = [
 ]
 
 #: a clocked-down phone decodes this much slower: 31.5 / 21.0 tok/s, llama.cpp Vulkan
-#: on an Adreno 830 with the GPU clock pinned vs free (public figures quoted in issue 9)
+#: on an Adreno 830 with the GPU clock pinned vs free (public figures)
 DECODE_CLOCK_DOWN_FACTOR = 31.5 / 21.0
 #: passes of at most this many positions are decode/verify passes (clock-down applies);
 #: larger ones are prefill chunks (16 by default), whose large submissions keep the clock up

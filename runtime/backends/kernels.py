@@ -3,7 +3,7 @@
 Why: a verify lap (k+1 <= 9 positions) and the output head over several rows multiply a
 small ``[n, in]`` block of activations by a large ``[out, in]`` weight matrix. OpenBLAS'
 ``sgemm`` packs the weight panel for such skinny products and, measured here, ran 2-3x
-slower for ``n = 2..9`` than its one-row ``sgemv`` (issue 14: a 5-position verify cost
+slower for ``n = 2..9`` than its one-row ``sgemv`` (a 5-position verify cost
 2-3x a one-token step). The kernels below stream each weight row once and take its dot
 product with all ``n`` activation rows while the row is in L1, so the cost of ``n`` rows
 stays close to the cost of one: memory bound, like ``sgemv``.

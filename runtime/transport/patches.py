@@ -76,7 +76,7 @@ def tune_sctp(max_burst: Optional[int] = DEFAULT_MAX_BURST_CHUNKS,
 
     Why: a decode frame (2336 bytes + 1) is 3 chunks; a 10 KB frame is 9 chunks, which
     with a 3-chunk window and 4-chunk bursts needs several round trips on a delayed
-    link (issue 5). Sources: aiortc/rtcsctptransport.py ``_transmit``,
+    link. Sources: aiortc/rtcsctptransport.py ``_transmit``,
     ``_receive_sack_chunk``; RFC 4960 section 6.1 and 7.2.
     """
     from aiortc import rtcsctptransport as m
