@@ -98,6 +98,12 @@ Log = Callable[[str], None]
 _FLUSH = np.ones(48 * 1024 * 1024 // 8, dtype=np.float64)
 
 
+def _precision(weights: str):
+    """The :class:`runtime.precision.Precision` of stages holding ``weights`` (KV float32)."""
+    from runtime.precision import Precision
+    return Precision(weights=weights)
+
+
 def _flush_caches() -> None:
     float(_FLUSH.sum())
 
@@ -114,7 +120,7 @@ def _median_time(fn: Callable[[], object], reps: int) -> float:
 
 def measure_passes(model_dir: str, backend: str = "numpy", tokens: Sequence[int] = PASS_TOKENS,
                    contexts: Sequence[int] = PASS_CONTEXTS, layer_counts: Sequence[int] | None = None,
-                   reps: int = 3, log: Log = lambda s: None) -> PassCurve:
+                   reps: int = 3, log: Log = lambda s: None, weights: str = "f32") -> PassCurve:
     """Time forward passes and fit ``pass_s = fixed_s + layers * per_layer_s`` per grid point.
 
     Args:
@@ -123,6 +129,8 @@ def measure_passes(model_dir: str, backend: str = "numpy", tokens: Sequence[int]
         tokens, contexts: the grid (increasing).
         layer_counts: stage sizes timed (default: 1, half the layers, all layers).
         reps: passes per point; the median is kept.
+        weights: how the stages hold the weights (runtime.precision.WEIGHTS; ``gguf``: the
+            blocks as stored, for a model directory made from a GGUF).
     Returns:
         A :class:`planner.profile.PassCurve` of this process's times, seconds.
     Raises:
@@ -138,7 +146,7 @@ def measure_passes(model_dir: str, backend: str = "numpy", tokens: Sequence[int]
     rng = np.random.default_rng(0)
     times: dict[int, np.ndarray] = {}  # layers -> [contexts, tokens]
     for L in counts:
-        stage = make_stage(backend, model_dir, StageSpec(0, L, False), max_ctx=max_ctx)
+        stage = make_stage(backend, model_dir, StageSpec(0, L, False), max_ctx=max_ctx, precision=_precision(weights))
         grid = np.zeros((len(contexts), len(tokens)))
         filled = 0
         for ci, c in enumerate(contexts):
@@ -168,12 +176,14 @@ def measure_passes(model_dir: str, backend: str = "numpy", tokens: Sequence[int]
                      tuple(tuple(float(v) for v in r) for r in per_layer))
 
 
-def measure_head(model_dir: str, backend: str = "numpy", rows: Sequence[int] = HEAD_ROWS, reps: int = 7) -> Curve:
-    """Seconds of the host's head (final norm, head matrix, argmax per row) by rows."""
+def measure_head(model_dir: str, backend: str = "numpy", rows: Sequence[int] = HEAD_ROWS, reps: int = 7,
+                 weights: str = "f32") -> Curve:
+    """Seconds of the host's head (final norm, head matrix, argmax per row) by rows
+    (``weights`` as in :func:`measure_passes`)."""
     from runtime.backends import StageSpec, make_stage
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
-    stage = make_stage(backend, model_dir, StageSpec(0, 0, True), max_ctx=64)
+    stage = make_stage(backend, model_dir, StageSpec(0, 0, True), max_ctx=64, precision=_precision(weights))
     rng = np.random.default_rng(1)
     ys = []
     for r in rows:
@@ -187,8 +197,9 @@ def measure_head(model_dir: str, backend: str = "numpy", rows: Sequence[int] = H
 
 
 def greedy_answers(model_dir: str, prompts: Sequence[str], max_new_tokens: int, eos: int = 2,
-                   backend: str = "numpy") -> list[tuple[list[int], list[int]]]:
-    """``[(prompt ids, greedy answer ids)]`` of the whole model for each chat prompt."""
+                   backend: str = "numpy", weights: str = "f32") -> list[tuple[list[int], list[int]]]:
+    """``[(prompt ids, greedy answer ids)]`` of the whole model for each chat prompt
+    (``weights`` as in :func:`measure_passes`)."""
     from runtime.backends import StageSpec, make_stage
     from runtime.config import ModelConfig
     from runtime.generate import generate_greedy
@@ -197,7 +208,8 @@ def greedy_answers(model_dir: str, prompts: Sequence[str], max_new_tokens: int, 
     tok = ChatTokenizer.from_dir(model_dir)
     out = []
     for p in prompts:
-        stage = make_stage(backend, model_dir, StageSpec(0, cfg.n_layers, True), max_ctx=2048)
+        stage = make_stage(backend, model_dir, StageSpec(0, cfg.n_layers, True), max_ctx=2048,
+                           precision=_precision(weights))
         ids = tok.encode_chat(p)
         res = generate_greedy([stage], ids, max_new_tokens=max_new_tokens, stop_ids=frozenset({eos}))
         out.append((list(ids), list(res.ids)))
@@ -384,26 +396,29 @@ SAMPLE_LAYER_DRAFTER_PROMPTS = 4
 
 
 def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]], quick: bool = False,
-                  log: Log = lambda s: None) -> dict[str, dict[str, DrafterProfile]]:
+                  log: Log = lambda s: None, weights: str = "f32") -> dict[str, dict[str, DrafterProfile]]:
     """Each drafter's speculative walks (:func:`measure_drafters`) over the greedy
     answers to each workload's prompts: ``{workload: {drafter: DrafterProfile}}``, the
     walk of each under its ``accepted`` and ``walks["chat"]``. Prompt lookup walks
     every prompt's answer of up to 64 tokens at k = 1, 2, 4, 8 (16 tokens, k = 1, 4
     when ``quick``); the drafters that run layers (``early_exit``, ``model``) the
     first 2 prompts (:data:`SAMPLE_LAYER_DRAFTER_PROMPTS` of a sample) at 32 tokens,
-    k = 2, 4 (none when ``quick``)."""
+    k = 2, 4 (none when ``quick``, nor with ``weights`` ``gguf``: those drafters load the
+    model's float32 safetensors, which a checkpoint held as stored does not have)."""
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
     max_new, ks = (16, (1, 4)) if quick else (64, DRAFT_KS)
     out: dict[str, dict[str, DrafterProfile]] = {}
     for workload, prompts in by_kind.items():
-        answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend)
+        answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend, weights=weights)
         sample = workload.startswith(SAMPLE)
         what = "workload.sample prompts" if sample else "calibration prompts"
         log(f"drafters ({'sample' if sample else workload}): greedy answers to {len(prompts)} {what} "
             f"({sum(len(a) for _, a in answers)} tokens)")
         measured = measure_drafters(model_dir, answers, kinds=("ngram",), ks=ks, log=log)
-        if not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
+        if weights == "gguf" and not quick:
+            log("drafters early_exit, model: not measured (they load float32 weights; this model is held as stored)")
+        elif not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
             n = SAMPLE_LAYER_DRAFTER_PROMPTS if sample else 2
             measured.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:n]],
                                              kinds=("early_exit", "model"), ks=(2, 4), log=log))
@@ -419,14 +434,14 @@ def sample_notes(sample: Sequence[str]) -> dict[str, str]:
         f"the drafters that run layers: the first {min(SAMPLE_LAYER_DRAFTER_PROMPTS, walked)}, 32 tokens)")}
 
 
-def measure_acceptance(model_dir: str, backend: str, sample: Sequence[str], quick: bool = False,
+def measure_acceptance(model_dir: str, backend: str, sample: Sequence[str], quick: bool = False, weights: str = "f32",
                        log: Log = lambda s: None) -> dict:
     """The acceptance step alone: every drafter's walks over ``sample`` (a scenario's
     ``workload.sample``), as ``{"drafters": {name: {"workloads": {key: {k: lengths}},
     "walks": {key: {k: [[...], ...]}}}}, "notes": {...}}`` with ``key`` the sample's
     workload (:func:`planner.profile.sample_workload`), to add to a profile."""
     key = sample_workload(sample)
-    walks = measure_walks(model_dir, backend, {key: tuple(sample[:SAMPLE_MAX_PROMPTS])}, quick, log)[key]
+    walks = measure_walks(model_dir, backend, {key: tuple(sample[:SAMPLE_MAX_PROMPTS])}, quick, log, weights)[key]
     return {"drafters": {name: {"workloads": {key: {int(k): list(v) for k, v in dr.accepted.items()}},
                                 "walks": {key: {int(k): [list(x) for x in v] for k, v in dr.walks["chat"].items()}}}
                          for name, dr in walks.items()},
@@ -434,30 +449,33 @@ def measure_acceptance(model_dir: str, backend: str, sample: Sequence[str], quic
 
 
 def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log: Log = lambda s: None,
-                sample: Sequence[str] = ()) -> dict:
+                sample: Sequence[str] = (), weights: str = "f32") -> dict:
     """Every measurement of the module doc, as a plain mapping: ``stage`` (a
     PassCurve mapping), ``head_s``, ``drafters`` (name -> DrafterProfile mapping),
     ``transport``, ``notes``. ``quick`` takes a smaller grid and fewer repetitions
     (for tests: seconds instead of about two minutes). ``sample``: a scenario's
     ``workload.sample`` prompts; the drafters' walks are then also made on them (the
-    first :data:`SAMPLE_MAX_PROMPTS`), kept as that sample's workload."""
+    first :data:`SAMPLE_MAX_PROMPTS`), kept as that sample's workload. ``weights``: as
+    in :func:`measure_passes`; with ``gguf`` a peer's copy of a layer is not measured
+    (peers serve float32 safetensors), so ``transport`` has no ``weights_Bps``."""
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
     t0 = time.perf_counter()
     if quick:
-        stage = measure_passes(model_dir, backend, tokens=(1, 5, 16), contexts=(16, 64), reps=3, log=log)
+        stage = measure_passes(model_dir, backend, tokens=(1, 5, 16), contexts=(16, 64), reps=3, log=log,
+                               weights=weights)
         n_prompts, n_frames = 1, 15
     else:
-        stage = measure_passes(model_dir, backend, log=log)
+        stage = measure_passes(model_dir, backend, log=log, weights=weights)
         n_prompts, n_frames = len(CALIBRATION_PROMPTS), 60
-    head = measure_head(model_dir, backend)
+    head = measure_head(model_dir, backend, weights=weights)
     log("head: timed on " + ", ".join(f"{int(r)}" for r in head.xs) + " rows")
     by_kind = {"chat": CALIBRATION_PROMPTS[:n_prompts],
                "grounded": GROUNDED_CALIBRATION_PROMPTS[:n_prompts if quick else None]}
     if sample:
         by_kind[sample_workload(sample)] = tuple(sample[:SAMPLE_MAX_PROMPTS])
     drafters: dict[str, DrafterProfile] = {}
-    for workload, measured in measure_walks(model_dir, backend, by_kind, quick, log).items():
+    for workload, measured in measure_walks(model_dir, backend, by_kind, quick, log, weights).items():
         for name, dr in measured.items():
             if workload == "chat":  # the chat walk is the drafter's own; its call times are kept
                 drafters[name] = dr
@@ -468,10 +486,14 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     transport = measure_transport(cfg.hidden, n=n_frames)
     cells = ", ".join(f"{int(b)} B {s * 1e3:.2f} ms" for b, s in zip(transport.one_way_s.xs, transport.one_way_s.ys))
     log(f"transport: one-way {cells}")
-    weights_Bps = measure_weights_copy(model_dir, layers=(3,) if quick else (3, 17, 26))
-    transport = dataclasses.replace(transport, weights_Bps=weights_Bps)
-    log(f"transport: a peer's copy of a layer moves {weights_Bps / 1e6:.1f} MB/s of stored weights")
+    if weights == "gguf":
+        log("transport: a peer's copy of a layer not measured (peers serve float32 safetensors, not blocks)")
+    else:
+        weights_Bps = measure_weights_copy(model_dir, layers=(3,) if quick else (3, 17, 26))
+        transport = dataclasses.replace(transport, weights_Bps=weights_Bps)
+        log(f"transport: a peer's copy of a layer moves {weights_Bps / 1e6:.1f} MB/s of stored weights")
     notes = machine_notes(backend)
+    notes["weights"] = weights
     notes["took"] = f"{time.perf_counter() - t0:.0f} s"
     if sample:
         notes.update(sample_notes(sample))
@@ -482,7 +504,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
 
 def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by splitroom calibrate
     """``python -m runtime.calibrate MODEL_DIR OUT_JSON BACKEND [quick] [--sample PROMPTS_JSON]
-    [--acceptance-only]``: measure (everything, or the sample's walks alone) and write JSON;
+    [--acceptance-only] [--weights W]``: measure (everything, or the sample's walks alone) and write JSON;
     progress lines on stderr. Exit 0, or 1 with one line on stderr."""
     import logging
     logging.basicConfig(level=logging.ERROR)
@@ -496,6 +518,11 @@ def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by sp
         with open(rest[i + 1], encoding="utf-8") as f:
             sample = list(json.load(f))
         del rest[i:i + 2]
+    weights = "f32"
+    if "--weights" in rest:
+        i = rest.index("--weights")
+        weights = rest[i + 1]
+        del rest[i:i + 2]
     acceptance_only = "--acceptance-only" in rest
     if acceptance_only:
         rest.remove("--acceptance-only")
@@ -503,9 +530,9 @@ def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by sp
     try:
         quick = bool(rest) and rest[0] == "quick"
         if acceptance_only:
-            out = measure_acceptance(argv[0], argv[2], sample, quick=quick, log=say)
+            out = measure_acceptance(argv[0], argv[2], sample, quick=quick, weights=weights, log=say)
         else:
-            out = measure_all(argv[0], argv[2], quick=quick, log=say, sample=sample)
+            out = measure_all(argv[0], argv[2], quick=quick, log=say, sample=sample, weights=weights)
     except Exception as e:  # one line for the parent, whatever went wrong
         print(f"calibration failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1

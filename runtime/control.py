@@ -346,7 +346,7 @@ class NodeConfig(BaseModel):
         redeals: the host's re-deal per lost worker, planned with the planner's rules
             (``run --real`` fills it from the scenario; see :meth:`redeal_rule`).
         weights, kv: how this device stores its weights and KV cache (runtime.precision:
-            ``f32``/``f16``/``q8`` and ``f32``/``f16``); the residual's dtype on the wire is
+            ``f32``/``f16``/``q8``/``gguf``, the GGUF's blocks as stored, and ``f32``/``f16``); the residual's dtype on the wire is
             the scheduler's ``dtype``.
         room_key: the room's key (``join ...?key=``; ``run --real`` makes one per run): the
             host signs the manifest hash of every weights copy it asks for
@@ -390,7 +390,7 @@ class NodeConfig(BaseModel):
     crashable: bool = False
     weights_from_peer: bool = False
     redeals: dict[DEVICE_ID, list[StageRow]] = Field(default_factory=dict)
-    weights: Literal["f32", "f16", "q8"] = "f32"
+    weights: Literal["f32", "f16", "q8", "gguf"] = "f32"
     kv: Literal["f32", "f16"] = "f32"
     host_wait_s: float = Field(HOST_WAIT_S, ge=0.0)
     room_key: Optional[str] = Field(None, min_length=16, max_length=128)

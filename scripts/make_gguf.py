@@ -16,7 +16,16 @@ choice of types: Q6_K for ``attn_v`` and ``ffn_down`` in every other layer from 
 for the head, Q4_K elsewhere; llama.cpp's ``llama_tensor_get_type`` picks which layers, a
 simplification of its "use more bits" rule).
 
+Tokenizer (``--tokenizer-from GGUF``): a random checkpoint has no tokenizer of its own, and a real
+room takes its questions as text. This copies every ``tokenizer.*`` key of another GGUF (e.g. the
+bundled SmolLM2's: byte-level BPE, 49,152 tokens, its chat template) into the new file and sizes the
+embedding and head to that vocabulary, so the shape is the named one except for the vocabulary.
+The answers are random tokens of that vocabulary; the speed does not depend on what they say.
+``--tokenizer-only`` writes just those keys (no tensors): a small file to carry to a machine that
+lacks the donor model.
+
 Usage: ``python scripts/make_gguf.py --shape llama-3b --mix q4_k --out /tmp/llama3b-q4k.gguf``
+(``--tokenizer-from smollm2.gguf`` for a checkpoint a real room can run)
 """
 
 from __future__ import annotations
@@ -83,13 +92,56 @@ def fmt_of(mix: str, kind: str, layer: int) -> str:
     return "q4_k"
 
 
-def write(path: str | Path, shape: str = "tiny", mix: str = "q4_k", seed: int = 0) -> int:
-    """Write the GGUF; returns its size in bytes. Raises ValueError for an unknown shape or mix."""
+def tokenizer_fields(donor: str | Path) -> list[tuple[str, object, object, object]]:
+    """``[(key, value, type, array element type)]`` of every ``tokenizer.*`` key of the GGUF
+    ``donor``, values as gguf-py's reader gives them. Raises ValueError when it has none."""
+    import gguf
+
+    r = gguf.GGUFReader(str(donor))
+    out = []
+    for key, f in r.fields.items():
+        if key.startswith("tokenizer."):
+            sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            out.append((key, f.contents(), f.types[0], sub))
+    if not any(k == "tokenizer.ggml.tokens" for k, *_ in out):
+        raise ValueError(f"{donor} has no tokenizer.ggml.tokens to copy")
+    return out
+
+
+def _add_fields(w, fields) -> int:
+    """Put ``fields`` (:func:`tokenizer_fields`) into the writer ``w``; returns the token count."""
+    n = 0
+    for key, val, vtype, sub in fields:
+        w.add_key_value(key, val, vtype, sub_type=sub)
+        if key == "tokenizer.ggml.tokens":
+            n = len(val)
+    return n
+
+
+def write_tokenizer_only(path: str | Path, donor: str | Path) -> int:
+    """Write a GGUF holding only ``donor``'s ``tokenizer.*`` keys (no tensors); returns its size."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    _add_fields(w, tokenizer_fields(donor))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path).stat().st_size
+
+
+def write(path: str | Path, shape: str = "tiny", mix: str = "q4_k", seed: int = 0,
+          tokenizer_from: str | Path | None = None) -> int:
+    """Write the GGUF; returns its size in bytes. ``tokenizer_from``: a GGUF whose tokenizer keys
+    are copied (the vocabulary then is its token count). Raises ValueError for an unknown shape or
+    mix, or a donor without a tokenizer."""
     import gguf
 
     if shape not in SHAPES or mix not in MIXES:
         raise ValueError(f"shape one of {', '.join(SHAPES)}, mix one of {', '.join(MIXES)}")
     L, H, NH, KV, F, V, tied = SHAPES[shape]
+    fields = tokenizer_fields(tokenizer_from) if tokenizer_from is not None else []
     D = H // NH
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
@@ -102,6 +154,8 @@ def write(path: str | Path, shape: str = "tiny", mix: str = "q4_k", seed: int = 
     w.add_head_count_kv(KV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(500000.0)
+    if fields:
+        V = _add_fields(w, fields)
     w.add_vocab_size(V)
     types = {f: getattr(gguf.GGMLQuantizationType, f.upper()) for f in MIXES if f != "q4_k_m"}
 
@@ -132,9 +186,21 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=tuple(SHAPES), default="llama-3b")
     ap.add_argument("--mix", choices=MIXES, default="q4_k")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer-from", help="copy this GGUF's tokenizer (and its vocabulary size)")
+    ap.add_argument("--tokenizer-only", action="store_true", help="write only --tokenizer-from's tokenizer keys")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    n = write(a.out, a.shape, a.mix, a.seed)
+    try:
+        if a.tokenizer_only:
+            if not a.tokenizer_from:
+                ap.error("--tokenizer-only needs --tokenizer-from")
+            n = write_tokenizer_only(a.out, a.tokenizer_from)
+            print(f"wrote {a.out}: {n / 1e6:.2f} MB (the tokenizer of {a.tokenizer_from})")
+            return 0
+        n = write(a.out, a.shape, a.mix, a.seed, a.tokenizer_from)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {a.out}: {n / 1e9:.2f} GB ({a.shape}, {a.mix})")
     return 0
 

@@ -34,20 +34,25 @@ class CalibrationError(RuntimeError):
 
 
 def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], None] = print,
-            timeout_s: float = 900.0, sample: Sequence[str] = (), acceptance_only: bool = False) -> dict:
+            timeout_s: float = 900.0, sample: Sequence[str] = (), acceptance_only: bool = False,
+            model_dir: str | Path | None = None, weights: str = "f32") -> dict:
     """Run ``python -m runtime.calibrate`` in a child process and return its mapping
     (see runtime.calibrate.measure_all; ``sample``: a scenario's ``workload.sample``
     prompts, walked too; ``acceptance_only``: only the sample's walks,
-    runtime.calibrate.measure_acceptance, for :func:`add_acceptance`). Progress lines
+    runtime.calibrate.measure_acceptance, for :func:`add_acceptance`). ``model_dir``: the
+    model measured (default the bundled SmolLM2, float32 safetensors; a scenario's own,
+    splitroom.real.real_model_dir), held as ``weights`` (runtime.precision.WEIGHTS). Progress lines
     go to ``log``. Raises CalibrationError when the child fails or runs past
     ``timeout_s`` seconds, or for ``acceptance_only`` without a sample."""
     if acceptance_only and not sample:
         raise CalibrationError("the acceptance step needs the scenario's workload.sample")
     from runtime.weights import ensure_safetensors
-    model_dir = str(ensure_safetensors())
+    model_dir = str(model_dir or ensure_safetensors())
     with tempfile.TemporaryDirectory(prefix="splitroom-cal-") as tmp:
         out = Path(tmp) / "cal.json"
         argv = [sys.executable, "-m", "runtime.calibrate", model_dir, str(out), backend] + (["quick"] if quick else [])
+        if weights != "f32":
+            argv += ["--weights", weights]
         if sample:
             (Path(tmp) / "sample.json").write_text(json.dumps(list(sample)), encoding="utf-8")
             argv += ["--sample", str(Path(tmp) / "sample.json")] + (["--acceptance-only"] if acceptance_only else [])
@@ -118,18 +123,20 @@ def add_acceptance(profile: Profile, measured: dict) -> Profile:
 
 def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str], None] = print,
                            answer_tokens: int = 32,
-                           pingpong: Callable[[], TransportProfile] | None = None) -> dict:
+                           pingpong: Callable[[], TransportProfile] | None = None, backend: str = "numpy") -> dict:
     """What a real room adds to the parts measured alone, from one small room run.
 
     The room: the scenario's first two devices that can hold layers, the layers split
     in half, on loopback, plain decoding, two of the calibration prompts (not any
-    scenario's). The transport's ping-pong (``pingpong``: default
+    scenario's), on ``backend`` (the backend the profile measured). The transport's ping-pong (``pingpong``: default
     runtime.calibrate.measure_transport, 30 round trips a frame size) is measured again
     right before and right after the room, so the hop correction compares the room's
     hops with a ping-pong at the room's own load, not with the one of the parts step
     minutes earlier. The held-out rooms (other device counts, round trips, drafters,
     laps, prompts) are never run here. Returns :func:`room_overheads`'s mapping plus
-    ``laps`` and ``tokens_per_s``. Raises CalibrationError when the room cannot run.
+    ``laps``, ``tokens_per_s`` and ``stage_fold`` (how :func:`with_room_overheads` folds the
+    stage's excess in: ``ratio`` on numpy, ``added`` on wgpu, see there). Raises
+    CalibrationError when the room cannot run.
     """
     from planner.deal import DealError, deal_for
     from planner.room import PinnedStage
@@ -158,20 +165,23 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
         log(f"room: {devs[0].id} layers 1-{half}, {devs[1].id} {half + 1}-{scn.model.layers}, loopback, plain "
             f"(the transport's ping-pong right before and after it)")
         before = pingpong()
-        res = run_real(room, d, netns=False, timeout_s=300, log=lambda s: None)
+        res = run_real(room, d, backend=backend, netns=False, timeout_s=300, log=lambda s: None)
         after = pingpong()
     except (DealError, RealRunError) as e:
         raise CalibrationError(f"the calibration room failed: {e}") from None
     except (OSError, RuntimeError, TimeoutError) as e:
         raise CalibrationError(f"the ping-pong beside the calibration room failed: {e}") from None
-    from runtime.weights import ensure_safetensors
-    ctx = int(sum(prompt_token_counts(str(ensure_safetensors()), room.workload.prompts)) / 2) + answer_tokens // 2
+    from splitroom.real import real_model_dir
+    ctx = int(sum(prompt_token_counts(str(real_model_dir(room)), room.workload.prompts)) / 2) + answer_tokens // 2
     alone = {st.device: profile.devices[st.device].stage.pass_s(st.layers, 1, ctx)
              for st in d.stages if st.device in profile.devices}
     layers = {st.device: st.layers for st in d.stages}
-    out = room_overheads(res.calibration, alone, layers, profile.devices[devs[0].id], before, after)
-    out.update(laps=res.measured.get("laps", 0), tokens_per_s=res.measured.get("tokens_per_s", 0.0))
-    log(f"room: {out['laps']} laps; against the parts alone: stage x{out['stage_ratio']:.3f}, "
+    slowdowns = {k: v.slowdown for k, v in profile.devices.items()}
+    out = room_overheads(res.calibration, alone, layers, profile.devices[devs[0].id], before, after, slowdowns)
+    out.update(laps=res.measured.get("laps", 0), tokens_per_s=res.measured.get("tokens_per_s", 0.0),
+               stage_fold="added" if backend == "wgpu" else "ratio")
+    log(f"room: {out['laps']} laps; against the parts alone: stage x{out['stage_ratio']:.3f} "
+        f"({out['stage_extra_s'] * 1e3:+.2f} ms a pass), "
         f"hop {out['hop_s'] * 1e3:+.2f} ms beyond the ping-pong beside it, head {out['head_s'] * 1e3:+.2f} ms; "
         f"stage time spread P10-P90 x{_pctl(out['stage_noise'], 10):.3f}-x{_pctl(out['stage_noise'], 90):.3f}")
     return out
@@ -205,19 +215,23 @@ def stage_noise(stage_s_each: dict[str, Sequence[float]]) -> tuple[float, ...]:
 
 
 def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int], host: DeviceProfile,
-                   before: TransportProfile, after: TransportProfile) -> dict:
+                   before: TransportProfile, after: TransportProfile,
+                   slowdowns: dict[str, float] | None = None) -> dict:
     """A calibration room's overheads from its measured parts (splitroom.real.calibrate's
     mapping ``cal``) and the parts measured alone.
 
     ``alone_s``: device -> the profile's pass time of its stage (seconds, one token at
     the room's mean context); ``layers``: device -> its stage's layers; ``host``: the
     host's device profile (its head and slowdown); ``before`` / ``after``: the
-    transport's ping-pong right before and right after the room (same frame sizes).
+    transport's ping-pong right before and right after the room (same frame sizes);
+    ``slowdowns``: device -> its emulated slowdown (default 1).
 
     A room's tokens per second follow the sum of its laps, so the folded figures are
     means, not medians: the room's mean decode stage time over the pass alone (mean
-    over stages), and its mean decode hop. Returns ``{stage_ratio, hop_s, head_s,
-    one_way_s, stage_noise, stage_ratio_p50, hop_p50_s}``: that stage ratio; the mean
+    over stages), and its mean decode hop. Returns ``{stage_ratio, stage_extra_s, hop_s,
+    head_s, one_way_s, stage_noise, stage_ratio_p50, hop_p50_s}``: that stage ratio; the
+    mean stage time beyond the pass alone per unit of slowdown (seconds, mean over
+    stages); the mean
     hop minus the mean of the two ping-pongs' decode-frame one-way time (seconds); the
     head's time per row beyond the measured head, per unit of slowdown (seconds); the
     two ping-pongs' mean one-way curve (a :class:`Curve` mapping: bytes -> seconds);
@@ -225,7 +239,7 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
     medians. Raises CalibrationError when no decode stage was recorded or the two
     ping-pongs measured different frame sizes."""
     each = cal.get("stage_s_each", {})
-    ratios, medians = [], []
+    ratios, medians, extras = [], [], []
     for dev, alone in alone_s.items():
         s = cal["s_per_layer"].get(dev)
         if s is None or alone <= 0:
@@ -233,6 +247,7 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
         xs = each.get(dev) or []
         medians.append(s * layers[dev] / alone)
         ratios.append(sum(xs) / len(xs) / alone if xs else medians[-1])
+        extras.append((ratios[-1] - 1.0) * alone / (slowdowns or {}).get(dev, 1.0))
     if not ratios:
         raise CalibrationError("the calibration room recorded no decode stage")
     a, b = before.one_way_s, after.one_way_s
@@ -242,7 +257,8 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
     decode = beside(beside.xs[0])
     hop = cal["hop_s"] - decode if cal["hops"] else 0.0
     head = (cal["head_s_per_row"] - host.head(1)) / host.slowdown if cal["head_s_per_row"] else 0.0
-    return {"stage_ratio": sum(ratios) / len(ratios), "hop_s": hop, "head_s": head,
+    return {"stage_ratio": sum(ratios) / len(ratios), "stage_extra_s": sum(extras) / len(extras),
+            "hop_s": hop, "head_s": head,
             "one_way_s": beside.to_mapping(), "stage_noise": list(stage_noise(each)),
             "stage_ratio_p50": sum(medians) / len(medians),
             "hop_p50_s": cal["hop_p50_s"] - decode if cal["hops"] else 0.0}
@@ -250,12 +266,23 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
 
 def with_room_overheads(profile: Profile, room: dict) -> Profile:
     """``profile`` with a room run's measurements folded in: every device's pass curve
-    times ``stage_ratio`` (the room's decode stage over the pass measured alone), its
+    times ``stage_ratio`` (the room's decode stage over the pass measured alone), or with
+    ``stage_fold`` ``added`` plus ``stage_extra_s`` times its slowdown on every pass; its
     head curve plus ``head_s`` times its slowdown, the transport's one-way times (the
     ping-pong beside the room, ``one_way_s``, when the mapping has it, else the
-    profile's) plus ``hop_s``, and ``stage_noise``; kept in the notes."""
-    devices = {k: DeviceProfile(v.stage.scaled(room["stage_ratio"]),
-                                v.head.shifted(room["head_s"] * v.slowdown), v.slowdown)
+    profile's) plus ``hop_s``, and ``stage_noise``; kept in the notes.
+
+    Why two folds: on numpy the compute shares the processor and its caches with the room's
+    event loop and the other processes, so the excess grows with the pass (a ratio; the
+    held-out CPU rooms of docs/validation.md were predicted so). On wgpu the pass runs on the
+    GPU and what the room adds is the processor's side of a pass (the hand-off to the compute
+    thread, the event loop, the submission), the same for a decode and a 5-token verify pass:
+    on the H200 (2026-12-01) the ratio, measured on decode passes, put verify passes 23 % high."""
+    added = room.get("stage_fold") == "added"
+
+    def stage(v):
+        return v.stage.shifted(room["stage_extra_s"] * v.slowdown) if added else v.stage.scaled(room["stage_ratio"])
+    devices = {k: DeviceProfile(stage(v), v.head.shifted(room["head_s"] * v.slowdown), v.slowdown)
                for k, v in profile.devices.items()}
     tr = profile.transport
     if tr is not None:
@@ -265,8 +292,9 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
     beside = " beyond the ping-pong measured beside it" if room.get("one_way_s") else ""
     medians = (f"; from medians instead: stage x{room['stage_ratio_p50']:.4f}, hop "
                f"{room['hop_p50_s'] * 1e3:+.3f} ms (not used)") if "stage_ratio_p50" in room else ""
-    notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: stage times x"
-                     f"{room['stage_ratio']:.4f}, per hop {room['hop_s'] * 1e3:+.3f} ms{beside}, per head "
+    fold = (f"stage passes +{room['stage_extra_s'] * 1e3:.3f} ms each" if added
+            else f"stage times x{room['stage_ratio']:.4f}")
+    notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: {fold}, per hop {room['hop_s'] * 1e3:+.3f} ms{beside}, per head "
                      f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (means, folded in above)"
                      f"{medians}")
     noise = tuple(room.get("stage_noise") or ())

@@ -650,7 +650,7 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
             err.print(f"acceptance: measuring the drafters on the scenario's workload.sample "
                       f"({len(scn.workload.sample)} prompts)", highlight=False)
             prof = add_acceptance(prof, measure(backend, quick=quick, sample=scn.workload.sample,
-                                                acceptance_only=True,
+                                                acceptance_only=True, **_measured_model(scn, scenario),
                                                 log=lambda line: err.print(f"  {line}", highlight=False)))
             save_profile(prof, out_path)
         except CalibrationError as e:
@@ -668,17 +668,28 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
             err.print("acceptance: measured on the built-in chat and grounded calibration prompts (the scenario "
                       "gives no workload.sample)", highlight=False)
         measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False),
-                           sample=scn.workload.sample)
+                           sample=scn.workload.sample, **_measured_model(scn, scenario))
         prof = build_profile(scn, measured)
         if room:
             prof = with_room_overheads(prof, measure_room_overheads(
                 scn, prof, log=lambda line: err.print(f"  {line}", highlight=False),
-                answer_tokens=12 if quick else 32))
+                answer_tokens=12 if quick else 32, backend=backend))
         save_profile(prof, out_path)
     except CalibrationError as e:
         fail(f"{scenario}: calibrate: {e}")
     out.print(profile_table(prof))
     out.print(f"profile written to {out_path}; predict with: splitroom simulate {scenario} --calibration {out_path}")
+
+
+def _measured_model(scn, scenario: str) -> dict:
+    """``{model_dir, weights}`` that calibrate measures: the scenario's own model as its real
+    rooms hold it (the bundled SmolLM2 at float32 for ``smollm2-135m``); exit 2 with one line
+    when it has no weights here."""
+    from splitroom.real import RealRunError, real_model_dir
+    try:
+        return {"model_dir": str(real_model_dir(scn)), "weights": scn.weights or "f32"}
+    except RealRunError as e:
+        fail(f"{scenario}: calibrate: {e}")
 
 
 def profile_table(prof) -> Table:
