@@ -83,7 +83,8 @@ def test_a_room_device_holds_the_blocks_as_stored():
     from runtime.control import NodeConfig
     from runtime.precision import Precision
 
-    cfg = NodeConfig(device="a", host="a", stages=[("a", 0, 3)], scheduler={}, model_dir="/x", weights="gguf")
+    sched = dict(hidden=256, prefill_chunk=16, eos_token=2, phones=[])
+    cfg = NodeConfig(device="a", host="a", stages=[("a", 0, 3)], scheduler=sched, model_dir="/x", weights="gguf")
     assert cfg.precision() == Precision("gguf", "f32", "f32")
 
 
