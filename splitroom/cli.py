@@ -645,12 +645,13 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
             fail("--acceptance-only and --profile go together: the profile to add the sample's acceptance to")
         if not scn.workload.sample:
             fail(f"{scenario}: --acceptance-only: the scenario gives no workload.sample to measure")
+        model = _measured_model(scn, scenario)
         try:
             prof = load_profile(base_profile)
             err.print(f"acceptance: measuring the drafters on the scenario's workload.sample "
                       f"({len(scn.workload.sample)} prompts)", highlight=False)
             prof = add_acceptance(prof, measure(backend, quick=quick, sample=scn.workload.sample,
-                                                acceptance_only=True, **_measured_model(scn, scenario),
+                                                acceptance_only=True, **model,
                                                 log=lambda line: err.print(f"  {line}", highlight=False)))
             save_profile(prof, out_path)
         except CalibrationError as e:
@@ -658,6 +659,7 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
         out.print(profile_table(prof))
         out.print(f"profile written to {out_path}")
         return
+    model = _measured_model(scn, scenario)
     err.print(f"calibrating on this machine ({backend}); this takes {'a few seconds' if quick else 'about two minutes'}"
               " and runs no scenario workload", highlight=False)
     try:
@@ -668,7 +670,7 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
             err.print("acceptance: measured on the built-in chat and grounded calibration prompts (the scenario "
                       "gives no workload.sample)", highlight=False)
         measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False),
-                           sample=scn.workload.sample, **_measured_model(scn, scenario))
+                           sample=scn.workload.sample, **model)
         prof = build_profile(scn, measured)
         if room:
             prof = with_room_overheads(prof, measure_room_overheads(
