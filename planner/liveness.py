@@ -269,3 +269,40 @@ def stall_loss(start_s: float, end_s: float, delay_s: Callable[[float], float], 
         if lost:
             return tick, live.last_heard["peer"]
     return None
+
+
+def rejoin_time(lost_s: float, delay_s: Callable[[float], float], beat_s: float, timeout_s: float,
+                drops_s: Iterable[float] = (), horizon_s: float = REJOIN_HOLD_MAX_S + 60.0) -> float | None:
+    """When the model host takes back a peer it lost at ``lost_s`` (:meth:`Liveness.returned`
+    then ``Tick.back``), seconds, or None when that does not happen within ``horizon_s``.
+
+    The peer, having lost the host at the same time (the same rule over the same stall),
+    says hello every ``beat_s`` from ``lost_s`` on; ``delay_s(t)``: seconds a message it
+    sends at ``t`` takes to arrive, on an ordered channel. The host's timer ticks half a
+    beat after the hellos (as in :func:`stall_loss`); every hello heard says it is back
+    (a no-op while it is already coming back), so one that falls silent during the hold
+    is another drop and comes back with its next hello. ``drops_s``: the times it was
+    lost before, ``lost_s`` excluded (:func:`rejoin_hold_s`). Raises ValueError for
+    ``beat_s <= 0``."""
+    if beat_s <= 0:
+        raise ValueError(f"beat_s must be > 0, got {beat_s}")
+    live = Liveness(("peer",), beat_s, timeout_s, 0.0, 0.0, now_s=lost_s)
+    live.drops["peer"] = [t for t in drops_s if t < lost_s]
+    live.forget("peer", lost_s)
+    latest = -math.inf
+    beats = math.ceil(horizon_s / beat_s) + 1
+    send = 0  # hellos sent so far
+    for k in range(beats):
+        tick = lost_s + beat_s / 2 + beat_s * k
+        while send <= k:  # the hellos sent before this tick, in order
+            t = lost_s + beat_s * send
+            latest = max(latest, t + delay_s(t))
+            arrivals_due = latest
+            if arrivals_due > tick:
+                break
+            live.returned("peer", arrivals_due)
+            live.heard("peer", arrivals_due)
+            send += 1
+        if live.handle_timer(tick).back:
+            return tick
+    return None

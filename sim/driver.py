@@ -45,12 +45,12 @@ import numpy as np
 from planner.deal import Deal, deal_for
 from planner.frames import FrameHeader, frame_bytes
 from planner.metrics import Accumulator
-from planner.protocol import (AnswerDone, ChainReady, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
+from planner.protocol import (AnswerDone, ChainReady, DeviceBack, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
                               HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
-from planner.liveness import stall_loss
+from planner.liveness import rejoin_time, stall_loss
 from planner.room import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S, Scenario
-from planner.chain import Chain, copy_plan, redeal_rule_for
+from planner.chain import Chain, copy_plan, redeal_rule_for, rejoin_rule_for
 from planner.drive import Driver, synthetic_draft, synthetic_head
 from planner.scheduler import SchedulerConfig
 from sim.acceptance import make_acceptance
@@ -220,7 +220,9 @@ class Simulation:
         #: worker -> its link's first stall that the heartbeat rule loses it in (the real room's)
         self._stall_lost = self._stall_losses()
         self.chain = Chain(self.deal, self.config,
-                           redeal=redeal_rule_for(scn) if scn.faults or self._stall_lost else None)
+                           redeal=redeal_rule_for(scn) if scn.faults or self._stall_lost else None,
+                           rejoin=rejoin_rule_for(scn, self.deal) if self._stall_lost else None)
+        self._drops: dict[str, list[float]] = {}  # device -> when the heartbeat rule lost it, each time
         self.driver = Driver(self.chain, self, self._record)
         self.dead = self.driver.dead  # devices killed by a scenario fault
         self.first_deal = self.deal  # self.deal follows re-deals; the result reports the deal the room began with
@@ -526,11 +528,18 @@ class Simulation:
     def _stall(self, device: str, start_s: float, end_s: float) -> None:
         """``device``'s link to the host stalls now (``[start_s, end_s)``): while the
         room still runs, the host's heartbeat rule (planner.liveness.stall_loss) loses
-        it when the rule says: DeviceLost then, and the device is gone from then on (the
-        real room does not take it back)."""
-        if device in self.dead or self._ended >= self.scn.workload.questions:
+        it when the rule says: DeviceLost then. As in the real room it then says hello
+        again, and the host takes it back when planner.liveness.rejoin_time says (the
+        rejoin hold, longer after each drop): DeviceBack, and the rejoin rule re-deals it
+        back when the deal with it is faster. Every stall of the link is followed."""
+        if self._ended >= self.scn.workload.questions:
             return
         link = self.links.get(device, self.deal.host)
+        after = link.next_stall(end_s)
+        if after is not None and after[0] > start_s:
+            self.loop.at(after[0], lambda _a, a=after[0], b=after[1]: self._stall(device, a, b))
+        if device in self.dead:
+            return  # still lost (its hellos through this stall are rejoin_time's)
         lost = stall_loss(start_s, end_s, link.control_delay_s, HEARTBEAT_S, HEARTBEAT_TIMEOUT_S)
         if lost is None:
             return
@@ -540,8 +549,20 @@ class Simulation:
             if device in self.dead or self._ended >= self.scn.workload.questions:
                 return
             self.dead.add(device)
+            drops = self._drops.setdefault(device, [])
             self.dispatch(DeviceLost(device, f"no heartbeat for {at_s - heard_s:.1f} s", silent_since_s=heard_s))
+            back_s = rejoin_time(at_s, link.control_delay_s, HEARTBEAT_S, HEARTBEAT_TIMEOUT_S, drops)
+            drops.append(at_s)
+            if back_s is not None:
+                self.loop.at(back_s, lambda _b: self._back(device))
         self.loop.at(at_s, lose)
+
+    def _back(self, device: str) -> None:
+        """``device``, lost to a stall, is heard again for its rejoin hold: DeviceBack."""
+        if device not in self.dead or self._ended >= self.scn.workload.questions:
+            return
+        self.dead.discard(device)
+        self.dispatch(DeviceBack(device, "said hello again after the stall"))
 
     def redeal(self, r: Redeal) -> None:
         """The new chain loads its ranges, as :func:`planner.chain.copy_plan` says (the
@@ -575,7 +596,8 @@ class Simulation:
                 t += nbytes / speed if speed else 0.0
                 self.loop.after(t, self._record_copied, WeightsCopied(d, r.first_lap, "disk", da, db, int(nbytes), t))
             copy_s = max(copy_s, t)
-        self._copy_s[r.lost] = copy_s
+        if r.back is None:  # a recovery's copy (a device taken back is no recovery)
+            self._copy_s[r.lost] = copy_s
         self._at(self.loop.now + copy_s, ChainReady(r.first_lap))
 
     def _record_copied(self, rec: WeightsCopied) -> None:
