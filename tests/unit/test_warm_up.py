@@ -28,6 +28,23 @@ def test_a_warmed_stage_computes_what_a_fresh_one_does(host, start, end):
         np.testing.assert_array_equal(fresh.head(a), warmed.head(b))
 
 
+@pytest.mark.parametrize("host", [True, False])
+def test_a_warm_up_runs_each_lap_shape_once(host):
+    # rows (1, 5, 16, 100, 5) with max_ctx 64: 100 is skipped and 5 repeated, so forwards of
+    # 1, 5 and 16 rows at position 0, in that order, each once; on the host the embedding
+    # and the head on as many rows
+    st = NumpyStage(TINY, StageSpec(0, 2, host=host), dict(W), max_ctx=64)
+    calls = []
+    forward, head, embed = st.forward, st.head, st.embed
+    st.forward = lambda x, pos: (calls.append(("forward", len(x), pos)), forward(x, pos))[1]
+    st.head = lambda h: (calls.append(("head", len(h))), head(h))[1]
+    st.embed = lambda ids: (calls.append(("embed", len(ids))), embed(ids))[1]
+    st.warm_up((1, 5, 16, 100, 5))
+    shape = [[("embed", n), ("forward", n, 0), ("head", n)] if host else [("forward", n, 0)] for n in (1, 5, 16)]
+    assert calls == [c for three in shape for c in three]
+    assert st.position == 0
+
+
 def test_a_warm_up_empties_a_cache_that_held_positions():
     st = NumpyStage(TINY, StageSpec(0, 4, host=True), dict(W), max_ctx=64)
     st.forward(st.embed([1, 2, 3]), 0)
