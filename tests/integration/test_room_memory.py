@@ -63,8 +63,9 @@ async def _answer(nodes: list[Node], questions: int) -> None:
 
 
 def test_no_residual_is_kept_after_the_answers():
-    """40 answered questions of 3 prefill chunks each: before the fix the worker kept the
-    output of the 2 chunks that do not return of every question (80 arrays)."""
+    """40 answered questions of 3 prefill chunks each: the 2 chunks of every question that
+    do not return are sent nowhere, and their outputs must not stay on the worker (a
+    worker that kept them would hold 80 arrays here)."""
     nodes = _room(LoopbackHub())
     asyncio.run(_answer(nodes, 40))
     host, worker = nodes
@@ -75,9 +76,9 @@ def test_no_residual_is_kept_after_the_answers():
 
 def test_with_questions_in_flight_every_one_is_answered_and_nothing_is_kept():
     """12 questions asked at once, 3 in flight: one question's end lets go of its own
-    laps' residuals only. Before, the host let go of every residual when any question
-    was answered, so a returned residual waiting for the head (another question's) was
-    lost and that question never ended (2 of the 12 here)."""
+    laps' residuals only. A host that let go of every residual whenever any question was
+    answered would lose a returned residual still waiting for the head (another
+    question's), and that question would never end."""
     nodes = _room(LoopbackHub(), in_flight=3)
     host, worker = nodes
 

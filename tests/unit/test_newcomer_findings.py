@@ -156,9 +156,9 @@ def test_a_sampling_parameter_sent_as_a_string_is_shown_as_one(param):
 
 @pytest.mark.parametrize("param,limit", [("temperature", "0 to 2"), ("top_p", "at most 1"), ("top_k", None)])
 def test_an_integer_too_large_for_a_float_is_a_400_naming_the_parameter(param, limit):
-    """JSON allows integers of any length: 1 followed by 400 zeros made the number check
-    convert it to a float (OverflowError, a 500). It is a number, out of range (top_k has
-    no upper bound: it is taken, meaning no cut)."""
+    """JSON allows integers of any length: 1 followed by 400 zeros cannot become a float
+    (a conversion raises OverflowError, which must not surface as a 500). It is a number,
+    out of range (top_k has no upper bound: it is taken, meaning no cut)."""
     from runtime.serve.api import ApiError, parse_chat_request
     body = json.loads('{"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], '
                       f'"temperature": 1, "{param}": 1{"0" * 400}}}')
