@@ -21,6 +21,8 @@ Usage::
 
     .venv/bin/python scripts/validate_heldout.py --out heldout.json [--repeat 3] [--profile P]
     .venv/bin/python scripts/validate_heldout.py --small   # CI: a quick profile, two configurations
+    .venv/bin/python scripts/validate_heldout.py --predict-only --out H.json     # predictions first, then chunks:
+    .venv/bin/python scripts/validate_heldout.py --resume H.json --profile H.profile.yaml --only "2 devices" --repeat 3
 
 Run it alone on the machine (no test suite, no other load): timings swing with load.
 """
