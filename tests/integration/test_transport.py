@@ -322,12 +322,10 @@ def test_channel_open_timeout_names_the_peer():
             async with aiohttp.ClientSession() as s:
                 async with s.ws_connect(f"{url}/room/r") as z:  # "z" says hello, then stays silent
                     await z.send_json({"type": "hello", "device": "z"})
-                    t0 = time.monotonic()
-                    with pytest.raises(TransportError, match="'z'"):
+                    # the error names the peer and the 1.5 s asked for (not connect_room's
+                    # default of 20 s): the timeout passed in is the one that ran out
+                    with pytest.raises(TransportError, match=r"'z'.* within 1\.5 s"):
                         await connect_room(url, "r", "a", ["z"], host_addresses=LO, open_timeout_s=1.5)
-                    # the 1.5 s asked for, not connect_room's default of 20 s (a loaded machine
-                    # may add seconds; it cannot add 18.5)
-                    assert time.monotonic() - t0 < 15.0
                     # and a peer that never joins at all
                     with pytest.raises(TransportError, match="'ghost'.*join"):
                         await connect_room(url, "r", "b", ["ghost"], host_addresses=LO, open_timeout_s=0.5)

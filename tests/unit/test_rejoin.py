@@ -192,4 +192,25 @@ def test_the_rule_stays_when_the_deal_with_it_does_not_fit_what_it_lends():
 
 def test_the_margin_is_the_slower_than_optimal_ratio():
     from planner.chain import REJOIN_MARGIN
-    assert REJOIN_MARGIN == pytest.approx(1.2)
+    from planner.optimal import SLOWER_THAN_OPTIMAL_RATIO
+    assert REJOIN_MARGIN == SLOWER_THAN_OPTIMAL_RATIO
+
+
+def test_the_margin_decides_between_a_faster_deal_and_staying():
+    # desktop 10 ms a layer, laptop 8 ms, by hand: the desktop's head is the tied embedding,
+    # 113,246,208 B / 14,160,384 B a layer = 7.9974 layers at 10 ms + 0.1 ms sampling =
+    # 80.074 ms. Alone: 80.074 + 30 x 10 = 380.074 ms. With the laptop: 80.074 + 20 x 10
+    # + 10 x 8 + two hops of 2 ms (half the 4 ms RTT) + 0.5 ms overhead + 2,336 B at
+    # 200 Mbit/s (0.093 ms) = 365.261 ms: 1.0406x faster. Taken past a 1.03 margin, not 1.05.
+    scn = load("scenarios/home.yaml", PINNED)
+    speed = {"desktop": 0.010, "laptop": 0.008}
+    devices = [replace(d, s_per_layer=speed.get(d.id)) for d in scn.devices]
+    first = Deal.pinned("desktop", (("desktop", 0, 20), ("laptop", 20, 30)))
+    alone = merge_lost(first, frozenset({"laptop"}))
+
+    def rule(margin):
+        return rejoin_rule(devices, scn.model, first, scn.options, scn.network, scn.decoding.return_path,
+                           margin=margin)
+    back = rule(1.03)(alone, frozenset())
+    assert back is not None and back.stages == first.stages
+    assert rule(1.05)(alone, frozenset()) is None
