@@ -675,6 +675,9 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         except OSError as e:
             raise JoinError(f"--serve {opts.serve_port}: cannot listen on {opts.serve_bind}: {e.strerror or e}") from None
         api = await start_api(sock, model_id)
+        from runtime.serve.tab_stage import TabRoom  # a browser tab may join as a worker: share.html?layers=A-B
+        api[0].tab_room = TabRoom(relay_url, room, opts.device, str(model_dir),
+                                  [s.for_webrtc() for s in ice_servers], opts.ice_relay_only)
         api[0].set_phase("connecting", f"the room is starting: waiting for {', '.join(peers)}")
         from runtime.serve.server import watch_relay
         api = (*api, asyncio.ensure_future(watch_relay(api[0], relay_url)))  # /health: degraded without it

@@ -225,6 +225,7 @@ class RoomPage:
             chip["questions"] += v["questions"]
             chip["ids"].append(c)
         return {"name": info.get("name"), "model": model_name, "model_id": srv.model_id, "guest": srv.guest_info,
+                "tab": srv.tab_room.info() if getattr(srv, "tab_room", None) is not None else None,
                 "ready": ready, "reason": reason or None,
                 "phase": srv.phase, "host": host_id, "devices": devices, "clients": clients,
                 "deal": {"stages": [{"device": x, "layers": f"{a + 1}-{b}"} for x, a, b in stages],

@@ -129,6 +129,8 @@ class RoomServer:
         self.tickets: dict[int, _Ticket] = {}
         #: where a browser guest connects (relay URL, room, desk id), or None
         self.guest_info: Optional[dict] = None
+        #: where a tab that holds layers joins and gets its weights (runtime/serve/tab_stage.py), or None
+        self.tab_room = None
         self._answer_s: list[float] = []  # recent answer durations, seconds
         self._begun: dict[int, float] = {}
         self._first: dict[int, float] = {}
@@ -154,6 +156,8 @@ class RoomServer:
         from .page import RoomPage
         self.page = RoomPage(self, clock)
         self.page.add_routes(self.app)
+        from .tab_stage import add_tab_routes
+        add_tab_routes(self.app, self)
 
     # -- state ------------------------------------------------------------------------
 

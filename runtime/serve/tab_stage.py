@@ -52,7 +52,9 @@ def _check(cfg: ModelConfig) -> None:
 
 def stage_bundle(cfg: ModelConfig, start: int, end: int) -> dict:
     """What the tab needs besides the weights, JSON-ready: sizes, the kernels' WGSL source
-    per pipeline and variant, the dispatch grid of each, and the packed tensors' layout.
+    per pipeline and variant, the dispatch grid of each, and the packed tensors' layout
+    (each packed tensor's ``parts``: the model's tensors it concatenates, in order, so a
+    tab can check each part's bytes against the range's weights manifest).
 
     Args:
         cfg: the model's configuration; ``start``, ``end``: the layers, 0-based half-open.
@@ -78,7 +80,8 @@ def stage_bundle(cfg: ModelConfig, start: int, end: int) -> dict:
             cols = _cols(c, parts[0])
             shape = [rows, cols] if cols else [rows]
             n = rows * (cols or 1)
-            tensors.append({"layer": i, "name": name, "offset": off, "shape": shape})
+            tensors.append({"layer": i, "name": name, "offset": off, "shape": shape,
+                            "parts": [f"model.layers.{i}.{p}" for p in parts]})
             off += n * 4
     rope_off = off
     off += MAX_CTX * D * 4
@@ -169,3 +172,84 @@ def make_app(bundle: dict, weights: bytes):
     app.router.add_get("/tab/bundle.json", bundle_json)
     app.router.add_get("/tab/weights.bin", weights_bin)
     return app
+
+
+class TabRoom:
+    """What a served room tells a tab that joins it as a worker (``share.html?layers=A-B``):
+    where the devices meet, and the model directory its range's weights come from.
+
+    Args:
+        relay: the relay's ``ws://ADDR:PORT``; ``room``: the room's name; ``host``: the
+            model host's device id; ``model_dir``: the host's safetensors directory.
+        ice_servers: ``RTCIceServer`` dictionaries; ``relay_only``: TURN relay candidates only.
+    """
+
+    def __init__(self, relay: str, room: str, host: str, model_dir: str, ice_servers=(), relay_only: bool = False):
+        self.relay, self.room, self.host, self.model_dir = relay, room, host, model_dir
+        self.ice_servers, self.relay_only = list(ice_servers), bool(relay_only)
+        self._cfg = None
+        self._cache: dict = {}  # the last range asked for: (start, end) -> (bundle, weights, manifest)
+
+    def info(self) -> dict:
+        """What the page reads from ``/api/room`` (``tab``): relay, room, host, ICE servers."""
+        return {"relay": self.relay, "room": self.room, "host": self.host, "ice_servers": self.ice_servers,
+                "relay_only": self.relay_only}
+
+    def range_of(self, text: str) -> tuple[int, int]:
+        """Layers ``A-B`` (1-based inclusive, as a person types them) as ``(start, end)``
+        0-based half-open. Raises ValueError naming what is wrong."""
+        from planner.deal import parse_layers
+        if self._cfg is None:
+            self._cfg = ModelConfig.load(self.model_dir)
+        return parse_layers(text, self._cfg.n_layers)
+
+    def served(self, start: int, end: int) -> tuple[dict, bytes, dict]:
+        """``(bundle, packed weights, manifest)`` of layers ``[start, end)``, the last range kept."""
+        from ..weights import load_range
+        from ..weights_share import make_manifest
+        key = (start, end)
+        if key not in self._cache:
+            cfg = self._cfg or ModelConfig.load(self.model_dir)
+            bundle = stage_bundle(cfg, start, end)
+            weights = stage_weights(cfg, load_range(self.model_dir, start, end, False, False), start, end)
+            self._cache = {key: (bundle, weights, make_manifest(self.model_dir, start, end, False, False))}
+        return self._cache[key]
+
+
+def add_tab_routes(app, server) -> None:
+    """Routes for a tab that holds layers, on a room server's application: the scripts
+    ``/tab_worker.js`` and ``/static/tab_stage.js``, and per range ``/tab/bundle.json``,
+    ``/tab/weights.bin`` and ``/tab/manifest.json`` (``?layers=A-B``, 1-based inclusive).
+    ``server.tab_room`` (a :class:`TabRoom`, or None: 503) says where they come from.
+    A bad ``layers`` is a 400 naming it; a model the tab cannot compute, a 400 saying why."""
+    import asyncio
+    from pathlib import Path
+
+    from aiohttp import web
+
+    static = Path(__file__).parent / "static"
+
+    def script(name: str):
+        async def handler(_r):
+            return web.Response(body=(static / name).read_bytes(), content_type="text/javascript", charset="utf-8")
+        return handler
+
+    def ranged(pick):
+        async def handler(request):
+            tab = getattr(server, "tab_room", None)
+            if tab is None:
+                return web.json_response({"error": "this room takes no tabs that hold layers"}, status=503)
+            try:
+                start, end = tab.range_of(request.query.get("layers", ""))
+                got = await asyncio.get_running_loop().run_in_executor(None, tab.served, start, end)
+            except ValueError as e:
+                return web.json_response({"error": f"layers: {e}"}, status=400)
+            return pick(got)
+        return handler
+
+    app.router.add_get("/tab_worker.js", script("tab_worker.js"))
+    app.router.add_get("/static/tab_stage.js", script("tab_stage.js"))
+    app.router.add_get("/tab/bundle.json", ranged(lambda g: web.json_response(g[0])))
+    app.router.add_get("/tab/weights.bin", ranged(lambda g: web.Response(body=g[1],
+                                                                         content_type="application/octet-stream")))
+    app.router.add_get("/tab/manifest.json", ranged(lambda g: web.json_response(g[2])))

@@ -1,79 +1,83 @@
-"""A browser tab holds layers 26-30 with WebGPU: headless Debian chromium, its SwiftShader
-adapter on http://127.0.0.1 (``--enable-unsafe-webgpu``), running the wgpu backend's own
-WGSL kernels (runtime/serve/tab_stage.py generates them with runtime/backends/wgsl.py;
-static/tab_stage.js only binds and dispatches). A Python model host holding layers 1-25
-(numpy) decodes greedily with the tab as its worker, and the answer is token for token
-the single-process greedy answer; the tab's residual matches the numpy stage's.
+"""A browser tab joins a room and holds layers 26-30: headless Debian chromium, its
+SwiftShader WebGPU adapter on http://127.0.0.1 (``--enable-unsafe-webgpu``), opening
+``share.html?layers=26-30&device=tab`` on the model host's API (``splitroom join --host
+--layers 1-25 --peers tab --serve PORT``, numpy).
 
-What this does not cover: the tab is driven through WebDriver here, not over the room's
-data channel and weights channel (the tab takes its weights over HTTP from this test's
-server), so it is the tab's compute, not yet a tab joined to a room.
+The tab speaks the room's wire from JavaScript (static/tab_worker.js): the relay's
+signalling, three negotiated data channels, the framing, hello/plan/heartbeat/bye, and
+residual frames; it takes its range's weights over the host's HTTP, each tensor checked
+against the weights manifest's sha256 in the tab, and runs them with the wgpu backend's
+own WGSL kernels (runtime/serve/tab_stage.py generates them with runtime/backends/wgsl.py).
+The room's answer is token for token the single-process greedy answer. Then the tab sends
+the host garbage on every channel, and the room answers again, the same.
+
+If chromium finds no WebGPU adapter the test fails with the tab's reason; it does not skip.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
+import json
 import shutil
-import threading
+import signal
+import socket
+import subprocess
 import time
+import urllib.request
 
-import numpy as np
 import pytest
 
-from runtime.backends import StageSpec, make_stage
-from runtime.config import ModelConfig
-from runtime.generate import generate_greedy
-from runtime.serve.tab_stage import make_app, stage_bundle, stage_weights
-from runtime.tokenizer import ChatTokenizer
-from runtime.weights import ensure_safetensors, load_range
-from tests.joinroom import greedy_reference
+from tests.integration.test_serve_room import FRANCE, MODEL, client, greedy  # noqa: F401
+from tests.joinroom import SPLITROOM, relay_room
 
 pytestmark = pytest.mark.slow
 
-PROMPT = "What is the capital of France?"
-MAX_NEW = 5
-TAB = (25, 30)  # layers 26-30, 0-based half-open
+MAX_NEW = 3  # SwiftShader takes about 0.5-1 s per layer per step on a loaded 2-core machine
+TAB_LAYERS = (25, 30)  # 26-30, 0-based half-open
+
+#: what the tab sends the host after its first answer (static/tab_worker.js sendRaw), as
+#: JavaScript: [channel, bytes] pairs, bytes from a fixed-seed generator
+GARBAGE_JS = """
+let s = 0x9e3779b9;
+const rnd = (n) => Uint8Array.from({ length: n }, () => { s = (s * 1103515245 + 12345) >>> 0; return s >>> 24; });
+const cat = (...a) => { const o = new Uint8Array(a.reduce((n, x) => n + x.length, 0)); let i = 0;
+  for (const x of a) { o.set(x, i); i += x.length; } return o; };
+const u32 = (...v) => new Uint8Array(new Uint32Array(v).buffer);
+const hdr = (kind, flags, q, lap, first, tokens, hidden, payload) =>
+  cat(Uint8Array.from([0x53, 0x52, 0x46, 0x4d, 1, kind, 0, flags]), u32(q, lap, first, tokens, hidden, payload));
+const nan = new Float32Array(576).fill(NaN);
+const out = [];
+for (const ch of ["residual", "reply", "weights"]) {
+  for (let i = 0; i < 12; i++) out.push([ch, rnd(1 + (i * 37) % 300)]);           // random wire messages
+  out.push([ch, cat(Uint8Array.from([1]), u32(7, 0, 0xffffffff), rnd(20))]);       // a piece announcing 4 GiB
+  out.push([ch, cat(Uint8Array.from([1]), u32(8, 3, 100), rnd(20))]);              // a piece out of order
+  out.push([ch, cat(Uint8Array.from([0]), rnd(40))]);                              // a whole message of noise
+}
+const whole = (b) => cat(Uint8Array.from([0]), b);
+const enc = (t) => whole(new TextEncoder().encode(t));
+out.push(["residual", whole(hdr(3, 1, 0, 0, 0, 1, 576, 2304))]);                  // a header, no payload
+out.push(["residual", whole(hdr(3, 1, 0, 5, 0, 1, 575, 2300))]);                  // the wrong hidden size
+out.push(["residual", whole(cat(hdr(3, 1, 0, 999999, 0, 1, 576, 2304), new Uint8Array(nan.buffer)))]);  // NaN
+out.push(["residual", whole(cat(hdr(9, 1, 0, 1, 0, 1, 576, 2304), rnd(2304)))]);   // an unknown kind
+out.push(["residual", whole(hdr(1, 0x3f, 0, 1, 0, 0, 576, 0))]);                  // unknown flags
+for (const t of ["{", "[]", "null", '{"type":"plan","host":"tab","stages":[],"max_new_tokens":1}',
+                 '{"type":"nope"}', '{"type":"hello","device":"' + "x".repeat(5000) + '"}',
+                 '{"type":"fault","lap_id":-1,"device":"tab"}', '{"type":"fault","lap_id":424242,"device":"tab"}', '{"type":"ready","first_lap":123456}',
+                 '{"type":"loading","first_lap":7}', '{"type":"bye"}'])
+  out.push(["reply", enc(t)]);
+for (const t of ['Q\\x00\\x00\\x00\\x00', 'Q\\x05\\x00\\x00\\x00{"id"', '{"op":"tensor"}']) out.push(["weights", enc(t)]);
+for (const [ch, b] of out) window.tabWorker.sendRaw("host", ch, b);
+window.tabWorker.sendRaw("host", "reply", "a text message");
+return out.length + 1;
+"""
 
 
-@pytest.fixture(scope="module")
-def served_tab():
-    """The tab stage's page on 127.0.0.1 (a free port), in a thread of its own."""
-    from aiohttp import web
-    model_dir = ensure_safetensors()
-    cfg = ModelConfig.load(model_dir)
-    bundle = stage_bundle(cfg, *TAB)
-    weights = stage_weights(cfg, load_range(model_dir, *TAB, False, False), *TAB)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    box = {}
-
-    async def start():
-        runner = web.AppRunner(make_app(bundle, weights), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        box["runner"], box["port"] = runner, runner.addresses[0][1]
-
-    def main():
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        started.set()
-        loop.run_forever()
-
-    th = threading.Thread(target=main, daemon=True)
-    th.start()
-    assert started.wait(30)
-    try:
-        yield f"http://127.0.0.1:{box['port']}/tab.html"
-    finally:
-        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(10)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def tab(served_tab):
+def _chromium():
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
         pytest.skip("needs Debian's chromium and chromium-driver (scripts/setup.sh installs them)")
     from selenium import webdriver
@@ -81,75 +85,99 @@ def tab(served_tab):
     from selenium.webdriver.chrome.service import Service
     opts = Options()
     opts.binary_location = shutil.which("chromium")
+    # the host's aiortc does not resolve mDNS .local names: the tab offers plain addresses
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--enable-unsafe-webgpu",
-              "--use-webgpu-adapter=swiftshader", "--enable-features=Vulkan"):
+              "--use-webgpu-adapter=swiftshader", "--enable-features=Vulkan",
+              "--disable-features=WebRtcHideLocalIpsWithMdns", "--window-size=1280,860"):
         opts.add_argument(a)
     drv = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
-    drv.set_script_timeout(120)
+    drv.set_script_timeout(30)
+    drv.set_page_load_timeout(60)
+    return drv
+
+
+def _tab(drv) -> dict:
+    return drv.execute_script("const w = window.tabWorker; return w ? {status: w.status, over: !!w.over, "
+                              "error: w.error, log: w.log.slice(-8), stats: w.stats, ms: w.ms} : null")
+
+
+def _ask(api: str) -> tuple[str, int]:
+    r = client(api, timeout_s=400).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": FRANCE}], max_tokens=MAX_NEW)
+    return r.choices[0].message.content, r.usage.completion_tokens
+
+
+def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(greedy, tmp_path):  # noqa: F811
+    want = greedy(FRANCE, MAX_NEW)
+    expected = greedy.tok.decode(want)
+    drv = _chromium()
+    log = open(tmp_path / "host.log", "w")
     try:
-        drv.get(served_tab)
-        end = time.monotonic() + 90
-        while time.monotonic() < end:
-            st = drv.execute_script("return window.tab ? [window.tab.ready, window.tab.error] : [false, null]")
-            if st[0] or st[1]:
-                break
-            time.sleep(0.2)
-        if not st[0]:  # no adapter is a failure with its reason, never a skip
-            pytest.fail(f"the tab's WebGPU stage did not start: {st[1] or 'no answer in 90 s'}")
-        yield drv
+        with relay_room("tabroom") as (url, env, procs):
+            port = _free_port()
+            api = f"http://127.0.0.1:{port}"
+            host = subprocess.Popen(SPLITROOM + [
+                "join", url, "--device", "host", "--host", "--layers", "1-25", "--peers", "tab",
+                "--serve", str(port), "--timeout", "400", "--heartbeat-timeout", "60",
+                "--max-tokens", str(MAX_NEW)], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+            procs.append(host)
+            end = time.monotonic() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(api + "/health", timeout=5).close()
+                    break
+                except OSError as e:  # up or answering 503 "starting" (an HTTPError, an OSError) is enough
+                    if getattr(e, "code", None):
+                        break
+                    assert time.monotonic() < end and host.poll() is None, (tmp_path / "host.log").read_text()
+                    time.sleep(0.3)
+            drv.get(api + f"/share.html?layers={TAB_LAYERS[0] + 1}-{TAB_LAYERS[1]}&device=tab")
+            seen: list[str] = []
+            end = time.monotonic() + 300
+            while time.monotonic() < end:
+                st = _tab(drv)
+                if st and (not seen or seen[-1] != st["status"]):
+                    seen.append(st["status"])
+                if st and (st["over"] or st["status"].startswith("Serving")):
+                    break
+                assert host.poll() is None, (tmp_path / "host.log").read_text()[-3000:]
+                time.sleep(0.2)
+            # no adapter, a hash that does not match, a room it could not join: a failure with the reason
+            assert st and st["status"].startswith("Serving · Layers 26-30 · "), (seen, st)
+            assert any(s.startswith("Loading ") and s.endswith("%") for s in seen), seen
+            end = time.monotonic() + 120
+            while not [m.id for m in client(api).models.list()]:
+                assert time.monotonic() < end and host.poll() is None, (tmp_path / "host.log").read_text()[-3000:]
+                time.sleep(0.3)
+
+            text, n = _ask(api)
+            assert (text, n) == (expected, len(want)), _tab(drv)
+            st = _tab(drv)
+            assert st["stats"]["frames_out"] >= len(want) and st["stats"]["rejected"] == 0, st
+
+            sent = drv.execute_script(GARBAGE_JS)
+            assert sent > 50
+            time.sleep(1.0)
+            assert host.poll() is None, (tmp_path / "host.log").read_text()[-3000:]
+            assert _ask(api) == (expected, len(want))  # the room still answers, the same
+            said = (tmp_path / "host.log").read_text()  # and the garbage did reach the host
+            assert said.count("frame from tab rejected") >= 5 and said.count("dropped a piece from tab") >= 30
+            assert said.count("control message from tab ignored") >= 5
+            with urllib.request.urlopen(api + "/api/room", timeout=10) as r:
+                screens = {d["id"]: d["title"] for d in json.loads(r.read())["devices"]}
+            assert screens == {"host": "Serving", "tab": "Serving"}, screens
+
+            one = sorted(ms for tokens, ms in _tab(drv)["ms"] if tokens == 1)
+            if one:
+                print(f"\ntab (SwiftShader WebGPU) ms per layer per decode step, median of {len(one)}: "
+                      f"{one[len(one) // 2] / (TAB_LAYERS[1] - TAB_LAYERS[0]):.0f}")
+            host.send_signal(signal.SIGINT)
+            assert host.wait(timeout=60) == 0
+            end = time.monotonic() + 20
+            while time.monotonic() < end and not _tab(drv)["over"]:
+                time.sleep(0.2)
+            st = _tab(drv)
+            assert st["status"] == "Room over" and "the host is done" in " ".join(st["log"]), st
     finally:
         drv.quit()
-
-
-class TabWorker:
-    """A Stage-like worker (``forward(hidden, first_pos)``) whose layers run in the tab;
-    ``ms`` collects the tab's own time per call (JS ``performance.now``), ``calls`` each
-    call's input, position and output."""
-
-    def __init__(self, drv):
-        self.drv = drv
-        self.ms: list[tuple[int, float]] = []
-        self.calls: list[tuple[np.ndarray, int, np.ndarray]] = []
-
-    def forward(self, hidden: np.ndarray, first_pos: int) -> np.ndarray:
-        x = np.ascontiguousarray(hidden, np.float32)
-        out, ms = self.drv.execute_async_script("""
-            const [b64, n, pos, done] = arguments;
-            const raw = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-            const t0 = performance.now();
-            window.tab.stage.forward(new Float32Array(raw.buffer), n, pos).then((y) => {
-              const ms = performance.now() - t0;
-              const u8 = new Uint8Array(y.buffer); let s = "";
-              for (let i = 0; i < u8.length; i += 0x8000) s += String.fromCharCode.apply(null, u8.subarray(i, i + 0x8000));
-              done([btoa(s), ms]);
-            }, (e) => done(["error: " + e, 0]));""", base64.b64encode(x.tobytes()).decode(), x.shape[0], first_pos)
-        assert not out.startswith("error"), out
-        self.ms.append((x.shape[0], ms))
-        y = np.frombuffer(base64.b64decode(out), np.float32).reshape(x.shape).copy()
-        self.calls.append((x, first_pos, y))
-        return y
-
-
-def test_a_tab_holding_layers_26_30_answers_like_one_process(tab):
-    model_dir = ensure_safetensors()
-    tok = ChatTokenizer.from_dir(model_dir)
-    want = greedy_reference(PROMPT, MAX_NEW)
-    host = make_stage("numpy", model_dir, StageSpec(0, TAB[0], host=True))
-    worker = TabWorker(tab)
-    got = generate_greedy([host, worker], tok.encode_chat(PROMPT), MAX_NEW, stop_ids=tok.stop_ids).ids
-    assert [t for t in got if t not in tok.stop_ids] == want
-    # the tab's residuals are the numpy stage's, call by call, to float32 rounding
-    ref = make_stage("numpy", model_dir, StageSpec(*TAB))
-    numpy_ms = []
-    for x, pos, y in worker.calls:
-        t0 = time.perf_counter()
-        r = ref.forward(x, pos)
-        numpy_ms.append((x.shape[0], (time.perf_counter() - t0) * 1e3))
-        assert np.max(np.abs(y - r)) <= 1e-3 * max(1.0, float(np.max(np.abs(r)))), pos
-
-    def per_layer(ms: list) -> float:
-        one = sorted(m for n, m in ms if n == 1)
-        return one[len(one) // 2] / (TAB[1] - TAB[0]) if one else float("nan")
-    print(f"\nms per layer per decode step (median of {len(numpy_ms) - 1}): tab (WebGPU, "
-          f"{tab.execute_script('return window.tab.stage.adapterInfo')}) {per_layer(worker.ms):.2f}, "
-          f"numpy worker {per_layer(numpy_ms):.2f}")
+        log.close()

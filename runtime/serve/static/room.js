@@ -254,4 +254,18 @@ $("ask").addEventListener("submit", (ev) => {
   const q = $("question").value.trim();
   if (q) { $("question").value = ""; ask(q); }
 });
-fetch("/api/room").then((r) => r.json()).then((s) => { modelId = s.model_id; render(s); listen(); });
+// share.html?layers=A-B (1-based, inclusive): this tab also joins the room as a worker
+// holding those layers on its GPU (tab_worker.js), its own screen above the chat.
+const PARAMS = new URLSearchParams(location.search);
+function startTab(s) {
+  const box = $("tab-screen");
+  box.hidden = false;
+  const show = (status, detail) => box.replaceChildren(el("h2", {}, "This tab · worker"),
+    el("div", { class: "title", id: "tab-status" }, status), el("div", { class: "detail" }, detail));
+  show("Standing by", "");
+  import("/tab_worker.js").then((m) => m.joinFromPage(s, PARAMS, show)).catch((e) => show("Room over", String(e)));
+}
+fetch("/api/room").then((r) => r.json()).then((s) => {
+  modelId = s.model_id; render(s); listen();
+  if (PARAMS.has("layers")) startTab(s);
+});

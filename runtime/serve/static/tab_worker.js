@@ -1,0 +1,474 @@
+// A browser tab that joins a room as a worker and holds layers A-B (share.html?layers=A-B,
+// 1-based inclusive): the room's wire, spoken from JavaScript.
+//
+// What it speaks, as the Python devices do (runtime/transport/, runtime/control.py,
+// planner/frames.py, planner/scheduler/worker.py):
+// * signalling: the relay's websocket (hello, peers, signal with an SDP offer/answer; the
+//   smaller device id offers), then one RTCPeerConnection per peer with three negotiated,
+//   ordered data channels, ids 0 residual, 1 reply, 2 weights;
+// * framing (runtime/transport/framing.py): 0x00 + a whole message, or pieces
+//   0x01, msg_id u32, index u32, total u32 + bytes, reassembled per peer and channel;
+// * control messages (JSON on the reply channel): hello (its layers, 0-based half-open),
+//   plan, heartbeat every 0.25 s, fault, bye, abort; others are logged and ignored;
+// * residual frames (planner/frames.py: "SRFM", version 1, 32-byte header, float32
+//   payload [tokens, hidden]); a frame runs the tab's layers (TabStage, static/tab_stage.js)
+//   and goes on to the next stage, or back to the model host as a RESULT when it returns.
+//
+// Weights: over the room's HTTP (/tab/weights.bin?layers=A-B, packed float32 as
+// runtime/serve/tab_stage.py lays them out), each part checked in the tab with SHA-256
+// (WebCrypto) against the range's weights manifest (/tab/manifest.json, whose own sha256
+// the tab recomputes over its canonical JSON) before a byte reaches the GPU. The RoPE
+// table in the same download is the host's, not in the manifest.
+//
+// Not spoken here: rooms with a key (relay nonce, hello proof), a re-deal (Replan), KV
+// cache slots other than 0 (one question in flight), float16 residuals. Each is refused
+// with a line in the log and on the page, never a crash.
+
+import { TabStage } from "/static/tab_stage.js";
+
+export const CHANNELS = ["residual", "reply", "weights"];
+const PIECE_HEADER = 13;
+const MAX_IN = 64 * 1024 * 1024;  // cap on one reassembled message, bytes (framing.py's default)
+const HEARTBEAT_MS = 250;
+const KIND = { PREFILL: 1, DECODE: 2, RESULT: 3, RETURN: 4, ROLLBACK: 5, WAKE: 6 };
+const HEADER = 32;
+
+// -- framing -----------------------------------------------------------------------------
+
+// The wire messages carrying `data` (Uint8Array): one whole message when it fits in
+// `maxWire` bytes, else pieces of at most `maxWire` bytes.
+export function encodeMessage(msgId, data, maxWire) {
+  const n = data.length;
+  if (maxWire <= PIECE_HEADER) throw new Error(`max wire bytes ${maxWire} leaves no room for data`);
+  if (n + 1 <= maxWire) {
+    const w = new Uint8Array(n + 1);
+    w.set(data, 1);
+    return [w];
+  }
+  const step = maxWire - PIECE_HEADER, out = [];
+  for (let i = 0, off = 0; off < n; i++, off += step) {
+    const body = data.subarray(off, Math.min(n, off + step));
+    const w = new Uint8Array(PIECE_HEADER + body.length);
+    const dv = new DataView(w.buffer);
+    dv.setUint8(0, 1);
+    dv.setUint32(1, msgId >>> 0, true);
+    dv.setUint32(5, i, true);
+    dv.setUint32(9, n, true);
+    w.set(body, PIECE_HEADER);
+    out.push(w);
+  }
+  return out;
+}
+
+// In-order reassembly of one (peer, channel) stream; feed(wire) -> whole message or null;
+// throws an Error (the partial message discarded) for a malformed piece.
+export class Reassembler {
+  constructor(maxBytes = MAX_IN) { this.max = maxBytes; this.skip = null; this.dropped = 0; this.reset(); }
+  reset() { this.mid = null; this.next = 0; this.total = 0; this.got = 0; this.parts = []; }
+  fail(why) { this.dropped++; this.reset(); return new Error(why); }
+  feed(wire) {
+    if (!wire.length) throw this.fail("empty wire message");
+    const kind = wire[0];
+    if (kind === 0) {
+      if (this.mid !== null) throw this.fail(`whole message while message ${this.mid} was ${this.got}/${this.total} bytes in`);
+      if (wire.length - 1 > this.max) throw this.fail(`message of ${wire.length - 1} bytes over the ${this.max}-byte cap`);
+      return wire.slice(1);
+    }
+    if (kind !== 1) throw this.fail(`unknown wire kind ${kind}`);
+    if (wire.length <= PIECE_HEADER) throw this.fail(`piece of ${wire.length} bytes has no data after its header`);
+    const dv = new DataView(wire.buffer, wire.byteOffset, wire.byteLength);
+    const mid = dv.getUint32(1, true), index = dv.getUint32(5, true), total = dv.getUint32(9, true);
+    const body = wire.subarray(PIECE_HEADER);
+    if (this.skip !== null) {
+      if (mid === this.skip && index > 0) { this.dropped++; return null; }
+      this.skip = null;
+    }
+    if (index === 0) {
+      if (this.mid !== null) throw this.fail(`message ${mid} began while message ${this.mid} was ${this.got}/${this.total} bytes in`);
+      if (total > this.max) { this.skip = mid; throw this.fail(`message of ${total} bytes over the ${this.max}-byte cap`); }
+      this.mid = mid; this.total = total;
+    } else if (this.mid !== mid || index !== this.next) {
+      throw this.fail(`piece ${index} of message ${mid}, expected piece ${this.next} of message ${this.mid}`);
+    } else if (total !== this.total) {
+      throw this.fail(`piece ${index} of message ${mid} says ${total} bytes, piece 0 said ${this.total}`);
+    }
+    if (this.got + body.length > this.total) throw this.fail(`message ${mid} has more bytes than the ${this.total} announced`);
+    this.parts.push(body.slice());
+    this.got += body.length;
+    this.next = index + 1;
+    if (this.got !== this.total) return null;
+    const out = new Uint8Array(this.total);
+    let o = 0;
+    for (const p of this.parts) { out.set(p, o); o += p.length; }
+    this.reset();
+    return out;
+  }
+}
+
+// -- residual frames (planner/frames.py) ----------------------------------------------
+
+// {kind, dtype, returns, slot, question, lap, first, tokens, hidden, x: Float32Array};
+// throws an Error naming what is wrong, as decode_header does.
+export function decodeFrame(u8) {
+  if (u8.length < HEADER) throw new Error(`frame of ${u8.length} bytes is shorter than the ${HEADER}-byte header`);
+  const dv = new DataView(u8.buffer, u8.byteOffset, u8.byteLength);
+  if (u8[0] !== 0x53 || u8[1] !== 0x52 || u8[2] !== 0x46 || u8[3] !== 0x4d) throw new Error("bad magic");
+  if (u8[4] !== 1) throw new Error(`frame version ${u8[4]}, this side speaks 1`);
+  const kind = u8[5], dtype = u8[6], flags = u8[7];
+  if (kind < 1 || kind > 6) throw new Error(`unknown frame kind ${kind}`);
+  if (dtype > 1) throw new Error(`unknown dtype code ${dtype}`);
+  const h = { kind, dtype, returns: (flags & 1) === 1, slot: (flags >> 1) & 15, question: dv.getUint32(8, true),
+              lap: dv.getUint32(12, true), first: dv.getUint32(16, true), tokens: dv.getUint32(20, true),
+              hidden: dv.getUint32(24, true) };
+  const payload = dv.getUint32(28, true);
+  if (payload !== h.tokens * h.hidden * (dtype === 0 ? 4 : 2)) throw new Error(`payload ${payload} bytes disagrees with ${h.tokens} x ${h.hidden}`);
+  if (u8.length !== HEADER + payload) throw new Error(`frame is ${u8.length} bytes, header says ${HEADER + payload}`);
+  if (flags >> 5) throw new Error(`unknown flags ${flags}`);
+  if (dtype === 0) h.x = new Float32Array(u8.slice(HEADER).buffer);
+  return h;
+}
+
+// Header + float32 payload `x` (none for control frames), kind `kind`.
+export function encodeFrame(h, kind, x) {
+  const n = x ? x.length * 4 : 0;
+  const u8 = new Uint8Array(HEADER + n), dv = new DataView(u8.buffer);
+  u8.set([0x53, 0x52, 0x46, 0x4d, 1, kind, 0, (h.returns ? 1 : 0) | (h.slot << 1)]);
+  for (const [o, v] of [[8, h.question], [12, h.lap], [16, h.first], [20, x ? h.tokens : 0], [24, h.hidden], [28, n]]) {
+    dv.setUint32(o, v, true);
+  }
+  if (x) u8.set(new Uint8Array(x.buffer, x.byteOffset, n), HEADER);
+  return u8;
+}
+
+// -- weights, checked against the manifest ----------------------------------------------
+
+function hex(buf) { return Array.from(new Uint8Array(buf), (b) => b.toString(16).padStart(2, "0")).join(""); }
+
+// JSON as Python's json.dumps(sort_keys=True, separators=(",", ":")) writes it (ASCII input).
+function canonical(v) {
+  if (Array.isArray(v)) return "[" + v.map(canonical).join(",") + "]";
+  if (v && typeof v === "object") return "{" + Object.keys(v).sort().map((k) => JSON.stringify(k) + ":" + canonical(v[k])).join(",") + "}";
+  return JSON.stringify(v);
+}
+
+async function tabGet(what, layers) {
+  const r = await fetch(`/tab/${what}?layers=${encodeURIComponent(layers)}`);
+  if (!r.ok) throw new Error(`${what}: HTTP ${r.status}: ${(await r.json().catch(() => ({}))).error || r.statusText}`);
+  return r;
+}
+
+// The weights of `bundle`'s range, each part's SHA-256 checked against the manifest.
+async function fetchChecked(layers, bundle, progress) {
+  if (!crypto.subtle) throw new Error("no WebCrypto here (a page on http:// other than 127.0.0.1 or localhost is not a secure context)");
+  const get = (what) => tabGet(what, layers);
+  const manifest = await (await get("manifest.json")).json();
+  const body = Object.fromEntries(Object.entries(manifest).filter(([k]) => k !== "sha256"));
+  const msha = hex(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(canonical(body))));
+  if (msha !== manifest.sha256) throw new Error("the weights manifest does not match its own sha256");
+  if (manifest.start !== bundle.start || manifest.end !== bundle.end) throw new Error("the manifest is of another range");
+  const r = await get("weights.bin");
+  const total = Number(r.headers.get("Content-Length")) || bundle.bytes;
+  if (total !== bundle.bytes) throw new Error(`weights of ${total} bytes, the bundle says ${bundle.bytes}`);
+  const buf = new Uint8Array(total);
+  const reader = r.body.getReader();
+  let got = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    if (got + value.length > total) throw new Error("more weight bytes than announced");
+    buf.set(value, got);
+    got += value.length;
+    progress(got / total);
+  }
+  if (got !== total) throw new Error(`weights: ${got} of ${total} bytes arrived`);
+  for (const t of bundle.tensors) {
+    let off = t.offset;
+    for (const name of t.parts) {
+      const m = manifest.tensors[name];
+      if (!m || m.dtype !== "F32") throw new Error(`${name}: not a float32 tensor of the manifest`);
+      const sha = hex(await crypto.subtle.digest("SHA-256", buf.subarray(off, off + m.nbytes)));
+      if (sha !== m.sha256) throw new Error(`${name}: its bytes do not match the manifest's sha256`);
+      off += m.nbytes;
+    }
+    if (off !== t.offset + t.shape.reduce((a, c) => a * c, 1) * 4) throw new Error(`${t.name} of layer ${t.layer}: parts do not fill it`);
+  }
+  return buf.buffer;
+}
+
+// -- the room --------------------------------------------------------------------------
+
+function waitFor(target, event, test, ms, what) {
+  return new Promise((ok, no) => {
+    if (test()) { ok(); return; }
+    const timer = setTimeout(() => no(new Error(`${what}: nothing within ${ms / 1000} s`)), ms);
+    target.addEventListener(event, () => { if (test()) { clearTimeout(timer); ok(); } });
+  });
+}
+
+function remoteMaxMessage(sdp) {  // RFC 8841 section 6, as webrtc.py's remote_max_message_size
+  const m = /^a=max-message-size:(\d+)\s*$/m.exec(sdp);
+  if (!m) return 65536;
+  const v = Number(m[1]);
+  return v > 0 ? v : 262144;
+}
+
+export class TabWorker {
+  // opts: {relay, room, device, peers, host, layers ("A-B"), iceServers, relayOnly, show(status, detail)}
+  constructor(opts) {
+    this.o = opts;
+    this.show = opts.show || (() => {});
+    this.links = {};
+    this.reasm = {};
+    this.msgId = 0;
+    this.log = [];
+    this.status = "Standing by";
+    this.error = null;
+    this.stats = { frames_in: 0, frames_out: 0, rejected: 0, tokens: 0, passes: 0 };
+    this.ms = [];  // [tokens, ms] per stage run, the tab's own clock
+    this.queue = Promise.resolve();
+    this.stage = null;
+    this.plan = null;
+    this.slotQuestion = new Map();
+    this.slotKv = new Map();
+    this.heardMs = {};
+    this.waiting = [];  // frames that came before the layers were loaded
+  }
+
+  note(line) { this.log.push(line); if (this.log.length > 200) this.log.shift(); console.log("[tab] " + line); }
+  say(status, detail) { this.status = status; this.show(status, detail || ""); }
+
+  async start() {
+    const o = this.o;
+    if (!/^[A-Za-z0-9_.-]{1,64}$/.test(o.device)) throw new Error(`device id ${JSON.stringify(o.device)}: 1-64 letters, digits, . _ -`);
+    this.say("Standing by", `joining room ${o.room} as ${o.device}`);
+    const bundle = await (await tabGet("bundle.json", o.layers)).json();  // the host checks the range
+    this.range = [bundle.start, bundle.end];
+    this.shown = `${bundle.start + 1}-${bundle.end}`;
+    await this.connect();
+    this.beat = setInterval(() => this.broadcast({ type: "heartbeat" }), HEARTBEAT_MS);
+    this.broadcast({ type: "hello", device: o.device, host: false, layers: this.range, lends: 0 });
+    this.say("Loading 0%", `layers ${this.shown}`);
+    const weights = await fetchChecked(o.layers, bundle, (f) => this.say(`Loading ${Math.floor(f * 100)}%`, `layers ${this.shown}`));
+    this.stage = await TabStage.create(bundle, weights);
+    this.bundle = bundle;
+    this.mb = weights.byteLength / 1e6;
+    this.note(`layers ${this.shown} loaded (${this.mb.toFixed(0)} MB, adapter ${this.stage.adapterInfo})`);
+    this.loaded = true;
+    this.serving();
+    for (const [src, u8] of this.waiting.splice(0)) this.onResidual(src, u8);
+  }
+
+  serving() {
+    if (this.loaded && this.plan) this.say(`Serving · Layers ${this.shown} · ${this.mb.toFixed(0)} MB · ${this.o.model || "the room's model"}`);
+  }
+
+  async connect() {
+    const o = this.o;
+    const ws = new WebSocket(`${o.relay}/room/${o.room}`);
+    ws.binaryType = "arraybuffer";
+    const present = new Set(), inbox = {};
+    for (const p of o.peers) inbox[p] = [];
+    const bus = new EventTarget();
+    ws.onmessage = (ev) => {
+      let m;
+      try { m = JSON.parse(ev.data); } catch { return; }
+      if (m.type === "peers" && Array.isArray(m.devices)) m.devices.forEach((d) => present.add(d));
+      else if (m.type === "signal" && inbox[m.from] && m.data && typeof m.data.sdp === "string") inbox[m.from].push(m.data);
+      bus.dispatchEvent(new Event("m"));
+    };
+    ws.onclose = () => bus.dispatchEvent(new Event("m"));
+    await waitFor(ws, "open", () => ws.readyState === 1, 10000, "the relay");
+    ws.send(JSON.stringify({ type: "hello", device: o.device }));
+    await Promise.all(o.peers.map((p) => this.link(p, ws, bus, present, inbox)));
+    ws.close();  // the relay saw the SDP exchange and nothing after it
+    this.note(`connected to ${o.peers.join(", ")}`);
+  }
+
+  async link(peer, ws, bus, present, inbox) {
+    const o = this.o;
+    const pc = new RTCPeerConnection({ iceServers: o.iceServers || [], iceTransportPolicy: o.relayOnly ? "relay" : "all" });
+    const chans = CHANNELS.map((name, id) => {
+      const ch = pc.createDataChannel(name, { ordered: true, negotiated: true, id });
+      ch.binaryType = "arraybuffer";
+      ch.onmessage = (ev) => this.onWire(peer, name, ev.data);
+      this.reasm[peer + "\0" + name] = new Reassembler();
+      return ch;
+    });
+    this.links[peer] = { pc, chans, maxWire: 65536 };
+    pc.onconnectionstatechange = () => {
+      if (["failed", "closed"].includes(pc.connectionState) && !this.over) this.lost(peer, `connection ${pc.connectionState}`);
+    };
+    const gathered = () => waitFor(pc, "icegatheringstatechange", () => pc.iceGatheringState === "complete", 10000, "gathering candidates");
+    const next = async (kind) => {
+      await waitFor(bus, "m", () => inbox[peer].length > 0 || ws.readyState > 1, 60000, `the ${kind} from ${peer}`);
+      const d = inbox[peer].shift();
+      if (!d || d.type !== kind) throw new Error(`expected an SDP ${kind} from ${peer}`);
+      return d;
+    };
+    const send = () => ws.send(JSON.stringify({ type: "signal", to: peer, data: { type: pc.localDescription.type, sdp: pc.localDescription.sdp } }));
+    if (o.device < peer) {  // the smaller id offers, as connect_room
+      await waitFor(bus, "m", () => present.has(peer), 60000, `${peer} joining the relay`);
+      await pc.setLocalDescription(await pc.createOffer());
+      await gathered();
+      send();
+      await pc.setRemoteDescription(await next("answer"));
+    } else {
+      await pc.setRemoteDescription(await next("offer"));
+      await pc.setLocalDescription(await pc.createAnswer());
+      await gathered();
+      send();
+    }
+    this.links[peer].maxWire = remoteMaxMessage(pc.remoteDescription.sdp);
+    await Promise.all(chans.map((ch) => waitFor(ch, "open", () => ch.readyState === "open", 30000, `the ${ch.label} channel to ${peer}`)));
+  }
+
+  // -- out
+  sendRaw(peer, channel, wire) {  // one wire message as is (tests: what a bad peer sends)
+    const lk = this.links[peer];
+    const ch = lk && lk.chans[CHANNELS.indexOf(channel)];
+    if (ch && ch.readyState === "open") ch.send(wire);
+  }
+  send(peer, channel, data) {
+    const lk = this.links[peer];
+    if (!lk) return;
+    for (const w of encodeMessage(++this.msgId, data, channel === "residual" ? lk.maxWire : Math.min(lk.maxWire, 16384))) {
+      this.sendRaw(peer, channel, w);
+    }
+  }
+  control(peer, msg) { this.send(peer, "reply", new TextEncoder().encode(JSON.stringify(msg))); }
+  broadcast(msg) { for (const p of Object.keys(this.links)) this.control(p, msg); }
+
+  // -- in
+  onWire(src, channel, data) {
+    if (this.over) return;
+    this.heardMs[src] = performance.now();
+    if (!(data instanceof ArrayBuffer)) { this.stats.rejected++; this.note(`a text message from ${src} on ${channel} dropped (binary only)`); return; }
+    let msg;
+    try {
+      msg = this.reasm[src + "\0" + channel].feed(new Uint8Array(data));
+    } catch (e) {
+      this.stats.rejected++;
+      this.note(`a piece from ${src} on ${channel} dropped: ${e.message}`);
+      return;
+    }
+    if (msg === null) return;
+    if (channel === "reply") this.onControl(src, msg);
+    else if (channel === "residual") {
+      if (!this.loaded) this.waiting.push([src, msg]); else this.onResidual(src, msg);
+    }
+  }
+
+  onControl(src, bytes) {
+    let m;
+    try { m = JSON.parse(new TextDecoder().decode(bytes)); } catch { this.note(`control message from ${src} ignored: not JSON`); return; }
+    if (!m || typeof m.type !== "string") { this.note(`control message from ${src} ignored: no type`); return; }
+    if (m.type === "heartbeat" || m.type === "hello") return;
+    if (src !== this.o.host) { this.note(`${m.type} from ${src} ignored: only the model host's count`); return; }
+    if (m.type === "plan") this.onPlan(m);
+    else if (m.type === "bye") this.end("Room over", "the host is done");
+    else if (m.type === "abort") this.end("Room over", `the room cannot run: ${String(m.reason).slice(0, 300)}`);
+    else this.note(`${m.type} from ${src} ignored: a tab does not take it`);
+  }
+
+  onPlan(p) {
+    const stages = Array.isArray(p.stages) ? p.stages : [];
+    const i = stages.findIndex((s) => Array.isArray(s) && s[0] === this.o.device);
+    const sch = p.scheduler || {};
+    let why = null;
+    if (i < 0) why = "the plan deals this tab no layers";
+    else if (stages[i][1] !== this.range[0] || stages[i][2] !== this.range[1]) why = `the plan deals this tab layers ${stages[i][1] + 1}-${stages[i][2]}, it holds ${this.shown}`;
+    else if ((sch.dtype || 0) !== 0) why = "the room sends float16 residuals; a tab takes float32 only";
+    else if ((sch.questions_in_flight || 1) !== 1) why = "the room answers several questions at once; a tab keeps one KV cache";
+    if (why) { this.end("Not holding layers", why); return; }
+    this.plan = { host: p.host, next: i + 1 < stages.length ? stages[i + 1][0] : null,
+                  prev: i > 0 ? stages[i - 1][0] : p.host, hidden: sch.hidden, context: sch.context || null,
+                  viaStages: sch.return_path === "via_stages" };
+    this.note(`plan: ${stages.map((s) => `${s[0]} ${s[1] + 1}-${s[2]}`).join(", ")}`);
+    this.serving();
+  }
+
+  reject(src, why) { this.stats.rejected++; this.note(`frame from ${src} rejected: ${why}`); }
+
+  onResidual(src, u8) {
+    let h;
+    try { h = decodeFrame(u8); } catch (e) { this.reject(src, e.message); return; }
+    if (h.kind === KIND.WAKE || h.kind === KIND.ROLLBACK) return;
+    const P = this.plan;
+    if (!P) { this.reject(src, "no plan yet"); return; }
+    if (h.dtype !== 0) { this.reject(src, "a float16 residual"); return; }
+    if (h.hidden !== P.hidden) { this.reject(src, `hidden ${h.hidden}, expected ${P.hidden}`); return; }
+    if (h.kind === KIND.RETURN) { this.send(P.prev, "residual", u8); return; }
+    if (h.kind !== KIND.PREFILL && h.kind !== KIND.DECODE) { this.reject(src, `a kind ${h.kind} frame at a worker`); return; }
+    const cap = Math.min(P.context || Infinity, this.bundle.max_ctx);
+    if (h.first + h.tokens > cap) { this.reject(src, `positions ${h.first}-${h.first + h.tokens - 1} do not fit the cache of ${cap}`); return; }
+    if (h.slot !== 0) { this.reject(src, `KV cache slot ${h.slot}; a tab keeps slot 0 only`); return; }
+    let bad = 0;
+    for (const v of h.x) if (!Number.isFinite(v)) bad++;
+    if (bad) {
+      const reason = `the residual it sent for lap ${h.lap} has ${bad} NaN/inf value${bad !== 1 ? "s" : ""}`;
+      this.reject(src, reason);
+      this.control(P.host, { type: "fault", lap_id: h.lap, device: src, reason });
+      return;
+    }
+    // planner/scheduler/worker.py accept(): a new question starts at 0, a later first
+    // position than the cache holds is stale; an earlier one rolls the cache back, which
+    // this cache does by writing over those positions
+    let kv = this.slotKv.get(h.slot) || 0;
+    if (h.question !== this.slotQuestion.get(h.slot)) {
+      if (h.first !== 0) { this.reject(src, "frame of a question this stage is not serving"); return; }
+      this.slotQuestion.set(h.slot, h.question);
+      kv = 0;
+    }
+    if (h.first > kv) { this.reject(src, `stale: starts at ${h.first}, cache holds ${kv}`); return; }
+    this.slotKv.set(h.slot, h.first + h.tokens);
+    this.stats.frames_in++;
+    this.queue = this.queue.then(() => this.run(h)).catch((e) => this.fail(e));
+  }
+
+  async run(h) {
+    const t0 = performance.now();
+    const y = await this.stage.forward(h.x, h.tokens, h.first);
+    this.ms.push([h.tokens, performance.now() - t0]);
+    this.stats.tokens += h.tokens;
+    this.stats.passes++;
+    const P = this.plan;
+    if (P.next !== null) { this.send(P.next, "residual", encodeFrame(h, h.kind, y)); this.stats.frames_out++; return; }
+    if (!h.returns) return;  // a prefill chunk that does not return: its work is in the KV cache
+    const back = !P.viaStages || P.prev === P.host;
+    this.send(back ? P.host : P.prev, "residual", encodeFrame(h, back ? KIND.RESULT : KIND.RETURN, y));
+    this.stats.frames_out++;
+  }
+
+  lost(peer, why) {
+    this.note(`lost ${peer}: ${why}`);
+    if (peer === this.o.host) this.end("Room over", `lost the model host (${why}); a tab does not wait for it to come back`);
+  }
+
+  fail(e) { this.error = String(e && e.message ? e.message : e); this.note("error: " + this.error); this.end("Room over", this.error); }
+
+  end(status, detail) {
+    if (this.over) return;
+    this.over = true;
+    clearInterval(this.beat);
+    this.note(`${status}: ${detail}`);
+    this.say(status, detail);
+    for (const lk of Object.values(this.links)) lk.pc.close();
+  }
+}
+
+// share.html?layers=A-B[&device=ID][&peers=A,B]: join the room of the page's host as a worker.
+export async function joinFromPage(state, params, show) {
+  const t = state.tab;
+  if (!t) throw new Error("this room takes no tabs that hold layers (the host serves no /tab routes)");
+  const device = params.get("device") || "tab";
+  const peers = (params.get("peers") || t.host).split(",").map((s) => s.trim()).filter((s) => s && s !== device);
+  const w = new TabWorker({ relay: t.relay, room: t.room, device, peers, host: t.host, layers: params.get("layers"),
+                            iceServers: t.ice_servers, relayOnly: t.relay_only, model: state.model, show });
+  window.tabWorker = w;
+  try {
+    await w.start();
+  } catch (e) {
+    w.fail(e);
+  }
+  return w;
+}
