@@ -160,6 +160,15 @@ def test_a_worker_lost_mid_answer_ends_the_room_with_refusals(model_dir, tokeniz
     assert all(v.startswith("refused: w1 left the room") for v in ended.values())
 
 
+async def _until_emitted(host, tokens: int, timeout_s: float = 120.0) -> None:
+    """Wait until ``host`` has emitted ``tokens`` answer tokens; a room that never gets
+    there fails the test with a TimeoutError instead of hanging it."""
+    async def emitted():
+        while host.emitted < tokens:
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(emitted(), timeout_s)
+
+
 def _nodes(model_dir, tokenizer, chain, hub, **cfg) -> list:
     """One Node per ``[device, start, end]`` of ``chain`` over ``hub`` (the first hosts and
     asks PROMPTS), heartbeats every 0.1 s; ``cfg``: more NodeConfig fields."""
@@ -199,8 +208,7 @@ def test_a_worker_that_falls_silent_is_re_dealt_and_the_answers_stay_token_for_t
     async def go():
         for node in nodes:
             node.start()
-        while host.emitted < after:
-            await asyncio.sleep(0.005)
+        await _until_emitted(host, after)
         hub.dead.add(lose)
         await asyncio.wait_for(host.done.wait(), 120)
         for node in nodes:
@@ -262,8 +270,7 @@ def test_two_workers_lost_at_once_the_host_ends_up_with_every_layer_and_answers_
     async def go():
         for node in nodes:
             node.start()
-        while host.emitted < 4:
-            await asyncio.sleep(0.005)
+        await _until_emitted(host, 4)
         hub.dead.update({"w1", "w2"})
         host._on_lost("w1", "killed")  # as the transport reports two failed connections at once
         host._on_lost("w2", "killed")
@@ -296,8 +303,7 @@ def test_a_second_worker_lost_during_the_re_deal_folds_into_it_and_the_answers_s
     async def go():
         for node in nodes:
             node.start()
-        while host.emitted < 4:
-            await asyncio.sleep(0.005)
+        await _until_emitted(host, 4)
         hub.dead.add("w1")
         await asyncio.wait_for(host.done.wait(), 120)
         for node in nodes:
