@@ -238,7 +238,9 @@ class Replan(_Model):
     ``first_lap`` are stale. Each device of ``stages`` answers :class:`Ready`."""
 
     type: Literal["replan"] = "replan"
-    lost: DEVICE_ID
+    lost: Optional[DEVICE_ID] = None
+    #: the device taken back into the chain (a re-deal after it came back; ``lost`` None)
+    back: Optional[DEVICE_ID] = None
     host: DEVICE_ID
     stages: tuple[StageRow, ...] = Field(min_length=1)
     first_lap: int = Field(ge=0)
@@ -436,6 +438,23 @@ class NodeConfig(BaseModel):
             if self.usable_bytes and len(self.layer_bytes) >= merged.stages[-1].end:
                 check_lent(merged, self.usable_bytes, self.layer_bytes, self.host_extra_bytes, current)
             return merged
+        return rule
+
+    def rejoin_rule(self):
+        """The host's rule for a device that came back (planner.chain.RejoinRule): the
+        room's first chain (:attr:`stages`, the planner's deal) with the ranges of the
+        devices still lost merged into their neighbours, checked against what each
+        device lends when :attr:`usable_bytes` is given. Raises DealError when it does
+        not fit (the scheduler then leaves the device out, with the reason)."""
+        from planner.chain import check_lent, merge_lost
+
+        def rule(current: Deal, lost: frozenset[str]) -> Deal:
+            first = self.deal()
+            gone = lost & {s.device for s in first.stages}
+            new = merge_lost(first, frozenset(gone)) if gone else first
+            if self.usable_bytes and len(self.layer_bytes) >= new.stages[-1].end:
+                check_lent(new, self.usable_bytes, self.layer_bytes, self.host_extra_bytes, current)
+            return new
         return rule
 
     def deal(self) -> Deal:

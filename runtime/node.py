@@ -49,6 +49,12 @@ JOINED_SUFFIX = ".joined"
 #: KV positions of a device whose scheduler settings give no context
 DEFAULT_MAX_CTX = 2048
 
+#: seconds a worker that lost the model host says hello again over its live connection
+#: before it asks the relay for a new one: a device whose Wi-Fi dropped for a few seconds
+#: finds the same host still there (chosen: a 7 s drop and some; ICE consent, RFC 7675,
+#: keeps a connection for 30 s without answers)
+REJOIN_LIVE_S = 10.0
+
 
 def load_device(cfg: NodeConfig, max_ctx: int | None = None):
     """Load what ``cfg.device`` computes with: ``(stage or None, tokenizer or None,
@@ -150,6 +156,58 @@ async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optiona
     return node, status
 
 
+async def hello_again(transport, host: str, device: str, live_s: float, beat_s: float = 0.25,
+                      stop: Optional[asyncio.Event] = None) -> bool:
+    """Say Hello to ``host`` every ``beat_s`` over the live connection for up to ``live_s``
+    seconds (a model host that lost this device takes it back: it sends heartbeats again,
+    and re-deals it back when its rule says). True when anything from ``host`` arrives
+    meanwhile; False when nothing did, or ``stop`` was set. The transport's handler is
+    this function's while it waits (the next device round sets its own)."""
+    from .control import Hello, encode_control
+    from .room import REPLY
+    heard = asyncio.Event()
+    transport.set_handler(lambda src, channel, data: heard.set() if src == host else None)
+    msg = encode_control(Hello(device=device))
+    end = time.monotonic() + live_s
+    while time.monotonic() < end and not (stop is not None and stop.is_set()):
+        try:
+            await transport.send(host, REPLY, msg)
+        except Exception:  # TransportError, a closed channel: nothing to say hello on
+            return False
+        try:
+            await asyncio.wait_for(heard.wait(), beat_s)
+            return True
+        except asyncio.TimeoutError:
+            continue
+    return heard.is_set()
+
+
+async def worker_rounds(cfg: NodeConfig, transport, timeout_s: float, stop: asyncio.Event, loaded,
+                        live_s: float = REJOIN_LIVE_S) -> int:
+    """A worker's device rounds over ``transport``: :func:`run_device`; when it loses the
+    model host, Hello again over the live connection for ``live_s`` seconds
+    (:func:`hello_again`: the host still runs and takes it back), else :func:`await_host`
+    (a new connection through the relay); each new round keeps the weights, its KV cache
+    emptied. Returns the last round's exit status."""
+    t0 = time.monotonic()
+    rounds = 0
+    while True:
+        _, status = await run_device(cfg, transport, timeout_s - (time.monotonic() - t0), stop,
+                                     loaded=loaded, append_trace=rounds > 0)
+        rounds += 1
+        if status != LOST_HOST or stop.is_set():
+            return status
+        left = min(cfg.host_wait_s, timeout_s - (time.monotonic() - t0))
+        live = min(live_s, max(left, 0.0))
+        if live > 0 and await hello_again(transport, cfg.host, cfg.device, live, stop=stop):
+            log.warning("%s: the model host %s answered on the live connection: rejoining the room",
+                        cfg.device, cfg.host)
+        elif not await await_host(transport, cfg.host, max(left - live, 0.0), stop):
+            return status
+        if loaded[0] is not None:
+            loaded[0].rollback(0)  # same weights, empty KV cache: the host replays what it needs
+
+
 async def await_host(transport, host: str, wait_s: float, stop: Optional[asyncio.Event] = None,
                      say: Callable[[str], None] = lambda line: log.warning("%s", line)) -> bool:
     """A worker lost the model host ``host``: say "Host reconnecting" and wait up to
@@ -217,21 +275,12 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
     if cfg.trace_path and cfg.device == cfg.host:  # tells run --real the room started
         with open(cfg.trace_path + JOINED_SUFFIX, "w", encoding="utf-8"):
             pass
-    t0 = time.monotonic()
     stop = stop_on_signals() if stop is None else stop
-    rounds = 0
     try:
-        while True:
-            _, status = await run_device(cfg, transport, timeout_s - (time.monotonic() - t0), stop,
-                                         loaded=loaded, append_trace=rounds > 0)
-            rounds += 1
-            if status != LOST_HOST or stop.is_set():
-                break
-            left = min(cfg.host_wait_s, timeout_s - (time.monotonic() - t0))
-            if not await await_host(transport, cfg.host, max(left, 0.0), stop):
-                break
-            if loaded[0] is not None:
-                loaded[0].rollback(0)  # same weights, empty KV cache: the host replays what it needs
+        if cfg.device == cfg.host:
+            _, status = await run_device(cfg, transport, timeout_s, stop, loaded=loaded)
+        else:
+            status = await worker_rounds(cfg, transport, timeout_s, stop, loaded)
     finally:
         await transport.close()
     return status

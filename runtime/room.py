@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.frames import FrameError, FrameHeader, FrameKind
-from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
+from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceBack, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
                               FrameArrived, LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
@@ -50,8 +50,8 @@ from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-from .control import (ControlError, Crash, Fault, Heartbeat, Loading, NodeConfig, Ready, Replan, encode_control,
-                      parse_control)
+from .control import (ControlError, Crash, Fault, Heartbeat, Hello, Loading, NodeConfig, Ready, Replan,
+                      encode_control, parse_control)
 from .drafters import ngram_draft
 from .work import NumericalFault, consumes_residual, nonfinite, run_work
 
@@ -168,7 +168,8 @@ class Node:
         self.compute_errors = 0
         self.is_host = config.device == config.host
         self.chain = Chain(self.deal, self.sched_cfg, runs={config.device},
-                           redeal=config.redeal_rule() if config.recover else None)
+                           redeal=config.redeal_rule() if config.recover else None,
+                           rejoin=config.rejoin_rule() if config.recover else None)
         self.driver = Driver(self.chain, self, self._record, self._notify)
         #: the heartbeat timers (sans-IO, time.monotonic() seconds): who was heard when, who is spared
         self.liveness = Liveness(config.peers, config.heartbeat_s, config.heartbeat_timeout_s, REDEAL_GRACE_S,
@@ -205,7 +206,8 @@ class Node:
 
     def _on_message(self, src: str, channel: str, data: bytes) -> None:
         if src in self.lost_peers and all(s.device != src for s in self.deal.stages):
-            return  # a lost device left the chain: late messages from it are ignored
+            self._from_lost(src, channel, data)  # a lost device left the chain: only its hello counts
+            return
         self.liveness.heard(src, time.monotonic())
         if channel == REPLY:
             self._on_control(src, data)
@@ -241,6 +243,36 @@ class Node:
         self.residual[h.lap_id] = x
         self.handle(FrameArrived(self.cfg.device, src, h))
 
+    def _from_lost(self, src: str, channel: str, data: bytes) -> None:
+        """A message from ``src``, lost and out of the chain: on the model host its Hello
+        starts its rejoin (planner.liveness: heard steadily for the rejoin hold, it is
+        back: :meth:`_back`), and while it comes back what it sends keeps it heard;
+        anything else from it is ignored."""
+        if not self.is_host:
+            return
+        now = time.monotonic()
+        if channel == REPLY and not self.liveness.coming_back(src):
+            try:
+                msg = parse_control(data)
+            except ControlError:
+                return
+            if isinstance(msg, Hello) and msg.device == src:
+                log.warning("%s: %s said hello again; taking it back once heard for the rejoin hold",
+                            self.cfg.device, src)
+                self.liveness.returned(src, now)
+            return
+        if self.liveness.coming_back(src):
+            self.liveness.heard(src, now)
+
+    def _back(self, peer: str) -> None:
+        """``peer``, lost, has been heard for its rejoin hold: it is a member again
+        (DeviceBack; the host's rejoin rule may re-deal it back into the chain)."""
+        self.lost_peers.discard(peer)
+        if hasattr(self.transport, "revive"):
+            self.transport.revive(peer)
+        log.warning("%s: %s is back", self.cfg.device, peer)
+        self.handle(DeviceBack(peer, "said hello again"))
+
     def _on_control(self, src: str, data: bytes) -> None:
         try:
             msg = parse_control(data)
@@ -272,7 +304,7 @@ class Node:
             log.info("%s: %s closed after the room ended: %s", self.cfg.device, peer, reason)
             return
         self.lost_peers.add(peer)
-        self.liveness.forget(peer)
+        self.liveness.forget(peer, time.monotonic())
         log.warning("%s: lost %s: %s", self.cfg.device, peer, reason)
         if peer == self.cfg.host and not self.is_host:
             self.lost_host.set()
@@ -568,7 +600,7 @@ class Node:
         if self.cfg.room_key:
             from .control import manifest_signature
             sigs = {d: manifest_signature(self.cfg.room_key, d, *copies[d], sha) for d, sha in manifests.items()}
-        msg = encode_control(Replan(lost=r.lost, host=r.host, stages=r.stages, first_lap=r.first_lap,
+        msg = encode_control(Replan(lost=r.lost or None, back=r.back, host=r.host, stages=r.stages, first_lap=r.first_lap,
                                     manifests=manifests, copy_ranges=copies, signatures=sigs))
         for d in others:
             self._tasks.append(asyncio.ensure_future(self._send(d, REPLY, msg)))
@@ -588,6 +620,12 @@ class Node:
             return  # an older plan than one already taken
         self._latest_redeal = msg.first_lap
         self._start_grace()
+        for d, _, _ in msg.stages:  # a device the host took back: a peer of this one again
+            if d in self.lost_peers:
+                self.lost_peers.discard(d)
+                self.liveness.revive(d, time.monotonic())
+                if hasattr(self.transport, "revive"):
+                    self.transport.revive(d)
         if any(d == self.cfg.device for d, _, _ in msg.stages):  # before loading: the host spares it then
             self._tasks.append(asyncio.ensure_future(
                 self._send(self.cfg.host, REPLY, encode_control(Loading(first_lap=msg.first_lap)))))
@@ -647,6 +685,8 @@ class Node:
             tick = live.handle_timer(now, {d for waiting in self.awaiting.values() for d in waiting})
             for p, silent_s, rule in tick.lost:
                 self._on_lost(p, lost_reason(silent_s, rule), self.clock() - silent_s)
+            for p in tick.back:
+                self._back(p)
             for p in tick.beat:
                 asyncio.ensure_future(self._send(p, REPLY, beat))
 

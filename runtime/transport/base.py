@@ -62,6 +62,11 @@ class Transport:
             self._lost_peers.add(peer)
             self._lost_handler(peer, reason)
 
+    def revive(self, peer: str) -> None:
+        """``peer``, reported lost, is back (it said hello again on its connection): a
+        later failure of its connection is reported again."""
+        self._lost_peers.discard(peer)
+
     @property
     def handler(self) -> Optional[Handler]:
         """The handler installed now (None before one is set); a layer that wants some

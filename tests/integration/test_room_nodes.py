@@ -350,3 +350,61 @@ def test_a_compute_failure_on_the_host_ends_that_question_with_a_reason_not_a_ha
     assert host.ended[0].startswith("refused: ") and "host" in host.ended[0]
     assert "RuntimeError: device memory lost" in host.ended[0]
     assert host.ended[1] == "answered" and host.answers[1] == reference[1]
+
+
+def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_back(model_dir, tokenizer,
+                                                                                  reference):
+    """host 1-20, w1 21-30; after 4 answer tokens w1 is cut off both ways (a Wi-Fi drop)
+    until the host has lost it and one more second: the host re-deals to 1-30 and answers
+    on. w1, having lost the host by its own rule, says Hello again over the same connection
+    (runtime.node.worker_rounds: hello_again, its weights kept); the host takes it back
+    after the rejoin hold (DeviceBack) and re-deals it back to the first chain, 1-20 /
+    21-30, which answers the second question with w1: both answers are greedy."""
+    from runtime.node import worker_rounds
+    chain = [["host", 0, 20], ["w1", 20, 30]]
+    hub = Hub()
+    host, w1 = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0, recover=True)
+    host.keep_open = True
+    host.cfg = host.cfg.model_copy(update={"prompts": []})
+    w_cfg, w_stage = w1.cfg, w1.stage
+    hub.handlers.pop("w1", None)  # the worker runs its own rounds (a fresh Node each round)
+    records = []
+
+    async def go():
+        stop = asyncio.Event()
+        host.start()
+        worker = asyncio.ensure_future(worker_rounds(w_cfg, hub.transport("w1"), 120.0, stop,
+                                                     (w_stage, None, None), live_s=30.0))
+        await asyncio.sleep(0.5)
+        q0 = host.ask(tokenizer.encode_chat(PROMPTS[0]), MAX_NEW, "host")
+        while host.emitted < 4:
+            await asyncio.sleep(0.005)
+        hub.dead.add("w1")
+        while "w1" not in host.lost_peers:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.0)
+        hub.dead.discard("w1")
+        for _ in range(6000):
+            if any(type(o).__name__ == "Redeal" and o.back == "w1" for _, o in host.trace) and not host.awaiting:
+                break
+            await asyncio.sleep(0.01)
+        while q0 not in host.ended:
+            await asyncio.sleep(0.01)
+        sent_before = sum(1 for s, d, ch, _ in hub.sent if (s, d, ch) == ("host", "w1", "residual"))
+        q1 = host.ask(tokenizer.encode_chat(PROMPTS[1]), MAX_NEW, "host")
+        while q1 not in host.ended:
+            await asyncio.sleep(0.01)
+        records.append(sum(1 for s, d, ch, _ in hub.sent if (s, d, ch) == ("host", "w1", "residual")) - sent_before)
+        stop.set()
+        await host.stop()
+        await asyncio.wait_for(worker, 30)
+        return q0, q1
+    q0, q1 = asyncio.run(go())
+    assert [host.answers[q0], host.answers[q1]] == reference
+    assert host.ended[q0] == host.ended[q1] == "answered"
+    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
+    assert [(r.lost, r.back, [tuple(s) for s in r.stages]) for r in redeals] == [
+        ("w1", None, [("host", 0, 30)]), ("", "w1", [("host", 0, 20), ("w1", 20, 30)])]
+    backs = [o for _, o in host.trace if type(o).__name__ == "DeviceBack"]
+    assert [b.device for b in backs] == ["w1"]
+    assert records[0] > 0  # the second answer's frames went through w1 again
