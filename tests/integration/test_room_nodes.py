@@ -399,7 +399,7 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
         await host.stop()
         await asyncio.wait_for(worker, 30)
         return q0, q1
-    q0, q1 = asyncio.run(go())
+    q0, q1 = asyncio.run(asyncio.wait_for(go(), 180))  # a room that never answers fails, never hangs
     assert [host.answers[q0], host.answers[q1]] == reference
     assert host.ended[q0] == host.ended[q1] == "answered"
     redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
