@@ -127,7 +127,17 @@ def test_a_plain_room_with_compute_noise_gets_a_range_not_a_point():
     point = simulate(scn, d, trace=False).metrics
     a, b = predict_range(scn, d, point, 6), predict_range(scn, d, point, 6)
     assert a == b and a["replicas"] == 6
-    assert a["tokens_per_s"]["p90"] > a["tokens_per_s"]["p10"]
+    # the arithmetic, not a speed: each replica is the room simulated with its compute
+    # factor (a block-bootstrap mean drawn from the noise's own stream), and the range is
+    # the percentiles of those replicas
+    import numpy as np
+    from splitroom.ranges import compute_factors, with_compute_factor
+    factors = compute_factors(scn.profile.stage_noise, 6,
+                              np.random.default_rng(np.random.SeedSequence([scn.seed, 0xC0FFEE])))
+    assert len(set(factors)) > 1 and all(0.8 <= f <= 1.4 for f in factors)
+    each = [simulate(with_compute_factor(scn, f), d, trace=False).metrics["tokens_per_s"] for f in factors]
+    for q in (10, 50, 90):
+        assert a["tokens_per_s"][f"p{q}"] == pytest.approx(float(np.percentile(each, q)))
     # the same room at another seed draws other factors
     c = predict_range(dataclasses.replace(scn, seed=scn.seed + 1), d, point, 6)
     assert c["tokens_per_s"] != a["tokens_per_s"]
