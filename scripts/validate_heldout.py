@@ -118,7 +118,7 @@ def calibrate(small: bool, out: Path):
 
 
 def _parts(cal: dict) -> dict:
-    """A run's measured parts for the bias (splitroom.real.calibrate's mapping)."""
+    """A run's measured parts for the bias (planner.trace_fit.fit_trace's mapping)."""
     return {"s_per_layer": cal.get("s_per_layer", {}), "hop_p50_s": cal.get("hop_p50_s"),
             "hop_s": cal.get("hop_s"), "head_s_per_row": cal.get("head_s_per_row")}
 

@@ -217,7 +217,7 @@ def stage_noise(stage_s_each: dict[str, Sequence[float]]) -> tuple[float, ...]:
 def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int], host: DeviceProfile,
                    before: TransportProfile, after: TransportProfile,
                    slowdowns: dict[str, float] | None = None) -> dict:
-    """A calibration room's overheads from its measured parts (splitroom.real.calibrate's
+    """A calibration room's overheads from its measured parts (planner.trace_fit.fit_trace's
     mapping ``cal``) and the parts measured alone.
 
     ``alone_s``: device -> the profile's pass time of its stage (seconds, one token at

@@ -6,14 +6,13 @@ channels between the processes. With root and the tools for it, each device runs
 own network namespace and the scenario's round trip is applied to its packets
 (runtime/netem.py); otherwise the room runs on loopback and says so.
 
-Calibration (what the prediction takes from the measurement, nothing else):
-* each device's seconds per layer: its median decode (or verify) stage time / its layers;
-* the per-hop overhead: the mean decode hop time minus the emulated one-way delay;
-* the host's output head per row, the drafter's cost per token, and the accepted
-  length of every verify lap (replayed in order by the simulator's acceptance model);
-* the workload: the measured prompt and answer lengths;
-* the transport's initial congestion window (aiortc as tuned by runtime.transport:
-  10 chunks of 1160 bytes), so large frames pay their slow-start round trips.
+Calibration (what the prediction takes from the measurement, nothing else; the fitting
+is :mod:`planner.trace_fit`, pure): each device's seconds per layer, the per-hop overhead
+over the emulated one-way delay, the host's output head per row, the drafter's cost per
+token and the accepted length of every verify lap, the measured prompt and answer
+lengths, and the transport's initial congestion window (aiortc as tuned by
+runtime.transport: 10 chunks of 1160 bytes), so large frames pay their slow-start round
+trips.
 """
 
 from __future__ import annotations
@@ -36,7 +35,9 @@ import numpy as np
 from planner.deal import Deal
 from planner.metrics import compute as compute_metrics
 from planner.privacy import TAIL_SUFFIX
-from planner.room import DEFAULT_BANDWIDTH_BPS, RUNTIME_DRAFTERS, Scenario
+from planner.protocol import BeginAnswer, DeviceLost
+from planner.room import RUNTIME_DRAFTERS, Scenario
+from planner.trace_fit import calibrated_scenario, fit_trace
 
 DEFAULT_PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.")
 
@@ -202,152 +203,6 @@ def _faults(scn: Scenario, deal: Deal) -> tuple[list, list, dict]:
             continue
         redeals[dev] = [(s.device, s.start, s.end) for s in new.stages]
     return crash, crash_s, redeals
-
-
-def calibrate(trace: list, deal: Deal) -> dict:
-    """From a measured trace: per device, seconds per layer of its decode/verify stages
-    (median, at the run's own lap size) and of its prefill chunks; the hop time (mean
-    and median over decode/verify frames); the host's head seconds per row; drafting
-    seconds per token; and the accepted length of every draft made on a correct
-    assumption (for the simulator's recorded acceptance). Compute times are the nodes'
-    Computed records (queue wait excluded); ``stage_s_each`` keeps every decode/verify
-    stage time per device in trace order (seconds)."""
-    prefill = {o.lap_id for _, o in trace if type(o).__name__ == "LapEnded" and o.kind == "prefill"}
-    prefill |= {o.header.lap_id for _, o in trace if type(o).__name__ == "SendFrame" and o.header.kind.name == "PREFILL"}
-    tokens: dict = {}
-    rows: dict = {}
-    ks: dict = {}
-    stage_s: dict[str, list[float]] = {}
-    pre_s: dict[str, dict[int, list[float]]] = {}
-    lap_tokens: list[int] = []
-    sends: dict = {}
-    hops: list[float] = []
-    head_per_row: list[float] = []
-    draft_s = 0.0
-    drafted = 0
-    draft_cmds: list = []
-    ready: dict[int, tuple[int, ...]] = {}
-    prompt_len: dict[int, int] = {}
-    answer: dict[int, dict[int, int]] = {}
-    for t, o in trace:
-        name = type(o).__name__
-        if name == "RunStage":
-            tokens[(o.device, o.lap_id)] = o.tokens
-            if o.lap_id not in prefill:
-                lap_tokens.append(o.tokens)
-        elif name == "RunHead":
-            rows[o.lap_id] = o.rows
-        elif name == "Draft":
-            ks[o.draft_id] = o.k
-            draft_cmds.append(o)
-        elif name == "DraftReady":
-            ready[o.draft_id] = o.tokens
-        elif name == "Computed":
-            if o.command == "RunStage" and (o.device, o.ref) in tokens:
-                if o.ref in prefill:
-                    pre_s.setdefault(o.device, {}).setdefault(tokens[(o.device, o.ref)], []).append(o.seconds)
-                else:
-                    stage_s.setdefault(o.device, []).append(o.seconds)
-            elif o.command == "RunHead" and o.ref in rows and o.ref not in prefill:
-                head_per_row.append(o.seconds / rows[o.ref])
-            elif o.command == "Draft" and o.ref in ks:
-                draft_s += o.seconds
-                drafted += ks[o.ref]
-        elif name == "SendFrame" and o.header.lap_id not in prefill:
-            sends[(o.src, o.dst, o.header.lap_id)] = t
-        elif name == "FrameArrived" and (o.src, o.device, o.header.lap_id) in sends:
-            hops.append(t - sends.pop((o.src, o.device, o.header.lap_id)))
-        elif name == "BeginAnswer":
-            prompt_len[o.question_id] = o.prompt_tokens
-        elif name == "EmitToken":
-            answer.setdefault(o.question_id, {})[o.index] = o.token
-    per_layer = {}
-    chunk = {}
-    for st in deal.stages:
-        xs = stage_s.get(st.device)
-        if xs and st.layers:
-            per_layer[st.device] = float(np.median(xs)) / st.layers
-        by_n = pre_s.get(st.device)
-        if by_n and st.layers:
-            n = max(by_n, key=lambda k: (len(by_n[k]), k))
-            chunk[st.device] = (n, float(np.median(by_n[n])) / st.layers)
-    return {"s_per_layer": per_layer, "lap_tokens": int(np.median(lap_tokens)) if lap_tokens else 1,
-            "chunk_s_per_layer": chunk, "stage_s_each": {k: list(v) for k, v in stage_s.items()},
-            "hop_s": float(np.mean(hops)) if hops else 0.0,
-            "hop_p50_s": float(np.median(hops)) if hops else 0.0, "hops": len(hops),
-            "head_s_per_row": float(np.median(head_per_row)) if head_per_row else None,
-            "draft_s_per_token": draft_s / drafted if drafted else None,
-            "accepted": _accepted_per_draft(draft_cmds, ready, prompt_len, answer)}
-
-
-def _accepted_per_draft(draft_cmds: list, ready: dict, prompt_len: dict, answer: dict) -> list[int]:
-    """For each draft made on a correct assumption, in order, how many of its leading
-    tokens equal the committed answer: the sequence the simulator's recorded-acceptance
-    model replays (it draws exactly for such drafts, so the two runs stay in step)."""
-    out = []
-    for c in draft_cmds:
-        toks = ready.get(c.draft_id)
-        ans = answer.get(c.question_id, {})
-        p = prompt_len.get(c.question_id)
-        if toks is None or p is None:
-            continue
-
-        def committed(pos: int):
-            return ans.get(pos - p)
-        if any(committed(c.base_len + i) != a for i, a in enumerate(c.assumed)):
-            continue  # drafted on a wrong assumption: the simulator draws nothing here either
-        j = c.base_len + len(c.assumed)
-        n = 0
-        while n < len(toks) and committed(j + n) == toks[n]:
-            n += 1
-        out.append(n)
-    return out
-
-
-def _calibrated_device(d, scn: Scenario, cal: dict):
-    """A device with its measured seconds per layer, and an effective compute rate that
-    makes the simulator's roofline give the measured prefill-chunk time too.
-
-    Model: t(n) = t_a * max(1, n / n0) per layer, memory bound up to the knee n0, where
-    t_a is measured at the run's lap size a and t_c at the prefill chunk size c, so
-    n0 = c * t_a / t_c (kept >= a); the roofline has its knee where n0 * flops / compute
-    equals bytes / bandwidth, so compute = n0 * flops * bandwidth / bytes.
-    """
-    s = cal["s_per_layer"].get(d.id)
-    if s is None:
-        return dataclasses.replace(d, clocks_down=False)
-    out = dataclasses.replace(d, s_per_layer=s, clocks_down=False)
-    c_meas = cal.get("chunk_s_per_layer", {}).get(d.id)
-    a = cal.get("lap_tokens", 1)
-    if c_meas is not None and c_meas[0] > a and c_meas[1] > s:
-        c, t_c = c_meas
-        n0 = max(c * s / t_c, float(a))
-        bw = d.memory_bandwidth_Bps or DEFAULT_BANDWIDTH_BPS.get(d.kind, DEFAULT_BANDWIDTH_BPS["computer"])
-        m = scn.model
-        out = dataclasses.replace(out, memory_bandwidth_Bps=bw,
-                                  compute_flops=n0 * m.layer_flops_per_token * bw / m.layer_active_bytes)
-    return out
-
-
-def calibrated_scenario(scn: Scenario, cal: dict, rtt_s: float, prompt_tokens: int, answer_tokens: int,
-                        questions: int) -> Scenario:
-    """``scn`` with measured seconds per layer, the measured hop overhead and workload."""
-    # processes on one machine do not clock down like a phone's GPU: predict none
-    devices = tuple(_calibrated_device(d, scn, cal) for d in scn.devices)
-    from planner.room import Jitter
-    overhead = max(cal["hop_s"] - rtt_s / 2, 0.0)
-    from runtime.transport import INITIAL_WINDOW_BYTES
-    net = dataclasses.replace(scn.network, rtt_s=rtt_s, hop_overhead_s=overhead, jitter=Jitter(), episodes=None,
-                              links=(), window_bytes=INITIAL_WINDOW_BYTES)
-    wl = dataclasses.replace(scn.workload, prompt_tokens=max(prompt_tokens, 1), answer_tokens=max(answer_tokens, 1),
-                             questions=questions, asked_by=())
-    dec = scn.decoding
-    if dec.speculative is not None:
-        spec = dataclasses.replace(dec.speculative, accepted_sequence=tuple(cal.get("accepted") or ()),
-                                   draft_s_per_token=cal.get("draft_s_per_token") or dec.speculative.draft_s_per_token)
-        dec = dataclasses.replace(dec, speculative=spec)
-    return dataclasses.replace(scn, devices=devices, network=net, workload=wl, decoding=dec,
-                               measured_head_s_per_row=cal.get("head_s_per_row"))
 
 
 def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int) -> Scenario:
@@ -555,7 +410,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
         if path.exists():
             records.append([json.loads(line) for line in path.read_text().splitlines() if line.strip()])
             if c.device == deal.host:
-                losses = [(o.device, o.reason) for _, o in merge_traces(records[-1:]) if type(o).__name__ == "DeviceLost"]
+                losses = [(o.device, o.reason) for _, o in merge_traces(records[-1:]) if isinstance(o, DeviceLost)]
     trace = merge_traces(records)
     measured = compute_metrics(trace)
     info = json.loads(Path(cfgs[0].trace_path + ".answers.json").read_text())
@@ -565,11 +420,12 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     ended = [how.get(str(i), "lost: the model host ended without answering or refusing it") for i in range(asked)]
     aligned = [dict(info["answers"].get(str(i), {"text": "", "token_ids": []}), ended=ended[i])
                for i in range(asked)]
-    cal = calibrate(trace, deal)
-    prompt_lens = [o.prompt_tokens for _, o in trace if type(o).__name__ == "BeginAnswer"]
+    cal = fit_trace(trace, deal)
+    prompt_lens = [o.prompt_tokens for _, o in trace if isinstance(o, BeginAnswer)]
     n_ans = [len(a["token_ids"]) for a in answers] or [1]
+    from runtime.transport import INITIAL_WINDOW_BYTES
     pred_scn = calibrated_scenario(scn, cal, rtt_s, int(np.mean(prompt_lens)) if prompt_lens else 1,
-                                   int(round(np.mean(n_ans))), len(answers) or 1)
+                                   int(round(np.mean(n_ans))), len(answers) or 1, INITIAL_WINDOW_BYTES)
     from sim.driver import simulate
     if scn.faults:  # only the devices that run a process can take a lost range, as in the real room
         pred_scn = dataclasses.replace(pred_scn, devices=tuple(
