@@ -11,7 +11,8 @@ Endpoints:
 * ``GET /v1/models``: the model, only while the room is ready (every stage loaded its
   weights and connected, none lost: the host has heard every worker's node, which
   speaks only once its layers are loaded); an empty list otherwise.
-* ``GET /metrics``: Prometheus text (prometheus_client, a registry of its own).
+* ``GET /metrics``: Prometheus text (prometheus_client, a registry of its own);
+  ``splitroom_ready`` is worked out when scraped, by /health's rule.
 * ``GET /health``: 200 when the room is ready, else 503 (a load balancer's rule), with
   ``ready``, the reason, the queue and the stages of the deal the room runs now; a room
   that answers but whose relay is gone says ``degraded`` ("relay lost: no device can
@@ -48,8 +49,8 @@ from typing import Any, Awaitable, Callable, Optional
 
 from aiohttp import web
 
-from planner.protocol import (AnswerDone, BeginAnswer, Computed, DeviceLost, EmitToken, FrameArrived, LapEnded,
-                              QuestionAsked, Refuse, SendFrame)
+from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Computed, DeviceBack, DeviceLost, EmitToken,
+                              FrameArrived, LapEnded, QuestionAsked, Redeal, Refuse, SendFrame)
 from planner.sampling import GREEDY
 
 from .api import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, StopMatcher, chunk_body, completion_body,
@@ -125,7 +126,10 @@ class RoomServer:
         self.tokenizer = None
         self.phase = "starting"
         self.phase_reason = "the room is starting"
+        #: devices lost and not back (a device that comes back, DeviceBack, leaves it)
         self.lost: list[str] = []
+        #: the device the re-deal under way takes back (Redeal.back), or None
+        self.redeal_back: Optional[str] = None
         self.tickets: dict[int, _Ticket] = {}
         #: where a browser guest connects (relay URL, room, desk id), or None
         self.guest_info: Optional[dict] = None
@@ -164,8 +168,10 @@ class RoomServer:
     def _metrics(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         r = self.registry = CollectorRegistry()
-        self.m_ready = Gauge("splitroom_ready", "1 when every stage is loaded and connected and none is lost",
+        self.m_ready = Gauge("splitroom_ready", "1 when /health says ready (every stage of the deal the room runs now loaded and "
+                             "connected, not re-dealing, not stopped)",
                              registry=r)
+        self.m_ready.set_function(lambda: 1 if self.readiness()[0] else 0)  # as /health says it when scraped
         self.m_waiting = Gauge("splitroom_queue_waiting", "questions waiting for their turn", registry=r)
         self.m_waiting.set_function(lambda: len(self._host().queue) if self._host() is not None else 0)
         self.m_answering = Gauge("splitroom_answering", "1 while a question is being answered", registry=r)
@@ -191,6 +197,10 @@ class RoomServer:
         self.m_http = Counter("splitroom_http_requests", "HTTP requests by endpoint and status",
                               ["endpoint", "status"], registry=r)
         self.m_lost = Counter("splitroom_devices_lost", "devices the room lost", registry=r)
+        self.m_back = Counter("splitroom_devices_back", "lost devices that came back (said hello again)",
+                              registry=r)
+        self.m_out = Gauge("splitroom_devices_out", "devices lost and not back now", registry=r)
+        self.m_out.set_function(lambda: len(self.lost))
 
     def _host(self):
         node = self.node
@@ -206,7 +216,6 @@ class RoomServer:
             for t in self.tickets.values():
                 if not t.ended:
                     t.items.put_nowait(("failed", reason))
-        self.m_ready.set(1 if self.readiness()[0] else 0)
         self.page.changed()
 
     def attach(self, node) -> None:
@@ -215,7 +224,6 @@ class RoomServer:
         self.tokenizer = node.tokenizer
         node.observers.append(self._observe)
         self.phase, self.phase_reason = "serving", ""
-        self.m_ready.set(1 if self.readiness()[0] else 0)
         self.page.changed()
 
     def readiness(self) -> tuple[bool, str, Optional[int]]:
@@ -229,6 +237,8 @@ class RoomServer:
         if host.stopped:
             return False, f"the room lost a device and stopped: {host.stopped}", RETRY_LOST_S
         if host.recovering is not None:
+            if self.redeal_back is not None:
+                return False, f"re-dealing the layers: {self.redeal_back} came back", RETRY_STARTING_S
             who = ", ".join(self.lost) or "a device"
             return False, f"re-dealing the layers after {who} left", RETRY_STARTING_S
         liveness = getattr(self.node, "liveness", None)  # planner.liveness.Liveness of runtime.room.Node
@@ -294,10 +304,16 @@ class RoomServer:
                 t.items.put_nowait(("refused", obj.reason))
         elif cls is DeviceLost:
             self.m_lost.inc()
-            self.lost.append(obj.device)
-        else:
+            if obj.device not in self.lost:
+                self.lost.append(obj.device)
+        elif cls is DeviceBack:
+            self.m_back.inc()
+            if obj.device in self.lost:
+                self.lost.remove(obj.device)
+        elif cls is Redeal:
+            self.redeal_back = obj.back or None
+        elif cls is not ChainReady:  # ChainReady: the re-deal ended, the room may be ready again
             return
-        self.m_ready.set(1 if self.readiness()[0] else 0)
         self.page.changed()
 
     def _ended(self, qid: int, outcome: str) -> None:
@@ -423,7 +439,7 @@ class RoomServer:
     async def health(self, request: web.Request) -> web.Response:
         """``GET /health``: 200 when ready, else 503; the body has ``ready``, ``reason``,
         the queue (waiting, answering, the most questions one asker has waiting), the
-        devices lost, the stages of the deal the room runs now, and the room."""
+        devices lost and not back, the stages of the deal the room runs now, and the room."""
         ready, reason, _ = self.readiness()
         host = self._host()
         status_word = "ready" if ready else ("starting" if self.phase != "serving" else "unavailable")

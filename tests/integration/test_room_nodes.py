@@ -359,7 +359,8 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
     on. w1, having lost the host by its own rule, says Hello again over the same connection
     (runtime.node.worker_rounds: hello_again, its weights kept); the host takes it back
     after the rejoin hold (DeviceBack) and re-deals it back to the first chain, 1-20 /
-    21-30, which answers the second question with w1: both answers are greedy."""
+    21-30, which answers the second question with w1: both answers are greedy. serve's
+    RoomServer, fed the host's events, lists w1 lost, then nothing lost and the room ready."""
     from runtime.node import worker_rounds
     chain = [["host", 0, 20], ["w1", 20, 30]]
     hub = Hub()
@@ -369,9 +370,13 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
     w_cfg, w_stage = w1.cfg, w1.stage
     hub.handlers.pop("w1", None)  # the worker runs its own rounds (a fresh Node each round)
     records = []
+    from runtime.serve.server import RoomServer
+    srv = RoomServer("m", {"host": "host"})  # what serve's /health reads, fed by the host's own events
+    healths = []
 
     async def go():
         stop = asyncio.Event()
+        srv.attach(host)
         host.start()
         worker = asyncio.ensure_future(worker_rounds(w_cfg, hub.transport("w1"), 120.0, stop,
                                                      (w_stage, None, None), live_s=30.0))
@@ -382,6 +387,7 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
         hub.dead.add("w1")
         while "w1" not in host.lost_peers:
             await asyncio.sleep(0.01)
+        healths.append(list(srv.lost))
         await asyncio.sleep(1.0)
         hub.dead.discard("w1")
         for _ in range(6000):
@@ -390,6 +396,7 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
             await asyncio.sleep(0.01)
         while q0 not in host.ended:
             await asyncio.sleep(0.01)
+        healths.append((list(srv.lost), srv.readiness()[:2]))
         sent_before = sum(1 for s, d, ch, _ in hub.sent if (s, d, ch) == ("host", "w1", "residual"))
         q1 = host.ask(tokenizer.encode_chat(PROMPTS[1]), MAX_NEW, "host")
         while q1 not in host.ended:
@@ -408,3 +415,4 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
     backs = [o for _, o in host.trace if type(o).__name__ == "DeviceBack"]
     assert [b.device for b in backs] == ["w1"]
     assert records[0] > 0  # the second answer's frames went through w1 again
+    assert healths == [["w1"], ([], (True, ""))]  # /health: w1 lost, then back and the room ready

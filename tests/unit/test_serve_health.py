@@ -225,3 +225,63 @@ def test_each_device_card_shows_its_own_figures_not_the_room_wide_lap():
     assert abs(cards["a"]["stage_ms"] - 4.0) < 1e-9
     for w in "bc":
         assert cards[w]["hop_ms"] is None and abs(cards[w]["shared_ms"] - 30.0) < 1e-9 and cards[w]["shared_by"] == 2
+
+
+def test_health_and_metrics_after_a_device_comes_back_say_it_is_back_and_the_room_ready():
+    # The host's node gives its observers (RoomServer.attach) each event and command in
+    # order: b lost, the re-deal to a 1-30, ready; b says hello again (DeviceBack), the
+    # rejoin rule deals it back (Redeal.back), ready. After the rejoin nothing is lost
+    # and the room is ready, with the first deal's stages.
+    from prometheus_client import generate_latest
+
+    from planner.protocol import ChainReady, DeviceBack, DeviceLost, Redeal
+    info = {**INFO, "devices": [{"id": "a", "lends_bytes": 10**9}, {"id": "b", "lends_bytes": 10**9}]}
+    srv = RoomServer("m", info)
+    node = fake_node([("a", 0, 15), ("b", 15, 30)])
+    srv.attach(node)
+    host = node.chain.host
+
+    def feed(*objs):
+        for o in objs:
+            for fn in node.observers:
+                fn(o)
+
+    def metric(text: str, name: str) -> float:
+        return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + " ")))
+
+    async def steps(get):
+        host.recovering = 7
+        feed(DeviceLost("b", "no heartbeat for 1.1 s"), Redeal("b", "a", (("a", 0, 30),), 7))
+        status, body, _ = await get("/health")
+        assert (status, body["lost"]) == (503, ["b"]) and "after b left" in body["reason"]
+        host.recovering = None
+        node.chain.deal = Deal(host="a", split="pinned", stages=(Stage("a", 0, 30),), guests=(), fits=True, notes=())
+        feed(ChainReady(7))
+        status, body, _ = await get("/health")
+        assert (status, body["ready"], body["lost"]) == (200, True, ["b"])
+        assert {d["id"]: d["status"] for d in srv.page.snapshot()["devices"]}["b"] == "lost"
+        text = generate_latest(srv.registry).decode()  # what GET /metrics answers
+        assert (metric(text, "splitroom_ready"), metric(text, "splitroom_devices_out")) == (1.0, 1.0)
+
+        host.recovering = 12
+        feed(DeviceBack("b", "said hello again"), Redeal("", "a", (("a", 0, 15), ("b", 15, 30)), 12, back="b"))
+        status, body, _ = await get("/health")
+        assert (status, body["ready"], body["lost"]) == (503, False, [])
+        assert body["reason"] == "re-dealing the layers: b came back"
+        host.recovering = None
+        node.chain.deal = Deal(host="a", split="pinned", stages=(Stage("a", 0, 15), Stage("b", 15, 30)), guests=(),
+                               fits=True, notes=())
+        feed(ChainReady(12))
+        status, body, _ = await get("/health")
+        assert (status, body["status"], body["ready"], body["lost"]) == (200, "ready", True, [])
+        assert [(s["device"], s["shown"]) for s in body["stages"]] == [("a", "1-15"), ("b", "16-30")]
+        assert [m["id"] for m in (await get("/v1/models"))[1]["data"]] == ["m"]
+        cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
+        assert (cards["b"]["status"], cards["b"]["layers"]) == ("serving", "16-30")
+
+    with_client(srv, steps)
+    text = generate_latest(srv.registry).decode()
+    assert metric(text, "splitroom_ready") == 1.0
+    assert metric(text, "splitroom_devices_out") == 0.0
+    assert metric(text, "splitroom_devices_lost_total") == 1.0
+    assert metric(text, "splitroom_devices_back_total") == 1.0
