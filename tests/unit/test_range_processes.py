@@ -27,7 +27,9 @@ def test_replicas_in_processes_give_the_range_of_replicas_in_turn(sets):
     d = deal_for(scn)
     point = simulate(scn, d, trace=False).metrics
     serial = predict_range(scn, d, point, 6, jobs=1)
-    assert serial["replicas"] == 6 and serial["tokens_per_s"]["p90"] > serial["tokens_per_s"]["p10"]
+    # the replicas differ (jitter drawn per seed): not a claim about speed, but without it
+    # the equalities below would hold for a range of one repeated point
+    assert serial["replicas"] == 6 and serial["tokens_per_s"]["p90"] != serial["tokens_per_s"]["p10"]
     assert predict_range(scn, d, point, 6, jobs=2) == serial
     assert predict_range(scn, d, point, 6, jobs=4) == serial
     assert not multiprocessing.active_children()

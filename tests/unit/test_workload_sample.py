@@ -125,12 +125,16 @@ def test_the_range_bootstraps_prompts_and_is_reproducible():
     point = simulate(scn, d, trace=False).metrics
     a, b = predict_range(scn, d, point, 8), predict_range(scn, d, point, 8)
     assert a == b and a["replicas"] == 8
-    # one prompt accepts 0.33 drafts a lap, the other 3.5: two questions drawn from them spread widely
-    assert a["tokens_per_s"]["p90"] > 1.3 * a["tokens_per_s"]["p10"]
     # a replica that asks the copying prompt twice is faster than one asking the open one twice
     fast = simulate(dataclasses.replace(scn, seed=3), d, trace=False, acceptance_picks=[1, 1]).metrics
     slow = simulate(dataclasses.replace(scn, seed=3), d, trace=False, acceptance_picks=[0, 0]).metrics
     assert fast["tokens_per_lap"] > 3 and slow["tokens_per_lap"] < 1.5
+    # with no jitter a replica differs from another only by the prompts it drew (two of two):
+    # every replica lies between the room asking the open prompt twice and the room asking
+    # the copying one twice, so the range does too; and 8 replicas drawing 2 of 2 prompts
+    # each do not all draw the same pair (the seeded draws), so it is not one point
+    t = a["tokens_per_s"]
+    assert slow["tokens_per_s"] - 1e-9 <= t["p10"] < t["p90"] <= fast["tokens_per_s"] + 1e-9
 
 
 def test_the_rules_prior_comes_from_the_walk_and_stops_where_it_stops():
