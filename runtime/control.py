@@ -11,7 +11,11 @@ transport message, told apart by ``"type"``:
 * :class:`Abort`  anyone -> every peer: the room cannot run, with a reason.
 * :class:`Bye`    host -> every peer: the host is done; workers exit.
 * :class:`Heartbeat` every device -> every peer, every 0.25 s: "still here"; a peer
-  silent for the heartbeat timeout (1 s) after its first heartbeat is lost.
+  silent for the heartbeat timeout (1 s) after its first heartbeat is lost. Its times
+  are NTP's on-wire exchange, from which the host estimates each peer's clock offset.
+* :class:`Stamps` a worker -> host, with its heartbeats: when it had and sent each
+  lap's frame, on its own clock (the host's hop time per link, planner/hops.py).
+* :class:`Progress` a device -> host while it loads its layers: the percent loaded.
 * :class:`Replan` host -> the devices of a re-dealt chain (after a lost worker): load
   your new range, empty your KV cache, drop frames of laps before ``first_lap``.
 * :class:`Loading` a device of the new chain -> host, as soon as a Replan arrives: it
@@ -227,10 +231,46 @@ class Bye(_Model):
     type: Literal["bye"] = "bye"
 
 
+#: a stamp or heartbeat time, seconds on the sender's monotonic clock (finite, bounded)
+CLOCK_S = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+#: stamps one Stamps message carries at most (a device sends them every heartbeat)
+MAX_STAMPS = 128
+
+
 class Heartbeat(_Model):
-    """Still here."""
+    """Still here. The times (all optional: a heartbeat without them only says "still
+    here") are one leg of NTP's on-wire exchange (planner/hops.py): ``sent_s`` this
+    heartbeat's send time on the sender's monotonic clock, ``echo_s`` the ``sent_s`` of
+    the last heartbeat the sender heard from the receiver, ``held_s`` how long the sender
+    held it before this one (seconds, its own clock)."""
 
     type: Literal["heartbeat"] = "heartbeat"
+    sent_s: Optional[CLOCK_S] = None
+    echo_s: Optional[CLOCK_S] = None
+    held_s: Optional[Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]] = None
+
+
+#: one stamp: (lap id, the peer at the other end of the hop, seconds on the sender's clock)
+Stamp = tuple[Annotated[int, Field(ge=0, lt=1 << 32)], DEVICE_ID, CLOCK_S]
+
+
+class Stamps(_Model):
+    """A worker -> the model host, with its heartbeats: when it had each lap's frame from
+    a peer (``arrived``: lap, that peer, time) and when it sent a lap's frame on
+    (``sent``: lap, the peer it went to, time), on its monotonic clock; the host pairs
+    them with the other ends' into hop times per link (planner/hops.py)."""
+
+    type: Literal["stamps"] = "stamps"
+    arrived: tuple[Stamp, ...] = Field((), max_length=MAX_STAMPS)
+    sent: tuple[Stamp, ...] = Field((), max_length=MAX_STAMPS)
+
+
+class Progress(_Model):
+    """A device -> the model host while it loads its layers: ``percent`` of the bytes
+    it loads (whole percent, 0-100), for the device screen's "Loading N%"."""
+
+    type: Literal["progress"] = "progress"
+    percent: int = Field(ge=0, le=100)
 
 
 class Replan(_Model):
@@ -292,12 +332,14 @@ class Crash(_Model):
     type: Literal["crash"] = "crash"
 
 
-ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Loading, Ready, Crash, Fault],
+ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Loading, Ready, Crash, Fault, Stamps,
+                                 Progress],
                            Field(discriminator="type")]
 _CONTROL = TypeAdapter(ControlMessage)
 
 
-def parse_control(data: bytes | str) -> Hello | Plan | Abort | Bye | Heartbeat | Replan | Loading | Ready | Crash | Fault:
+def parse_control(data: bytes | str) -> (Hello | Plan | Abort | Bye | Heartbeat | Replan | Loading | Ready | Crash
+                                         | Fault | Stamps | Progress):
     """One control message from its JSON bytes. Raises ControlError (one line) for
     anything that is not exactly one of the messages above."""
     try:

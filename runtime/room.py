@@ -29,6 +29,7 @@ directory (its own disk) in the compute thread and answers Ready.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -45,13 +46,14 @@ from planner.sampling import MAX_SEED, Sampling
 from planner.chain import Chain, CopyPlan, copy_plan
 from planner.deal import Stage as DealStage, shown_layers
 from planner.drive import Driver
+from planner.hops import HopMeter, PeerClock
 from planner.liveness import LOADING, UNANSWERED, Liveness
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-from .control import (ControlError, Crash, Fault, Heartbeat, Hello, Loading, NodeConfig, Ready, Replan,
-                      encode_control, parse_control)
+from .control import (MAX_STAMPS, ControlError, Crash, Fault, Heartbeat, Hello, Loading, NodeConfig, Progress, Ready,
+                      Replan, Stamps, encode_control, parse_control)
 from .drafters import ngram_draft
 from .work import NumericalFault, consumes_residual, nonfinite, run_work
 
@@ -83,6 +85,8 @@ RECORD_BYTES = 400
 #: pymalloc allocates it; measured with tracemalloc in tests/unit/test_host_bounds.py)
 TOKEN_BYTES = 40
 _TOKEN_FIELDS = {QuestionAsked: "prompt", RunStage: "inputs"}
+#: a peer's heartbeat is echoed (planner/hops.py's exchange) only within this many seconds of its arrival
+ECHO_HELD_MAX_S = 60.0
 
 
 def record_bytes(obj: Any) -> int:
@@ -139,6 +143,8 @@ class Node:
         tokenizer: the host's ChatTokenizer (None elsewhere).
         drafter: the host's drafter ``(context ids, k) -> k ids``.
         clock: seconds, for the trace (``time.time`` by default).
+        stamp_clock: seconds, monotonic, for heartbeats' times and frames' stamps (the
+            host's hop time per link, planner/hops.py; ``time.monotonic`` by default).
         keep_open: the host keeps taking questions (:meth:`ask`) after its configured
             prompts: :attr:`done` is never set by running out of them.
     The trace (:attr:`trace`, ``[(t, event or command)]``) is kept whole only when it is
@@ -149,14 +155,22 @@ class Node:
     Attributes:
         observers: callables given every event and command, in order, after the node
             carried it out, and each Computed record (this device's compute seconds)
-            (e.g. an HTTP server streaming answers); an observer that
+            (e.g. an HTTP server streaming answers); on the model host also each
+            :class:`planner.hops.HopTimed` (a hop of one link measured) and each
+            :class:`runtime.control.Progress` a device sent; an observer that
             raises is logged and the node goes on.
+        clocks: peer -> its :class:`planner.hops.PeerClock` (offset from this device's
+            stamp clock, from the heartbeats' times).
+        hops: the model host's :class:`planner.hops.HopMeter` (None on a worker).
+        progress: the model host's last :class:`runtime.control.Progress` percent per device.
     """
 
     def __init__(self, config: NodeConfig, stage: Stage | None, transport, tokenizer=None,
                  drafter: Callable[[Sequence[int], int], list[int]] = ngram_draft,
-                 clock: Callable[[], float] = time.time, keep_open: bool = False):
+                 clock: Callable[[], float] = time.time, keep_open: bool = False,
+                 stamp_clock: Callable[[], float] = time.monotonic):
         self.cfg = config
+        self.stamp_clock = stamp_clock
         self.stage = stage
         self.transport = transport
         self.tokenizer = tokenizer
@@ -196,6 +210,13 @@ class Node:
         self.keep_open = keep_open
         self.observers: list[Callable[[Any], None]] = []
         self._asked_here = 0  # questions asked with ask()
+        self.clocks: dict[str, PeerClock] = {}
+        self._beat_in: dict[str, tuple[float, float]] = {}  # peer -> (its last heartbeat's sent_s, heard at)
+        self._beat_out: dict[str, collections.deque] = {}  # peer -> sent_s of the latest heartbeats sent to it
+        self.hops = HopMeter(config.host, self.clocks) if self.is_host else None
+        self.progress: dict[str, int] = {}
+        self._stamps_arrived: collections.deque = collections.deque(maxlen=MAX_STAMPS)
+        self._stamps_sent: collections.deque = collections.deque(maxlen=MAX_STAMPS)
         if keep_open or not config.trace_path:
             self.trace = BoundedTrace(OPEN_TRACE_RECORDS, OPEN_TRACE_BYTES)  # type: ignore[assignment]
         transport.set_handler(self._on_message)
@@ -241,6 +262,7 @@ class Node:
             self._fault(h.lap_id, src, reason)
             return
         self.residual[h.lap_id] = x
+        self._stamp(src, self.cfg.device, h.lap_id)
         self.handle(FrameArrived(self.cfg.device, src, h))
 
     def _from_lost(self, src: str, channel: str, data: bytes) -> None:
@@ -291,7 +313,55 @@ class Node:
         elif isinstance(msg, Crash) and self.cfg.crashable and src == self.cfg.host:
             log.warning("%s: crashing now (fault injection)", self.cfg.device)
             os._exit(9)
-        # Heartbeat: being heard is all it says; hello/plan/bye belong to the join handshake
+        elif isinstance(msg, Heartbeat):
+            self._heartbeat(src, msg)
+        elif isinstance(msg, Stamps) and self.is_host:
+            self._stamps(src, msg)
+        elif isinstance(msg, Progress) and self.is_host and src in self.cfg.peers:
+            self.progress[src] = msg.percent
+            self._notify(msg)
+        # hello/plan/bye belong to the join handshake
+
+    def _heartbeat(self, src: str, msg: Heartbeat) -> None:
+        """Being heard is what a heartbeat says; its times (when it has them) are one
+        leg of NTP's exchange: ``src``'s clock offset (planner/hops.py), taken only when
+        its echo is the time of one of the latest heartbeats this device sent it."""
+        if msg.sent_s is None or src not in self.cfg.peers:
+            return
+        now = self.stamp_clock()
+        self._beat_in[src] = (msg.sent_s, now)
+        if msg.echo_s is not None and msg.held_s is not None and msg.echo_s in self._beat_out.get(src, ()):
+            self.clocks.setdefault(src, PeerClock()).heard(msg.sent_s, msg.echo_s, msg.held_s, now)
+
+    def _stamps(self, src: str, msg: Stamps) -> None:
+        """The model host pairs a worker's stamps with the other ends' (planner/hops.py);
+        a stamp naming a device not in the chain, or ``src`` itself, is not kept."""
+        chain = {s.device for s in self.deal.stages} | {self.cfg.host}
+        if src not in chain:
+            return
+        for lap, peer, t in msg.arrived:
+            if peer in chain and peer != src:
+                self._hop(self.hops.arrived(peer, src, lap, t))
+        for lap, peer, t in msg.sent:
+            if peer in chain and peer != src:
+                self._hop(self.hops.sent(src, peer, lap, t))
+
+    def _hop(self, hop) -> None:
+        if hop is not None:
+            self._notify(hop)
+
+    def _stamp(self, src: str, dst: str, lap_id: int) -> None:
+        """This device sent (``src`` is this device) or had (``dst`` is) lap ``lap_id``'s
+        frame now: the model host pairs it at once, a worker sends it with its next
+        heartbeat (:class:`runtime.control.Stamps`)."""
+        t = self.stamp_clock()
+        me = self.cfg.device
+        if self.hops is not None:
+            self._hop(self.hops.sent(src, dst, lap_id, t) if src == me else self.hops.arrived(src, dst, lap_id, t))
+        elif src == me:
+            self._stamps_sent.append((lap_id, dst, t))
+        else:
+            self._stamps_arrived.append((lap_id, src, t))
 
     def _on_lost(self, peer: str, reason: str, silent_since_s: float | None = None) -> None:
         """A peer is gone (its connection failed or it fell silent): the scheduler hears
@@ -379,6 +449,7 @@ class Node:
         if x is None:
             log.warning("%s: no residual for lap %d", self.cfg.device, c.header.lap_id)
             return
+        self._stamp(self.cfg.device, c.dst, c.header.lap_id)
         asyncio.ensure_future(self._send(c.dst, RESIDUAL, encode_frame(c.header, x)))
 
     def wake(self, c: Wake) -> None:
@@ -485,11 +556,17 @@ class Node:
                 self.liveness.refresh_all(time.monotonic())  # a fresh start for every peer's silence
 
     def _progress(self, what: str) -> Callable[[int, int], None]:
-        """A fetch_range progress callback logging ``what`` at every quarter."""
+        """A fetch_range progress callback logging ``what`` at every quarter and telling
+        the model host each whole percent (:class:`runtime.control.Progress`)."""
         t0 = time.perf_counter()
         shown = [0]
+        told = [-1]
 
         def report(done: int, total: int) -> None:
+            percent = min(100, 100 * done // max(total, 1))
+            if percent > told[0] and not self.is_host:
+                told[0] = percent
+                asyncio.ensure_future(self._send(self.cfg.host, REPLY, encode_control(Progress(percent=percent))))
             quarter = 4 * done // max(total, 1)
             if quarter > shown[0]:
                 shown[0] = quarter
@@ -673,8 +750,8 @@ class Node:
 
     async def _heartbeats(self) -> None:
         """Run the liveness timers (:class:`planner.liveness.Liveness`): at each deadline,
-        declare lost a peer silent too long and tell every other peer this device is here."""
-        beat = encode_control(Heartbeat())
+        declare lost a peer silent too long and tell every other peer this device is here
+        (with the times of NTP's exchange; a worker sends the host its stamps after it)."""
         live = self.liveness
         while True:
             deadline = live.next_deadline_s()
@@ -688,7 +765,25 @@ class Node:
             for p in tick.back:
                 self._back(p)
             for p in tick.beat:
-                asyncio.ensure_future(self._send(p, REPLY, beat))
+                for msg in self._beat_for(p):
+                    asyncio.ensure_future(self._send(p, REPLY, msg))
+
+    def _beat_for(self, peer: str) -> list[bytes]:
+        """The heartbeat to ``peer`` now (sent_s, and the echo of ``peer``'s last one
+        with the time it was held: planner/hops.py), then, to the model host, the
+        stamps gathered since the last one."""
+        now = self.stamp_clock()
+        last = self._beat_in.get(peer)
+        if last is not None and not 0 <= now - last[1] <= ECHO_HELD_MAX_S:
+            last = None  # held too long to time a round trip by: no echo
+        beat = Heartbeat(sent_s=now, echo_s=last[0] if last else None, held_s=now - last[1] if last else None)
+        self._beat_out.setdefault(peer, collections.deque(maxlen=16)).append(now)
+        out = [encode_control(beat)]
+        if peer == self.cfg.host and not self.is_host and (self._stamps_arrived or self._stamps_sent):
+            out.append(encode_control(Stamps(arrived=tuple(self._stamps_arrived), sent=tuple(self._stamps_sent))))
+            self._stamps_arrived.clear()
+            self._stamps_sent.clear()
+        return out
 
     def _compute(self, c):
         lap = getattr(c, "lap_id", None)

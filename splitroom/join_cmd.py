@@ -322,7 +322,7 @@ class _Mux:
         if channel == CONTROL:
             if msg.type == "hello" and msg.host and self.host is None:
                 self.host = src
-            if msg.type in ("heartbeat", "replan", "ready", "crash", "fault"):  # the running room's: the Node's
+            if msg.type in ("heartbeat", "replan", "ready", "crash", "fault", "stamps", "progress"):  # the running room's
                 if self.node_handler is not None:
                     self.node_handler(src, channel, data)
                 return

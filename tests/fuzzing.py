@@ -490,7 +490,10 @@ def control_messages(draw) -> bytes:
                        "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3}},
          "max_new_tokens": 8},
         {"type": "abort", "reason": "x"}, {"type": "bye"},
-        {"type": "fault", "lap_id": 3, "device": "w1", "reason": "the residual it sent has 1 NaN/inf value"}]))
+        {"type": "fault", "lap_id": 3, "device": "w1", "reason": "the residual it sent has 1 NaN/inf value"},
+        {"type": "heartbeat", "sent_s": 12.5, "echo_s": 3.25, "held_s": 0.125},
+        {"type": "stamps", "arrived": [[3, "host", 12.5]], "sent": [[3, "host", 12.75]]},
+        {"type": "progress", "percent": 40}]))
     kind = draw(st.sampled_from(["mutate", "mutate", "mutate", "json", "bytes"]))
     if kind == "bytes":
         return draw(st.binary(max_size=200))
@@ -508,7 +511,9 @@ def control_messages(draw) -> bytes:
                                      "scheduler.dtype", "scheduler.phones", "scheduler.sampling",
                                      "scheduler.sampling.temperature", "scheduler.sampling.top_p",
                                      "scheduler.sampling.top_k", "scheduler.sampling.seed", "lap_id",
-                                     "max_new_tokens", "reason", "extra"]))
+                                     "max_new_tokens", "reason", "extra", "sent_s", "echo_s", "held_s",
+                                     "arrived", "arrived[0]", "arrived[0][0]", "arrived[0][1]", "arrived[0][2]",
+                                     "sent", "percent"]))
         set_path(m, path.replace("][", "].["), draw(st.one_of(PLAUSIBLE, VALUES)))
     try:
         return json.dumps(m, allow_nan=draw(st.booleans())).encode()
@@ -519,7 +524,9 @@ def control_messages(draw) -> bytes:
 def try_control(data: bytes) -> Outcome:
     """Parse a control message as a device does, and for a plan build the deal, the
     scheduler settings and the device's chain; a fault goes to a host scheduler (as
-    LapFailed) answering a sampled question. ControlError / ValueError is a refusal."""
+    LapFailed) answering a sampled question; a heartbeat, stamps or progress goes to a
+    model host's Node as its worker's (its clocks, hop stamps and progress stay bounded).
+    ControlError / ValueError is a refusal."""
     from planner.chain import Chain
     from runtime.control import ControlError, Fault, Plan, parse_control
     try:
@@ -532,6 +539,8 @@ def try_control(data: bytes) -> Outcome:
                     Chain(deal, cfg, runs={dev})
             elif isinstance(msg, Fault):
                 _fault_to_host(msg)
+            elif msg.type in ("heartbeat", "stamps", "progress"):
+                _to_host_node(data)
     except Hang:
         return Outcome("hang", f"over {HANG_S:g} s")
     except (ControlError, ValueError):
@@ -540,6 +549,34 @@ def try_control(data: bytes) -> Outcome:
         import traceback
         return Outcome("crash", "".join(traceback.format_exception(e))[-3000:])
     return Outcome("ok")
+
+
+_HOST_NODE: list = []
+
+
+def _to_host_node(data: bytes) -> None:
+    """``data`` from worker w1 to one model host Node (made once, never started): it must
+    take or ignore it, its clocks, pending stamps and progress within their bounds."""
+    if not _HOST_NODE:
+        from runtime.control import NodeConfig
+        from runtime.room import Node
+
+        class Wire:
+            def set_handler(self, fn):
+                pass
+
+            async def send(self, dst, channel, data):
+                pass
+        cfg = NodeConfig(device="host", host="host", stages=[["host", 0, 15], ["w1", 15, 30]],
+                         scheduler={"hidden": 576}, model_dir="/nonexistent", peers=["w1"])
+        _HOST_NODE.append(Node(cfg, None, Wire()))
+    node = _HOST_NODE[0]
+    node._on_message("w1", "reply", data)
+    from planner.hops import CLOCK_SAMPLES
+    if len(node.clocks) > 1 or any(len(c._samples) > CLOCK_SAMPLES for c in node.clocks.values()):
+        raise AssertionError(f"clocks grew: {node.clocks}")
+    if node.hops.pending > 2 * node.hops.max_pending or not set(node.progress) <= {"w1"}:
+        raise AssertionError(f"hop stamps or progress grew: {node.hops.pending}, {node.progress}")
 
 
 def _fault_to_host(msg) -> None:

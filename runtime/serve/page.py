@@ -3,27 +3,39 @@
 Plain HTML, CSS and JavaScript from ``runtime/serve/static/`` (no build step, nothing
 fetched from the internet). The page reads ``GET /api/room`` (a snapshot) and listens
 to ``GET /api/events`` (server-sent events): ``state`` (a new snapshot, at most every
-0.25 s after a change and every 2 s anyway) and ``pass`` (a lap left the host: every
-device of the chain flashes its dot). Its chat box posts to ``/v1/chat/completions``.
+0.25 s after a change and every 2 s anyway) and ``pass`` (a pass reached a device: its
+hop dot flashes; the model host's when a lap leaves it, a worker's when the host has
+timed the hop into it, from the stamps that come with its heartbeats, up to 0.25 s
+later). Its chat box posts to ``/v1/chat/completions``.
 
 What each device's screen says (product page 001), as the host knows it:
 
 * ``Standing by``: no model is running yet (a device of the scenario outside the chain).
-* ``Loading``: the room is starting and this device is loading its layers (the host
-  does not hear a percentage from the others, so none is shown).
+* ``Loading N%``: this device is loading its layers and told the host how far it is
+  (runtime.control.Progress: a browser tab's download, a worker's copy of re-dealt
+  layers over the weights channel); ``Loading`` with no percentage while the room starts
+  and the device said none (a Python worker reading its own disk), or while a worker of
+  the chain has not been heard yet.
 * ``Serving``: holds layers, e.g. "Layers 5-23 · 270 MB · SmolLM2-135M-Instruct".
 * ``Not holding layers``: in the room but dealt no layers.
 * ``Left the room``: the host lost it (with the reason). ``Re-dealing``: the host is
   dealing a lost device's layers to the others. ``Room over``: the room stopped.
 
-While serving, each device of the chain shows its own figures: the tokens it handled
-(positions of every lap that passed it) and its time per lap, as far as the host measures
-it from its own trace records:
+While serving, each device of the chain shows its own figures:
 
+* ``tokens_handled``: positions of every lap that passed it; ``passes``: those laps;
+* ``tokens_per_s``: the positions of its passes of the last :data:`RATE_WINDOW_S`
+  seconds, the first one's left out, over the time from the first to the last (None
+  with fewer than two passes in the window): every device of a chain handles every
+  position, so it is the room's rate as this device sees it;
+* ``hop_ms``: the mean of the last :data:`HOPS_KEPT` hops into it (planner/hops.py: the
+  frame handed to the sender's transport until this device had it, each device's
+  stamps on the host's clock), with ``hop_from`` (the senders) and ``hop_error_ms``
+  (the last hop's bound from the clock offsets);
 * the model host: ``stage_ms``, its own compute per lap (its layers and the output head:
   the mean of its ``Computed`` RunStage + RunHead seconds over its RunStage count);
-* the one worker of a two-device chain: ``hop_ms``, the host's frame out to its return
-  (the hop out, the worker's stage, the hop back: all of it is that worker's);
+* the one worker of a two-device chain: ``round_ms``, the host's frame out to its return
+  (the hop out, the worker's stage, the hop back);
 * with several workers the host times only their whole way round: ``shared_ms`` (that
   time) and ``shared_by`` (how many workers share it), never shown as one device's own.
 API clients show as one "API client" chip (browser guests as one "Guest" chip) with how
@@ -40,7 +52,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Optional
 
@@ -56,6 +68,12 @@ CLIENT_SHOWN_S = 300.0
 #: API clients the page keeps (the most recent; older ones are forgotten) and shows
 MAX_CLIENTS_KEPT = 1000
 MAX_CLIENTS_SHOWN = 50
+#: a device's tokens per second are over its passes of this many latest seconds
+RATE_WINDOW_S = 10.0
+#: passes kept per device for its rate, at most
+PASSES_KEPT = 1024
+#: hops into a device its hop_ms is the mean of
+HOPS_KEPT = 32
 
 
 def _mb(n: Optional[int]) -> str:
@@ -83,6 +101,8 @@ class RoomPage:
         self.passes: dict[str, int] = {}
         self.compute_s: dict[str, float] = {}  # RunStage + RunHead seconds each device computed
         self.stage_runs: dict[str, int] = {}  # RunStage commands each device computed
+        self.recent: dict[str, deque] = {}  # device -> (time, positions) of its latest passes
+        self.hops_in: dict[str, deque] = {}  # device -> (sender, seconds, error_s) of its latest hops in
         self.clients: OrderedDict[str, dict] = OrderedDict()  # least recently seen first
         self._pending: Optional[asyncio.TimerHandle] = None
         self._last_push = 0.0
@@ -105,10 +125,27 @@ class RoomPage:
         if node is None:
             return
         chain = [s.device for s in node.chain.deal.stages]
+        now = self.clock()
         for d in chain:
             self.tokens_handled[d] = self.tokens_handled.get(d, 0) + lap_tokens
             self.passes[d] = self.passes.get(d, 0) + 1
-        self._broadcast({"event": "pass", "data": {"devices": chain, "tokens": lap_tokens}})
+            self.recent.setdefault(d, deque(maxlen=PASSES_KEPT)).append((now, lap_tokens))
+        self._broadcast({"event": "pass", "data": {"devices": [node.cfg.host], "tokens": lap_tokens}})
+
+    def hop(self, hop) -> None:
+        """A :class:`planner.hops.HopTimed` was measured: it counts for its receiver."""
+        self.hops_in.setdefault(hop.dst, deque(maxlen=HOPS_KEPT)).append((hop.src, hop.seconds, hop.error_s))
+        if hop.dst != getattr(getattr(self.server.node, "cfg", None), "host", None):  # the host's flashes as a lap leaves
+            self._broadcast({"event": "pass", "data": {"devices": [hop.dst]}})
+
+    def tokens_per_s(self, device: str) -> Optional[float]:
+        """``device``'s positions per second over its passes of the last
+        :data:`RATE_WINDOW_S` (module doc), or None."""
+        now = self.clock()
+        window = [(t, n) for t, n in self.recent.get(device, ()) if now - t <= RATE_WINDOW_S]
+        if len(window) < 2 or window[-1][0] <= window[0][0]:
+            return None
+        return sum(n for _, n in window[1:]) / (window[-1][0] - window[0][0])
 
     def computed(self, device: str, command: str, seconds: float) -> None:
         """``device`` computed ``command`` (RunStage, RunHead, Draft) in ``seconds``
@@ -179,6 +216,11 @@ class RoomPage:
         host_id = info.get("host")
         lap_s = srv.lap_mean_s()
         first_stages = {s["device"] for s in info.get("stages", [])}
+        progress = dict(getattr(node, "progress", None) or {})
+        unheard = set()
+        heard = getattr(getattr(node, "liveness", None), "last_heard", None)
+        if heard is not None:
+            unheard = {x for x, _, _ in stages if x != host_id and x not in heard}
         workers = [x for x, _, _ in stages if x != host_id]
         lap_ms = lap_s * 1000 if lap_s is not None else None
         devices = []
@@ -191,8 +233,10 @@ class RoomPage:
             elif srv.phase in ("stopping", "failed") or (host is not None and host.stopped):
                 status, title = "over", "Room over"
                 detail = reason or "the room stopped"
-            elif srv.phase != "serving":
-                status, title = ("loading", "Loading") if (mine or dev == host_id) else ("idle", "Standing by")
+            elif srv.phase != "serving" or (mine and (progress.get(dev, 100) < 100 or dev in unheard)):
+                loading = mine or dev == host_id
+                status = "loading" if loading else "idle"
+                title = (f"Loading {progress[dev]}%" if dev in progress else "Loading") if loading else "Standing by"
                 detail = f"layers {layers} · {_mb(used.get(dev))}" if mine else "no model is running yet"
             elif host is not None and host.recovering is not None:
                 status, title, detail = "loading", "Re-dealing", reason
@@ -202,6 +246,7 @@ class RoomPage:
             else:
                 status, title, detail = "idle", "Not holding layers", "the model runs on the other devices"
             was = dev in first_stages  # held layers in the first deal: a lost worker stays a worker
+            hops = list(self.hops_in.get(dev, ())) if mine else []
             devices.append({"id": dev, "name": d.get("name") or dev, "kind": d.get("kind", "computer"),
                             "lends": _mb(d.get("lends_bytes") or None), "role": "model host" if dev == host_id else
                             ("worker" if mine or (was and dev in srv.lost) else "guest"), "layers": layers, "status": status, "title": title,
@@ -209,7 +254,11 @@ class RoomPage:
                             "tokens_handled": self.tokens_handled.get(dev, 0), "passes": self.passes.get(dev, 0),
                             "stage_ms": (1000 * self.compute_s.get(dev, 0.0) / self.stage_runs[dev]
                                          if mine and self.stage_runs.get(dev) else None),
-                            "hop_ms": lap_ms if mine and dev != host_id and len(workers) == 1 else None,
+                            "tokens_per_s": self.tokens_per_s(dev) if mine else None,
+                            "hop_ms": 1000 * sum(h[1] for h in hops) / len(hops) if hops else None,
+                            "hop_from": sorted({h[0] for h in hops}),
+                            "hop_error_ms": 1000 * hops[-1][2] if hops else None,
+                            "round_ms": lap_ms if mine and dev != host_id and len(workers) == 1 else None,
                             "shared_ms": lap_ms if mine and dev != host_id and len(workers) > 1 else None,
                             "shared_by": len(workers) if mine and dev != host_id and len(workers) > 1 else None})
         now = self.clock()

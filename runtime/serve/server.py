@@ -12,7 +12,11 @@ Endpoints:
   weights and connected, none lost: the host has heard every worker's node, which
   speaks only once its layers are loaded); an empty list otherwise.
 * ``GET /metrics``: Prometheus text (prometheus_client, a registry of its own);
-  ``splitroom_ready`` is worked out when scraped, by /health's rule.
+  ``splitroom_ready`` is worked out when scraped, by /health's rule; with
+  ``splitroom_hop_seconds{src,dst}``: the hop time per link of the chain, from each
+  device's stamps and its clock offset from the host's (planner/hops.py says exactly
+  what a hop spans and how the offsets are estimated), and
+  ``splitroom_hop_clock_error_seconds{src,dst}``: the bound on the last such hop's error.
 * ``GET /health``: 200 when the room is ready, else 503 (a load balancer's rule), with
   ``ready``, the reason, the queue and the stages of the deal the room runs now; a room
   that answers but whose relay is gone says ``degraded`` ("relay lost: no device can
@@ -51,8 +55,10 @@ from aiohttp import web
 
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Computed, DeviceBack, DeviceLost, EmitToken,
                               FrameArrived, LapEnded, QuestionAsked, Redeal, Refuse, SendFrame)
+from planner.hops import HopTimed
 from planner.sampling import GREEDY
 
+from ..control import Progress
 from .api import (DEFAULT_MAX_TOKENS, ApiError, ChatRequest, StopMatcher, chunk_body, completion_body,
                   error_body, load_json, parse_chat_request, usage)
 
@@ -201,6 +207,13 @@ class RoomServer:
                               registry=r)
         self.m_out = Gauge("splitroom_devices_out", "devices lost and not back now", registry=r)
         self.m_out.set_function(lambda: len(self.lost))
+        self.m_hop_s = Histogram("splitroom_hop_seconds", "one lap's frame from src handed to its transport to "
+                                 "dst having it whole and checked, on the host's clock (each device's stamps, "
+                                 "clock offsets from the heartbeats' NTP exchange)", ["src", "dst"], registry=r,
+                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2))
+        self.m_hop_error_s = Gauge("splitroom_hop_clock_error_seconds", "the last hop's bound on its error from "
+                                   "the clock offsets (half the least heartbeat round trip of each end)",
+                                   ["src", "dst"], registry=r)
 
     def _host(self):
         node = self.node
@@ -244,8 +257,9 @@ class RoomServer:
         liveness = getattr(self.node, "liveness", None)  # planner.liveness.Liveness of runtime.room.Node
         heard = liveness.last_heard if liveness is not None else None  # a worker speaks once loaded
         if heard is not None:
+            progress = getattr(self.node, "progress", None) or {}  # a device loading says how far (Progress)
             waiting = [s.device for s in self.node.chain.deal.stages if s.device != self.node.cfg.host
-                       and s.device not in heard and s.device not in self.lost]
+                       and (s.device not in heard or progress.get(s.device, 100) < 100) and s.device not in self.lost]
             if waiting:
                 return False, (f"the room is starting: waiting for {', '.join(waiting)} to load "
                                f"{'its' if len(waiting) == 1 else 'their'} layers"), RETRY_STARTING_S
@@ -312,6 +326,13 @@ class RoomServer:
                 self.lost.remove(obj.device)
         elif cls is Redeal:
             self.redeal_back = obj.back or None
+        elif cls is HopTimed:
+            self.m_hop_s.labels(obj.src, obj.dst).observe(obj.seconds)  # below 0 only within error_s
+            self.m_hop_error_s.labels(obj.src, obj.dst).set(obj.error_s)
+            self.page.hop(obj)
+            return
+        elif cls is Progress:  # a device's screen says "Loading N%" (page.py reads node.progress)
+            pass
         elif cls is not ChainReady:  # ChainReady: the re-deal ended, the room may be ready again
             return
         self.page.changed()

@@ -8,8 +8,15 @@ signalling, three negotiated data channels, the framing, hello/plan/heartbeat/by
 residual frames; it takes its range's weights over the host's HTTP, each tensor checked
 against the weights manifest's sha256 in the tab, and runs them with the wgpu backend's
 own WGSL kernels (runtime/serve/tab_stage.py generates them with runtime/backends/wgsl.py).
-The room's answer is token for token the single-process greedy answer. Then the tab sends
-the host garbage on every channel, and the room answers again, the same.
+The room's answer is token for token the single-process greedy answer. The device screen
+(product page 001) is checked on both sides: the host's page says "Loading N%" for the tab
+while it loads (its Progress messages), then each device's tokens handled (the prompt's
+positions and one per decode lap, by hand), a tok/s and the ms per hop into it; the tab's
+own panel shows its tokens handled and tok/s. ``/metrics`` has the hop time of both links
+(host -> tab, tab -> host) from the two devices' stamps. Then the tab sends the host garbage
+on every channel, bad stamps, heartbeats and progress among it, and the room answers
+again, the same, its hops still counted. With ``SPLITROOM_SCREENSHOT=PATH`` the test saves
+the tab's page as a PNG there (docs/room-tab-worker.png was taken so).
 
 If chromium finds no WebGPU adapter the test fails with the tab's reason; it does not skip.
 """
@@ -17,6 +24,8 @@ If chromium finds no WebGPU adapter the test fails with the tab's reason; it doe
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import socket
@@ -62,7 +71,11 @@ out.push(["residual", whole(hdr(1, 0x3f, 0, 1, 0, 0, 576, 0))]);                
 for (const t of ["{", "[]", "null", '{"type":"plan","host":"tab","stages":[],"max_new_tokens":1}',
                  '{"type":"nope"}', '{"type":"hello","device":"' + "x".repeat(5000) + '"}',
                  '{"type":"fault","lap_id":-1,"device":"tab"}', '{"type":"fault","lap_id":424242,"device":"tab"}', '{"type":"ready","first_lap":123456}',
-                 '{"type":"loading","first_lap":7}', '{"type":"bye"}'])
+                 '{"type":"loading","first_lap":7}', '{"type":"bye"}',
+                 '{"type":"stamps","arrived":[[1,"zz",1.0]],"sent":[[2,"tab",1.0]]}', '{"type":"stamps","sent":[[-1,"host",1]]}',
+                 '{"type":"stamps","sent":[[4000000,"host",1e300]]}', '{"type":"progress","percent":500}',
+                 '{"type":"progress","percent":-3}', '{"type":"heartbeat","sent_s":-5}',
+                 '{"type":"heartbeat","sent_s":1,"echo_s":12345.5,"held_s":0}', '{"type":"heartbeat","sent_s":"NaN"}'])
   out.push(["reply", enc(t)]);
 for (const t of ['Q\\x00\\x00\\x00\\x00', 'Q\\x05\\x00\\x00\\x00{"id"', '{"op":"tensor"}']) out.push(["weights", enc(t)]);
 for (const [ch, b] of out) window.tabWorker.sendRaw("host", ch, b);
@@ -101,6 +114,20 @@ def _tab(drv) -> dict:
                               "error: w.error, log: w.log.slice(-8), stats: w.stats, ms: w.ms} : null")
 
 
+def _hop_counts(api: str) -> dict[tuple[str, str], float]:
+    """``/metrics``' splitroom_hop_seconds count per (src, dst)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(api + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {(x.labels["src"], x.labels["dst"]): x.value for f in text_string_to_metric_families(text)
+            if f.name == "splitroom_hop_seconds" for x in f.samples if x.name == "splitroom_hop_seconds_count"}
+
+
+def _cards(api: str) -> dict[str, dict]:
+    with urllib.request.urlopen(api + "/api/room", timeout=10) as r:
+        return {d["id"]: d for d in json.loads(r.read())["devices"]}
+
+
 def _ask(api: str) -> tuple[str, int]:
     r = client(api, timeout_s=400).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": FRANCE}], max_tokens=MAX_NEW)
@@ -133,11 +160,16 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
                     time.sleep(0.3)
             drv.get(api + f"/share.html?layers={TAB_LAYERS[0] + 1}-{TAB_LAYERS[1]}&device=tab")
             seen: list[str] = []
+            host_saw: set[str] = set()  # what the host's page said of the tab meanwhile
             end = time.monotonic() + 300
             while time.monotonic() < end:
                 st = _tab(drv)
                 if st and (not seen or seen[-1] != st["status"]):
                     seen.append(st["status"])
+                try:
+                    host_saw.add(_cards(api).get("tab", {}).get("title", ""))
+                except OSError:
+                    pass
                 if st and (st["over"] or st["status"].startswith("Serving")):
                     break
                 assert host.poll() is None, (tmp_path / "host.log").read_text()[-3000:]
@@ -145,6 +177,7 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
             # no adapter, a hash that does not match, a room it could not join: a failure with the reason
             assert st and st["status"].startswith("Serving · Layers 26-30 · "), (seen, st)
             assert any(s.startswith("Loading ") and s.endswith("%") for s in seen), seen
+            assert any(re.fullmatch(r"Loading \d{1,3}%", t) for t in host_saw), host_saw
             end = time.monotonic() + 120
             while not [m.id for m in client(api).models.list()]:
                 assert time.monotonic() < end and host.poll() is None, (tmp_path / "host.log").read_text()[-3000:]
@@ -154,12 +187,37 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
             assert (text, n) == (expected, len(want)), _tab(drv)
             st = _tab(drv)
             assert st["stats"]["frames_out"] >= len(want) and st["stats"]["rejected"] == 0, st
+            # the device screens: every position of the prompt once, then one per decode lap
+            handled = len(greedy.tok.encode_chat(FRANCE)) + len(want) - 1
+            end = time.monotonic() + 30  # the tab's stamps come with its heartbeats (every 0.25 s)
+            while time.monotonic() < end and not (_hop_counts(api).get(("tab", "host"), 0) >= len(want)
+                                                  and _cards(api)["tab"]["hop_ms"] is not None):
+                time.sleep(0.3)
+            hops = _hop_counts(api)
+            # every lap went host -> tab; each that returns (the last prefill chunk, each decode) came back
+            assert hops.get(("tab", "host"), 0) == len(want) and hops.get(("host", "tab"), 0) >= len(want), hops
+            cards = _cards(api)
+            for dev, other in (("tab", "host"), ("host", "tab")):
+                c = cards[dev]
+                assert c["tokens_handled"] == handled and c["hop_from"] == [other], c
+                assert c["hop_ms"] + c["hop_error_ms"] >= 0, c  # a hop is negative only within its clocks' bound
+                assert c["tokens_per_s"] is None or c["tokens_per_s"] > 0, c  # None: under two passes in its window
+            assert drv.execute_script("return window.tabWorker.stats.tokens") == handled
+            stats = drv.execute_script("return document.getElementById('tab-stats').innerText")
+            assert f"{handled} tokens handled" in stats and "tok/s" in stats, stats
+            if os.environ.get("SPLITROOM_SCREENSHOT"):
+                time.sleep(2.5)  # the page's next snapshot (every 2 s) carries the tab's hop
+                drv.save_screenshot(os.environ["SPLITROOM_SCREENSHOT"])
 
             sent = drv.execute_script(GARBAGE_JS)
             assert sent > 50
             time.sleep(1.0)
             assert host.poll() is None, (tmp_path / "host.log").read_text()[-3000:]
             assert _ask(api) == (expected, len(want))  # the room still answers, the same
+            end = time.monotonic() + 30
+            while time.monotonic() < end and _hop_counts(api).get(("tab", "host"), 0) < 2 * len(want):
+                time.sleep(0.3)
+            assert _hop_counts(api).get(("tab", "host"), 0) == 2 * len(want)  # and its hops are still timed
             said = (tmp_path / "host.log").read_text()  # and the garbage did reach the host
             assert said.count("frame from tab rejected") >= 5 and said.count("dropped a piece from tab") >= 30
             assert said.count("control message from tab ignored") >= 5
@@ -169,8 +227,10 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
 
             one = sorted(ms for tokens, ms in _tab(drv)["ms"] if tokens == 1)
             if one:
+                host_ms = _cards(api)["host"]["stage_ms"]  # mean per lap: its 25 layers and the head, numpy
                 print(f"\ntab (SwiftShader WebGPU) ms per layer per decode step, median of {len(one)}: "
-                      f"{one[len(one) // 2] / (TAB_LAYERS[1] - TAB_LAYERS[0]):.0f}")
+                      f"{one[len(one) // 2] / (TAB_LAYERS[1] - TAB_LAYERS[0]):.0f}; numpy host, mean ms per lap "
+                      f"(25 layers and the head, prefill laps included): {host_ms:.0f}")
             host.send_signal(signal.SIGINT)
             assert host.wait(timeout=60) == 0
             end = time.monotonic() + 20

@@ -136,10 +136,15 @@ def test_each_device_screen_shows_its_own_time_not_the_room_wide_speed(browser):
     srv._observe(SendFrame("a", "b", FrameHeader(FrameKind.DECODE, 1, 1, 1, 1, 576)))
     now[0] += 0.025
     srv._observe(FrameArrived("a", "b", FrameHeader(FrameKind.RESULT, 1, 1, 1, 1, 576)))
+    from planner.hops import HopTimed
+    srv._observe(HopTimed("a", "b", 1, 0.012, 0.0005))  # of those 25 ms, 12 were the hop out (the stamps)
     with PageServer(srv) as url:
         browser.get(url)
         _wait_text(browser, "screens", lambda t: "ms" in t)
         a, b = browser.execute_script(  # both at once: each snapshot redraws the screens
             "return ['screen-a', 'screen-b'].map((i) => document.getElementById(i).textContent)")
-        assert "4.0 ms per stage" in a and "25.0 ms per hop and stage" in b, (a, b)
-        assert "tok/s" not in a and "tok/s" not in b, (a, b)  # the room's 41.0 tok/s is not a device's
+        assert "4.0 ms per stage" in a and "25.0 ms per round (hop out, its layers, hop back)" in b, (a, b)
+        assert "12.0 ms per hop from a (clocks within 0.5 ms)" in b and "no hop timed yet" in a, (a, b)
+        assert "1 tokens handled" in a and "1 tokens handled" in b, (a, b)
+        # one pass: no rate of its own yet; the room's 41.0 tok/s is not a device's
+        assert "- tok/s" in a and "- tok/s" in b and "41.0" not in a + b, (a, b)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from aiohttp.test_utils import TestClient, TestServer
 
 from planner.deal import Deal, Stage
@@ -215,8 +217,8 @@ def test_each_device_card_shows_its_own_figures_not_the_room_wide_lap():
     srv = room([("a", 0, 15), ("b", 15, 30)])
     laps(srv, "b", [10, 20], [(4, 1), (6, 1)])
     cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
-    assert abs(cards["a"]["stage_ms"] - 6.0) < 1e-9 and cards["a"]["hop_ms"] is None  # (4+1+6+1) / 2
-    assert abs(cards["b"]["hop_ms"] - 15.0) < 1e-9 and cards["b"]["stage_ms"] is None  # (10+20) / 2
+    assert abs(cards["a"]["stage_ms"] - 6.0) < 1e-9 and cards["a"]["round_ms"] is None  # (4+1+6+1) / 2
+    assert abs(cards["b"]["round_ms"] - 15.0) < 1e-9 and cards["b"]["stage_ms"] is None  # (10+20) / 2
     assert cards["a"]["tokens_handled"] == cards["b"]["tokens_handled"] == 2
     # two workers: the host times only their way round, said as shared by 2, never as one's own
     srv = room([("a", 0, 10), ("b", 10, 20), ("c", 20, 30)])
@@ -224,7 +226,7 @@ def test_each_device_card_shows_its_own_figures_not_the_room_wide_lap():
     cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
     assert abs(cards["a"]["stage_ms"] - 4.0) < 1e-9
     for w in "bc":
-        assert cards[w]["hop_ms"] is None and abs(cards[w]["shared_ms"] - 30.0) < 1e-9 and cards[w]["shared_by"] == 2
+        assert cards[w]["round_ms"] is None and abs(cards[w]["shared_ms"] - 30.0) < 1e-9 and cards[w]["shared_by"] == 2
 
 
 def test_health_and_metrics_after_a_device_comes_back_say_it_is_back_and_the_room_ready():
@@ -285,3 +287,60 @@ def test_health_and_metrics_after_a_device_comes_back_say_it_is_back_and_the_roo
     assert metric(text, "splitroom_devices_out") == 0.0
     assert metric(text, "splitroom_devices_lost_total") == 1.0
     assert metric(text, "splitroom_devices_back_total") == 1.0
+
+
+def test_the_device_screen_shows_loading_percent_tok_s_tokens_handled_and_ms_per_hop():
+    """Page 001's device screen as the host computes it: a device that said Progress is
+    "Loading N%" (and the room is not ready) until 100; tok/s over the passes of the last
+    RATE_WINDOW_S (the first left out); ms per hop the mean of the hops into it; /metrics
+    has each link's hops. Times passed in; figures by hand."""
+    from planner.frames import FrameHeader, FrameKind
+    from planner.hops import HopTimed
+    from planner.protocol import SendFrame
+    from runtime.control import Progress
+    from runtime.serve import page as page_mod
+    now = [0.0]
+    srv = RoomServer("m", {**INFO, "devices": [{"id": "a"}, {"id": "b"}]}, clock=lambda: now[0])
+    node = fake_node([("a", 0, 15), ("b", 15, 30)])
+    node.progress = {"b": 40}
+    node.liveness = SimpleNamespace(last_heard={"b": 0.0})
+    srv.attach(node)
+    card = {d["id"]: d for d in srv.page.snapshot()["devices"]}["b"]
+    assert (card["status"], card["title"]) == ("loading", "Loading 40%")
+    assert srv.readiness()[:2] == (False, "the room is starting: waiting for b to load its layers")
+    node.progress["b"] = 100
+    srv._observe(Progress(percent=100))
+    assert srv.readiness()[0] and {d["id"]: d for d in srv.page.snapshot()["devices"]}["b"]["title"] == "Serving"
+    events: asyncio.Queue = asyncio.Queue()  # what a room page listening now hears
+    srv.page.subscribers.add(events)
+    # passes: a prefill of 9 positions at t=0, then one token at 0.5, 1.0, 1.5 s
+    for t, tokens in [(0.0, 9), (0.5, 1), (1.0, 1), (1.5, 1)]:
+        now[0] = t
+        srv._observe(SendFrame("a", "b", FrameHeader(FrameKind.DECODE, 1, int(t * 10) + 1, 0, tokens, 576)))
+    for hop in [HopTimed("a", "b", 1, 0.004, 0.001), HopTimed("a", "b", 6, 0.006, 0.0005),
+                HopTimed("b", "a", 1, 0.002, 0.0005)]:
+        srv._observe(hop)
+    flashed = [e["data"]["devices"] for e in iter(lambda: events.get_nowait() if not events.empty() else None, None)
+               if e["event"] == "pass"]
+    # the host's dot as each of its 4 laps leaves it, b's as each of its 2 hops in is timed, none for b -> a
+    assert flashed == [["a"]] * 4 + [["b"]] * 2, flashed
+    srv.page.subscribers.discard(events)
+    cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
+    assert cards["b"]["tokens_handled"] == cards["a"]["tokens_handled"] == 12
+    assert cards["b"]["tokens_per_s"] == pytest.approx(3 / 1.5)  # 3 positions after the first pass, over 1.5 s
+    assert cards["b"]["hop_ms"] == pytest.approx(5.0) and cards["b"]["hop_from"] == ["a"]  # (4 + 6) / 2
+    assert cards["b"]["hop_error_ms"] == pytest.approx(0.5)  # the last hop's bound
+    assert cards["a"]["hop_ms"] == pytest.approx(2.0) and cards["a"]["hop_from"] == ["b"]
+    now[0] = 1.0 + page_mod.RATE_WINDOW_S + 0.01  # only the pass at 1.5 s is within the window
+    assert {d["id"]: d for d in srv.page.snapshot()["devices"]}["b"]["tokens_per_s"] is None
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(srv.registry).decode())}
+    samples = {(s.name, s.labels.get("src"), s.labels.get("dst"), s.labels.get("le")): s.value
+               for s in fams["splitroom_hop_seconds"].samples}
+    assert samples["splitroom_hop_seconds_count", "a", "b", None] == 2
+    assert samples["splitroom_hop_seconds_sum", "a", "b", None] == pytest.approx(0.010)
+    assert samples["splitroom_hop_seconds_bucket", "a", "b", "0.005"] == 1  # 4 ms in, 6 ms out
+    assert samples["splitroom_hop_seconds_count", "b", "a", None] == 1
+    errs = {(s.labels["src"], s.labels["dst"]): s.value for s in fams["splitroom_hop_clock_error_seconds"].samples}
+    assert errs == {("a", "b"): 0.0005, ("b", "a"): 0.0005}

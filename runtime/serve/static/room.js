@@ -54,9 +54,12 @@ function render(s) {
   for (const d of s.devices) {
     const stats = el("div", { class: "stats" });
     if (d.status === "serving") {
-      // this device's own figures (page.py's module doc says what the host can time)
-      stats.append(el("span", { class: "dot serving", id: "hop-" + d.id }),
-        el("span", {}, d.tokens_handled + " tokens handled"), el("span", { class: "own" }, ownTime(d)));
+      // this device's own figures (page.py's module doc says what each one is)
+      stats.append(el("span", { class: "dot serving", id: "hop-" + d.id, title: "flashes when a pass reaches it" }),
+        el("span", { class: "rate" }, d.tokens_per_s === null || d.tokens_per_s === undefined ? "- tok/s"
+                                      : fmt(d.tokens_per_s, 1) + " tok/s"),
+        el("span", { class: "handled" }, d.tokens_handled + " tokens handled"),
+        el("span", { class: "hop" }, hopTime(d)), el("span", { class: "own" }, ownTime(d)));
     }
     screens.append(el("div", { class: "screen", id: "screen-" + d.id },
       el("h3", {}, icon(d.kind), " " + d.name + " · " + d.role),
@@ -76,6 +79,7 @@ function render(s) {
     "not predicted (no scenario models these devices)"));
   $("measured").replaceChildren(...known(s.measured_tokens_per_s, "measured here, last answer ", "no answer measured yet"));
   if (openCard) showCard(openCard);
+  tabStats();
 }
 
 function showCard(id) {
@@ -90,9 +94,15 @@ function showCard(id) {
     el("button", { onclick: () => { openCard = null; card.hidden = true; } }, "Close"));
 }
 
+// the mean hop into this device (a frame from the sender's transport until it is here)
+function hopTime(d) {
+  if (d.hop_ms === null || d.hop_ms === undefined) return "no hop timed yet";
+  return `${fmt(d.hop_ms, 1)} ms per hop from ${d.hop_from.join(", ")} (clocks within ${fmt(d.hop_error_ms, 1)} ms)`;
+}
+
 function ownTime(d) {
   if (d.stage_ms !== null && d.stage_ms !== undefined) return fmt(d.stage_ms, 1) + " ms per stage (its layers and the head)";
-  if (d.hop_ms !== null && d.hop_ms !== undefined) return fmt(d.hop_ms, 1) + " ms per hop and stage (out, its layers, back)";
+  if (d.round_ms !== null && d.round_ms !== undefined) return fmt(d.round_ms, 1) + " ms per round (hop out, its layers, hop back)";
   if (d.shared_ms !== null && d.shared_ms !== undefined) {
     return `not timed alone: ${fmt(d.shared_ms, 1)} ms per lap for all ${d.shared_by} workers`;
   }
@@ -116,7 +126,7 @@ function showClient(c) {
 
 function flash(devices) {
   for (const id of devices) {
-    for (const e of [$("dot-" + id), $("hop-" + id)]) {
+    for (const e of [$("dot-" + id), $("hop-" + id), tabWorker && tabWorker.o.device === id ? $("tab-hop") : null]) {
       if (!e) continue;
       e.classList.add("flash");
       setTimeout(() => e.classList.remove("flash"), 120);
@@ -257,13 +267,30 @@ $("ask").addEventListener("submit", (ev) => {
 // share.html?layers=A-B (1-based, inclusive): this tab also joins the room as a worker
 // holding those layers on its GPU (tab_worker.js), its own screen above the chat.
 const PARAMS = new URLSearchParams(location.search);
+// Its own figures: a hop dot flashing at each pass, its tok/s and tokens handled (its
+// own clock), the ms per hop into it (the host's, from every device's stamps).
+let tabWorker = null;
+function tabStats() {
+  const w = tabWorker, box = $("tab-stats");
+  if (!w || !box || !w.loaded) return;
+  const me = state && state.devices.find((d) => d.id === w.o.device);
+  const rate = w.tokensPerS();
+  box.replaceChildren(el("span", { class: "dot serving", id: "tab-hop" }),
+    el("span", { class: "rate" }, rate === null ? "- tok/s" : fmt(rate, 1) + " tok/s"),
+    el("span", { class: "handled" }, w.stats.tokens + " tokens handled"),
+    el("span", { class: "hop" }, me ? hopTime(me) : "no hop timed yet"));
+}
 function startTab(s) {
   const box = $("tab-screen");
   box.hidden = false;
-  const show = (status, detail) => box.replaceChildren(el("h2", {}, "This tab · worker"),
-    el("div", { class: "title", id: "tab-status" }, status), el("div", { class: "detail" }, detail));
+  const show = (status, detail) => { box.replaceChildren(el("h2", {}, "This tab · worker"),
+    el("div", { class: "title", id: "tab-status" }, status), el("div", { class: "detail" }, detail),
+    el("div", { class: "stats", id: "tab-stats" })); tabStats(); };
+  const onPass = (w) => { tabWorker = w; flash([w.o.device]); };  // a pass reached this tab
+  const onStats = (w) => { tabWorker = w; tabStats(); };  // its layers ran: its figures now
   show("Standing by", "");
-  import("/tab_worker.js").then((m) => m.joinFromPage(s, PARAMS, show)).catch((e) => show("Room over", String(e)));
+  import("/tab_worker.js").then((m) => m.joinFromPage(s, PARAMS, show, onPass, onStats).then((w) => { tabWorker = w; tabStats(); }))
+    .catch((e) => show("Room over", String(e)));
 }
 fetch("/api/room").then((r) => r.json()).then((s) => {
   modelId = s.model_id; render(s); listen();

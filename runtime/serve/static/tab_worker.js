@@ -9,7 +9,10 @@
 // * framing (runtime/transport/framing.py): 0x00 + a whole message, or pieces
 //   0x01, msg_id u32, index u32, total u32 + bytes, reassembled per peer and channel;
 // * control messages (JSON on the reply channel): hello (its layers, 0-based half-open),
-//   plan, heartbeat every 0.25 s, fault, bye, abort; others are logged and ignored;
+//   plan, heartbeat every 0.25 s (with the times of NTP's exchange, planner/hops.py),
+//   stamps to the host with each heartbeat (when it had and sent each lap's frame, on
+//   its own clock: the host's hop time per link), progress while it loads, fault, bye,
+//   abort; others are logged and ignored;
 // * residual frames (planner/frames.py: "SRFM", version 1, 32-byte header, float32
 //   payload [tokens, hidden]); a frame runs the tab's layers (TabStage, static/tab_stage.js)
 //   and goes on to the next stage, or back to the model host as a RESULT when it returns.
@@ -32,6 +35,9 @@ const MAX_IN = 64 * 1024 * 1024;  // cap on one reassembled message, bytes (fram
 const HEARTBEAT_MS = 250;
 const KIND = { PREFILL: 1, DECODE: 2, RESULT: 3, RETURN: 4, ROLLBACK: 5, WAKE: 6 };
 const HEADER = 32;
+const MAX_STAMPS = 128;  // per Stamps message (runtime/control.py)
+const RATE_WINDOW_S = 10;  // a device's tok/s, as runtime/serve/page.py counts it
+const clockS = () => performance.now() / 1000;  // this tab's monotonic stamp clock, seconds
 
 // -- framing -----------------------------------------------------------------------------
 
@@ -232,6 +238,36 @@ export class TabWorker {
     this.slotKv = new Map();
     this.heardMs = {};
     this.waiting = [];  // frames that came before the layers were loaded
+    this.beatIn = {};  // peer -> [its last heartbeat's sent_s, heard at]
+    this.stampsIn = []; this.stampsOut = [];  // [lap, peer, t] for the host's hop times
+    this.passTimes = [];  // [t, positions] of the latest passes (tok/s)
+    this.told = -1;  // the last percent told the host
+  }
+
+  // this tab's tok/s: the positions of its passes of the last RATE_WINDOW_S, the first left out, over their span
+  tokensPerS() {
+    const now = clockS(), w = this.passTimes.filter(([t]) => now - t <= RATE_WINDOW_S);
+    if (w.length < 2 || w[w.length - 1][0] <= w[0][0]) return null;
+    return w.slice(1).reduce((n, [, k]) => n + k, 0) / (w[w.length - 1][0] - w[0][0]);
+  }
+
+  progress(percent) {
+    if (percent <= this.told) return;
+    this.told = percent;
+    if (this.links[this.o.host]) this.control(this.o.host, { type: "progress", percent });
+  }
+
+  stamp(list, lap, peer) { list.push([lap, peer, clockS()]); if (list.length > MAX_STAMPS) list.shift(); }
+
+  heartbeats() {
+    for (const p of Object.keys(this.links)) {
+      const now = clockS(), last = this.beatIn[p];
+      this.control(p, last ? { type: "heartbeat", sent_s: now, echo_s: last[0], held_s: now - last[1] }
+                           : { type: "heartbeat", sent_s: now });
+      if (p === this.o.host && (this.stampsIn.length || this.stampsOut.length)) {
+        this.control(p, { type: "stamps", arrived: this.stampsIn.splice(0), sent: this.stampsOut.splice(0) });
+      }
+    }
   }
 
   note(line) { this.log.push(line); if (this.log.length > 200) this.log.shift(); console.log("[tab] " + line); }
@@ -245,11 +281,17 @@ export class TabWorker {
     this.range = [bundle.start, bundle.end];
     this.shown = `${bundle.start + 1}-${bundle.end}`;
     await this.connect();
-    this.beat = setInterval(() => this.broadcast({ type: "heartbeat" }), HEARTBEAT_MS);
+    this.beat = setInterval(() => this.heartbeats(), HEARTBEAT_MS);
     this.broadcast({ type: "hello", device: o.device, host: false, layers: this.range, lends: 0 });
     this.say("Loading 0%", `layers ${this.shown}`);
-    const weights = await fetchChecked(o.layers, bundle, (f) => this.say(`Loading ${Math.floor(f * 100)}%`, `layers ${this.shown}`));
+    this.progress(0);
+    const weights = await fetchChecked(o.layers, bundle, (f) => {  // 100% only once the GPU holds them
+      const percent = Math.min(99, Math.floor(f * 100));
+      this.say(`Loading ${percent}%`, `layers ${this.shown}`);
+      this.progress(percent);
+    });
     this.stage = await TabStage.create(bundle, weights);
+    this.progress(100);
     this.bundle = bundle;
     this.mb = weights.byteLength / 1e6;
     this.note(`layers ${this.shown} loaded (${this.mb.toFixed(0)} MB, adapter ${this.stage.adapterInfo})`);
@@ -362,7 +404,11 @@ export class TabWorker {
     let m;
     try { m = JSON.parse(new TextDecoder().decode(bytes)); } catch { this.note(`control message from ${src} ignored: not JSON`); return; }
     if (!m || typeof m.type !== "string") { this.note(`control message from ${src} ignored: no type`); return; }
-    if (m.type === "heartbeat" || m.type === "hello") return;
+    if (m.type === "heartbeat") {  // its times: one leg of NTP's exchange (the host's clock offsets)
+      if (Number.isFinite(m.sent_s) && m.sent_s >= 0) this.beatIn[src] = [m.sent_s, clockS()];
+      return;
+    }
+    if (m.type === "hello") return;
     if (src !== this.o.host) { this.note(`${m.type} from ${src} ignored: only the model host's count`); return; }
     if (m.type === "plan") this.onPlan(m);
     else if (m.type === "bye") this.end("Room over", "the host is done");
@@ -397,7 +443,12 @@ export class TabWorker {
     if (!P) { this.reject(src, "no plan yet"); return; }
     if (h.dtype !== 0) { this.reject(src, "a float16 residual"); return; }
     if (h.hidden !== P.hidden) { this.reject(src, `hidden ${h.hidden}, expected ${P.hidden}`); return; }
-    if (h.kind === KIND.RETURN) { this.send(P.prev, "residual", u8); return; }
+    if (h.kind === KIND.RETURN) {
+      this.stamp(this.stampsIn, h.lap, src);
+      this.stamp(this.stampsOut, h.lap, P.prev);
+      this.send(P.prev, "residual", u8);
+      return;
+    }
     if (h.kind !== KIND.PREFILL && h.kind !== KIND.DECODE) { this.reject(src, `a kind ${h.kind} frame at a worker`); return; }
     const cap = Math.min(P.context || Infinity, this.bundle.max_ctx);
     if (h.first + h.tokens > cap) { this.reject(src, `positions ${h.first}-${h.first + h.tokens - 1} do not fit the cache of ${cap}`); return; }
@@ -422,6 +473,10 @@ export class TabWorker {
     if (h.first > kv) { this.reject(src, `stale: starts at ${h.first}, cache holds ${kv}`); return; }
     this.slotKv.set(h.slot, h.first + h.tokens);
     this.stats.frames_in++;
+    this.stamp(this.stampsIn, h.lap, src);
+    this.passTimes.push([clockS(), h.tokens]);
+    if (this.passTimes.length > 1024) this.passTimes.shift();
+    if (this.o.onPass) this.o.onPass(this);
     this.queue = this.queue.then(() => this.run(h)).catch((e) => this.fail(e));
   }
 
@@ -431,10 +486,17 @@ export class TabWorker {
     this.ms.push([h.tokens, performance.now() - t0]);
     this.stats.tokens += h.tokens;
     this.stats.passes++;
+    if (this.o.onStats) this.o.onStats(this);
     const P = this.plan;
-    if (P.next !== null) { this.send(P.next, "residual", encodeFrame(h, h.kind, y)); this.stats.frames_out++; return; }
+    if (P.next !== null) {
+      this.stamp(this.stampsOut, h.lap, P.next);
+      this.send(P.next, "residual", encodeFrame(h, h.kind, y));
+      this.stats.frames_out++;
+      return;
+    }
     if (!h.returns) return;  // a prefill chunk that does not return: its work is in the KV cache
     const back = !P.viaStages || P.prev === P.host;
+    this.stamp(this.stampsOut, h.lap, back ? P.host : P.prev);
     this.send(back ? P.host : P.prev, "residual", encodeFrame(h, back ? KIND.RESULT : KIND.RETURN, y));
     this.stats.frames_out++;
   }
@@ -457,13 +519,13 @@ export class TabWorker {
 }
 
 // share.html?layers=A-B[&device=ID][&peers=A,B]: join the room of the page's host as a worker.
-export async function joinFromPage(state, params, show) {
+export async function joinFromPage(state, params, show, onPass, onStats) {
   const t = state.tab;
   if (!t) throw new Error("this room takes no tabs that hold layers (the host serves no /tab routes)");
   const device = params.get("device") || "tab";
   const peers = (params.get("peers") || t.host).split(",").map((s) => s.trim()).filter((s) => s && s !== device);
   const w = new TabWorker({ relay: t.relay, room: t.room, device, peers, host: t.host, layers: params.get("layers"),
-                            iceServers: t.ice_servers, relayOnly: t.relay_only, model: state.model, show });
+                            iceServers: t.ice_servers, relayOnly: t.relay_only, model: state.model, show, onPass, onStats });
   window.tabWorker = w;
   try {
     await w.start();

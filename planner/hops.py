@@ -1,0 +1,154 @@
+"""Hop time per link in a real room, from each device's own stamps (sans-IO: times in).
+
+A **hop** of link ``A -> B`` for a lap is the span the simulator and
+:mod:`planner.metrics` call a hop (SendFrame -> FrameArrived): from ``A`` handing the
+lap's residual frame to its transport (the SendFrame carried out: the frame is encoded
+and sent from then on) until ``B`` has the whole frame, decoded and checked (the
+FrameArrived it feeds its machine). It includes encoding, the data channel (SCTP, DTLS,
+the network, pieces and their reassembly) and the receiver's decoding and checks; not
+the stage either side runs.
+
+Each device stamps those two moments on its own monotonic clock. The devices' clocks
+are not the host's, so each worker's offset from the model host is estimated from the
+heartbeats they exchange anyway, with NTP's on-wire calculation (RFC 5905, section 8):
+a heartbeat carries its send time ``T3``, the send time ``T1`` of the last heartbeat
+its sender heard from the receiver, and how long it held that one (``T3 - T2``, on the
+sender's clock). The receiver, at ``T4``::
+
+    offset θ = ((T2 - T1) + (T3 - T4)) / 2     (the sender's clock minus the receiver's)
+    delay  δ = (T4 - T1) - (T3 - T2)           (the round trip, the time held taken out)
+
+Of the last :data:`CLOCK_SAMPLES` exchanges the one with the least delay is used, as
+NTP's clock filter does (RFC 5905, section 10): queueing only ever adds delay. Its
+offset is off by at most ``δ / 2`` (all of the round trip on one side), so a hop is
+reported with ``error_s``, the sum of that bound for both its ends (0 for the host).
+
+The hop of ``A -> B`` on the host's clock is then ``(t_B - θ_B) - (t_A - θ_A)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from typing import Optional
+
+from planner.fastdc import frozen
+
+#: heartbeat exchanges kept per peer; the least-delay one gives the offset (RFC 5905 section 10 keeps 8)
+CLOCK_SAMPLES = 8
+#: one end's stamp kept at most this many laps while the other end's has not come
+MAX_PENDING = 512
+
+
+@frozen
+class HopTimed:
+    """One measured hop: the frame of lap ``lap_id`` from ``src`` to ``dst`` took
+    ``seconds``, within ``error_s`` (the clock offsets' bound, module doc)."""
+
+    src: str
+    dst: str
+    lap_id: int
+    seconds: float
+    error_s: float
+
+
+def exchange(t1_s: float, t2_s: float, t3_s: float, t4_s: float) -> tuple[float, float]:
+    """NTP's on-wire offset and delay of one exchange (module doc), seconds.
+
+    Args:
+        t1_s: the receiver sent its heartbeat (receiver's clock).
+        t2_s: the sender heard it (sender's clock).
+        t3_s: the sender sent its own (sender's clock).
+        t4_s: the receiver heard that (receiver's clock).
+    Returns:
+        ``(offset_s, delay_s)``: the sender's clock minus the receiver's, and the round
+        trip without the time the sender held the first heartbeat.
+    """
+    return ((t2_s - t1_s) + (t3_s - t4_s)) / 2, (t4_s - t1_s) - (t3_s - t2_s)
+
+
+class PeerClock:
+    """A peer's clock offset from this device's, from the last :data:`CLOCK_SAMPLES`
+    heartbeat exchanges (module doc)."""
+
+    def __init__(self, samples: int = CLOCK_SAMPLES):
+        self._samples: deque[tuple[float, float]] = deque(maxlen=samples)
+
+    def heard(self, sent_s: float, echo_s: float, held_s: float, now_s: float) -> bool:
+        """A heartbeat sent at ``sent_s`` (peer's clock) echoing this device's heartbeat
+        sent at ``echo_s`` (this clock), held ``held_s`` by the peer, arrived at
+        ``now_s`` (this clock). Returns False (and keeps nothing) for an exchange that
+        cannot be one: a value not finite, ``held_s`` negative, an echo from the future
+        or a negative delay."""
+        if not all(math.isfinite(v) for v in (sent_s, echo_s, held_s, now_s)) or held_s < 0 or echo_s > now_s:
+            return False
+        offset, delay = exchange(echo_s, sent_s - held_s, sent_s, now_s)
+        if delay < 0:
+            return False
+        self._samples.append((delay, offset))
+        return True
+
+    def best(self) -> Optional[tuple[float, float]]:
+        """``(offset_s, error_s)`` of the least-delay exchange kept (error: half its
+        delay), or None before any."""
+        if not self._samples:
+            return None
+        delay, offset = min(self._samples)
+        return offset, delay / 2
+
+
+class HopMeter:
+    """The model host's hop times per link (module doc), fed with every device's stamps.
+
+    Args:
+        host: the model host's id (its offset is 0 by definition).
+        clocks: device -> its :class:`PeerClock` on the host (the meter reads them when
+            it pairs two stamps; a device without one yet cannot be paired).
+        max_pending: stamps waiting for their other end, at most (the oldest dropped).
+    """
+
+    def __init__(self, host: str, clocks: dict[str, PeerClock], max_pending: int = MAX_PENDING):
+        self.host = host
+        self.clocks = clocks
+        self.max_pending = max_pending
+        self._sent: OrderedDict[tuple[int, str, str], float] = OrderedDict()
+        self._arrived: OrderedDict[tuple[int, str, str], float] = OrderedDict()
+        #: stamps that could not be paired: the other end's clock offset was not known yet
+        self.unclocked = 0
+
+    def _offset(self, device: str) -> Optional[tuple[float, float]]:
+        if device == self.host:
+            return 0.0, 0.0
+        clock = self.clocks.get(device)
+        return clock.best() if clock is not None else None
+
+    def _stamp(self, mine: OrderedDict, other: OrderedDict, key: tuple[int, str, str], t: float) -> Optional[HopTimed]:
+        if key in other:
+            t_other = other.pop(key)
+            lap, src, dst = key
+            t_sent, t_arrived = (t_other, t) if mine is self._arrived else (t, t_other)
+            a, b = self._offset(src), self._offset(dst)
+            if a is None or b is None:
+                self.unclocked += 1
+                return None
+            return HopTimed(src, dst, lap, (t_arrived - b[0]) - (t_sent - a[0]), a[1] + b[1])
+        if key not in mine:  # a second stamp for the same hop (a resent lap): the first counts
+            mine[key] = t
+            while len(mine) > self.max_pending:
+                mine.popitem(last=False)
+        return None
+
+    def sent(self, src: str, dst: str, lap_id: int, t_s: float) -> Optional[HopTimed]:
+        """``src`` sent lap ``lap_id``'s frame to ``dst`` at ``t_s`` (src's clock): the
+        hop, when ``dst``'s arrival stamp came first, else None."""
+        return self._stamp(self._sent, self._arrived, (lap_id, src, dst), t_s)
+
+    def arrived(self, src: str, dst: str, lap_id: int, t_s: float) -> Optional[HopTimed]:
+        """``dst`` had lap ``lap_id``'s frame from ``src`` at ``t_s`` (dst's clock): the
+        hop, when ``src``'s send stamp came first, else None."""
+        return self._stamp(self._arrived, self._sent, (lap_id, src, dst), t_s)
+
+    @property
+    def pending(self) -> int:
+        """Stamps waiting for their other end."""
+        return len(self._sent) + len(self._arrived)
