@@ -114,16 +114,21 @@ def test_a_host_that_does_not_come_back_ends_the_room_after_the_wait():
         procs += [worker, host]
         _kill_while_streaming(host)
         t_kill = time.monotonic()
-        t_wait = w_err.wait_for("Host reconnecting", 10)
+        seen_at_kill = len(w_err.lines)  # the worker's lines read so far: all written before the kill
+        w_err.wait_for("Host reconnecting", 10)
         rc = worker.wait(timeout=20)
         t_end = time.monotonic()
         log = w_err.text()
     assert rc == 5, log
     assert "Room over" in log and "did not come back within 2 s" in log
     assert "Traceback" not in log
-    # noticed by heartbeat (1 s of silence) within wait_for's 10 s; then the 2 s wait, then a
-    # clean exit within worker.wait's 20 s
-    assert t_wait >= t_kill and t_end - t_kill >= 2.0
+    # the worker says it is reconnecting only after the host is gone: no such line before the
+    # kill, one after it (noticed by heartbeat, 1 s of silence, within wait_for's 10 s); then
+    # the 2 s wait, then a clean exit within worker.wait's 20 s
+    lines = w_err.lines
+    assert not any("Host reconnecting" in ln for ln in lines[:seen_at_kill]), lines[:seen_at_kill]
+    assert any("Host reconnecting" in ln for ln in lines[seen_at_kill:])
+    assert t_end - t_kill >= 2.0
 
 
 #: ``splitroom`` whose relay hello carries the tag in $IMPOSTOR_TAG (a tag is public: the
