@@ -156,3 +156,61 @@ def test_bad_requests_log_one_line_each_without_what_they_carried(caplog):
     http = [r for r in caplog.records if r.name == "splitroom.serve.http"]
     assert len(http) == 3, [r.getMessage() for r in http]  # one line per bad request
     assert all("\n" not in r.getMessage() and r.exc_info is None for r in http)
+
+
+def test_hostile_stamps_heartbeats_and_progress_to_a_served_host_leave_its_hops_and_answers_right():
+    """The worker's side of the wire, hostile (fixed seed): mutated heartbeats, stamps and
+    progress and random bytes on its reply channel, delivered to the served host's Node as
+    the transport delivers them. The room still answers (its stand-in stages give the
+    end-of-sequence token at once: the prompt's prefill laps out, the last one back), the
+    host's clocks and pending stamps stay within their bounds, and /metrics counts the
+    second question's hops as it counted the first's."""
+    import random
+
+    from planner.hops import CLOCK_SAMPLES
+    rng = random.Random(2026_12_01)
+    valid = [{"type": "heartbeat", "sent_s": 5.0, "echo_s": 1.0, "held_s": 0.1},
+             {"type": "stamps", "arrived": [[1, "host", 5.0]], "sent": [[1, "host", 5.01]]},
+             {"type": "progress", "percent": 30}]
+    odd = [None, -1, 0, 2 ** 32, 1e308, "w", "host", "", "x" * 70, [], {}, [[0, "host", 1.0]] * 200, True, "NaN"]
+
+    async def hops(s, url) -> dict:
+        async with s.get(url + "/metrics") as r:
+            text = await r.text()
+        return {ln.split("{")[1].split("}")[0]: float(ln.split()[-1]) for ln in text.splitlines()
+                if ln.startswith("splitroom_hop_seconds_count{")}
+
+    async def until(s, url, back: float) -> dict:  # /metrics once `back` hops w -> host are counted (bounded)
+        for _ in range(400):
+            got = await hops(s, url)
+            if got.get('dst="host",src="w"', 0) >= back:
+                return got
+            await asyncio.sleep(0.05)
+        return got
+
+    async def go():
+        async with served_room(stand_in=True) as (server, url), aiohttp.ClientSession() as s:
+            node = server.node
+            for _ in range(400):  # a heartbeat exchange or two: the worker's clock offset is known (bounded wait)
+                if node.clocks.get("w") is not None and node.clocks["w"].best() is not None:
+                    break
+                await asyncio.sleep(0.05)
+            status, out = await post(s, url, chat(FRANCE))
+            assert status == 200, out
+            before = await until(s, url, 1.0)  # the worker's stamps come with its next heartbeat
+            chunks = -(-len(node.tokenizer.encode_chat(FRANCE)) // 16)  # prefill laps out; the last one returns
+            assert before == {'dst="w",src="host"': chunks, 'dst="host",src="w"': 1.0}, before
+            for _ in range(2000):
+                m = json.loads(json.dumps(rng.choice(valid)))
+                for _ in range(rng.randint(1, 3)):
+                    m[rng.choice(list(m) + ["arrived", "sent", "percent"])] = rng.choice(odd)
+                node._on_message("w", "reply", json.dumps(m).encode())
+                node._on_message("w", "reply", bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 30))))
+            assert len(node.clocks) == 1 and len(node.clocks["w"]._samples) <= CLOCK_SAMPLES
+            assert node.hops.pending <= 2 * node.hops.max_pending
+            node.progress.pop("w", None)  # a valid mutant's "Loading 30%": the worker's own next word would mend it
+            status, out = await post(s, url, chat(FRANCE))
+            assert status == 200, out
+            after = await until(s, url, 2.0)
+            assert after == {k: 2 * v for k, v in before.items()}, after
+    asyncio.run(go())
