@@ -307,6 +307,8 @@ class Node:
             self.liveness.answered(src)  # it took the re-deal: its silence while it loads is spared
         elif isinstance(msg, Ready) and self.is_host:
             self.liveness.answered(src)
+            if self.progress.pop(src, None) is not None:  # loaded, whatever the last percent said (a copy
+                self._notify(Progress(percent=100))       # that failed half way and was read from disk)
             self._ready(src, msg.first_lap)
         elif isinstance(msg, Fault) and self.is_host:
             self.handle(LapFailed(msg.lap_id, msg.device, msg.reason))

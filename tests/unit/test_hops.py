@@ -274,3 +274,16 @@ def test_a_heartbeat_held_past_a_minute_is_not_echoed():
     assert json.loads(work._beat_for("h")[0])["echo_s"] == 3.0
     wc[0] = 10.0 + ECHO_HELD_MAX_S + 0.5
     assert json.loads(work._beat_for("h")[0]) == {"type": "heartbeat", "sent_s": 70.5, "echo_s": None, "held_s": None}
+
+
+def test_a_device_that_says_ready_is_loaded_whatever_its_last_percent():
+    # a re-dealt worker's copy over the weights channel failed at 40% and it read the
+    # layers from its own disk: its Ready says it is done, and its screen is no longer "Loading 40%"
+    hc = [1.0]
+    host, _ = _node("h", hc)
+    seen = []
+    host.observers.append(seen.append)
+    host._on_message("w", "reply", encode_control(Progress(percent=40)))
+    assert host.progress == {"w": 40}
+    host._on_message("w", "reply", json.dumps({"type": "ready", "first_lap": 5}).encode())
+    assert host.progress == {} and [o.percent for o in seen if type(o) is Progress] == [40, 100]
