@@ -73,7 +73,7 @@ def reference(model_dir, tokenizer):
     return out
 
 
-def run_room(model_dir, tokenizer, cuts, **sched):
+def run_room(model_dir, tokenizer, cuts, observe=None, **sched):
     bounds = (0, *cuts, 30)
     names = ["host"] + [f"w{i}" for i in range(1, len(bounds) - 1)]
     chain = [[n, a, b] for n, a, b in zip(names, bounds, bounds[1:])]
@@ -87,6 +87,8 @@ def run_room(model_dir, tokenizer, cuts, **sched):
                          peers=[m for m, _, _ in chain if m != n])
         stage = make_stage("numpy", model_dir, StageSpec(a, b, host=(n == "host")))
         nodes.append(Node(cfg, stage, hub.transport(n), tokenizer if n == "host" else None))
+    if observe is not None:
+        nodes[0].observers.append(observe)
 
     async def go():
         for node in nodes:
@@ -100,9 +102,21 @@ def run_room(model_dir, tokenizer, cuts, **sched):
 
 @pytest.mark.parametrize("cuts,sched", [((13,), {}), ((9, 21), {"draft_tokens": 3, "async_laps": 2})])
 def test_room_answers_equal_single_process_greedy(model_dir, tokenizer, reference, cuts, sched):
-    nodes, hub = run_room(model_dir, tokenizer, cuts, **sched)
+    from planner.hops import HopTimed
+    hops = []
+    nodes, hub = run_room(model_dir, tokenizer, cuts, observe=lambda o: hops.append(o) if type(o) is HopTimed else None,
+                          **sched)
     host = nodes[0]
     assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    # hop time per link (planner/hops.py): every link of the ring was timed from the two
+    # ends' stamps, never more often than the hub carried frames on it, and (one clock
+    # here) no hop is below zero by more than its offsets' bound
+    links = [(a, b) for a, b in zip([n.cfg.device for n in nodes], [n.cfg.device for n in nodes[1:]] + ["host"])]
+    carried = {k: sum(1 for s, d, ch, _ in hub.sent if (s, d) == k and ch == "residual") for k in links}
+    timed = {k: sum(1 for h in hops if (h.src, h.dst) == k) for k in links}
+    assert all(0 < timed[k] <= carried[k] for k in links), (timed, carried)
+    assert len({(h.src, h.dst, h.lap_id) for h in hops}) == len(hops)
+    assert all(h.seconds >= -h.error_s - 1e-9 for h in hops), min(hops, key=lambda h: h.seconds + h.error_s)
     assert all(v == "answered" for v in host.ended.values())
     # residual hand-offs went on the residual channel as encoded frames; only control (heartbeats) on reply
     assert hub.sent and {ch for _, _, ch, _ in hub.sent} <= {"residual", "reply"}
