@@ -3,14 +3,21 @@ host and one worker as real Nodes, the real RoomServer over HTTP; in a child
 process) answers WARMUP questions (its bounded trace and page fill up), then REQUESTS
 requests, each from a client it has not seen before (``Authorization: Bearer`` a fresh
 key): 11 clients at a time keep the queue full (one answered, 10 waiting) and 4 more
-ask in between, getting 429 at once, until ANSWERED were answered. The host's resident
-memory (VmRSS of the child) is read every CHECK answered questions, with what it keeps
-(the scheduler's per-question set, the page's clients, the trace's records and bytes,
-the node's contexts, the server's tickets).
+ask in between, getting 429 at once, until ANSWERED were answered. The child's resident
+memory (VmRSS) is read every CHECK answered questions, with what the room keeps (the
+scheduler's per-question set, the page's clients, the host's trace records and bytes,
+both nodes' contexts and residuals, the worker's trace records, the server's tickets)
+and Python's own counts (``sys.getallocatedblocks()``, ``len(gc.get_objects())``);
+with ``--tracemalloc`` also the traced bytes and the source lines that grew most since
+the first reading after the warm-up.
 
     .venv/bin/python scripts/host_soak.py [--requests 100000] [--answered 10000] [--warmup 3000]
+        [--check 1000] [--out FILE] [--stop-file FILE] [--tracemalloc]
 
-Prints one JSON object. The room's stages compute nothing (tests/servedroom.py
+Writes what it has read to OUT after every reading (a run stopped early keeps it);
+ends at the first reading after STOP_FILE appears.
+
+Prints a summary. The room's stages compute nothing (tests/servedroom.py
 StandIn: every answer is the end-of-sequence token; the model's own memory is fixed,
 and what the host keeps per question and per client is the same), every client comes
 from 127.0.0.1 (the per-address connection cap is raised), everything else is as
@@ -30,9 +37,13 @@ import time
 from planner.model import BUNDLED_MODEL_ID
 
 HOST = """
-import asyncio, json, sys
+import asyncio, gc, json, os, sys, tracemalloc
+if os.environ.get("SOAK_TRACEMALLOC"):
+    tracemalloc.start()
+from runtime.room import Node
 from tests.servedroom import served_room
 async def main():
+    base = None
     async with served_room(stand_in=True, max_connections_per_address=100000) as (server, url):
         print(url, flush=True)
         while True:
@@ -40,10 +51,27 @@ async def main():
             if not line:
                 break
             node, host = server.node, server._host()
+            objs = gc.get_objects()
+            w = next(o for o in objs if isinstance(o, Node) and o is not node)  # the worker's node
             print(json.dumps({"seen_questions": len(getattr(host, "seen_questions", ())),
                               "page_clients": len(server.page.clients), "trace_records": len(node.trace),
                               "trace_bytes": node.trace.bytes, "contexts": len(node.context),
-                              "tickets": len(server.tickets), "queue": len(host.queue)}), flush=True)
+                              "residuals": len(node.residual), "tickets": len(server.tickets),
+                              "queue": len(host.queue), "allocated_blocks": sys.getallocatedblocks(),
+                              "gc_objects": len(objs), "worker_residuals": len(w.residual),
+                              "worker_trace_records": len(w.trace), "worker_contexts": len(w.context)}),
+                  flush=True)
+            del objs, w
+            if tracemalloc.is_tracing():  # what grew since the first reading after the warm-up
+                snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+                if base is None and line.strip() == "base":
+                    base = snap
+                top = [] if base is None else [
+                    {"where": f"{d.traceback[0].filename}:{d.traceback[0].lineno}", "bytes": d.size_diff,
+                     "blocks": d.count_diff} for d in snap.compare_to(base, "lineno")[:8]]
+                print(json.dumps({"traced_bytes": tracemalloc.get_traced_memory()[0], "grew_most": top}),
+                      flush=True)
+                del snap
 asyncio.run(main())
 """
 
@@ -120,37 +148,77 @@ ASKERS = 11
 FLOODERS = 4
 
 
+class StopSoak(Exception):
+    """The stop file appeared: end the run after this reading."""
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=100_000)
     p.add_argument("--answered", type=int, default=10_000)
     p.add_argument("--warmup", type=int, default=3_000, help="answered questions before the counted run")
     p.add_argument("--check", type=int, default=1_000, help="read the memory every this many answered questions")
+    p.add_argument("--out", help="write the readings so far to this JSON file after each reading")
+    p.add_argument("--stop-file", help="end the run at the first reading after this file appears")
+    p.add_argument("--tracemalloc", action="store_true",
+                   help="trace the host's allocations (slower): each reading adds the traced bytes and the 8 "
+                        "source lines whose memory grew most since the first reading after the warm-up")
     a = p.parse_args()
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), **({"SOAK_TRACEMALLOC": "1"} if a.tracemalloc else {}))
     child = subprocess.Popen([sys.executable, "-c", HOST], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True, env=env)
+    result: dict = {"requests": a.requests, "answered": a.answered, "warmup": a.warmup,
+                    "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    readings: list = []
+    progress: dict = {}
+    t0 = time.monotonic()
+
+    def save() -> None:
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(result, f, indent=1)
     try:
         url = child.stdout.readline().strip()
 
-        def check() -> dict:
-            child.stdin.write("\n")
+        def read(line: str = "") -> dict:
+            child.stdin.write(line + "\n")
             child.stdin.flush()
-            return {"rss_mb": round(rss_mb(child.pid), 1), **json.loads(child.stdout.readline())}
-        before = check()
-        out = asyncio.run(soak(url, a.requests, a.answered, a.warmup, check, a.check))
-        out["before_mb"] = before["rss_mb"]
+            got = {"rss_mb": round(rss_mb(child.pid), 1), "seconds": round(time.monotonic() - t0, 1),
+                   **json.loads(child.stdout.readline())}
+            if a.tracemalloc:
+                got.update(json.loads(child.stdout.readline()))
+            return got
+
+        def check() -> dict:
+            r = read("" if readings else "base")
+            readings.append({**progress.get("counts", {}), **r})
+            result["readings_so_far"] = readings
+            save()
+            if a.stop_file and os.path.exists(a.stop_file):
+                raise StopSoak
+            return r
+        result["before"] = read()
+        try:
+            out = asyncio.run(soak(url, a.requests, a.answered, a.warmup, check, a.check, progress))
+        except StopSoak:
+            out = {"stopped_early": True, "warmup": progress.get("warmup"), "counts": dict(progress["counts"]),
+                   "checks": readings}
+        result.update(out)
+        result.pop("readings_so_far", None)
+        result["before_mb"] = result["before"]["rss_mb"]
         rss = [c["rss_mb"] for c in out["checks"]]
-        out["growth_mb"] = round(rss[-1] - rss[0], 1)
-        out["spread_mb"] = round(max(rss) - min(rss), 1)
-        print(json.dumps(out, indent=1))
+        result["growth_mb"] = round(rss[-1] - rss[0], 1)
+        result["spread_mb"] = round(max(rss) - min(rss), 1)
+        result["ended_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     finally:
+        save()
         child.stdin.close()
         try:
             child.wait(timeout=30)
         except subprocess.TimeoutExpired:
             child.kill()
-
+    print(json.dumps({k: result.get(k) for k in ("before_mb", "warmup", "counts", "growth_mb", "spread_mb")},
+                     indent=1))
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """What the nodes of a long-lived room keep does not grow with the questions answered:
 no residual is left behind once its lap is over (on the worker too, where a prefill
 chunk that does not return is sent nowhere), and a trace nobody writes is bounded.
+A peer that is not the host cannot re-plan a worker.
 
 A host and one worker as real :class:`runtime.room.Node` s over the in-process
 :class:`runtime.transport.loopback.LoopbackHub`, with stages that compute nothing
@@ -16,7 +17,7 @@ import pytest
 from runtime import room as room_mod
 from runtime.backends import StageSpec
 from runtime.config import ModelConfig
-from runtime.control import NodeConfig
+from runtime.control import NodeConfig, Replan, encode_control
 from runtime.room import BoundedTrace, Node
 from runtime.transport.loopback import LoopbackHub
 from tests.servedroom import StandIn
@@ -122,3 +123,41 @@ def test_a_trace_written_at_the_end_is_kept_whole_unless_the_room_stays_open(tmp
                      model_dir="/nonexistent", trace_path=str(tmp_path / "w.trace.jsonl"))
     node = Node(cfg, None, LoopbackHub().transport("w"), keep_open=keep_open)
     assert isinstance(node.trace, BoundedTrace) == keep_open
+
+
+def test_a_worker_takes_a_re_plan_only_from_its_host():
+    """A peer of the room that is not its host sends the worker a Replan naming itself
+    host and cutting the host out: the worker keeps its chain and the room still answers
+    through it. The same Replan's shape from the host is taken (the worker adopts it)."""
+    async def go():
+        hub = LoopbackHub()
+        nodes = _room(hub)
+        host, worker = nodes
+        other = hub.transport("x")  # a device the relay seated in the room, not its host
+        forged = Replan(host="x", lost="host", stages=(("x", 0, 2), ("w", 2, 4)), first_lap=7)
+        for n in nodes:
+            n.start()
+        try:
+            dealt = worker.deal
+            await other.send("w", room_mod.REPLY, encode_control(forged))
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert worker.deal is dealt and worker.chain.deal is dealt
+            qid = host.ask(PROMPT, 1, "api:client")
+            for _ in range(2000):  # a bound on the loop turns, not a time
+                if qid in host.ended:
+                    break
+                await asyncio.sleep(0.001)
+            assert host.ended.get(qid) == "answered"
+            real = forged.model_copy(update={"host": "host", "lost": None, "stages": (("host", 0, 2), ("w", 2, 4))})
+            await host.transport.send("w", room_mod.REPLY, encode_control(real))
+            for _ in range(2000):
+                if worker.deal is not dealt:
+                    break
+                await asyncio.sleep(0.001)
+            assert worker.deal is not dealt and [(s.device, s.start, s.end) for s in worker.deal.stages] == \
+                [("host", 0, 2), ("w", 2, 4)]
+        finally:
+            for n in nodes:
+                await n.stop()
+    asyncio.run(go())
