@@ -84,6 +84,12 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
+def threads(pid: int) -> int:
+    """The threads of process ``pid`` now."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
 async def soak(url: str, requests: int, answered: int, warmup: int, check, every: int,
                progress: dict | None = None) -> dict:
     """ASKERS loops ask one question at a time each (they keep the queue full: one
@@ -183,7 +189,8 @@ def main() -> None:
         def read(line: str = "") -> dict:
             child.stdin.write(line + "\n")
             child.stdin.flush()
-            got = {"rss_mb": round(rss_mb(child.pid), 1), "seconds": round(time.monotonic() - t0, 1),
+            got = {"rss_mb": round(rss_mb(child.pid), 1), "threads": threads(child.pid),
+                   "seconds": round(time.monotonic() - t0, 1),
                    **json.loads(child.stdout.readline())}
             if a.tracemalloc:
                 got.update(json.loads(child.stdout.readline()))
