@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_soak import rss_mb, soak  # noqa: E402
+from host_soak import StopSoak, rss_mb, soak  # noqa: E402
 from serve_load import Served  # noqa: E402
 
 
@@ -66,10 +66,6 @@ def room_processes(root: int) -> dict[str, int]:
             elif any("relay" in a for a in argv[:4]) and "python" in Path(argv[0]).name:
                 out["relay"] = kid
     return out
-
-
-class StopSoak(Exception):
-    """The stop file appeared: end the run after this reading."""
 
 
 def main() -> None:
