@@ -532,6 +532,20 @@ async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[as
             say(f"refused a device claiming to be the model host {host}; still waiting for it")
 
 
+def stage_shares(model_dir, chain) -> list[dict]:
+    """What the room page says each device of ``chain`` (``[[device, start, end], ...]``,
+    0-based half-open) holds: ``[{"device", "used_bytes"}]``, the stored bytes of its
+    layers' weights (runtime.weights_share.range_nbytes: the safetensors header, nothing
+    hashed; the host's embedding and head not counted). Empty when the model directory
+    cannot say (the page then says "size not known")."""
+    from runtime.weights_share import range_nbytes
+    try:
+        return [{"device": d, "used_bytes": range_nbytes(model_dir, a, b)} for d, a, b in chain]
+    except Exception as e:  # WeightsError, OSError: a directory without a safetensors file
+        log.info("layer sizes not known for the room page: %s: %s", type(e).__name__, e)
+        return []
+
+
 async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions, queue=None, numbers=()) -> None:
     """Print each answer as its tokens arrive, then its length and speed; with a
     ``queue`` (splitroom.host_queue.HostQueue), write each question's end to it
@@ -771,7 +785,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                     "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
                                 for d, h in hellos.items()],
                     "stages": [{"device": d, "start": a, "end": b, "shown": shown(a, b)} for d, a, b in chain],
-                    "shares": [], "notes": [], "predicted_tokens_per_s": None})
+                    "shares": stage_shares(model_dir, chain), "notes": [], "predicted_tokens_per_s": None})
             say("plan: " + ", ".join(f"{d} layers {shown(a, b)}{' (host)' if d == host else ''}" for d, a, b in chain))
             members = [s[0] for s in chain]
             if opts.device not in members:

@@ -138,3 +138,26 @@ def test_the_wait_for_the_host_ends_in_room_over_when_only_an_impostor_comes():
     with pytest.raises(JoinError) as e:
         asyncio.run(go())
     assert e.value.status == 5 and "room over" in str(e.value)
+
+
+def test_the_room_page_is_told_each_stage_s_layer_bytes_as_the_safetensors_header_gives_them(tmp_path):
+    import json as _json
+    import struct
+
+    from runtime.weights import ensure_safetensors
+    from splitroom.join_cmd import stage_shares
+    md = ensure_safetensors()
+    raw = (md / "model.safetensors").read_bytes()[:8]
+    (n,) = struct.unpack("<Q", raw)
+    with open(md / "model.safetensors", "rb") as f:
+        f.seek(8)
+        header = _json.loads(f.read(n))
+
+    def layers_bytes(a, b):  # every tensor named model.layers.I. for I in [a, b), by its data offsets
+        return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
+                   if k.startswith("model.layers.") and a <= int(k.split(".")[2]) < b)
+    got = stage_shares(md, [["host", 0, 25], ["tab", 25, 30]])
+    assert got == [{"device": "host", "used_bytes": layers_bytes(0, 25)},
+                   {"device": "tab", "used_bytes": layers_bytes(25, 30)}]
+    assert got[1]["used_bytes"] > 0
+    assert stage_shares(tmp_path, [["host", 0, 30]]) == []  # no weights there: the page says "size not known"
