@@ -26,7 +26,14 @@ What a profile holds (all times in seconds, sizes in bytes):
   as ``fixed_s + bytes * s_per_byte``, and the transport's initial congestion window;
 * the compute noise of the calibration room (``stage_noise``): every decode lap's stage
   time over its stage's mean in that room, in lap order, the spread a prediction's
-  range draws its compute factor from (:func:`block_mean`).
+  range draws its compute factor from (:func:`block_mean`);
+* what device processes that share one machine's cores add (``shared_host``): for a
+  room of ``P`` device processes on the one calibrated machine, seconds on every pass
+  and the factor of a prefill chunk's pass (a prompt's chunks are pipelined, so two
+  stages compute at once on the shared cores), measured in a calibration room of ``P``
+  processes (:meth:`Profile.on_one_host` applies it, through each device's
+  ``prefill_ratio``). Real rooms are separate machines: nothing applies it unless the
+  prediction says its devices run on one host.
 
 Version :data:`PROFILE_VERSION`; a newer or older file is refused with its version.
 """
@@ -35,11 +42,11 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 __all__ = ["PROFILE_VERSION", "WORKLOAD_KINDS", "SAMPLE", "ProfileError", "Curve", "PassCurve", "DeviceProfile",
-           "DrafterProfile", "TransportProfile", "Profile", "block_mean", "fit_line", "sample_workload"]
+           "DrafterProfile", "SharedHost", "TransportProfile", "Profile", "block_mean", "fit_line", "sample_workload"]
 
 #: the profile format's version; bump on any incompatible change
 PROFILE_VERSION = 1
@@ -194,14 +201,20 @@ class PassCurve:
 @dataclass(frozen=True)
 class DeviceProfile:
     """One device as measured: its pass curve and head curve (rows -> seconds), both
-    with ``slowdown`` (the emulated slowdown it was measured with) already applied."""
+    with ``slowdown`` (the emulated slowdown it was measured with) already applied;
+    ``prefill_ratio`` (> 0): a prefill chunk's pass in a room over ``stage``'s time for it
+    (1: not measured)."""
 
     stage: PassCurve
     head: Curve
     slowdown: float = 1.0
+    prefill_ratio: float = 1.0
 
     def to_mapping(self) -> dict:
-        return {"slowdown": self.slowdown, "stage": self.stage.to_mapping(), "head_s": self.head.to_mapping()}
+        out = {"slowdown": self.slowdown, "stage": self.stage.to_mapping(), "head_s": self.head.to_mapping()}
+        if self.prefill_ratio != 1.0:
+            out["prefill_ratio"] = float(self.prefill_ratio)
+        return out
 
     @classmethod
     def from_mapping(cls, m: Any, where: str) -> "DeviceProfile":
@@ -213,8 +226,39 @@ class DeviceProfile:
             raise ProfileError(f"{where}.slowdown: expected a number") from None
         if "stage" not in m or "head_s" not in m:
             raise ProfileError(f"{where}: needs stage and head_s")
+        ratio = _positive_or_none(m.get("prefill_ratio"), f"{where}.prefill_ratio", "times")
         return cls(PassCurve.from_mapping(m["stage"], f"{where}.stage"),
-                   Curve.from_mapping(m["head_s"], f"{where}.head_s"), slowdown)
+                   Curve.from_mapping(m["head_s"], f"{where}.head_s"), slowdown, 1.0 if ratio is None else ratio)
+
+
+@dataclass(frozen=True)
+class SharedHost:
+    """What a room of more device processes on the one calibrated machine takes beyond
+    the profile's devices: ``pass_s`` seconds more on every pass per unit of slowdown
+    (signed and finite: measured on decode passes, where the stages compute one at a
+    time) and ``prefill_ratio`` (> 0), the prefill chunk's factor over the curve with
+    ``pass_s`` added (it replaces the device's own ``prefill_ratio``)."""
+
+    pass_s: float
+    prefill_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.pass_s) and math.isfinite(self.prefill_ratio) and self.prefill_ratio > 0):
+            raise ProfileError(f"expected a finite pass_s and a prefill_ratio > 0, got {self.pass_s!r}, "
+                               f"{self.prefill_ratio!r}")
+
+    def to_mapping(self) -> dict:
+        return {"pass_s": float(self.pass_s), "prefill_ratio": float(self.prefill_ratio)}
+
+    @classmethod
+    def from_mapping(cls, m: Any, where: str) -> "SharedHost":
+        if not isinstance(m, Mapping) or "pass_s" not in m:
+            raise ProfileError(f"{where}: expected a mapping with pass_s (and prefill_ratio)")
+        v = m["pass_s"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ProfileError(f"{where}.pass_s: expected a number of seconds, got {v!r}")
+        r = _positive_or_none(m.get("prefill_ratio"), f"{where}.prefill_ratio", "times")
+        return cls(float(v), 1.0 if r is None else r)
 
 
 #: kinds of workload a profile can hold acceptance for (``workload.kind`` of a scenario):
@@ -483,6 +527,36 @@ class Profile:
     #: each decode lap's stage time over its stage's mean in the calibration room, in
     #: lap order (dimensionless, > 0; empty: not measured)
     stage_noise: tuple[float, ...] = ()
+    #: device processes on one machine (>= 2) -> what a room of that many adds, measured in
+    #: a calibration room of that many processes on this machine (empty: not measured);
+    #: applied only by :meth:`on_one_host`
+    shared_host: dict[int, SharedHost] = field(default_factory=dict)
+
+    def on_one_host(self, processes: int) -> tuple["Profile", str]:
+        """This profile for a room whose ``processes`` device processes all run on the one
+        machine that was calibrated (the emulated rooms of ``run --real``), and a line
+        saying what was applied.
+
+        With :attr:`shared_host` of the largest measured count <= ``processes`` (more
+        processes than measured take the largest measurement, and the line says so):
+        every device's pass curve plus its ``pass_s`` times the device's slowdown (its
+        process pads the whole pass), and its ``prefill_ratio`` in place of the device's.
+        One process, or none measured: unchanged (the line says so when none was
+        measured for 2 or more)."""
+        if processes < 2:
+            return self, ""
+        counts = [p for p in sorted(self.shared_host) if p <= processes]
+        if not counts:
+            return self, (f"{processes} device processes on one machine: no shared-core room measured in the "
+                          "profile, predicted as separate machines")
+        p = counts[-1]
+        sh = self.shared_host[p]
+        devices = {k: DeviceProfile(v.stage.shifted(sh.pass_s * v.slowdown), v.head, v.slowdown, sh.prefill_ratio)
+                   for k, v in self.devices.items()}
+        more = "" if p == processes else f" (measured with {p}; {processes} not measured)"
+        return (replace(self, devices=devices),
+                f"{processes} device processes on one machine: every pass {sh.pass_s * 1e3:+.2f} ms a unit of "
+                f"slowdown, prefill chunks x{sh.prefill_ratio:.3f}{more}")
 
     def to_mapping(self) -> dict:
         """A plain mapping (YAML/JSON-ready) that :meth:`from_mapping` reads back."""
@@ -490,7 +564,9 @@ class Profile:
                 "devices": {k: v.to_mapping() for k, v in sorted(self.devices.items())},
                 "drafters": {k: v.to_mapping() for k, v in sorted(self.drafters.items())},
                 "transport": self.transport.to_mapping() if self.transport else None,
-                **({"stage_noise": [float(x) for x in self.stage_noise]} if self.stage_noise else {})}
+                **({"stage_noise": [float(x) for x in self.stage_noise]} if self.stage_noise else {}),
+                **({"shared_host": {int(p): c.to_mapping() for p, c in sorted(self.shared_host.items())}}
+                   if self.shared_host else {})}
 
     @classmethod
     def from_mapping(cls, m: Any) -> "Profile":
@@ -514,7 +590,23 @@ class Profile:
                    {str(k): DrafterProfile.from_mapping(v, f"drafters.{k}") for k, v in drafters.items()},
                    TransportProfile.from_mapping(tr, "transport") if tr is not None else None,
                    {str(k): str(v) for k, v in notes.items()} if isinstance(notes, Mapping) else {},
-                   stage_noise=_ratios(m.get("stage_noise"), "stage_noise"))
+                   stage_noise=_ratios(m.get("stage_noise"), "stage_noise"),
+                   shared_host=_shared_host(m.get("shared_host")))
+
+
+def _shared_host(v: Any) -> dict[int, SharedHost]:
+    """``shared_host`` (None, or processes >= 2: {pass_s, prefill_ratio}) read.
+    Raises ProfileError naming the key for anything else."""
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise ProfileError("shared_host: expected a mapping of device processes: {pass_s, prefill_ratio}")
+    out = {}
+    for k, c in v.items():
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise ProfileError(f"shared_host: {k!r}: expected a count of device processes >= 2")
+        out[k] = SharedHost.from_mapping(c, f"shared_host.{k}")
+    return out
 
 
 def _ratios(v: Any, where: str) -> tuple[float, ...]:

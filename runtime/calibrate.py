@@ -395,8 +395,13 @@ SAMPLE_MAX_PROMPTS = 24
 SAMPLE_LAYER_DRAFTER_PROMPTS = 4
 
 
+#: the longest answer a drafter's walk follows (tokens)
+WALK_ANSWER_TOKENS = 64
+
+
 def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]], quick: bool = False,
-                  log: Log = lambda s: None, weights: str = "f32") -> dict[str, dict[str, DrafterProfile]]:
+                  log: Log = lambda s: None, weights: str = "f32",
+                  answer_tokens: int | None = None) -> dict[str, dict[str, DrafterProfile]]:
     """Each drafter's speculative walks (:func:`measure_drafters`) over the greedy
     answers to each workload's prompts: ``{workload: {drafter: DrafterProfile}}``, the
     walk of each under its ``accepted`` and ``walks["chat"]``. Prompt lookup walks
@@ -404,10 +409,15 @@ def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]
     when ``quick``); the drafters that run layers (``early_exit``, ``model``) the
     first 2 prompts (:data:`SAMPLE_LAYER_DRAFTER_PROMPTS` of a sample) at 32 tokens,
     k = 2, 4 (none when ``quick``, nor with ``weights`` ``gguf``: those drafters load the
-    model's float32 safetensors, which a checkpoint held as stored does not have)."""
+    model's float32 safetensors, which a checkpoint held as stored does not have).
+    ``answer_tokens``: the scenario's answer cap; when given, no walk follows an answer
+    past it (a room never drafts beyond its answers' end, and a copied passage's share
+    of the answer depends on where the answer stops)."""
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
-    max_new, ks = (16, (1, 4)) if quick else (64, DRAFT_KS)
+    max_new, ks = (16, (1, 4)) if quick else (WALK_ANSWER_TOKENS, DRAFT_KS)
+    cap = max_new if answer_tokens is None else max(1, min(max_new, int(answer_tokens)))
+    max_new = cap
     out: dict[str, dict[str, DrafterProfile]] = {}
     for workload, prompts in by_kind.items():
         answers = greedy_answers(model_dir, prompts, max_new, eos=cfg.eos_id, backend=backend, weights=weights)
@@ -420,36 +430,40 @@ def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]
             log("drafters early_exit, model: not measured (they load float32 weights; this model is held as stored)")
         elif not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
             n = SAMPLE_LAYER_DRAFTER_PROMPTS if sample else 2
-            measured.update(measure_drafters(model_dir, [(p, a[:32]) for p, a in answers[:n]],
+            measured.update(measure_drafters(model_dir, [(p, a[:min(32, cap)]) for p, a in answers[:n]],
                                              kinds=("early_exit", "model"), ks=(2, 4), log=log))
         out[workload] = measured
     return out
 
 
-def sample_notes(sample: Sequence[str]) -> dict[str, str]:
+def sample_notes(sample: Sequence[str], answer_tokens: int | None = None) -> dict[str, str]:
     """The profile notes saying what of ``sample`` was walked, keyed by its workload."""
     walked = min(len(sample), SAMPLE_MAX_PROMPTS)
+    cap = WALK_ANSWER_TOKENS if answer_tokens is None else max(1, min(WALK_ANSWER_TOKENS, int(answer_tokens)))
     return {sample_workload(sample): (
-        f"{len(sample)} workload.sample prompts, the first {walked} walked (prompt lookup, up to 64 answer tokens; "
-        f"the drafters that run layers: the first {min(SAMPLE_LAYER_DRAFTER_PROMPTS, walked)}, 32 tokens)")}
+        f"{len(sample)} workload.sample prompts, the first {walked} walked (prompt lookup, up to {cap} answer tokens"
+        f"{' (the scenario answer cap)' if answer_tokens is not None else ''}; "
+        f"the drafters that run layers: the first {min(SAMPLE_LAYER_DRAFTER_PROMPTS, walked)}, {min(32, cap)} tokens)")}
 
 
 def measure_acceptance(model_dir: str, backend: str, sample: Sequence[str], quick: bool = False, weights: str = "f32",
-                       log: Log = lambda s: None) -> dict:
+                       log: Log = lambda s: None, answer_tokens: int | None = None) -> dict:
     """The acceptance step alone: every drafter's walks over ``sample`` (a scenario's
     ``workload.sample``), as ``{"drafters": {name: {"workloads": {key: {k: lengths}},
     "walks": {key: {k: [[...], ...]}}}}, "notes": {...}}`` with ``key`` the sample's
-    workload (:func:`planner.profile.sample_workload`), to add to a profile."""
+    workload (:func:`planner.profile.sample_workload`), to add to a profile; ``answer_tokens``
+    as in :func:`measure_walks`."""
     key = sample_workload(sample)
-    walks = measure_walks(model_dir, backend, {key: tuple(sample[:SAMPLE_MAX_PROMPTS])}, quick, log, weights)[key]
+    walks = measure_walks(model_dir, backend, {key: tuple(sample[:SAMPLE_MAX_PROMPTS])}, quick, log, weights,
+                          answer_tokens)[key]
     return {"drafters": {name: {"workloads": {key: {int(k): list(v) for k, v in dr.accepted.items()}},
                                 "walks": {key: {int(k): [list(x) for x in v] for k, v in dr.walks["chat"].items()}}}
                          for name, dr in walks.items()},
-            "notes": sample_notes(sample)}
+            "notes": sample_notes(sample, answer_tokens)}
 
 
 def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log: Log = lambda s: None,
-                sample: Sequence[str] = (), weights: str = "f32") -> dict:
+                sample: Sequence[str] = (), weights: str = "f32", answer_tokens: int | None = None) -> dict:
     """Every measurement of the module doc, as a plain mapping: ``stage`` (a
     PassCurve mapping), ``head_s``, ``drafters`` (name -> DrafterProfile mapping),
     ``transport``, ``notes``. ``quick`` takes a smaller grid and fewer repetitions
@@ -457,7 +471,8 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     ``workload.sample`` prompts; the drafters' walks are then also made on them (the
     first :data:`SAMPLE_MAX_PROMPTS`), kept as that sample's workload. ``weights``: as
     in :func:`measure_passes`; with ``gguf`` a peer's copy of a layer is not measured
-    (peers serve float32 safetensors), so ``transport`` has no ``weights_Bps``."""
+    (peers serve float32 safetensors), so ``transport`` has no ``weights_Bps``.
+    ``answer_tokens``: the scenario's answer cap, as in :func:`measure_walks`."""
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
     t0 = time.perf_counter()
@@ -475,7 +490,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     if sample:
         by_kind[sample_workload(sample)] = tuple(sample[:SAMPLE_MAX_PROMPTS])
     drafters: dict[str, DrafterProfile] = {}
-    for workload, measured in measure_walks(model_dir, backend, by_kind, quick, log, weights).items():
+    for workload, measured in measure_walks(model_dir, backend, by_kind, quick, log, weights, answer_tokens).items():
         for name, dr in measured.items():
             if workload == "chat":  # the chat walk is the drafter's own; its call times are kept
                 drafters[name] = dr
@@ -496,7 +511,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     notes["weights"] = weights
     notes["took"] = f"{time.perf_counter() - t0:.0f} s"
     if sample:
-        notes.update(sample_notes(sample))
+        notes.update(sample_notes(sample, answer_tokens))
     return {"stage": stage.to_mapping(), "head_s": head.to_mapping(),
             "drafters": {k: v.to_mapping() for k, v in drafters.items()},
             "transport": transport.to_mapping(), "notes": notes}
@@ -504,7 +519,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
 
 def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by splitroom calibrate
     """``python -m runtime.calibrate MODEL_DIR OUT_JSON BACKEND [quick] [--sample PROMPTS_JSON]
-    [--acceptance-only] [--weights W]``: measure (everything, or the sample's walks alone) and write JSON;
+    [--acceptance-only] [--weights W] [--answer-tokens N]``: measure (everything, or the sample's walks alone) and write JSON;
     progress lines on stderr. Exit 0, or 1 with one line on stderr."""
     import logging
     logging.basicConfig(level=logging.ERROR)
@@ -523,6 +538,11 @@ def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by sp
         i = rest.index("--weights")
         weights = rest[i + 1]
         del rest[i:i + 2]
+    answer_tokens = None
+    if "--answer-tokens" in rest:
+        i = rest.index("--answer-tokens")
+        answer_tokens = int(rest[i + 1])
+        del rest[i:i + 2]
     acceptance_only = "--acceptance-only" in rest
     if acceptance_only:
         rest.remove("--acceptance-only")
@@ -530,9 +550,11 @@ def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by sp
     try:
         quick = bool(rest) and rest[0] == "quick"
         if acceptance_only:
-            out = measure_acceptance(argv[0], argv[2], sample, quick=quick, weights=weights, log=say)
+            out = measure_acceptance(argv[0], argv[2], sample, quick=quick, weights=weights, log=say,
+                                     answer_tokens=answer_tokens)
         else:
-            out = measure_all(argv[0], argv[2], quick=quick, log=say, sample=sample, weights=weights)
+            out = measure_all(argv[0], argv[2], quick=quick, log=say, sample=sample, weights=weights,
+                              answer_tokens=answer_tokens)
     except Exception as e:  # one line for the parent, whatever went wrong
         print(f"calibration failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1

@@ -4,7 +4,8 @@ run, then run them and compare.
 
 1. Calibrate this machine once (``splitroom calibrate``: the parts measured alone,
    then one small 2-device room on loopback, plain, on calibration prompts for what a
-   room adds), with a chat workload sample (scenarios/samples/chat.txt), then the
+   room adds, and one 3-device room so for what a third process on the cores adds), with
+   the held-out rooms' answer cap (32 tokens), a chat workload sample (scenarios/samples/chat.txt), then the
    acceptance step alone (``calibrate --acceptance-only``) on a grounded sample
    (scenarios/samples/grounded.txt); or take ``--profile`` (one made so).
 2. Predict every configuration below from that profile, with its P10-P90 range
@@ -102,17 +103,25 @@ def configurations(small: bool) -> list[tuple[str, list[str]]]:
 
 def calibrate(small: bool, out: Path):
     """The profile (module doc, step 1), written beside ``out``."""
-    from splitroom.calibration import (add_acceptance, build_profile, measure, measure_room_overheads, save_profile,
-                                       with_room_overheads)
+    from splitroom.calibration import (CalibrationError, add_acceptance, build_profile, measure, measure_room_overheads,
+                                       measure_shared_room, save_profile, with_room_overheads, with_shared_room)
     from splitroom.scenario import load
     say = (lambda s: print("  " + s, flush=True))
-    chat = load(SCENARIO, [f"workload.sample={SAMPLES['chat']}"])
-    grounded = load(SCENARIO, [f"workload.sample={SAMPLES['grounded']}"])
-    profile = build_profile(chat, measure(quick=small, log=say, sample=chat.workload.sample))
+    # the workload's answer cap (COMMON's) is part of what a user knows of their workload
+    cap = [s for s in COMMON if s.startswith("workload.answer_tokens=")]
+    chat = load(SCENARIO, cap + [f"workload.sample={SAMPLES['chat']}"])
+    grounded = load(SCENARIO, cap + [f"workload.sample={SAMPLES['grounded']}"])
+    answer = chat.workload.answer_tokens
+    profile = build_profile(chat, measure(quick=small, log=say, sample=chat.workload.sample, answer_tokens=answer))
     profile = with_room_overheads(profile, measure_room_overheads(chat, profile, log=say,
                                                                   answer_tokens=12 if small else 32))
+    if not small:  # the third process on this machine's cores (the 3-device rooms below run so)
+        try:
+            profile = with_shared_room(profile, measure_shared_room(chat, profile, log=say))
+        except CalibrationError as e:  # the study goes on, predicting the 3-device rooms without it (said)
+            say(f"shared-core room: not measured ({e})")
     profile = add_acceptance(profile, measure(quick=small, log=say, sample=grounded.workload.sample,
-                                              acceptance_only=True))
+                                              acceptance_only=True, answer_tokens=answer))
     save_profile(profile, out.with_suffix(".profile.yaml"))
     return profile
 

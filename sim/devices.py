@@ -369,8 +369,11 @@ class DeviceModel:
               weight_scale: float = 1.0) -> float:
         """:meth:`stage_s` with ``now_s=start_s`` and ``decode`` given, positionally (the
         simulator's per-stage call), ``weight_scale`` as in :meth:`pass_s`: seconds, and
-        the GPU marked busy until it ends."""
+        the GPU marked busy until it ends. A profiled device's prefill pass (``decode``
+        false) is its curve's time times the profile's ``prefill_ratio``."""
         s = self.pass_s(layers, tokens, context_tokens, weight_scale)
+        if not decode and self.profile is not None:  # a prefill chunk in a room (DeviceProfile.prefill_ratio)
+            s *= self.profile.prefill_ratio
         if self.offload_bytes and layers > 0 and tokens > 0:
             s += self.offload_s(tokens)
         if not self.clock_down:  # busy_s without the clock-down check (the same numbers)

@@ -21,12 +21,13 @@ from typing import Callable, Sequence
 
 import yaml
 
-from planner.profile import Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, TransportProfile
+from planner.profile import (Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, SharedHost,
+                             TransportProfile)
 from planner.room import Scenario
 
-__all__ = ["CalibrationError", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile", "measure", "measure_room_overheads",
-           "profiled_s_per_layer", "room_overheads", "save_profile", "stage_noise",
-           "with_room_overheads"]
+__all__ = ["CalibrationError", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile",
+           "measure", "measure_room_overheads", "measure_shared_room", "profiled_s_per_layer", "room_passes",
+           "room_overheads", "save_profile", "stage_noise", "with_room_overheads", "with_shared_room"]
 
 
 class CalibrationError(RuntimeError):
@@ -35,13 +36,15 @@ class CalibrationError(RuntimeError):
 
 def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], None] = print,
             timeout_s: float = 900.0, sample: Sequence[str] = (), acceptance_only: bool = False,
-            model_dir: str | Path | None = None, weights: str = "f32") -> dict:
+            model_dir: str | Path | None = None, weights: str = "f32", answer_tokens: int | None = None) -> dict:
     """Run ``python -m runtime.calibrate`` in a child process and return its mapping
     (see runtime.calibrate.measure_all; ``sample``: a scenario's ``workload.sample``
     prompts, walked too; ``acceptance_only``: only the sample's walks,
     runtime.calibrate.measure_acceptance, for :func:`add_acceptance`). ``model_dir``: the
     model measured (default the bundled SmolLM2, float32 safetensors; a scenario's own,
-    splitroom.real.real_model_dir), held as ``weights`` (runtime.precision.WEIGHTS). Progress lines
+    splitroom.real.real_model_dir), held as ``weights`` (runtime.precision.WEIGHTS);
+    ``answer_tokens``: the scenario's answer cap, past which no drafter's walk follows an
+    answer (runtime.calibrate.measure_walks). Progress lines
     go to ``log``. Raises CalibrationError when the child fails or runs past
     ``timeout_s`` seconds, or for ``acceptance_only`` without a sample."""
     if acceptance_only and not sample:
@@ -53,6 +56,8 @@ def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], No
         argv = [sys.executable, "-m", "runtime.calibrate", model_dir, str(out), backend] + (["quick"] if quick else [])
         if weights != "f32":
             argv += ["--weights", weights]
+        if answer_tokens is not None:
+            argv += ["--answer-tokens", str(int(answer_tokens))]
         if sample:
             (Path(tmp) / "sample.json").write_text(json.dumps(list(sample)), encoding="utf-8")
             argv += ["--sample", str(Path(tmp) / "sample.json")] + (["--acceptance-only"] if acceptance_only else [])
@@ -177,13 +182,18 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
              for st in d.stages if st.device in profile.devices}
     layers = {st.device: st.layers for st in d.stages}
     slowdowns = {k: v.slowdown for k, v in profile.devices.items()}
-    out = room_overheads(res.calibration, alone, layers, profile.devices[devs[0].id], before, after, slowdowns)
+    chunks = res.calibration.get("chunk_s_per_layer") or {}
+    alone_prefill = {dev: (int(chunks[dev][0]), profile.devices[dev].stage.pass_s(layers[dev], int(chunks[dev][0]), 0))
+                     for dev in alone if dev in chunks} if backend != "wgpu" else None
+    out = room_overheads(res.calibration, alone, layers, profile.devices[devs[0].id], before, after, slowdowns,
+                         alone_prefill)
     out.update(laps=res.measured.get("laps", 0), tokens_per_s=res.measured.get("tokens_per_s", 0.0),
                stage_fold="added" if backend == "wgpu" else "ratio")
     log(f"room: {out['laps']} laps; against the parts alone: stage x{out['stage_ratio']:.3f} "
         f"({out['stage_extra_s'] * 1e3:+.2f} ms a pass), "
         f"hop {out['hop_s'] * 1e3:+.2f} ms beyond the ping-pong beside it, head {out['head_s'] * 1e3:+.2f} ms; "
-        f"stage time spread P10-P90 x{_pctl(out['stage_noise'], 10):.3f}-x{_pctl(out['stage_noise'], 90):.3f}")
+        f"stage time spread P10-P90 x{_pctl(out['stage_noise'], 10):.3f}-x{_pctl(out['stage_noise'], 90):.3f}"
+        + (f"; prefill chunks x{out['prefill_ratio']:.3f} beyond that ratio" if out.get("prefill_ratio") else ""))
     return out
 
 
@@ -214,9 +224,43 @@ def stage_noise(stage_s_each: dict[str, Sequence[float]]) -> tuple[float, ...]:
     return tuple(sum(c[i] for c in cols) / len(cols) for i in range(n))
 
 
+def room_passes(cal: dict, layers: dict[str, int], decode_s: dict[str, float],
+                prefill_s: dict[str, tuple[int, float]], slowdowns: dict[str, float] | None = None,
+                ) -> tuple[float, float | None]:
+    """What a room's passes take beyond the expected ones: ``(decode excess, prefill ratio)``.
+
+    ``cal``: planner.trace_fit.fit_trace's mapping of the room (``stage_s_each``: device ->
+    its decode stage seconds; ``chunk_s_per_layer``: device -> (tokens of its most
+    frequent prefill chunk, median seconds a layer of those chunks)); ``layers``: device
+    -> its stage's layers; ``decode_s``: device -> the expected decode pass (seconds);
+    ``prefill_s``: device -> (chunk tokens, the expected pass of that chunk, seconds);
+    ``slowdowns``: device -> its emulated slowdown (default 1; the room's times hold the
+    padding).
+
+    The decode excess: the mean over devices of (the room's mean decode stage - the
+    expected pass) / slowdown, seconds per pass per unit of slowdown. The prefill ratio:
+    the mean over devices of the room's median chunk over the expected pass of a chunk
+    that size (a device whose chunk size is not the expected one is left out; None when
+    none is left). Raises CalibrationError when no device has a decode time."""
+    sd = slowdowns or {}
+    dec, pre = [], []
+    for dev, expected in decode_s.items():
+        xs = (cal.get("stage_s_each") or {}).get(dev) or []
+        if xs:
+            dec.append((sum(xs) / len(xs) - expected) / sd.get(dev, 1.0))
+    for dev, (n, expected) in prefill_s.items():
+        chunk = (cal.get("chunk_s_per_layer") or {}).get(dev)
+        if chunk and int(chunk[0]) == int(n) and dev in layers and expected > 0:
+            pre.append(float(chunk[1]) * layers[dev] / expected)
+    if not dec:
+        raise CalibrationError("the calibration room recorded no decode stage")
+    return sum(dec) / len(dec), (sum(pre) / len(pre) if pre else None)
+
+
 def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int], host: DeviceProfile,
                    before: TransportProfile, after: TransportProfile,
-                   slowdowns: dict[str, float] | None = None) -> dict:
+                   slowdowns: dict[str, float] | None = None,
+                   alone_prefill_s: dict[str, tuple[int, float]] | None = None) -> dict:
     """A calibration room's overheads from its measured parts (planner.trace_fit.fit_trace's
     mapping ``cal``) and the parts measured alone.
 
@@ -224,7 +268,9 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
     the room's mean context); ``layers``: device -> its stage's layers; ``host``: the
     host's device profile (its head and slowdown); ``before`` / ``after``: the
     transport's ping-pong right before and right after the room (same frame sizes);
-    ``slowdowns``: device -> its emulated slowdown (default 1).
+    ``slowdowns``: device -> its emulated slowdown (default 1); ``alone_prefill_s``:
+    device -> (tokens of the room's prefill chunk, the profile's pass of that chunk at
+    context 0, seconds), when given.
 
     A room's tokens per second follow the sum of its laps, so the folded figures are
     means, not medians: the room's mean decode stage time over the pass alone (mean
@@ -236,7 +282,10 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
     head's time per row beyond the measured head, per unit of slowdown (seconds); the
     two ping-pongs' mean one-way curve (a :class:`Curve` mapping: bytes -> seconds);
     :func:`stage_noise`; and for the notes the same stage ratio and hop correction from
-    medians. Raises CalibrationError when no decode stage was recorded or the two
+    medians. With ``alone_prefill_s`` also ``prefill_ratio``: the room's prefill chunk over
+    the chunk's pass alone times that stage ratio (:func:`room_passes`; None when no chunk
+    was timed). Raises
+    CalibrationError when no decode stage was recorded or the two
     ping-pongs measured different frame sizes."""
     each = cal.get("stage_s_each", {})
     ratios, medians, extras = [], [], []
@@ -257,7 +306,13 @@ def room_overheads(cal: dict, alone_s: dict[str, float], layers: dict[str, int],
     decode = beside(beside.xs[0])
     hop = cal["hop_s"] - decode if cal["hops"] else 0.0
     head = (cal["head_s_per_row"] - host.head(1)) / host.slowdown if cal["head_s_per_row"] else 0.0
-    return {"stage_ratio": sum(ratios) / len(ratios), "stage_extra_s": sum(extras) / len(extras),
+    ratio = sum(ratios) / len(ratios)
+    excess = {}
+    if alone_prefill_s:
+        excess = {"prefill_ratio": room_passes(cal, layers, {k: ratio * v for k, v in alone_s.items()},
+                                               {k: (n, ratio * v) for k, (n, v) in alone_prefill_s.items()},
+                                               slowdowns)[1]}
+    return {"stage_ratio": ratio, "stage_extra_s": sum(extras) / len(extras), **excess,
             "hop_s": hop, "head_s": head,
             "one_way_s": beside.to_mapping(), "stage_noise": list(stage_noise(each)),
             "stage_ratio_p50": sum(medians) / len(medians),
@@ -270,7 +325,11 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
     ``stage_fold`` ``added`` plus ``stage_extra_s`` times its slowdown on every pass; its
     head curve plus ``head_s`` times its slowdown, the transport's one-way times (the
     ping-pong beside the room, ``one_way_s``, when the mapping has it, else the
-    profile's) plus ``hop_s``, and ``stage_noise``; kept in the notes.
+    profile's) plus ``hop_s``, and ``stage_noise``; kept in the notes. On the ratio fold a
+    ``prefill_ratio`` is kept as ``shared_host[2]`` (no seconds per pass: the decode ratio
+    holds them; that factor on prefill chunks): a prompt's chunks are pipelined, so the
+    room's two processes computed at once on this machine's cores, which separate
+    machines do not (:meth:`planner.profile.Profile.on_one_host` applies it).
 
     Why two folds: on numpy the compute shares the processor and its caches with the room's
     event loop and the other processes, so the excess grows with the pass (a ratio; the
@@ -280,9 +339,14 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
     on the H200 (2026-12-01) the ratio, measured on decode passes, put verify passes 23 % high."""
     added = room.get("stage_fold") == "added"
 
+    prefill = room.get("prefill_ratio") if not added else None
+    shared = dict(profile.shared_host)
+    if prefill:  # the chunks' factor is the 2 processes' sharing of this machine's cores
+        shared[2] = SharedHost(0.0, float(prefill))
+
     def stage(v):
         return v.stage.shifted(room["stage_extra_s"] * v.slowdown) if added else v.stage.scaled(room["stage_ratio"])
-    devices = {k: DeviceProfile(stage(v), v.head.shifted(room["head_s"] * v.slowdown), v.slowdown)
+    devices = {k: DeviceProfile(stage(v), v.head.shifted(room["head_s"] * v.slowdown), v.slowdown, v.prefill_ratio)
                for k, v in profile.devices.items()}
     tr = profile.transport
     if tr is not None:
@@ -294,6 +358,9 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
                f"{room['hop_p50_s'] * 1e3:+.3f} ms (not used)") if "stage_ratio_p50" in room else ""
     fold = (f"stage passes +{room['stage_extra_s'] * 1e3:.3f} ms each" if added
             else f"stage times x{room['stage_ratio']:.4f}")
+    if prefill:
+        fold += (f"; prefill chunks x{prefill:.4f} beyond that (kept as shared_host 2: applied only when the "
+                 "devices share one machine)")
     notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: {fold}, per hop {room['hop_s'] * 1e3:+.3f} ms{beside}, per head "
                      f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (means, folded in above)"
                      f"{medians}")
@@ -302,7 +369,79 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
         notes["stage_noise"] = (f"{len(noise)} decode laps of the room: stage time over its mean "
                                 f"P10 x{_pctl(noise, 10):.3f}, P90 x{_pctl(noise, 90):.3f}")
     return dataclasses.replace(profile, devices=devices, transport=tr, notes=notes,
-                               stage_noise=noise or profile.stage_noise)
+                               stage_noise=noise or profile.stage_noise, shared_host=shared)
+
+
+def measure_shared_room(scn: Scenario, profile: Profile, log: Callable[[str], None] = print,
+                        answer_tokens: int = 32, backend: str = "numpy") -> dict | None:
+    """What three device processes sharing this machine's cores add to a pass, from one
+    more small room: the scenario's first three devices that can hold layers (in
+    ``profile``), the layers in three near-equal parts, on loopback, plain, two of the
+    calibration prompts, on this machine. ``profile``: the one the 2-device room was
+    folded into (:func:`with_room_overheads`), so the excess measured is what the third
+    process adds beyond that room. The held-out rooms (other splits, round trips,
+    drafters, prompts) are never run here.
+
+    Returns ``{"processes": 3, "pass_s": seconds, "prefill_ratio": ratio or None, "laps": N}``
+    (:func:`room_passes` against the profile's passes: the decode excess, then the prefill
+    chunk over the pass with that excess added) for :func:`with_shared_room`, or
+    None when the scenario has fewer than three such devices or the backend is not
+    numpy (on wgpu the passes run on the GPU; not measured). Raises CalibrationError when
+    the room cannot run."""
+    from planner.deal import DealError, deal_for
+    from planner.room import Jitter, PinnedStage
+    from runtime.calibrate import CALIBRATION_PROMPTS
+    from splitroom.real import RealRunError, prompt_token_counts, real_model_dir, run_real
+    devs = [d for d in scn.devices if d.webgpu and d.id in profile.devices][:3]
+    if len(devs) < 3 or backend != "numpy":
+        return None
+    n = scn.model.layers
+    cuts = [0, n // 3, 2 * n // 3, n]
+    stages = tuple(PinnedStage(d.id, cuts[i], cuts[i + 1]) for i, d in enumerate(devs))
+    opts = dataclasses.replace(scn.options, host=devs[0].id, stages=stages, headroom=0.0)
+    big = tuple(dataclasses.replace(d, lends_bytes=max(d.lends_bytes, 1 << 40)) for d in devs)
+    room = dataclasses.replace(
+        scn, devices=big, options=opts,
+        network=dataclasses.replace(scn.network, rtt_s=0.0, jitter=Jitter(), episodes=None, links=()),
+        workload=dataclasses.replace(scn.workload, prompts=tuple(CALIBRATION_PROMPTS[:2]), questions=2,
+                                     answer_tokens=answer_tokens, asked_by=()),
+        decoding=dataclasses.replace(scn.decoding, speculative=None, async_laps=1))
+    try:
+        d = deal_for(room)
+        log("shared-core room: " + ", ".join(f"{st.device} layers {st.start + 1}-{st.end}" for st in d.stages)
+            + ": 3 device processes on this machine, loopback, plain")
+        res = run_real(room, d, backend=backend, netns=False, timeout_s=300, log=lambda s: None)
+    except (DealError, RealRunError) as e:
+        raise CalibrationError(f"the shared-core calibration room failed: {e}") from None
+    ctx = int(sum(prompt_token_counts(str(real_model_dir(room)), room.workload.prompts)) / 2) + answer_tokens // 2
+    layers = {st.device: st.layers for st in d.stages}
+    chunks = res.calibration.get("chunk_s_per_layer") or {}
+    sd = {k: v.slowdown for k, v in profile.devices.items()}
+    decode = {dev: profile.devices[dev].stage.pass_s(L, 1, ctx) for dev, L in layers.items()}  # the decode fold
+    extra, _ = room_passes(res.calibration, layers, decode, {}, sd)
+    prefill = {dev: (int(chunks[dev][0]), profile.devices[dev].stage.pass_s(layers[dev], int(chunks[dev][0]), 0)
+                     + extra * sd.get(dev, 1.0)) for dev in layers if dev in chunks}
+    _, ratio = room_passes(res.calibration, layers, decode, prefill, sd)
+    log(f"shared-core room: {res.measured.get('laps', 0)} laps; beyond the 2-device room's fold: every pass "
+        f"{extra * 1e3:+.2f} ms a unit of slowdown" + (f", prefill chunks x{ratio:.3f}" if ratio else ""))
+    return {"processes": 3, "pass_s": extra, "prefill_ratio": ratio, "laps": res.measured.get("laps", 0)}
+
+
+def with_shared_room(profile: Profile, room: dict | None) -> Profile:
+    """``profile`` with :func:`measure_shared_room`'s result kept as
+    ``shared_host[processes]`` (applied only by :meth:`planner.profile.Profile.on_one_host`,
+    for rooms whose device processes share this machine) and a note; unchanged for None."""
+    if not room:
+        return profile
+    sh = SharedHost(float(room["pass_s"]), float(room.get("prefill_ratio") or 1.0))
+    notes = dict(profile.notes)
+    notes["shared_host"] = (f"{room['processes']}-device room on this machine, loopback, plain, {room['laps']} laps: "
+                            f"every pass {sh.pass_s * 1e3:+.3f} ms a unit of slowdown beyond the 2-device room's "
+                            f"fold, prefill chunks x{sh.prefill_ratio:.4f}"
+                            + ("" if room.get("prefill_ratio") else " (no chunk timed: 1)")
+                            + " (applied only when the devices share one machine: run --real)")
+    return dataclasses.replace(profile, shared_host={**profile.shared_host, int(room["processes"]): sh},
+                               notes=notes)
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

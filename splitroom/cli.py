@@ -626,7 +626,8 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
               quick: bool = typer.Option(False, "--quick", help="A small grid (seconds; for tests, not predictions)."),
               room: bool = typer.Option(True, "--room/--no-room", help="Also run one small 2-device room on "
                                         "loopback (plain, calibration prompts) to measure what a room adds to the "
-                                        "parts alone (thread hand-offs, event loop, cold caches)."),
+                                        "parts alone (thread hand-offs, event loop, cold caches), and (not with "
+                                        "--quick) a 3-device one for rooms whose devices share this machine."),
               acceptance_only: bool = typer.Option(False, "--acceptance-only", help="Only measure the drafters' "
                                                    "acceptance on the scenario's workload.sample and add it to the "
                                                    "profile given with --profile."),
@@ -639,7 +640,8 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
     if backend not in ("numpy", "wgpu"):
         fail(f"--backend: expected numpy or wgpu, got {backend!r}")
     from splitroom.calibration import (CalibrationError, add_acceptance, build_profile, load_profile, measure,
-                                       measure_room_overheads, save_profile, with_room_overheads)
+                                       measure_room_overheads, measure_shared_room, save_profile,
+                                       with_room_overheads, with_shared_room)
     if acceptance_only or base_profile:
         if not (acceptance_only and base_profile):
             fail("--acceptance-only and --profile go together: the profile to add the sample's acceptance to")
@@ -651,7 +653,8 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
             err.print(f"acceptance: measuring the drafters on the scenario's workload.sample "
                       f"({len(scn.workload.sample)} prompts)", highlight=False)
             prof = add_acceptance(prof, measure(backend, quick=quick, sample=scn.workload.sample,
-                                                acceptance_only=True, **model,
+                                                acceptance_only=True, answer_tokens=scn.workload.answer_tokens,
+                                                **model,
                                                 log=lambda line: err.print(f"  {line}", highlight=False)))
             save_profile(prof, out_path)
         except CalibrationError as e:
@@ -670,12 +673,15 @@ def calibrate(scenario: str = typer.Argument(..., help="Scenario YAML file: whos
             err.print("acceptance: measured on the built-in chat and grounded calibration prompts (the scenario "
                       "gives no workload.sample)", highlight=False)
         measured = measure(backend, quick=quick, log=lambda line: err.print(f"  {line}", highlight=False),
-                           sample=scn.workload.sample, **model)
+                           sample=scn.workload.sample, answer_tokens=scn.workload.answer_tokens, **model)
         prof = build_profile(scn, measured)
         if room:
-            prof = with_room_overheads(prof, measure_room_overheads(
-                scn, prof, log=lambda line: err.print(f"  {line}", highlight=False),
-                answer_tokens=12 if quick else 32, backend=backend))
+            say = (lambda line: err.print(f"  {line}", highlight=False))
+            prof = with_room_overheads(prof, measure_room_overheads(scn, prof, log=say,
+                                                                    answer_tokens=12 if quick else 32,
+                                                                    backend=backend))
+            if not quick:  # a third process on this machine's cores: for run --real's emulated rooms
+                prof = with_shared_room(prof, measure_shared_room(scn, prof, log=say, backend=backend))
         save_profile(prof, out_path)
     except CalibrationError as e:
         fail(f"{scenario}: calibrate: {e}")

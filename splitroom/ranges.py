@@ -105,7 +105,8 @@ def with_compute_factor(scn: Scenario, factor: float) -> Scenario:
     prof = scn.profile
     if prof is None or factor == 1.0:
         return scn
-    devs = {k: DeviceProfile(v.stage.scaled(factor), v.head, v.slowdown) for k, v in prof.devices.items()}
+    devs = {k: DeviceProfile(v.stage.scaled(factor), v.head, v.slowdown, v.prefill_ratio)
+            for k, v in prof.devices.items()}
     return dataclasses.replace(scn, profile=dataclasses.replace(prof, devices=devs))
 
 

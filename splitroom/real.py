@@ -165,7 +165,7 @@ def with_draft_policy(cfgs: list, scn: Scenario, deal: Deal, profile, rtt_s: flo
     from runtime.control import DraftPolicySettings
     from sim.draft_costs import draft_policy
     as_run = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens)
-    pol = draft_policy(as_run.with_profile(profile) if profile is not None else as_run, deal)
+    pol = draft_policy(as_run.with_profile(on_this_host(profile, deal)[0]) if profile is not None else as_run, deal)
     if pol is None:
         return cfgs
     settings = DraftPolicySettings(**pol.to_json())
@@ -253,12 +253,23 @@ def prompt_token_counts(model_dir: str, prompts: Sequence[str]) -> list[int]:
     return [len(tok.encode_chat(p)) for p in prompts]
 
 
+def on_this_host(profile, deal: Deal):
+    """``(profile, line)``: ``profile`` for a real run of ``deal``, whose device processes
+    (every device that holds layers, and the model host) all run on this machine
+    (:meth:`planner.profile.Profile.on_one_host`; the line says what was applied, empty
+    when nothing was)."""
+    return profile.on_one_host(len({st.device for st in deal.stages if st.layers} | {deal.host}))
+
+
 def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_tokens: Sequence[int]) -> dict:
     """Metrics the simulator predicts for a real run of ``scn`` from ``profile`` (a
-    :class:`planner.profile.Profile`), before the run. Raises RealRunError when the
+    :class:`planner.profile.Profile`), before the run: every device process on this
+    machine, so with the profile's shared-core excess (:func:`on_this_host`; ``shared_host``
+    in the metrics says what was applied). Raises RealRunError when the
     predicted room answers fewer questions than it is asked (never a silent 0.0)."""
     from sim.driver import simulate
     from splitroom.ranges import acceptance_source, predict_range
+    profile, shared = on_this_host(profile, deal)
     pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens).with_profile(profile)
     m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
@@ -266,6 +277,8 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     source = acceptance_source(pred_scn)
     if source:
         m["acceptance_from"] = source
+    if shared:
+        m["shared_host"] = shared
     return m
 
 
@@ -375,7 +388,8 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
         log(f"predicted from the profile before running: {profile_predicted['tokens_per_s']:.2f} tok/s{spread}, "
             f"first token {profile_predicted['ttft_s'] * 1000:.0f} ms"
             + (f"; acceptance from {profile_predicted['acceptance_from']}"
-               if profile_predicted.get("acceptance_from") else ""))
+               if profile_predicted.get("acceptance_from") else "")
+            + (f"; {profile_predicted['shared_host']}" if profile_predicted.get("shared_host") else ""))
     procs: dict[str, subprocess.Popen] = {}
     relay = None
     t_start = time.time()
