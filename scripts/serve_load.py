@@ -2,17 +2,25 @@
 
     python scripts/serve_load.py scenarios/home.yaml --calibration cal.yaml \\
         --in-flight 1,2,3,4 --clients 1,2,4,8 --rtt 0ms,40ms --repeats 3 --out serve-load.json
+    python scripts/serve_load.py ... --predict-only --out predicted.json   # the prediction alone
+    python scripts/serve_load.py ... --predictions predicted.json --out serve-load.json
+    python scripts/serve_load.py --table serve-load.json                  # markdown rows
 
 For each round trip and each ``decoding.questions_in_flight`` N, it first predicts
-every client count with the simulator (``workload.clients`` C, the calibration profile,
-before any room runs), then starts ``splitroom serve`` once (namespaces with the round
+every client count with the simulator (``workload.clients`` C, the calibration profile;
+all predictions are made, stamped and written before any room runs, or read from
+``--predictions``), then starts ``splitroom serve`` once (namespaces with the round
 trip; ``--loopback`` when the round trip is 0 ms) and, for each client count, runs C
 clients at once through the ``openai`` client, each asking ``--per-client`` questions
 one after another (greedy, ``--max-tokens`` each), ``--repeats`` times. A client's token
-times are the stream's chunks with text. Reported per configuration (median and spread
+times are the stream's chunks with text; each answer's length is the server's
+``usage.completion_tokens`` (the prediction assumes every answer runs to ``--max-tokens``:
+the prompts are ones the bundled model answers at length, and the JSON records each
+answer's length so a short one shows). Reported per configuration (median and spread
 over the repeats): aggregate tokens/s (all tokens over the span from the first request
 to the last token), per-client inter-token p50/p99 and time to first token p50/p99
-(request sent to first token, queue wait included).
+(request sent to first token, queue wait included), with the machine's load average
+(``os.getloadavg``) before and after.
 """
 
 from __future__ import annotations
@@ -35,9 +43,11 @@ import openai
 
 from planner.model import BUNDLED_MODEL_ID
 
-PROMPTS = ["What is the capital of France?", "Write a haiku about autumn.", "Name three primary colours.",
-           "What is 12 times 12?", "Give me a word that rhymes with cat.", "What does a bee make?",
-           "Say hello in Spanish.", "What colour is the sky on a clear day?"]
+#: questions the bundled model answers greedily at more than 64 tokens (checked with
+#: ``splitroom generate --max-tokens 64``), so every answer runs to ``--max-tokens``
+PROMPTS = ["Write a short story about a dragon.", "Describe the water cycle.", "Tell me about the history of Rome.",
+           "Write a poem about the sea.", "Explain photosynthesis.", "What are the benefits of exercise?",
+           "Describe a busy city market.", "Write a letter to a friend about your summer."]
 
 
 def _pcts(xs: list[float]) -> dict:
@@ -121,13 +131,16 @@ async def _client(url: str, i: int, n: int, max_tokens: int, t0: list) -> list[d
             prompt = PROMPTS[(i + j * 3) % len(PROMPTS)]
             sent = time.monotonic()
             t0.append(sent)
-            times = []
+            times, used, asked = [], None, None
             stream = await cl.chat.completions.create(model=BUNDLED_MODEL_ID, stream=True, max_tokens=max_tokens,
-                                                      messages=[{"role": "user", "content": prompt}])
+                                                      messages=[{"role": "user", "content": prompt}],
+                                                      stream_options={"include_usage": True})
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
                     times.append(time.monotonic())
-            out.append({"sent": sent, "times": times})
+                if getattr(chunk, "usage", None) is not None:
+                    used, asked = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
+            out.append({"sent": sent, "times": times, "completion_tokens": used, "prompt_tokens": asked})
     finally:
         await cl.close()
     return out
@@ -138,7 +151,8 @@ async def _round(url: str, clients: int, per_client: int, max_tokens: int) -> di
     res = await asyncio.gather(*[_client(url, i, per_client, max_tokens, t0) for i in range(clients)])
     first = min(t0)
     last = max(q["times"][-1] for c in res for q in c if q["times"])
-    tokens = sum(len(q["times"]) for c in res for q in c)
+    lengths = [q["completion_tokens"] if q["completion_tokens"] is not None else len(q["times"]) for c in res for q in c]
+    tokens = sum(lengths)
     gaps_p50, gaps_p99, ttfts = [], [], []
     for c in res:
         gaps = [b - a for q in c for a, b in zip(q["times"], q["times"][1:])]
@@ -146,7 +160,9 @@ async def _round(url: str, clients: int, per_client: int, max_tokens: int) -> di
         gaps_p50.append(p["p50"])
         gaps_p99.append(p["p99"])
         ttfts += [q["times"][0] - q["sent"] for q in c if q["times"]]
-    return {"aggregate_tokens_per_s": tokens / (last - first), "tokens": tokens,
+    asked = [q["prompt_tokens"] for c in res for q in c if q["prompt_tokens"] is not None]
+    return {"aggregate_tokens_per_s": tokens / (last - first), "tokens": tokens, "shortest_answer": min(lengths),
+            "prompt_tokens_mean": statistics.mean(asked) if asked else 0.0,
             "inter_token_p50_s_worst_client": max(x for x in gaps_p50 if x is not None),
             "inter_token_p50_s_median_client": statistics.median(x for x in gaps_p50 if x is not None),
             "inter_token_p99_s_worst_client": max(x for x in gaps_p99 if x is not None),
@@ -161,7 +177,61 @@ def _summary(runs: list[dict]) -> dict:
     return out
 
 
+def _grid(a) -> list[tuple[str, int, list[str]]]:
+    return [(rtt, n, a.sets + [f"network.rtt={rtt}", f"decoding.questions_in_flight={n}"])
+            for rtt in a.rtt.split(",") for n in [int(x) for x in a.in_flight.split(",")]]
+
+
+def _key(rtt: str, n: int, c: int) -> str:
+    return f"{rtt}/{n}/{c}"
+
+
+def predict_all(a) -> dict:
+    """Every configuration's prediction, stamped with the time it was made (UTC)."""
+    clients = [int(x) for x in a.clients.split(",")]
+    preds = {_key(rtt, n, c): predict(a.scenario, sets, a.calibration, c, c * a.per_client, a.prompt_tokens,
+                                      a.max_tokens)
+             for rtt, n, sets in _grid(a) for c in clients}
+    return {"made_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "scenario": a.scenario, "sets": a.sets,
+            "calibration": a.calibration, "per_client": a.per_client, "max_tokens": a.max_tokens,
+            "prompt_tokens": a.prompt_tokens, "predicted": preds}
+
+
+def table(path: str) -> str:
+    """Markdown rows (one per configuration) of a ``--out`` file: predicted and measured
+    aggregate tokens/s (median, min-max over the repeats), the gap, x N = 1 at the same
+    round trip and clients, inter-token p50 (worst client; x what one client alone gets
+    at N = 1, the same round trip) and first token p50."""
+    d = json.loads(Path(path).read_text())
+    rows = d["rows"]
+    base = {(r["rtt"], r["clients"]): r for r in rows if r["questions_in_flight"] == 1}
+    alone = {r["rtt"]: r for r in rows if r["clients"] == 1 and r["questions_in_flight"] == 1}
+    out = ["| RTT | N | clients | predicted tok/s | measured tok/s (min-max) | gap | measured x N=1 "
+           "| inter-token p50 ms: pred (all gaps) / meas (worst client, x alone) | first token p50 s: pred / meas | load |",
+           "|---|---:|---:|---:|---|---:|---:|---|---|---|"]
+    for r in rows:
+        p, m = r["predicted"], r["measured"]
+        agg = m["aggregate_tokens_per_s"]
+        b = base.get((r["rtt"], r["clients"]))
+        x1 = f"{agg['median'] / b['measured']['aggregate_tokens_per_s']['median']:.2f}x" if b else "-"
+        al = alone.get(r["rtt"])
+        it = m["inter_token_p50_s_worst_client"]["median"]
+        xa = f" ({it / al['measured']['inter_token_p50_s_worst_client']['median']:.2f}x)" if al else ""
+        load = r.get("load_1min")
+        load_s = f"{load[0]:.1f}-{load[1]:.1f}" if load else "-"
+        out.append(f"| {r['rtt']} | {r['questions_in_flight']} | {r['clients']} | {p['aggregate_tokens_per_s']:.1f} "
+                   f"| {agg['median']:.1f} ({agg['min']:.1f}-{agg['max']:.1f}) "
+                   f"| {100 * (agg['median'] / p['aggregate_tokens_per_s'] - 1):+.0f}% | {x1} "
+                   f"| {1e3 * p['inter_token_p50_s']:.0f} / {1e3 * it:.0f}{xa} "
+                   f"| {p['ttft_p50_s']:.2f} / {m['ttft_p50_s']['median']:.2f} "
+                   f"| {load_s} |")
+    return "\n".join(out)
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(table(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario")
     ap.add_argument("--set", action="append", default=[], dest="sets")
@@ -173,31 +243,36 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--prompt-tokens", type=int, default=36, help="prompt length the prediction assumes")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--predict-only", action="store_true", help="write the predictions to --out and stop")
+    ap.add_argument("--predictions", help="a --predict-only file made for this same grid")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    pred = json.loads(Path(a.predictions).read_text()) if a.predictions else predict_all(a)
+    if a.predict_only:
+        Path(a.out).write_text(json.dumps(pred, indent=1))
+        return
     rows = []
-    for rtt in a.rtt.split(","):
-        for n in [int(x) for x in a.in_flight.split(",")]:
-            sets = a.sets + [f"network.rtt={rtt}", f"decoding.questions_in_flight={n}"]
-            clients = [int(x) for x in a.clients.split(",")]
-            preds = {c: predict(a.scenario, sets, a.calibration, c, c * a.per_client, a.prompt_tokens, a.max_tokens)
-                     for c in clients}
-            srv = Served(a.scenario, sets, loopback=rtt.strip() in ("0ms", "0", "0 ms"), calibration=a.calibration)
-            try:
-                srv.wait_ready()
-                asyncio.run(_round(srv.url, 1, 1, 8))  # warm-up, not counted
-                for c in clients:
-                    runs = [asyncio.run(_round(srv.url, c, a.per_client, a.max_tokens)) for _ in range(a.repeats)]
-                    row = {"rtt": rtt, "questions_in_flight": n, "clients": c, "predicted": preds[c],
-                           "measured": _summary(runs), "runs": runs}
-                    rows.append(row)
-                    print(json.dumps({k: row[k] for k in ("rtt", "questions_in_flight", "clients")}),
-                          f"predicted {preds[c]['aggregate_tokens_per_s']:.1f} tok/s,",
-                          f"measured {row['measured']['aggregate_tokens_per_s']['median']:.1f} tok/s", flush=True)
-                    Path(a.out).write_text(json.dumps({"rows": rows}, indent=1))
-            finally:
-                srv.stop()
-    Path(a.out).write_text(json.dumps({"rows": rows}, indent=1))
+    clients = [int(x) for x in a.clients.split(",")]
+    for rtt, n, sets in _grid(a):
+        srv = Served(a.scenario, sets, loopback=rtt.strip() in ("0ms", "0", "0 ms"), calibration=a.calibration)
+        try:
+            srv.wait_ready()
+            asyncio.run(_round(srv.url, 1, 1, 8))  # warm-up, not counted
+            for c in clients:
+                load0 = os.getloadavg()[0]
+                runs = [asyncio.run(_round(srv.url, c, a.per_client, a.max_tokens)) for _ in range(a.repeats)]
+                p = pred["predicted"][_key(rtt, n, c)]
+                row = {"rtt": rtt, "questions_in_flight": n, "clients": c, "predicted": p,
+                       "measured": _summary(runs), "runs": runs, "load_1min": [load0, os.getloadavg()[0]],
+                       "ended_utc": time.strftime("%H:%M:%S", time.gmtime())}
+                rows.append(row)
+                print(json.dumps({k: row[k] for k in ("rtt", "questions_in_flight", "clients")}),
+                      f"predicted {p['aggregate_tokens_per_s']:.1f} tok/s,",
+                      f"measured {row['measured']['aggregate_tokens_per_s']['median']:.1f} tok/s", flush=True)
+                Path(a.out).write_text(json.dumps({"prediction": {k: v for k, v in pred.items() if k != "predicted"},
+                                                   "rows": rows}, indent=1))
+        finally:
+            srv.stop()
 
 
 if __name__ == "__main__":
