@@ -59,18 +59,26 @@ def _pcts(xs: list[float]) -> dict:
 
 def predict(scenario: str, sets: list[str], calibration: str | None, clients: int, questions: int,
             prompt_tokens: int, answer_tokens: int) -> dict:
-    """The simulator's aggregate tokens/s, inter-token and time-to-first-token (from asked)."""
+    """The simulator's aggregate tokens/s, inter-token and time-to-first-token (from asked).
+
+    The profile is applied as for ``run --real`` (:func:`splitroom.real.on_this_host`):
+    serve's device processes all run on this machine, so a profile holding a measured
+    shared-core room (``shared_host``) has it applied; ``shared_core`` says what was."""
     from splitroom.calibration import apply_profile, load_profile
+    from splitroom.cli import deal_scenario
+    from splitroom.real import on_this_host
     from splitroom.scenario import load
     from sim.driver import simulate
     scn = load(scenario, sets + [f"workload.clients={clients}", f"workload.questions={questions}",
                                  f"workload.prompt_tokens={prompt_tokens}", f"workload.answer_tokens={answer_tokens}"])
+    line = ""
     if calibration:
-        scn = apply_profile(scn, load_profile(calibration))
+        profile, line = on_this_host(load_profile(calibration), deal_scenario(scn, scenario))
+        scn = apply_profile(scn, profile)
     m = simulate(scn, trace=False).metrics
     return {"aggregate_tokens_per_s": m["aggregate_tokens_per_s"], "inter_token_p50_s": m["inter_token_s"]["p50"],
             "inter_token_p99_s": m["inter_token_s"]["p99"], "ttft_p50_s": m["ttft_asked_s"]["p50"],
-            "ttft_p99_s": m["ttft_asked_s"]["p99"]}
+            "ttft_p99_s": m["ttft_asked_s"]["p99"], "shared_core": line}
 
 
 class Served:
