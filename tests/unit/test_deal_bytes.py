@@ -116,3 +116,46 @@ def test_cut_by_bytes_by_hand():
     # weights 3:1 of 8 bytes: quota 6 -> [3, 1]; device 0 may hold 4, device 1 has room
     # for one more layer: [2, 2].
     assert cut_by_bytes([2, 2, 2, 2], [3, 1], budgets=[4, 4]) == [2, 2]
+
+
+def test_cut_by_bytes_quota_when_the_weights_say_nothing_or_sum_below_one():
+    # all weights 0: an even split of the bytes. 6 x 1 over three: quotas 6*1/3 = 2 and
+    # 6*2/3 = 4 -> cuts after layers 2 and 4.
+    assert cut_by_bytes([1] * 6, [0, 0, 0]) == [2, 2, 2]
+    # weights 0.25 : 0.75 (sum 1) of 4 x 1: quota 4 * 0.25 = 1 -> [1, 3], not the even [2, 2].
+    assert cut_by_bytes([1, 1, 1, 1], [0.25, 0.75]) == [1, 3]
+    # a device of weight 0 first: quota 0, but each device keeps at least one layer -> [1, 2].
+    assert cut_by_bytes([1, 1, 1], [0, 1]) == [1, 2]
+
+
+@pytest.mark.parametrize("costs,weights,budgets,want", [
+    # 6 x 1 over three equal weights: [2, 2, 2] before budgets (cuts at 2 and 4).
+    # Device 1 may hold 1 byte, device 2 has room: the forward pass moves the cut at 4 to 3.
+    ([1] * 6, [1, 1, 1], [2, 1, 10], [2, 1, 3]),
+    # device 0 may hold 1 and device 1 (2 bytes, may hold 3) takes one more layer exactly
+    # (2 + 1 = 3 <= 3): [1, 3, 2].
+    ([1] * 6, [1, 1, 1], [1, 3, 2], [1, 3, 2]),
+    # device 1 over (2 > 1) and device 2 full (2 + 1 > 2): the backward pass gives
+    # device 1's first layer to device 0 (2 + 1 <= 10): [3, 1, 2].
+    ([1] * 6, [1, 1, 1], [10, 1, 2], [3, 1, 2]),
+    # the last device over (2 > 1): device 1 takes its first layer exactly (2 + 1 <= 3): [2, 3, 1].
+    ([1] * 6, [1, 1, 1], [10, 3, 1], [2, 3, 1]),
+    # exactly at budget is not over: [3, 3] stays, whichever side has room.
+    ([1] * 6, [1, 1], [3, 10], [3, 3]),
+    ([1] * 6, [1, 1], [10, 3], [3, 3]),
+    # costs 1, 1, 4, 1, 1, 1 (running 1, 2, 6, 7, 8, 9), quota 4.5 -> nearest boundary 6:
+    # [3, 3] of 6 and 3 bytes. Device 0 may hold 5: its last layer weighs 4, and device 1
+    # (3 bytes) has room for it at budget 7 (exactly) but not at 6.
+    ([1, 1, 4, 1, 1, 1], [1, 1], [5, 7], [2, 4]),
+    ([1, 1, 4, 1, 1, 1], [1, 1], [5, 6], [3, 3]),
+    # costs 1, 1, 1, 4, 1, 1 (running 1, 2, 3, 7, 8, 9): [3, 3] of 3 and 6 bytes. Device 1
+    # may hold 5: its first layer weighs 4, and device 0 (3 bytes) has room for it at 7
+    # (exactly) but not at 6.
+    ([1, 1, 1, 4, 1, 1], [1, 1], [7, 5], [4, 2]),
+    ([1, 1, 1, 4, 1, 1], [1, 1], [6, 5], [3, 3]),
+    # a one-layer range over its budget keeps its layer (at least one each), either way.
+    ([5, 1], [1, 1], [1, 10], [1, 1]),
+    ([1, 5], [1, 1], [10, 1], [1, 1]),
+])
+def test_cut_by_bytes_moves_a_cut_only_to_a_neighbour_with_room(costs, weights, budgets, want):
+    assert cut_by_bytes(costs, weights, budgets=budgets) == want
