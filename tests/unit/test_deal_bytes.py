@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.deal import cut_by_bytes, deal
+from planner.deal import DealError, cut_by_bytes, deal, format_bytes, pick_host, usable_bytes
 from planner.model import ModelSpec
 from planner.room import DealOptions, Device
 
@@ -159,3 +159,56 @@ def test_cut_by_bytes_quota_when_the_weights_say_nothing_or_sum_below_one():
 ])
 def test_cut_by_bytes_moves_a_cut_only_to_a_neighbour_with_room(costs, weights, budgets, want):
     assert cut_by_bytes(costs, weights, budgets=budgets) == want
+
+
+# --- what the host pick and the capacity checks tell a person --------------------------
+
+def test_the_host_pick_names_its_reason():
+    a, b = computer("a", 8 * GiB), computer("b", 4 * GiB)
+    assert pick_host([a, b]) == ("a", ["a hosts by memory: WebGPU, computer, lends the most"])
+    blind = [Device(id="a", lends_bytes=8 * GiB, webgpu=False), Device(id="b", lends_bytes=4 * GiB, webgpu=False)]
+    assert pick_host(blind) == ("a", ["a hosts by memory: no device has WebGPU, computer, lends the most"])
+    with pytest.raises(DealError) as e:
+        pick_host([])
+    assert str(e.value) == "the room has no devices"
+    with pytest.raises(DealError) as e:
+        pick_host([b, a], forced="z")
+    assert str(e.value) == "host 'z' is not a device of the room (a, b)"
+
+
+def test_the_fastest_copier_that_lends_the_most_hosts_instead_of_the_memory_pick():
+    # a is the memory pick (8 GiB). b and c copy 3x as fast as a (300 vs 100 B/s), d 2x;
+    # all lend at least half of a's 8 GiB. The fastest win (b, c); of those b lends more.
+    room = [Device(id="a", lends_bytes=8 * GiB, copy_speed_Bps=100.0),
+            Device(id="c", lends_bytes=5 * GiB, copy_speed_Bps=300.0),
+            Device(id="d", lends_bytes=7 * GiB, copy_speed_Bps=200.0),
+            Device(id="b", lends_bytes=6 * GiB, copy_speed_Bps=300.0)]
+    assert pick_host(room) == (
+        "b", ["b hosts: copies GPU memory 3.00x as fast as a (the memory pick) and lends at least half as much"])
+
+
+def test_a_device_without_webgpu_never_hosts_for_speed():
+    # b copies 10x as fast and lends as much, but without WebGPU it cannot hold layers.
+    room = [Device(id="a", lends_bytes=8 * GiB, copy_speed_Bps=100.0),
+            Device(id="b", lends_bytes=8 * GiB, copy_speed_Bps=1000.0, webgpu=False)]
+    assert pick_host(room)[0] == "a"
+
+
+@pytest.mark.parametrize("zero,why", [
+    ({"compute_flops": 0.0}, "a: compute 0 TFLOPS (zero capacity)"),
+    ({"memory_bandwidth_Bps": 0.0}, "a: memory_bandwidth 0 (zero capacity)"),
+    ({"s_per_layer": 0.0}, "a: ms_per_layer 0 ms (zero capacity)"),
+])
+def test_a_room_of_zero_capacity_names_the_zero(zero, why):
+    with pytest.raises(DealError) as e:
+        deal([Device(id="a", lends_bytes=8 * GiB, **zero)], with_embedding())
+    assert str(e.value) == "no device can compute a layer: " + why
+
+
+def test_bytes_are_shown_whole_below_a_kib():
+    assert [format_bytes(1.5), format_bytes(0), format_bytes(1536)] == ["2 B", "0 B", "1.5 KiB"]
+
+
+def test_what_a_device_of_one_byte_may_use_is_less_its_headroom():
+    # 1 - ceil(1 * 0.1) = 0 bytes for layers.
+    assert usable_bytes(computer("a", 1), DealOptions(headroom=0.1)) == 0

@@ -48,3 +48,17 @@ def test_bad_ranges(text, malformed):
 def test_shown_layers_reads_as_people_count():
     assert [shown_layers(0, 22), shown_layers(39, 40), shown_layers(3, 3)] == ["1-22", "40", "none"]
     assert [shown_layers(21, 30, words=True), shown_layers(29, 30, words=True)] == ["layers 22-30", "layer 30"]
+
+
+def test_an_empty_range_in_words_is_no_layers():
+    assert shown_layers(3, 3, words=True) == "no layers"
+
+
+@pytest.mark.parametrize("text,message", [
+    ("1-x", "expected a range like '1-13' (1-based, inclusive), got '1-x'"),
+    ("5-40", "range '5-40' is outside 1-30 or reversed (1-based, inclusive)"),
+])
+def test_a_bad_range_says_what_was_typed_and_what_is_expected(text, message):
+    with pytest.raises(LayerRangeError) as e:
+        parse_layers(text, 30)
+    assert str(e.value) == message
