@@ -11,10 +11,11 @@ import pytest
 
 from planner.deal import DealError, cut_by_bytes, deal, format_bytes, pick_host, usable_bytes
 from planner.model import ModelSpec
-from planner.room import DealOptions, Device
+from planner.room import DealOptions, Device, PinnedStage
 
 GiB = 2**30
 MB = 10**6
+MiB = 2**20
 
 
 def shown(d) -> dict[str, str]:
@@ -212,3 +213,117 @@ def test_bytes_are_shown_whole_below_a_kib():
 def test_what_a_device_of_one_byte_may_use_is_less_its_headroom():
     # 1 - ceil(1 * 0.1) = 0 bytes for layers.
     assert usable_bytes(computer("a", 1), DealOptions(headroom=0.1)) == 0
+
+
+# --- pinned stages, the shares people read, and a room that holds nothing ---------------
+
+def pinned_room() -> list[Device]:
+    """a hosts (lends the most of the devices that can compute with WebGPU)."""
+    return [computer("a", 8 * GiB), computer("b", 4 * GiB), Device(id="c", lends_bytes=8 * GiB, webgpu=False),
+            Device(id="d", lends_bytes=8 * GiB, compute_flops=0.0), computer("e", 0), computer("f", 1)]
+
+
+def pin(*ranges: tuple[str, int, int], **kw) -> DealOptions:
+    return DealOptions(stages=tuple(PinnedStage(dev, start, end) for dev, start, end in ranges), **kw)
+
+
+@pytest.mark.parametrize("ranges,message", [
+    ((("z", 0, 4),), "stages[0]: 'z' is not a device of the room"),
+    ((("b", 0, 2), ("b", 2, 4)), "stages[1]: 'b' holds two ranges; a device holds one contiguous range"),
+    ((("c", 0, 4),), "stages[0]: 'c' has no WebGPU and cannot hold layers"),
+    ((("d", 0, 4),), "stages[0]: 'd' cannot compute (d: compute 0 TFLOPS (zero capacity))"),
+    ((("b", 1, 4),), "stages[0]: 'b' layers 2-4 must start at layer 1 and hold at least one"),
+    ((("b", 0, 1), ("a", 2, 4)),
+     "stages[1]: 'a' layers 3-4 must start at layer 2 (the stages before it end at layer 1) and hold at least one"),
+    ((("b", 0, 2), ("a", 3, 4)),
+     "stages[1]: 'a' layers 4 must start at layer 3 (the stages before it end at layer 2) and hold at least one"),
+    ((("b", 0, 2), ("a", 2, 2)),
+     "stages[1]: 'a' layers 2 must start at layer 3 (the stages before it end at layer 2) and hold at least one"),
+    ((("b", 0, 3),), "stages cover layers 1-3 but the model has 4"),
+    ((("b", 0, 2), ("a", 2, 4)), "stages[1]: the model host 'a' holds layers 3-4 but is not the first stage; "
+                                 "the host's range must come first (or give the host no layers)"),
+])
+def test_a_pinned_deal_that_is_not_a_cover_says_which_stage_and_why(ranges, message):
+    with pytest.raises(DealError) as e:
+        deal(pinned_room(), with_embedding(4), pin(*ranges))
+    assert str(e.value) == message
+
+
+def test_a_pinned_deal_without_the_host_makes_it_a_coordinator_and_names_each_guest():
+    # b holds the 4 layers of 1 GiB (4 GiB of its 4). a keeps the 2 GiB embedding only
+    # and could hold (8 - 2) / 1 = 6 layers; c, d, e and f (1 byte) hold none, each for its reason.
+    d = deal(pinned_room(), with_embedding(4), pin(("b", 0, 4)))
+    assert (d.host, d.fits, d.guests) == ("a", True, ("c", "d", "e", "f"))
+    assert d.notes[-2:] == ("stages pinned by the scenario",
+                            "a holds no layers: a coordinator (embedding, head, sampling, drafting)")
+    assert [(s.device, s.role, s.layers, s.holds_layers, s.used_bytes, s.why) for s in d.shares] == [
+        ("b", "worker", 4, 4, 4 * GiB, "layers 1-4"),
+        ("a", "model host", 0, 6, 2 * GiB, "coordinator, no layers"),
+        ("c", "guest", 0, 0, 0, "no WebGPU"),
+        ("d", "guest", 0, 0, 0, "zero capacity"),
+        ("e", "guest", 0, 0, 0, "lends nothing"),
+        ("f", "guest", 0, 0, 0, "not needed")]
+
+
+def test_a_pinned_stage_over_what_it_may_use_says_by_how_much():
+    # headroom 10%: b may use 4 GiB - ceil(0.4 GiB) and holds 4 GiB, into the headroom
+    # by ceil(0.1 * 4 GiB) = 429,496,730 B = 409.6 MiB.
+    d = deal(pinned_room(), with_embedding(4), pin(("b", 0, 4), headroom=0.1))
+    assert not d.fits and d.shares[0].why == "layers 1-4; inside what it lends but into the 10% headroom by 409.6 MiB"
+    assert d.notes[-1] == "the room cannot hold the model in what it lends less the 10% headroom: some devices are over"
+    # without headroom, 5 layers of 1 GiB on b (4 GiB) are over what it lends by 1 GiB
+    d = deal(pinned_room(), with_embedding(5), pin(("b", 0, 5)))
+    assert not d.fits and d.shares[0].why == "layers 1-5; over what it lends by 1 GiB"
+    assert d.notes[-1] == "the room cannot hold the model in what it lends: some devices are over"
+
+
+def test_a_room_that_holds_no_layer_names_each_devices_shortfall():
+    # first layer 3 MiB + its q8 KV (512 B/token * 2048 / 2 = 0.5 MiB) = 3.5 MiB; the host
+    # (a, most lent) needs the 1 MiB embedding too: 4.5 MiB. Headroom 50%: a may use 1 of
+    # its 2 MiB, b 512 KiB of its 1 MiB.
+    model = ModelSpec(id="m", name="m", layers=4, hidden=64, layer_bytes=2 * MiB, layer_active_bytes=2 * MiB,
+                      layer_flops_per_token=0.0, kv_bytes_per_token=512, embedding_bytes=MiB,
+                      layer_sizes=(3 * MiB, 2 * MiB, 2 * MiB, MiB))
+    room = [computer("a", 2 * MiB), computer("b", MiB), Device(id="c", lends_bytes=8 * MiB, webgpu=False),
+            Device(id="d", lends_bytes=4 * MiB, compute_flops=0.0)]
+    with pytest.raises(DealError) as e:
+        deal(room, model, DealOptions(context_tokens=2048, kv_cache="q8", headroom=0.5))
+    assert str(e.value) == (
+        "no device can hold a layer: a lends 2 MiB (1 MiB after headroom), needs 4.5 MiB for one layer"
+        " + embedding/head/draft (short 3.5 MiB); b lends 1 MiB (512 KiB after headroom), needs 3.5 MiB"
+        " for one layer (short 3 MiB); c: no WebGPU; d: compute 0 TFLOPS (zero capacity)")
+    # layers of one size: 2 MiB + 0.5 MiB of q8 KV; no embedding, no headroom
+    flat = ModelSpec(id="f", name="f", layers=4, hidden=64, layer_bytes=2 * MiB, layer_active_bytes=2 * MiB,
+                     layer_flops_per_token=0.0, kv_bytes_per_token=512)
+    with pytest.raises(DealError) as e:
+        deal([computer("a", 2 * MiB)], flat, DealOptions(context_tokens=2048, kv_cache="q8"))
+    assert str(e.value) == ("no device can hold a layer: a lends 2 MiB, needs 2.5 MiB for one layer"
+                            " + embedding/head/draft (short 512 KiB)")
+    with pytest.raises(DealError) as e:
+        deal([Device(id="a", lends_bytes=GiB, compute_flops=0.0), Device(id="b", lends_bytes=GiB, s_per_layer=0.0)],
+             flat)
+    assert str(e.value) == ("no device can compute a layer: a: compute 0 TFLOPS (zero capacity); "
+                            "b: ms_per_layer 0 ms (zero capacity)")
+
+
+def test_repeated_device_ids_are_named_once_each():
+    room = [computer("b", GiB), computer("a", GiB), computer("b", GiB), computer("c", GiB), computer("a", GiB)]
+    with pytest.raises(DealError) as e:
+        deal(room, with_embedding(4))
+    assert str(e.value) == "duplicate device id: a, b"
+
+
+@pytest.mark.parametrize("host,message", [
+    ("c", "host 'c' has no WebGPU and cannot hold layers"),
+    ("d", "host 'd' cannot compute (d: compute 0 TFLOPS (zero capacity)); the model host keeps at least one layer"),
+    ("e", "host 'e' lends no memory; the model host keeps at least one layer"),
+])
+def test_a_forced_host_that_cannot_keep_a_layer_is_refused(host, message):
+    with pytest.raises(DealError) as e:
+        deal(pinned_room(), with_embedding(4), DealOptions(host=host))
+    assert str(e.value) == message
+
+
+def test_a_forced_host_that_lends_one_byte_still_keeps_a_layer_and_does_not_fit():
+    d = deal(pinned_room(), with_embedding(4), DealOptions(host="f"))
+    assert (d.host, d.stages[0].device, d.stages[0].layers, d.fits) == ("f", "f", 1, False)
