@@ -10,6 +10,7 @@ raise the score.
 Usage::
 
     .venv/bin/python scripts/mutation_report.py --out docs/mutation-DATE.json   # after `mutmut run`
+    .venv/bin/python scripts/mutation_report.py --only planner.deal planner.chain   # those modules' rows
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def parse(text: str) -> dict[str, Counter]:
     return dict(out)
 
 
+def keep(counts: dict[str, Counter], only: list[str]) -> dict[str, Counter]:
+    """The modules named in ``only`` and their submodules (``planner.scheduler`` keeps
+    ``planner.scheduler.host``; ``planner.deal`` does not keep ``planner.deals``)."""
+    return {m: c for m, c in counts.items() if any(m == o or m.startswith(o + ".") for o in only)}
+
+
 def score(c: Counter) -> float | None:
     """Killed over the mutants a test could judge; None when there are none."""
     judged = c["killed"] + c["survived"] + c["timeout"] + c["suspicious"]
@@ -58,6 +65,8 @@ def table(counts: dict[str, Counter]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the counts as JSON here")
+    ap.add_argument("--only", nargs="+", metavar="MODULE",
+                    help="keep only these modules (and their submodules: planner.scheduler is host, worker, config)")
     ap.add_argument("--mutmut", default=str(Path(sys.executable).with_name("mutmut")), help="the mutmut command")
     a = ap.parse_args(argv)
     r = subprocess.run([a.mutmut, "results", "--all", "true"], capture_output=True, text=True)
@@ -65,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutation_report: mutmut results failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         return 2
     counts = parse(r.stdout)
+    if a.only:
+        counts = keep(counts, a.only)
     if not counts:
         print("mutation_report: no mutants in mutmut's results (run `mutmut run` first)", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts.mutation_report import parse, score, table
+from scripts.mutation_report import keep, parse, score, table
 
 RESULTS = """\
     planner.sampling.x_probabilities__mutmut_1: killed
@@ -24,3 +24,9 @@ def test_counts_per_module_and_the_score_counts_timeouts_and_odd_exits_as_not_ki
     assert score(counts["planner.sampling"]) == 2 / 4
     assert score(counts["planner.deal"]) == 1 / 2  # "not checked" is not judged
     assert "| planner.deal | 1 | 0 | 1 | 0 | 1 | 50.0% |" in table(counts)
+
+
+def test_only_keeps_the_named_modules_and_their_submodules():
+    counts = parse(RESULTS + "    planner.scheduler.host.x_a__mutmut_1: killed\n"
+                             "    planner.deals.x_b__mutmut_1: killed\n")
+    assert sorted(keep(counts, ["planner.deal", "planner.scheduler"])) == ["planner.deal", "planner.scheduler.host"]
