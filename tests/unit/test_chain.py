@@ -191,3 +191,72 @@ def test_a_second_loss_after_the_room_stopped_keeps_the_reason_it_stopped_for():
     h.ask(1, "a", 4, 5)
     h.run()
     assert h.ended()[1] == "refused: " + first
+
+
+def test_merge_lost_is_a_pinned_deal_of_the_same_host_that_says_who_left():
+    current = Deal(host="h", split="speed", stages=DEAL.stages, guests=("g",), fits=False, notes=("dealt",))
+    new = merge_lost(current, frozenset({"w2", "w1"}))
+    assert new == Deal(host="h", split="pinned", stages=(Stage("h", 0, 6),), guests=(), fits=False,
+                       notes=("re-dealt after w1, w2 left: their layers went to their neighbours",))
+    assert merge_lost(DEAL, frozenset({"w1"})).fits is True
+    with pytest.raises(DealError) as e:
+        merge_lost(DEAL, frozenset({"h", "w1", "w2"}))
+    assert str(e.value) == "no device of the chain is left"
+
+
+def test_check_lent_counts_the_hosts_extras_and_names_every_device_over():
+    from planner.chain import check_lent
+    # 1 GiB a layer. a (host) holds layer 1 plus 1 GiB of extras: 2 GiB in the 1.5 it may
+    # use; b holds layers 2-4: 3 GiB in 2. Both are named, in chain order.
+    new = pinned("a", ("a", 0, 1), ("b", 1, 4))
+    usable = {"a": GiB + GiB // 2, "b": 2 * GiB}
+    with pytest.raises(DealError) as e:
+        check_lent(new, usable, [GiB] * 4, host_extra_bytes=GiB)
+    assert str(e.value) == ("the devices left cannot hold the model: a would hold layers 1 (2 GiB) in the 1.5 GiB "
+                            "it may use; b would hold layers 2-4 (3 GiB) in the 2 GiB it may use")
+    # without extras (the default) a's 1 GiB fits in exactly 1 GiB; b alone is named
+    with pytest.raises(DealError) as e:
+        check_lent(new, {"a": GiB, "b": 2 * GiB}, [GiB] * 4)
+    assert str(e.value) == "the devices left cannot hold the model: b would hold layers 2-4 (3 GiB) in the 2 GiB it may use"
+
+
+def test_a_pinned_re_deal_sizes_each_layers_kv_at_the_rooms_kv_cache():
+    from planner.model import ModelSpec
+    # 4 layers of 1 GiB with 1 KiB of f16 KV per token: at 65,536 tokens of f32 KV (twice
+    # f16) a layer needs 1 GiB + 128 MiB. Losing b gives a all four: 4.5 GiB in the
+    # 4 GiB + 320 MiB it lends, over; at f16 it would be 4.25 GiB and fit.
+    model = ModelSpec(id="k", name="k", layers=4, hidden=4, layer_bytes=GiB, layer_active_bytes=GiB,
+                      layer_flops_per_token=0.0, kv_bytes_per_token=1024)
+    devices = [Device(id="a", lends_bytes=4 * GiB + 320 * 2**20), Device(id="b", lends_bytes=4 * GiB)]
+    opts = DealOptions(context_tokens=65536, kv_cache="f32")
+    with pytest.raises(DealError, match=r"a would hold layers 1-4 \(4\.5 GiB\)"):
+        redeal_rule(devices, model, opts)(pinned("a", ("a", 0, 2), ("b", 2, 4)), frozenset({"b"}))
+
+
+def test_a_re_deal_that_cannot_hold_the_model_says_why_with_the_new_deals_notes():
+    # h (the host, kept) and w2 are left with 2 + 1 GiB for 6 layers of 1 GiB.
+    devices = [Device("h", lends_bytes=2 * GiB), Device("w1", lends_bytes=8 * GiB), Device("w2", lends_bytes=GiB)]
+    first = Deal(host="h", split="memory", stages=DEAL.stages, guests=(), fits=True, notes=())
+    with pytest.raises(DealError) as e:
+        redeal_rule(devices, gib_model(6), DealOptions(split="memory"))(first, frozenset({"w1"}))
+    msg = str(e.value)
+    assert msg.startswith("the devices left cannot hold the model: h hosts: forced by the scenario; ")
+    assert msg.endswith("; the room cannot hold the model in what it lends: some devices are over")
+
+
+def test_the_new_chain_of_a_redeal_keeps_its_host():
+    from planner.protocol import Redeal
+    d = deal_of(Redeal(lost="w1", host="h", stages=(("h", 0, 4), ("w2", 4, 6)), first_lap=3))
+    assert (d.host, d.split, d.stages) == ("h", "pinned", (Stage("h", 0, 4), Stage("w2", 4, 6)))
+
+
+def test_a_scenarios_re_deal_rule_deals_over_the_devices_it_is_given():
+    from planner.chain import redeal_rule_for
+    from planner.deal import deal_for
+    from splitroom.scenario import load
+    scn = load("scenarios/home.yaml")  # its deal needs all three devices (the scenario's comment)
+    first = deal_for(scn)
+    assert redeal_rule_for(scn)(first, frozenset()).fits
+    two = [d for d in scn.devices if d.id != "phone"]
+    with pytest.raises(DealError, match="the devices left cannot hold the model"):
+        redeal_rule_for(scn, two)(first, frozenset())
