@@ -165,3 +165,69 @@ def test_worker_verdicts_say_whether_the_stage_runs():
         SendFrame("w", "h", FrameHeader(FrameKind.RESULT, 0, 1, 1, 1, 4, returns=True))]
     assert w.handle(StageFinished("w", 1), 0.0) == []
     assert [(x.event, x.reason) for x in w.ignored] == [("FrameArrived", "bug"), ("StageFinished", "stale")]
+
+
+# --- the worker's refusals and drops, each record spelled out ---------------------------
+
+W_DEAL = Deal(host="h", split="pinned", stages=(Stage("h", 0, 2), Stage("w1", 2, 4), Stage("w2", 4, 6)),
+              guests=(), fits=True, notes=())
+
+
+def frame(kind=FrameKind.PREFILL, question=0, lap=0, first=0, tokens=4, slot=0):
+    return FrameHeader(kind, question, lap, first, tokens, 8, slot=slot)
+
+
+def test_only_a_worker_of_the_deal_gets_a_worker_machine():
+    for device in ("h", "x"):
+        with pytest.raises(ValueError) as e:
+            WorkerMachine(device, W_DEAL)
+        assert str(e.value) == f"{device} is not a worker of this deal"
+
+
+def test_a_worker_records_each_event_it_does_not_act_on_with_its_reason():
+    from planner.protocol import Ignored, QuestionAsked, StageFinished
+    w = WorkerMachine("w1", W_DEAL)
+    q = QuestionAsked(0, "h", (1,), 3)
+    res = frame(FrameKind.RESULT, lap=5)
+    assert w.handle(q, 0.0) == []
+    assert w.handle(FrameArrived("w2", "w1", frame()), 0.0) == []  # another device's frame
+    assert w.handle(FrameArrived("w1", "h", res), 0.0) == []
+    assert w.handle(StageFinished("w1", 9), 0.0) == []
+    assert w.ignored == [Ignored("w1", "QuestionAsked", "bug", "not an event for this worker"),
+                         Ignored("w1", "FrameArrived", "bug", "not an event for this worker"),
+                         Ignored("w1", "FrameArrived", "bug", "a RESULT frame at a worker (lap 5)"),
+                         Ignored("w1", "StageFinished", "stale", "no frame of lap 9 pending here")]
+    assert w.release(9) is None
+
+
+def test_a_worker_keeps_the_newest_ignored_records_up_to_its_bound():
+    from planner.protocol import QuestionAsked
+    from planner.scheduler.worker import MAX_IGNORED, note_ignored
+    sink: list = []
+    for i in range(MAX_IGNORED + 1):
+        note_ignored(sink, "w1", QuestionAsked(i, "h", (1,), 3), "bug", str(i))
+    assert len(sink) == MAX_IGNORED and (sink[0].detail, sink[-1].detail) == ("1", str(MAX_IGNORED))
+    note_ignored(sink, "w1", QuestionAsked(0, "h", (1,), 3), "bug")
+    assert (sink[0].detail, sink[-1].detail) == ("2", "")
+
+
+def test_a_worker_drops_a_stale_frame_or_a_question_it_does_not_serve_and_goes_on():
+    from planner.protocol import DropFrame
+    w = WorkerMachine("w1", W_DEAL)
+    assert w.handle(FrameArrived("w1", "h", frame()), 0.0) == [RunStage("w1", 0, 0, 0, 4, (), 0)]
+    stale = frame(FrameKind.DECODE, lap=1, first=6, tokens=1)  # the cache holds positions 0-3
+    assert w.handle(FrameArrived("w1", "h", stale), 0.0) == [DropFrame("w1", stale, "stale: starts at 6, cache holds 4")]
+    mid = frame(FrameKind.DECODE, question=7, lap=2, first=3, tokens=1, slot=1)  # q7 never began here
+    assert w.handle(FrameArrived("w1", "h", mid), 0.0) == [
+        DropFrame("w1", mid, "frame of a question this stage is not serving")]
+    nxt = frame(FrameKind.DECODE, lap=3, first=4, tokens=1)
+    assert w.handle(FrameArrived("w1", "h", nxt), 0.0) == [RunStage("w1", 3, 0, 4, 1, (), 0)]
+    assert w.commands_for(nxt, Verdict.DROP, None) == [DropFrame("w1", nxt, "")]
+
+
+def test_a_worker_records_into_the_list_its_driver_gives_it():
+    from planner.protocol import QuestionAsked
+    sink: list = []
+    w = WorkerMachine("w1", W_DEAL, ignored=sink)
+    w.handle(QuestionAsked(0, "h", (1,), 3), 0.0)
+    assert w.ignored is sink and [r.detail for r in sink] == ["not an event for this worker"]
