@@ -231,3 +231,108 @@ def test_a_worker_records_into_the_list_its_driver_gives_it():
     w = WorkerMachine("w1", W_DEAL, ignored=sink)
     w.handle(QuestionAsked(0, "h", (1,), 3), 0.0)
     assert w.ignored is sink and [r.detail for r in sink] == ["not an event for this worker"]
+
+
+# --- the host's answers to a withdrawal and to a lost asker -----------------------------
+
+def three_asked() -> HostScheduler:
+    """q0 (asker g1) answered, q1 (g2) and q2 (g1) waiting: one question in flight."""
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4))
+    for qid, dev in ((0, "g1"), (1, "g2"), (2, "g1")):
+        s.handle(QuestionAsked(qid, dev, (7, 8), 3), 0.0)
+    return s
+
+
+def test_a_withdrawn_question_leaves_the_queue_or_ends_now_and_the_next_begins():
+    from planner.protocol import AnswerDone, BeginAnswer, Refuse
+    s = three_asked()
+    assert s.handle(QuestionWithdrawn(2), 0.0) == [Refuse(2, "g1", "withdrawn by the asker")]
+    out = s.handle(QuestionWithdrawn(0), 0.0)
+    assert AnswerDone(0, "g1", 0, "withdrawn") in out and BeginAnswer(1, "g2", 2) in out
+    assert s.handle(QuestionWithdrawn(2), 0.0) == []
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("QuestionWithdrawn", "unknown", "question 2 is neither waiting nor being answered")]
+
+
+def test_an_asker_that_leaves_has_its_questions_refused_and_the_next_begins():
+    from planner.protocol import BeginAnswer, Refuse
+    s = three_asked()
+    out = s.handle(DeviceLost("g1"), 0.0)
+    assert [c for c in out if isinstance(c, Refuse)] == [Refuse(2, "g1", "g1 left the room"),
+                                                         Refuse(0, "g1", "g1 left the room")]
+    assert BeginAnswer(1, "g2", 2) in out
+    assert s.handle(DeviceLost("g1"), 0.0) == []
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [("DeviceLost", "repeated", "g1 was already lost")]
+
+
+def test_a_re_deal_that_keeps_the_lost_worker_stops_the_room_and_a_good_one_remembers_the_loss():
+    keep_w = HostScheduler(DEAL, SchedulerConfig(hidden=4), redeal=lambda d, lost: DEAL)
+    keep_w.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    keep_w.handle(DeviceLost("w"), 0.0)
+    assert keep_w.stopped == ("w left the room and the others cannot take its layers: "
+                              "the re-deal gives layers to w, which left")
+    merged = Deal(host="h", split="pinned", stages=(Stage("h", 0, 2),), guests=(), fits=True, notes=())
+    r = HostScheduler(DEAL, SchedulerConfig(hidden=4), redeal=lambda d, lost: merged)
+    r.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    r.handle(DeviceLost("w"), 0.0)
+    assert r.handle(DeviceLost("w"), 0.0) == [] and r.ignored[-1].detail == "w was already lost"
+
+
+DEAL3 = Deal(host="h", split="pinned", stages=(Stage("h", 0, 1), Stage("w", 1, 2), Stage("v", 2, 3)),
+             guests=(), fits=True, notes=())
+
+
+def pinned3(*rows, host="h") -> Deal:
+    return Deal(host=host, split="pinned", stages=tuple(Stage(*r) for r in rows), guests=(), fits=True, notes=())
+
+
+@pytest.mark.parametrize("bad,why", [
+    (pinned3(("v", 0, 3), host="v"), "the re-deal moved the model host to v"),
+    (pinned3(("h", 0, 1), ("v", 2, 3)), "the re-deal does not tile the layers at layer 2"),
+    (pinned3(("h", 0, 1), ("v", 1, 2)), "the re-deal holds 2 layers, the model has 3"),
+])
+def test_a_re_deal_the_host_cannot_take_stops_the_room_saying_why(bad, why):
+    s = HostScheduler(DEAL3, SchedulerConfig(hidden=4), redeal=lambda d, lost: bad)
+    s.handle(DeviceLost("w"), 0.0)
+    assert s.stopped == "w left the room and the others cannot take its layers: " + why
+
+
+def test_a_re_deal_that_gives_layers_back_to_two_lost_devices_names_both():
+    good = pinned3(("h", 0, 1), ("w", 1, 3))
+    s = HostScheduler(DEAL3, SchedulerConfig(hidden=4), redeal=lambda d, lost: good if lost == {"v"} else DEAL3)
+    s.handle(DeviceLost("v"), 0.0)
+    assert s.stopped is None
+    s.handle(DeviceLost("w"), 0.0)
+    assert s.stopped == ("w left the room and the others cannot take its layers: "
+                         "the re-deal gives layers to v, w, which left")
+
+
+def test_a_stopped_room_refuses_the_answered_and_the_waiting_questions_to_their_askers():
+    from planner.protocol import Refuse
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4))
+    s.handle(QuestionAsked(0, "g1", (7, 8), 3), 0.0)
+    s.handle(QuestionAsked(1, "g2", (7, 8), 3), 0.0)
+    out = s.handle(DeviceLost("w"), 0.0)
+    why = "w left the room; the model must be re-dealt"
+    assert [c for c in out if isinstance(c, Refuse)] == [Refuse(0, "g1", why), Refuse(1, "g2", why)]
+
+
+def test_the_host_records_why_it_took_no_action_on_each_frame_and_chain_ready():
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4))
+    s.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)  # lap 0: the prompt
+    s.handle(StageFinished("h", 0), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4)), 0.0)
+    s.handle(HeadFinished(0, (truth(2),)), 0.0)  # lap 0 over; lap 1 (decode) launched, lap 2 not yet
+    for ev in (FrameArrived("w", "h", FrameHeader(FrameKind.RESULT, 0, 1, 2, 1, 4)),
+               FrameArrived("h", "w", FrameHeader(FrameKind.PREFILL, 0, 1, 2, 1, 4)),
+               FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 77, 2, 1, 4)),
+               FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4)),
+               ChainReady(0), ChainReady(2)):
+        assert s.handle(ev, 0.0) == []
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("FrameArrived", "bug", "a frame for w reached the host's machine"),
+        ("FrameArrived", "bug", "a PREFILL frame from w at the host"),
+        ("FrameArrived", "unknown", "lap 77 from w was never launched"),
+        ("FrameArrived", "stale", "lap 0 is over"),
+        ("ChainReady", "stale", "no re-deal with first lap 0 is awaited"),
+        ("ChainReady", "unknown", "no re-deal with first lap 2 is awaited")]
