@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from planner.profile import (PROFILE_VERSION, Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError,
@@ -119,3 +121,64 @@ def test_malformed_workload_acceptance_names_the_key(workloads, words):
     m = {"splitroom_profile": PROFILE_VERSION, "drafters": {"ngram": {"call_s": {1: 1e-5}, "workloads": workloads}}}
     with pytest.raises(ProfileError, match=words.replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
         Profile.from_mapping(m)
+
+
+# --- the curve, the line fit and the walks by prompt, by hand ----------------------------
+
+def test_a_line_fit_by_hand():
+    # y = 1 + 2x through (0, 1), (1, 3), (3, 7): mean x 4/3, mean y 11/3, slope
+    # (28/3) / (14/3) = 2, intercept 11/3 - 2 * 4/3 = 1
+    a, b = fit_line([0.0, 1.0, 3.0], [1.0, 3.0, 7.0])
+    assert (a, b) == (pytest.approx(1.0), pytest.approx(2.0))
+    assert fit_line([3.0], [5.0]) == (5.0, 0.0)  # one point: flat through it
+    assert fit_line([2.0, 2.0], [1.0, 3.0]) == (2.0, 0.0)  # no spread in x: the mean, flat
+    for xs, ys in (([], []), ([1.0, 2.0], [1.0])):
+        with pytest.raises(ProfileError) as e:
+            fit_line(xs, ys)
+        assert str(e.value) == "fit_line needs as many ys as xs, at least one"
+
+
+def test_a_curve_is_piecewise_linear_clamped_below_and_extrapolated_above():
+    c = Curve((1.0, 2.0, 4.0), (10.0, 20.0, 60.0))  # slopes 10 then 20 a unit
+    assert [c(0.5), c(1.0), c(1.5), c(3.0), c(4.0), c(8.0)] == [10.0, 10.0, 15.0, 40.0, 60.0, 140.0]
+    assert Curve((1.0,), (0.0,))(5.0) == 0.0  # a value of 0 is allowed
+
+
+@pytest.mark.parametrize("xs,ys,message", [
+    ((), (), "a curve needs as many values as points, at least one"),
+    ((1.0, 2.0), (1.0,), "a curve needs as many values as points, at least one"),
+    ((1.0, 1.0), (1.0, 2.0), "curve points must increase strictly, got [1.0, 1.0]"),
+    ((1.0,), (-1.0,), "curve values must be finite and >= 0, got [-1.0]"),
+    ((1.0,), (math.inf,), "curve values must be finite and >= 0, got [inf]"),
+])
+def test_a_curve_that_is_not_one_says_why(xs, ys, message):
+    with pytest.raises(ProfileError) as e:
+        Curve(xs, ys)
+    assert str(e.value) == message
+
+
+FLAT = {"chat": {1: (1,), 2: (1, 2, 0)}}
+
+
+def test_walks_by_prompt_read_k_as_an_int_or_its_digits():
+    from planner.profile import _walks_from_mapping
+    assert _walks_from_mapping({"chat": {"2": [[1, 2], [0]], 1: [[1]]}}, "w", FLAT) == {
+        "chat": {2: ((1, 2), (0,)), 1: ((1,),)}}
+    assert _walks_from_mapping(None, "w", FLAT) == {}
+
+
+@pytest.mark.parametrize("m,message", [
+    (5, "w: expected a mapping of workload: {k: [[lengths of one prompt], ...]}"),
+    ({"code": {}}, "w.code: no accepted lengths of that workload to split by prompt"),
+    ({"chat": 5}, "w.chat: expected a mapping of k: [[lengths of one prompt], ...]"),
+    ({"chat": {True: [[1]]}}, "w.chat.True: not a k with accepted lengths"),
+    ({"chat": {"x": [[1]]}}, "w.chat.x: not a k with accepted lengths"),
+    ({"chat": {5: [[1]]}}, "w.chat.5: not a k with accepted lengths"),
+    ({"chat": {2: [1, 2, 0]}}, "w.chat.2: expected a list of lists (one per prompt)"),
+    ({"chat": {2: [[1], [2]]}}, "w.chat.2: the walks by prompt do not add up to the accepted lengths"),
+])
+def test_walks_by_prompt_that_are_not_say_where_and_why(m, message):
+    from planner.profile import _walks_from_mapping
+    with pytest.raises(ProfileError) as e:
+        _walks_from_mapping(m, "w", FLAT)
+    assert str(e.value) == message
