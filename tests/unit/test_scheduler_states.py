@@ -336,3 +336,33 @@ def test_the_host_records_why_it_took_no_action_on_each_frame_and_chain_ready():
         ("FrameArrived", "stale", "lap 0 is over"),
         ("ChainReady", "stale", "no re-deal with first lap 0 is awaited"),
         ("ChainReady", "unknown", "no re-deal with first lap 2 is awaited")]
+
+
+def test_a_re_deal_refuses_the_lost_askers_questions_and_those_its_chain_has_no_kv_cache_for():
+    from dataclasses import replace
+    from planner.protocol import Redeal, Refuse
+    # three questions in flight (q0 of g1, q1 of w, q2 of g2) and q3 of w waiting; the
+    # re-deal without w holds 1 KV cache. w's questions are refused (the waiting one
+    # first), q0 is kept and replayed (its 2 prompt tokens), q2 finds no cache left.
+    merged = replace(pinned3(("h", 0, 2), ("v", 2, 3)), kv_caches=1)
+    s = HostScheduler(DEAL3, SchedulerConfig(hidden=4, questions_in_flight=3), redeal=lambda d, lost: merged)
+    for qid, dev in ((0, "g1"), (1, "w"), (2, "g2"), (3, "w")):
+        s.handle(QuestionAsked(qid, dev, (7, 8), 3), 0.0)
+    out = s.handle(DeviceLost("w"), 0.0)
+    assert [c for c in out if isinstance(c, Refuse)] == [
+        Refuse(3, "w", "w left the room"), Refuse(1, "w", "w left the room"),
+        Refuse(2, "g2", "w left the room and the devices left hold the KV caches of 1 question at once")]
+    (r,) = [c for c in out if isinstance(c, Redeal)]
+    assert (r.lost, r.host, r.stages, r.question_id, r.replay_tokens) == ("w", "h", (("h", 0, 2), ("v", 2, 3)), 0, 2)
+
+
+def test_the_kv_caches_a_re_deal_holds_are_counted_in_its_refusal():
+    from dataclasses import replace
+    from planner.protocol import Refuse
+    merged = replace(pinned3(("h", 0, 2), ("v", 2, 3)), kv_caches=2)
+    s = HostScheduler(DEAL3, SchedulerConfig(hidden=4, questions_in_flight=3), redeal=lambda d, lost: merged)
+    for qid, dev in ((0, "g1"), (1, "g2"), (2, "g3")):
+        s.handle(QuestionAsked(qid, dev, (7, 8), 3), 0.0)
+    out = s.handle(DeviceLost("w"), 0.0)
+    assert [c for c in out if isinstance(c, Refuse)] == [
+        Refuse(2, "g3", "w left the room and the devices left hold the KV caches of 2 questions at once")]
