@@ -327,3 +327,60 @@ def test_a_forced_host_that_cannot_keep_a_layer_is_refused(host, message):
 def test_a_forced_host_that_lends_one_byte_still_keeps_a_layer_and_does_not_fit():
     d = deal(pinned_room(), with_embedding(4), DealOptions(host="f"))
     assert (d.host, d.stages[0].device, d.stages[0].layers, d.fits) == ("f", "f", 1, False)
+
+
+# --- the memory split's notes: who gets layers and why -------------------------------
+
+SPLIT_NOTE = ("split memory: {n} devices get {basis} in proportion to what they lend for layers (less the "
+              "headroom; the host's less its embedding, head and draft)")
+
+
+def phone(id_: str, n_bytes: int) -> Device:
+    return Device(id=id_, kind="phone", lends_bytes=n_bytes)
+
+
+def test_the_memory_split_leaves_a_phone_out_while_the_computers_hold_the_model():
+    # 10 layers of 1 GiB: a (host) holds 8 - 2 = 6 beside its embedding, b 4: exactly 10.
+    room = [computer("a", 8 * GiB), computer("b", 4 * GiB), phone("p", 4 * GiB)]
+    d = deal(room, with_embedding(10), DealOptions(split="memory"))
+    assert shown(d) == {"a": "1-6", "b": "7-10", "p": "asks only"}
+    assert "p asks only: phone left out, computers hold the model" in d.notes
+    assert SPLIT_NOTE.format(n=2, basis="layers") in d.notes
+    assert not any(n.startswith("phones get layers") for n in d.notes)
+
+
+def test_the_memory_split_says_why_phones_get_layers():
+    room = [computer("a", 8 * GiB), computer("b", 4 * GiB), phone("p", 4 * GiB)]
+    d = deal(room, with_embedding(10), DealOptions(split="memory", phone_layers=True))
+    assert "phones get layers: phone_layers is on" in d.notes and "p" in {s.device for s in d.stages}
+    # the computers hold 2 + 2 of the 10 layers: the phone must take some
+    d = deal([computer("a", 4 * GiB), computer("b", 2 * GiB), phone("p", 8 * GiB)], with_embedding(10),
+             DealOptions(split="memory"))
+    assert "phones get layers: the computers cannot hold the model" in d.notes
+    # phone_layers on in a room of no phones: no such note
+    d = deal([computer("a", 8 * GiB), computer("b", 4 * GiB)], with_embedding(10),
+             DealOptions(split="memory", phone_layers=True))
+    assert not any(n.startswith("phones get layers") for n in d.notes)
+
+
+def test_the_memory_split_leaves_out_a_device_that_cannot_hold_one_layer_when_the_rest_hold_the_model():
+    # a 6 + b 4 = 10 layers exactly; c (512 MiB) holds none
+    room = [computer("a", 8 * GiB), computer("b", 4 * GiB), computer("c", GiB // 2)]
+    d = deal(room, with_embedding(10), DealOptions(split="memory"))
+    assert shown(d) == {"a": "1-6", "b": "7-10", "c": "asks only"}
+    assert "c asks only: cannot hold one layer in what it lends" in d.notes
+
+
+def test_the_memory_split_of_two_layers_over_three_devices_leaves_one_asking():
+    room = [computer("a", 8 * GiB), computer("b", 4 * GiB), computer("c", 4 * GiB)]
+    d = deal(room, with_embedding(2), DealOptions(split="memory"))
+    assert [s.layers for s in d.stages] == [1, 1]
+    assert sum(n.endswith("asks only: more devices than layers") for n in d.notes) == 1
+    assert SPLIT_NOTE.format(n=2, basis="layers") in d.notes
+
+
+def test_the_memory_split_of_layers_of_two_sizes_deals_bytes_even_with_one_layer_each():
+    model = ModelSpec(id="two", name="two", layers=2, hidden=64, layer_bytes=2 * MiB, layer_active_bytes=2 * MiB,
+                      layer_flops_per_token=0.0, kv_bytes_per_token=0, layer_sizes=(3 * MiB, MiB))
+    d = deal([computer("a", 8 * MiB), computer("b", 8 * MiB)], model, DealOptions(split="memory"))
+    assert SPLIT_NOTE.format(n=2, basis="bytes") in d.notes
