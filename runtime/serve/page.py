@@ -3,10 +3,9 @@
 Plain HTML, CSS and JavaScript from ``runtime/serve/static/`` (no build step, nothing
 fetched from the internet). The page reads ``GET /api/room`` (a snapshot) and listens
 to ``GET /api/events`` (server-sent events): ``state`` (a new snapshot, at most every
-0.25 s after a change and every 2 s anyway) and ``pass`` (a pass reached a device: its
-hop dot flashes; the model host's when a lap leaves it, a worker's when the host has
-timed the hop into it, from the stamps that come with its heartbeats, up to 0.25 s
-later). Its chat box posts to ``/v1/chat/completions``.
+0.25 s after a change and every 2 s anyway) and ``pass`` (a lap left the host: every
+device of the chain flashes its hop dot; the host hears when the lap reached each worker
+only with that worker's stamps, up to 0.25 s later, so the dots flash as the lap leaves). Its chat box posts to ``/v1/chat/completions``.
 
 What each device's screen says (product page 001), as the host knows it:
 
@@ -130,13 +129,11 @@ class RoomPage:
             self.tokens_handled[d] = self.tokens_handled.get(d, 0) + lap_tokens
             self.passes[d] = self.passes.get(d, 0) + 1
             self.recent.setdefault(d, deque(maxlen=PASSES_KEPT)).append((now, lap_tokens))
-        self._broadcast({"event": "pass", "data": {"devices": [node.cfg.host], "tokens": lap_tokens}})
+        self._broadcast({"event": "pass", "data": {"devices": chain, "tokens": lap_tokens}})
 
     def hop(self, hop) -> None:
         """A :class:`planner.hops.HopTimed` was measured: it counts for its receiver."""
         self.hops_in.setdefault(hop.dst, deque(maxlen=HOPS_KEPT)).append((hop.src, hop.seconds, hop.error_s))
-        if hop.dst != getattr(getattr(self.server.node, "cfg", None), "host", None):  # the host's flashes as a lap leaves
-            self._broadcast({"event": "pass", "data": {"devices": [hop.dst]}})
 
     def tokens_per_s(self, device: str) -> Optional[float]:
         """``device``'s positions per second over its passes of the last
