@@ -384,3 +384,25 @@ def test_the_memory_split_of_layers_of_two_sizes_deals_bytes_even_with_one_layer
                       layer_flops_per_token=0.0, kv_bytes_per_token=0, layer_sizes=(3 * MiB, MiB))
     d = deal([computer("a", 8 * MiB), computer("b", 8 * MiB)], model, DealOptions(split="memory"))
     assert SPLIT_NOTE.format(n=2, basis="bytes") in d.notes
+
+
+def test_a_tail_range_counts_the_layers_before_its_start_that_fit_too():
+    from planner.deal import _holds_from
+    # layers of 1, 1, 2, 1 MiB, each with 0.5 MiB of q8 KV (512 B/token * 2048 / 2);
+    # the host keeps a 1 MiB embedding. A worker starting at layer 3 (index 2) holds
+    # layers 3-4 (2.5 + 1.5 = 4 MiB) and, with what is left, layers before it, last first.
+    model = ModelSpec(id="t", name="t", layers=4, hidden=64, layer_bytes=MiB, layer_active_bytes=MiB,
+                      layer_flops_per_token=0.0, kv_bytes_per_token=512, embedding_bytes=MiB,
+                      layer_sizes=(MiB, MiB, 2 * MiB, MiB))
+    opts = DealOptions(context_tokens=2048, kv_cache="q8")
+    held = {lends: _holds_from(computer("b", lends), model, opts, False, 2)
+            for lends in (27 * MiB // 4, 15 * MiB // 2, 19 * MiB // 2)}
+    # 6.75 MiB: 2.75 left, layer 2 (1.5) fits, 1.25 left < 1.5 for layer 1 -> 3
+    # 7.5 MiB: 3.5 left, layers 2 and 1 fit (1.5 each) -> 4; 9.5 MiB: still 4, the whole model
+    assert held == {27 * MiB // 4: 3, 15 * MiB // 2: 4, 19 * MiB // 2: 4}
+    # a range that does not reach the last layer holds what fits from its start: 1.5, then
+    # 1.5 + 2.5 = 4 > 3 MiB -> 1
+    assert _holds_from(computer("b", 3 * MiB), model, opts, False, 1) == 1
+    # the host, from layer 1, beside its 1 MiB embedding: 6 - 1 = 5 MiB for 1.5 + 1.5, and
+    # 2.5 more would be 5.5 -> 2
+    assert _holds_from(computer("a", 6 * MiB), model, opts, True, 0) == 2
