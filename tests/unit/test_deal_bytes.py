@@ -406,3 +406,24 @@ def test_a_tail_range_counts_the_layers_before_its_start_that_fit_too():
     # the host, from layer 1, beside its 1 MiB embedding: 6 - 1 = 5 MiB for 1.5 + 1.5, and
     # 2.5 more would be 5.5 -> 2
     assert _holds_from(computer("a", 6 * MiB), model, opts, True, 0) == 2
+
+
+def kv_model(layers: int) -> ModelSpec:
+    """Layers of 1 GiB with 1 KiB of f16 KV a token: 64 MiB a layer per cache of 65,536 positions."""
+    return ModelSpec(id="kv", name="kv", layers=layers, hidden=64, layer_bytes=GiB, layer_active_bytes=GiB,
+                     layer_flops_per_token=0.0, kv_bytes_per_token=1024)
+
+
+def test_a_room_that_cannot_hold_every_kv_cache_asked_is_dealt_fewer():
+    fewer = "{n} of the {asked} questions in flight fit: each keeps a KV cache of 65,536 positions on every stage"
+    # 4 layers on a alone need 4 GiB + n * 256 MiB: in 4 GiB + 800 MiB, 3 caches fit, not 4
+    a = [computer("a", 4 * GiB + 800 * MiB)]
+    d = deal(a, kv_model(4), DealOptions(context_tokens=65536, kv_caches=6))
+    assert (d.kv_caches, d.fits, d.notes[-1]) == (3, True, fewer.format(n=3, asked=6))
+    # asked what fits: no note
+    d = deal(a, kv_model(4), DealOptions(context_tokens=65536, kv_caches=2))
+    assert d.kv_caches == 2 and not any("questions in flight fit" in n for n in d.notes)
+    # one layer of 1 GiB + n * 64 MiB in 1 GiB + 200 MiB: with 4 caches or more nobody can
+    # hold a layer (the deal is refused), with 3 it fits
+    d = deal([computer("a", GiB + 200 * MiB)], kv_model(1), DealOptions(context_tokens=65536, kv_caches=6))
+    assert (d.kv_caches, d.fits, d.notes[-1]) == (3, True, fewer.format(n=3, asked=6))
