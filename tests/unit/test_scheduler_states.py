@@ -366,3 +366,17 @@ def test_the_kv_caches_a_re_deal_holds_are_counted_in_its_refusal():
     out = s.handle(DeviceLost("w"), 0.0)
     assert [c for c in out if isinstance(c, Refuse)] == [
         Refuse(2, "g3", "w left the room and the devices left hold the KV caches of 2 questions at once")]
+
+
+def test_a_drafter_that_returns_nothing_ends_the_answer_and_a_late_draft_is_recorded():
+    from planner.protocol import Refuse
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, draft_tokens=2))
+    s.handle(QuestionAsked(0, "g1", (7, 8), 5), 0.0)
+    s.handle(StageFinished("h", 0), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4)), 0.0)
+    s.handle(HeadFinished(0, (truth(2),)), 0.0)  # the first token: draft 0 asked for
+    out = s.handle(DraftReady(0, ()), 0.0)
+    assert [c for c in out if isinstance(c, Refuse)] == [Refuse(0, "g1", "the drafter returned no tokens")]
+    assert s.handle(DraftReady(0, (1, 2)), 0.0) == []
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("DraftReady", "stale", "draft 0 is no longer awaited")]
