@@ -403,6 +403,10 @@ class NodeConfig(BaseModel):
             (runtime/transport/ice.py; the scenario's ``network.ice_servers``); none: no
             server is contacted.
         ice_relay_only: connect only through the TURN server's relay candidates.
+        emulate_one_way_s: hold every packet this device sends this many seconds before it
+            leaves, in this process (runtime.transport.emulate_delay; 0: none, at most 5 s):
+            a room's round trip on a machine without netem, when every device gets half of
+            it. What it really did is written beside the trace (``.delay.json``).
         usable_bytes: the host's re-deal check: device id -> bytes of what it lends that
             layers may use (``planner.deal.usable_bytes``); a merged re-deal that puts a
             device over refuses to load (the room stops with the reason). Empty: unchecked.
@@ -440,6 +444,7 @@ class NodeConfig(BaseModel):
     room_key: Optional[str] = Field(None, min_length=16, max_length=128)
     ice_servers: list[str] = Field(default_factory=list, max_length=2)
     ice_relay_only: bool = False
+    emulate_one_way_s: float = Field(0.0, ge=0.0, le=5.0, allow_inf_nan=False)
     usable_bytes: dict[DEVICE_ID, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
     layer_bytes: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
     host_extra_bytes: int = Field(0, ge=0)

@@ -272,6 +272,11 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         log.error("%s: could not join room %s: %s", cfg.device, room, e)
         return NO_ROOM
+    if cfg.emulate_one_way_s > 0:
+        from .transport import emulate_delay
+        emulate_delay(transport, cfg.emulate_one_way_s)
+        log.info("%s: every packet it sends waits %.1f ms in this process (emulated delay)", cfg.device,
+                 cfg.emulate_one_way_s * 1000)
     if cfg.trace_path and cfg.device == cfg.host:  # tells run --real the room started
         with open(cfg.trace_path + JOINED_SUFFIX, "w", encoding="utf-8"):
             pass
@@ -283,7 +288,21 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
             status = await worker_rounds(cfg, transport, timeout_s, stop, loaded)
     finally:
         await transport.close()
+        write_delay_stats(cfg, transport)
     return status
+
+
+#: beside a device's trace: what its in-process delay did (RtcTransport.delay_stats, JSON)
+DELAY_SUFFIX = ".delay.json"
+
+
+def write_delay_stats(cfg: NodeConfig, transport) -> None:
+    """Write ``transport``'s in-process delay record to ``cfg.trace_path + DELAY_SUFFIX``
+    when it has one and the node keeps a trace."""
+    stats = getattr(transport, "delay_stats", lambda: None)()
+    if stats is not None and cfg.trace_path:
+        with open(cfg.trace_path + DELAY_SUFFIX, "w", encoding="utf-8") as f:
+            json.dump(stats, f)
 
 
 async def serve_colocated(cfgs: Sequence[NodeConfig], relay_url: str, room: str, timeout_s: float = 600.0) -> int:

@@ -484,6 +484,10 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
         backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
         netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces."),
+        in_process_delay: bool = typer.Option(False, "--in-process-delay",
+                                              help="Without namespaces (--loopback, or none here), apply the "
+                                              "scenario's RTT in the device processes: each holds what it sends "
+                                              "RTT/2 (one delay for every pair, no jitter)."),
         timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="Also predict the run before it "
                                                   "starts from this calibration profile (splitroom calibrate)."),
@@ -524,15 +528,17 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         say(f"privacy ends_local: {private_deal.host} runs the embedding, its first and last layers and the head")
     try:
         if scn.ends_local is not None:
-            res = run_real(private_scn, private_deal, backend=backend, netns=netns, timeout_s=timeout, log=say,
-                           profile=profile)
+            res = run_real(private_scn, private_deal, backend=backend, netns=netns, in_process_delay=in_process_delay,
+                           timeout_s=timeout, log=say, profile=profile)
             say("the plain deal, for comparison:")
-            plain = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout, log=say, profile=profile)
+            plain = run_real(scn, d, backend=backend, netns=netns, in_process_delay=in_process_delay,
+                             timeout_s=timeout, log=say, profile=profile)
             from splitroom.privacy_run import real_privacy_summary
             privacy = real_privacy_summary(scn, res, plain)
             d = private_deal
         else:
-            res = run_real(scn, d, backend=backend, netns=netns, timeout_s=timeout, log=say, profile=profile)
+            res = run_real(scn, d, backend=backend, netns=netns, in_process_delay=in_process_delay,
+                           timeout_s=timeout, log=say, profile=profile)
     except RealRunError as e:
         fail(f"{scenario}: {e}")
     if write_measured:

@@ -4,7 +4,9 @@ with the simulator's prediction for the same scenario calibrated with what was m
 One process per device (``python -m runtime.node``), a signalling relay, WebRTC data
 channels between the processes. With root and the tools for it, each device runs in its
 own network namespace and the scenario's round trip is applied to its packets
-(runtime/netem.py); otherwise the room runs on loopback and says so.
+(runtime/netem.py); otherwise the room runs on loopback and says so, or, with
+``in_process_delay``, on loopback with each device process holding what it sends for half
+the round trip (runtime.transport.emulate_delay: one delay for every pair, no jitter).
 
 Calibration (what the prediction takes from the measurement, nothing else; the fitting
 is :mod:`planner.trace_fit`, pure): each device's seconds per layer, the per-hop overhead
@@ -300,11 +302,14 @@ def _error_pct(measured: dict, predicted: dict) -> dict:
 
 
 def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = True, timeout_s: float = 300.0,
-             log=print, profile=None) -> RealResult:
+             log=print, profile=None, in_process_delay: bool = False) -> RealResult:
     """Run the room for real and predict it; see the module doc. With ``profile`` (a
     :class:`planner.profile.Profile`) the room is also predicted from it before it
     runs (``RealResult.profile_predicted``). ``RealResult.ended`` says how each
-    question ended (answered, or refused/lost with the reason).
+    question ended (answered, or refused/lost with the reason). ``in_process_delay``:
+    when the room does not run in namespaces (``netns`` False, or this machine cannot),
+    its round trip is applied in the device processes (:func:`plan_network`); what
+    that delay really did per device is ``RealResult.calibration["in_process_delay"]``.
 
     The work folder (device configs, traces, logs) is a temporary directory removed
     when the run ends, failed or not (``SPLITROOM_KEEP_WORKDIR=1`` keeps it).
@@ -323,7 +328,7 @@ def run_real(scn: Scenario, deal: Deal, backend: str = "numpy", netns: bool = Tr
     while True:
         workdir = Path(tempfile.mkdtemp(prefix="splitroom-real-"))
         try:
-            return _run_real(scn, deal, backend, netns, timeout_s, log, profile, workdir)
+            return _run_real(scn, deal, backend, netns, timeout_s, log, profile, workdir, in_process_delay)
         except DiedWhileLoading as e:  # the room never started: without that device, or a one-line error
             gone.add(e.device)
             new, why = redeal_without(scn, deal, gone)
@@ -366,14 +371,17 @@ def _last_log_line(workdir: Path, name: str) -> str:
 
 
 def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: float, log, profile,
-              workdir: Path) -> RealResult:
+              workdir: Path, in_process_delay: bool = False) -> RealResult:
     model_dir = str(real_model_dir(scn))
     cfgs = node_configs(scn, deal, model_dir, workdir, backend)
     room = "r" + secrets.token_hex(4)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # a device the host's own machine runs (its ends-local tail) shares the host's process
     colocated = {c.device for c in cfgs if c.device.endswith(TAIL_SUFFIX)}
-    net, network, rtt_s = plan_network(scn, [c.device for c in cfgs if c.device not in colocated], netns)
+    net, network, rtt_s = plan_network(scn, [c.device for c in cfgs if c.device not in colocated], netns,
+                                       in_process_delay)
+    if net is None and rtt_s > 0:  # in-process delay: every device process holds what it sends rtt/2
+        cfgs = [c.model_copy(update={"emulate_one_way_s": rtt_s / 2}) for c in cfgs]
     spec = scn.decoding.speculative
     counts = prompt_token_counts(model_dir, real_prompts(scn)) if (profile is not None or (spec and spec.adaptive)) \
         else []
@@ -435,6 +443,9 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     aligned = [dict(info["answers"].get(str(i), {"text": "", "token_ids": []}), ended=ended[i])
                for i in range(asked)]
     cal = fit_trace(trace, deal)
+    delays = read_delay_stats(cfgs)
+    if delays:
+        cal["in_process_delay"] = delays
     prompt_lens = [o.prompt_tokens for _, o in trace if isinstance(o, BeginAnswer)]
     n_ans = [len(a["token_ids"]) for a in answers] or [1]
     from runtime.transport import INITIAL_WINDOW_BYTES
@@ -492,26 +503,60 @@ def _wait_host(procs: dict, host: str, joined: str, workdir: Path, timeout_s: fl
         time.sleep(0.1)
 
 
-def plan_network(scn: Scenario, devices: Sequence[str], netns: bool) -> tuple[object | None, str, float]:
+def plan_network(scn: Scenario, devices: Sequence[str], netns: bool,
+                 in_process_delay: bool = False) -> tuple[object | None, str, float]:
     """How a room of ``devices`` runs on this machine: ``(network, description, rtt_s)``.
 
     With ``netns`` and what runtime/netem.py needs (root, ip, iptables, NetfilterQueue),
     ``network`` is a :class:`runtime.netem.EmulatedNetwork` (not entered yet: enter it
     before :func:`start_relay`) applying the scenario's round trip ``rtt_s`` seconds and
-    jitter; otherwise None (loopback, ``rtt_s`` 0) and the description says why."""
-    if not netns:
-        return None, "loopback", 0.0
-    try:
-        from runtime import netem
-        ok, why = netem.available()
-    except ImportError as e:  # pragma: no cover
-        ok, why = False, str(e)
+    jitter. Otherwise ``network`` is None and the room runs on loopback: with
+    ``in_process_delay`` and a round trip above 0, ``rtt_s`` is the scenario's and every
+    device process holds what it sends ``rtt_s / 2`` (NodeConfig.emulate_one_way_s);
+    else ``rtt_s`` is 0. The description says which, and why not namespaces.
+
+    Raises:
+        RealRunError: ``in_process_delay`` for a scenario with jitter (the in-process
+            delay has none, and the prediction would count it).
+    """
+    if netns:
+        try:
+            from runtime import netem
+            ok, why = netem.available()
+        except ImportError as e:  # pragma: no cover
+            ok, why = False, str(e)
+    else:
+        ok, why = False, "--loopback"
     if not ok:
-        return None, f"loopback (no network emulation: {why})", 0.0
+        rtt_s = scn.network.rtt_s
+        if not (in_process_delay and rtt_s > 0):
+            return None, "loopback" if not netns else f"loopback (no network emulation: {why})", 0.0
+        j = scn.network.jitter
+        if j is not None and j.scale_s > 0:
+            raise RealRunError(f"network.jitter {j.scale_s * 1000:g} ms: the in-process delay has no jitter "
+                               "(set network.jitter to {distribution: none}, or run where namespaces are available)")
+        return (None, f"loopback, {rtt_s * 1000:g} ms RTT emulated in process (each device holds what it sends "
+                f"{rtt_s * 500:g} ms below SCTP; no namespaces: {why})", rtt_s)
     rtt_s = scn.network.rtt_s
     net = netem.EmulatedNetwork(list(devices), rtt_s=rtt_s,
                                 jitter_s=scn.network.jitter.scale_s if scn.network.jitter else 0.0)
     return net, f"network namespaces, {rtt_s * 1000:.0f} ms RTT applied to packets", rtt_s
+
+
+def read_delay_stats(cfgs: Sequence) -> dict:
+    """``{device: record}`` of the in-process delays the room's device processes wrote
+    beside their traces (runtime.node.DELAY_SUFFIX; RtcTransport.delay_stats), for the
+    devices that wrote one."""
+    from runtime.node import DELAY_SUFFIX
+    out = {}
+    for c in cfgs:
+        path = Path(c.trace_path + DELAY_SUFFIX) if c.trace_path else None
+        if path is not None and path.exists():
+            try:
+                out[c.device] = json.loads(path.read_text())
+            except ValueError:  # a process killed while writing: nothing to report
+                continue
+    return out
 
 
 #: environment variable of a real room: each device process's wgpu adapter index, in the order

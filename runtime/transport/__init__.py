@@ -3,7 +3,8 @@
 A package, one concern per module: ``framing`` (the wire format, pure), ``base`` (the
 Transport API), ``loopback`` (in-process room for tests), ``patches`` (aioice loopback
 candidates, SCTP burst and initial window), ``pacing`` (the bulk channels' paced
-sender, on aiortc's ``bufferedamountlow`` event), ``webrtc`` (aiortc connections and
+sender, on aiortc's ``bufferedamountlow`` event), ``delay`` (a link's one-way delay applied
+in the sending process, for machines without netem: ``emulate_delay``), ``webrtc`` (aiortc connections and
 the relay signalling: connect_room), ``bench`` (``python -m runtime.transport bench``).
 Every public name is importable from ``runtime.transport``.
 
@@ -63,6 +64,7 @@ WebRTC (delivery through ``loop.call_soon``, same chunking code), for room tests
 from __future__ import annotations
 
 from .base import Handler, Transport, TransportError
+from .delay import DelayLine, DelayStats
 from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN,
                       DEFAULT_REMOTE_MAX_MESSAGE_SIZE, PIECE_HEADER_BYTES, ChunkError, Reassembler, encode_message)
 from .loopback import LoopbackHub, LoopbackTransport
@@ -73,7 +75,7 @@ from .patches import (AIORTC_BURST_CHUNKS, AIORTC_INITIAL_CWND_CHUNKS, DEFAULT_I
 from .webrtc import RtcTransport, connect_room, emulate_delay, remote_max_message_size
 
 __all__ = ["AIORTC_BURST_CHUNKS", "AIORTC_INITIAL_CWND_CHUNKS", "AIORTC_MAX_MESSAGE_SIZE", "BULK_INFLIGHT_BYTES",
-           "BULK_PIECE_BYTES", "CHANNELS", "DEFAULT_INITIAL_CWND_CHUNKS", "DEFAULT_MAX_BURST_CHUNKS",
+           "BULK_PIECE_BYTES", "CHANNELS", "DEFAULT_INITIAL_CWND_CHUNKS", "DelayLine", "DelayStats", "DEFAULT_MAX_BURST_CHUNKS",
            "DEFAULT_MAX_MESSAGE_BYTES_IN", "DEFAULT_REMOTE_MAX_MESSAGE_SIZE", "INITIAL_WINDOW_BYTES", "PIECE_HEADER_BYTES", "SCTP_CHUNK_BYTES", "ChunkError",
            "Handler", "LoopbackHub", "LoopbackTransport", "Reassembler", "RtcTransport", "Transport",
            "TransportError", "connect_room", "emulate_delay", "encode_message", "install_candidate_patch",

@@ -54,6 +54,7 @@ class _Link:
         self.bulk_task: Optional[asyncio.Task] = None
         self.failed: Optional[str] = None
         self.bulk_inflight_bytes = BULK_INFLIGHT_BYTES
+        self.delay = None  # webrtc._DelayedSend when emulate_delay applies
 
     def sctp_busy(self) -> bool:
         """Whether aiortc still holds data of this connection not yet transmitted, or

@@ -20,6 +20,7 @@ import re
 from typing import Optional, Sequence
 
 from .base import Transport, TransportError
+from .delay import DelayLine, DelayStats
 from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN, DEFAULT_REMOTE_MAX_MESSAGE_SIZE,
                       Reassembler)
 from .ice import (CredentialKey, IceServer, check_ice_servers, chosen_pair, merge_ice_servers, no_path_hint,
@@ -30,33 +31,77 @@ from .patches import _host_addresses, install_candidate_patch, tune_sctp
 log = logging.getLogger("splitroom.transport")
 
 def emulate_delay(transport: "Transport", one_way_s: float) -> None:
-    """Measurement aid: delay every packet this side sends by ``one_way_s`` seconds
-    (in process, order kept), on every peer connection of a WebRTC transport made by
-    connect_room. Apply it on both sides for an RTT of 2 x one_way_s. It wraps the ICE
-    transport's send, below DTLS and SCTP, so SCTP's windows and bursts see the delay.
-    Raises TypeError for a transport without WebRTC connections."""
+    """Delay every packet this side sends by ``one_way_s`` seconds, in process, on every
+    peer connection of a WebRTC transport made by connect_room (and on those
+    :meth:`RtcTransport.reconnect` makes later). Apply it on both sides for a round trip
+    of 2 x ``one_way_s``: on a machine without netem this is how a room gets its
+    network's delay (``splitroom run --real --in-process-delay``).
+
+    It wraps the ICE transport's send, below DTLS and SCTP, so SCTP's windows, timers and
+    acknowledgements see the delay; packets leave in the order sent
+    (runtime/transport/delay.py says what this delay is and is not). How late packets
+    really left is in :meth:`RtcTransport.delay_stats`. ``one_way_s`` 0 removes the delay
+    (what is held is sent at once, in order).
+
+    Raises:
+        TypeError: a transport without WebRTC connections.
+        ValueError: ``one_way_s`` negative or not finite.
+    """
     if not isinstance(transport, RtcTransport):
         raise TypeError("emulate_delay needs a transport from connect_room")
-    loop = asyncio.get_running_loop()
+    if not (isinstance(one_way_s, (int, float)) and 0 <= one_way_s < float("inf")):
+        raise ValueError(f"one_way_s must be 0 or a positive number of seconds, not {one_way_s!r}")
+    transport._one_way_s = float(one_way_s)
     for link in transport._links.values():
-        ice = link.pc.sctp.transport.transport  # pc.sctp (SCTP) -> .transport (DTLS) -> .transport (ICE)
-        send = getattr(ice, "_splitroom_send", None) or ice._send
-        ice._splitroom_send = send
-        if one_way_s <= 0:
-            ice._send = send
-            continue
+        if link.pc is not None:
+            transport._delay_link(link)
 
-        async def _late(data: bytes, _send=send) -> None:
+
+class _DelayedSend:
+    """One connection's in-process delay: its ICE transport's send replaced by a
+    :class:`~runtime.transport.delay.DelayLine` whose due packets one task sends in order."""
+
+    def __init__(self, ice, stats: DelayStats):
+        self.loop = asyncio.get_running_loop()
+        self.ice = ice
+        self.send = ice._send  # the ICE transport's own send (a coroutine function)
+        self.stats = stats
+        self.due: asyncio.Queue = asyncio.Queue()
+        self.line: Optional[DelayLine] = None
+        self.task = self.loop.create_task(self._sender())
+
+    def set(self, one_way_s: float) -> None:
+        if self.line is not None:
+            self.line.flush()  # held packets go now, ahead of anything sent later
+        if one_way_s > 0:
+            self.line = DelayLine(one_way_s, lambda p, due: self.due.put_nowait((p, due)), self.loop.time,
+                                  self.loop.call_at, stats=self.stats)
+            self.ice._send = self._delayed
+        else:
+            self.line = None
+            self.ice._send = self.send
+
+    async def _delayed(self, data: bytes) -> None:
+        line = self.line
+        if line is not None:
+            line.push(data)
+        else:  # pragma: no cover - set(0) restores the send first
+            await self.send(data)
+
+    async def _sender(self) -> None:
+        while True:
+            data, due = await self.due.get()
+            self.stats.record(self.loop.time() - due)
             try:
-                await _send(data)
+                await self.send(data)
             except ConnectionError:  # closed while the packet was "in the air": lost
                 pass
 
-        async def delayed(data: bytes, _late=_late) -> None:
-            loop.call_later(one_way_s, lambda: asyncio.ensure_future(_late(data)))
-
-        ice._send = delayed
-
+    def stop(self) -> None:
+        if self.line is not None:
+            self.line.close()
+        self.ice._send = self.send
+        self.task.cancel()
 
 
 _MAX_MSG_RE = re.compile(r"^a=max-message-size:(\d+)\s*$", re.M)
@@ -97,6 +142,25 @@ class RtcTransport(Transport):
         self._relay: tuple = ("", "", None, None)  # (relay URL, room, host addresses, room key) for reconnect()
         self._ice: tuple[tuple[IceServer, ...], bool] = ((), False)  # (servers, relay only) of new connections
         self._ice_given: tuple[tuple[IceServer, ...], bool] = ((), False)  # (own servers, ask the relay)
+        self._one_way_s = 0.0  # emulate_delay's delay of what this side sends, seconds
+        self._delay_stats = DelayStats()
+
+    def _delay_link(self, lk: _Link) -> None:
+        """Give ``lk``'s connection this transport's in-process delay (emulate_delay)."""
+        if lk.delay is None:
+            if self._one_way_s <= 0:
+                return
+            lk.delay = _DelayedSend(lk.pc.sctp.transport.transport, self._delay_stats)  # SCTP -> DTLS -> ICE
+        lk.delay.set(self._one_way_s)
+
+    def delay_stats(self) -> dict | None:
+        """What emulate_delay did, over every connection: ``one_way_s``, ``packets`` sent,
+        ``dropped``, ``lateness_p50_s``/``lateness_p99_s``/``lateness_max_s`` (how long after
+        its due time a packet left, seconds; runtime.transport.delay.DelayStats); None when
+        no delay was ever set."""
+        if self._one_way_s <= 0 and not self._delay_stats.packets:
+            return None
+        return {"one_way_s": self._one_way_s, **self._delay_stats.summary()}
 
     @property
     def max_message_bytes(self) -> int:
@@ -181,8 +245,10 @@ class RtcTransport(Transport):
                     fut.set_result(None)
 
     async def _end_link(self, lk: _Link) -> None:
-        """Stop ``lk``'s paced sender (its waiting sends raise TransportError) and close
-        its connection."""
+        """Stop ``lk``'s paced sender (its waiting sends raise TransportError) and its
+        delay (what it holds is lost), and close its connection."""
+        if lk.delay is not None:
+            lk.delay.stop()
         if lk.bulk_task is not None:
             lk.bulk_task.cancel()
             try:
@@ -227,6 +293,7 @@ class RtcTransport(Transport):
             await sig.open(relay_url, room, ice=self._ice_given[1])
             await _use_ice(self, sig)
             await _open_link(self, sig, peer, timeout_s)
+            self._delay_link(fresh)
         except BaseException:
             fresh.failed = fresh.failed or "reconnect failed"
             await self._end_link(fresh)

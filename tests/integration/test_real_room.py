@@ -30,10 +30,10 @@ def reference():
     return [t for t in r if t != 2]
 
 
-def real(sets, netns=False):
+def real(sets, netns=False, **kw):
     scn = load("scenarios/home.yaml", sets)
     d = deal(scn.devices, scn.model, scn.options)
-    return d, run_real(scn, d, netns=netns, timeout_s=120, log=lambda s: None)
+    return d, run_real(scn, d, netns=netns, timeout_s=120, log=lambda s: None, **kw)
 
 
 @pytest.mark.parametrize("sets,n_devices", [(TWO, 2), (BASE, 3)])
@@ -67,6 +67,18 @@ def test_with_network_namespaces_the_rtt_shows_in_the_hops(reference):
     assert res.answers[0]["token_ids"] == reference
     assert "namespaces" in res.network
     assert res.calibration["hop_p50_s"] >= 0.010  # one way of a 20 ms round trip
+
+
+def test_a_round_trip_emulated_in_process_is_applied_by_every_device_process(reference):
+    """--loopback --in-process-delay: each device process holds what it sends rtt/2
+    (runtime.transport.emulate_delay) and says what the delay did; the answer is the same."""
+    d, res = real(TWO + ["network.rtt=20 ms", "network.jitter={distribution: none}"], in_process_delay=True)
+    assert res.answers[0]["token_ids"] == reference
+    assert "20 ms RTT emulated in process" in res.network
+    delays = res.calibration["in_process_delay"]
+    assert set(delays) == {d.host} | {s.device for s in d.stages}
+    for rec in delays.values():
+        assert rec["one_way_s"] == 0.010 and rec["packets"] > 0 and rec["dropped"] == 0
 
 
 def test_only_the_bundled_model_runs_for_real():
