@@ -83,14 +83,19 @@ def stages(n: int, layers: int) -> str:
     return "stages=[" + ", ".join(out) + "]"
 
 
-def configurations(layers: int) -> list[tuple[str, list[str]]]:
-    """(name, --set overrides) of each room: 2 and 3 stages, plain and prompt lookup, loopback."""
+def configurations(layers: int, rtts_ms: tuple[float, ...] = (), loopback: bool = True) -> list[tuple[str, list[str]]]:
+    """(name, --set overrides) of each room: 2 and 3 stages, plain and prompt lookup, on
+    loopback (``loopback``) and at each round trip of ``rtts_ms`` (milliseconds, applied in
+    the device processes: run_real's ``in_process_delay``)."""
     ngram = ["decoding.speculative={drafter: ngram, draft_tokens: 4}"]
     rows = []
-    for n in (2, 3):
-        base = [stages(n, layers), "host=gpu0", f"workload.prompts={json.dumps(CHAT_PROMPTS)}"]
-        rows.append((f"{n} stages, loopback, plain", base))
-        rows.append((f"{n} stages, loopback, ngram k=4", base + ngram))
+    for rtt in ((0.0,) if loopback else ()) + tuple(rtts_ms):
+        where = "loopback" if rtt == 0 else f"{rtt:g} ms in process"
+        for n in (2, 3):
+            base = [stages(n, layers), "host=gpu0", f"workload.prompts={json.dumps(CHAT_PROMPTS)}",
+                    f"network.rtt={rtt:g} ms"]
+            rows.append((f"{n} stages, {where}, plain", base))
+            rows.append((f"{n} stages, {where}, ngram k=4", base + ngram))
     return rows
 
 
@@ -148,13 +153,25 @@ def hop_parts(profile, cfg_hidden: int, preds: list[dict]) -> dict:
            "transport_one_way_s": tr.one_way_s(one) if tr is not None else None,
            "stage_fixed_s": dev.stage.pass_s(0, 1, c), "per_layer_s": dev.stage.pass_s(1, 1, c) - dev.stage.pass_s(0, 1, c),
            "room_notes": profile.notes.get("room")}
-    plain = {p["name"].split(" ")[0]: p for p in preds if p["name"].endswith("plain") and "measured_tokens_per_s" in p}
-    if "2" in plain and "3" in plain:
-        out["per_device_added_measured_s"] = 1 / plain["3"]["measured_tokens_per_s"] - 1 / plain["2"]["measured_tokens_per_s"]
-        out["per_device_added_predicted_s"] = (1 / plain["3"]["predicted"]["tokens_per_s"]
-                                               - 1 / plain["2"]["predicted"]["tokens_per_s"])
-        hops = [r["parts"]["hop_p50_s"] for n in ("2", "3") for r in plain[n]["measured_runs"] if r["parts"]["hop_p50_s"]]
-        out["room_hop_p50_s"] = statistics.median(hops) if hops else None
+    by_where: dict[str, dict[str, dict]] = {}
+    for p in preds:
+        if p["name"].endswith("plain") and "measured_tokens_per_s" in p:
+            n, where = p["name"].split(" ")[0], p["name"].split(", ")[1]
+            by_where.setdefault(where, {})[n] = p
+    added = {}
+    for where, plain in by_where.items():
+        if "2" in plain and "3" in plain:
+            hops = [r["parts"]["hop_p50_s"] for n in ("2", "3") for r in plain[n]["measured_runs"]
+                    if r["parts"]["hop_p50_s"]]
+            added[where] = {
+                "per_device_added_measured_s": 1 / plain["3"]["measured_tokens_per_s"]
+                - 1 / plain["2"]["measured_tokens_per_s"],
+                "per_device_added_predicted_s": 1 / plain["3"]["predicted"]["tokens_per_s"]
+                - 1 / plain["2"]["predicted"]["tokens_per_s"],
+                "room_hop_p50_s": statistics.median(hops) if hops else None}
+    if "loopback" in added:
+        out.update(added["loopback"])
+    out["per_device_added"] = added
     return out
 
 
@@ -169,7 +186,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--answer-tokens", type=int, default=64)
     ap.add_argument("--small", action="store_true", help="quick calibration (checks the steps, no predictions)")
-    ap.add_argument("--only", help="run only the configurations whose name contains this text")
+    ap.add_argument("--only", help="run only the configurations whose name contains one of these texts "
+                    "(comma-separated)")
+    ap.add_argument("--rtt-ms", default="", help="also run every configuration at these round trips (ms, comma-"
+                    "separated), applied in the device processes (runtime.transport.emulate_delay)")
+    ap.add_argument("--no-loopback", action="store_true", help="only the --rtt-ms rooms")
     ap.add_argument("--hop-only", type=int, metavar="HIDDEN", help="only time a hop's parts alone for this width")
     a = ap.parse_args()
     say = (lambda s: print(s, flush=True))
@@ -209,19 +230,26 @@ def main() -> int:
     say(f"calibrated in {calibrated_s:.0f} s")
 
     netns_ok, why = netem.available()
-    configs = [c for c in configurations(base.model.layers) if not a.only or a.only in c[0]]
+    rtts = tuple(float(x) for x in a.rtt_ms.split(",") if x.strip())
+    only = [x.strip() for x in (a.only or "").split(",") if x.strip()]
+    configs = [c for c in configurations(base.model.layers, rtts, not a.no_loopback)
+               if not only or any(o in c[0] for o in only)]
     preds = []
     for name, sets in configs:
         scn = load(str(scn_path), sets)
         d = deal(scn.devices, scn.model, scn.options)
-        m = predict_real_run(scn, d, profile, 0.0, prompt_token_counts(model_dir, real_prompts(scn)))
-        preds.append({"name": name, "sets": sets, "rtt_s": 0.0, "netns": False, "predicted": m})
+        rtt_s = scn.network.rtt_s
+        m = predict_real_run(scn, d, profile, rtt_s, prompt_token_counts(model_dir, real_prompts(scn)))
+        preds.append({"name": name, "sets": sets, "rtt_s": rtt_s, "netns": False, "in_process_delay": rtt_s > 0,
+                      "predicted": m})
     record = {"predicted_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "model": {"gguf": str(gguf), "bytes": gguf.stat().st_size, "shape": a.shape, "mix": a.mix,
                         "layers": cfg.n_layers, "hidden": cfg.hidden, "vocab": cfg.vocab},
               "backend": a.backend, "calibration_s": calibrated_s, "profile_notes": profile.notes,
-              "network_emulation": "namespaces available, not used (loopback rows only)" if netns_ok
-              else f"none ({why})", "load_at_start": os.getloadavg(), "configurations": preds}
+              "network_emulation": ("in process (runtime.transport.emulate_delay: each device process holds what "
+                                    "it sends rtt/2 below SCTP)" if rtts else "none")
+              + (" ; namespaces available, not used" if netns_ok else f"; no namespaces ({why})"),
+              "load_at_start": os.getloadavg(), "configurations": preds}
     out.write_text(json.dumps(record, indent=1))
     say(f"{len(preds)} predictions written to {out} at {record['predicted_at']}, before any room ran")
     for p in preds:
@@ -234,13 +262,15 @@ def main() -> int:
         runs = []
         for r in range(a.repeat):
             t1 = time.time()
-            res = run_real(scn, d, backend=a.backend, netns=False, timeout_s=300, log=lambda s: None, profile=profile)
+            res = run_real(scn, d, backend=a.backend, netns=False, timeout_s=300, log=lambda s: None, profile=profile,
+                           in_process_delay=p["in_process_delay"])
             m, cal = res.measured, res.calibration
             runs.append({"tokens_per_s": m["tokens_per_s"], "ttft_s": m["ttft_s"], "ttft_each_s": m.get("ttft_each_s"),
                          "tokens_per_lap": m["tokens_per_lap"], "answered": m["answered"], "lap_s": m.get("lap_s"),
                          "inter_token_s": m.get("inter_token_s"), "breakdown": m.get("breakdown"),
                          "parts": {"s_per_layer": cal.get("s_per_layer", {}), "hop_p50_s": cal.get("hop_p50_s"),
                                    "hop_s": cal.get("hop_s"), "head_s_per_row": cal.get("head_s_per_row")},
+                         "network": res.network, "in_process_delay": cal.get("in_process_delay"),
                          "room_wall_s": time.time() - t1, "answer_head": res.answers[0]["text"][:80]})
             say(f"  {p['name']} run {r + 1}: {m['tokens_per_s']:.2f} tok/s, {m['tokens_per_lap']:.2f} tokens/lap, "
                 f"first token {m['ttft_s'] * 1000:.0f} ms (predicted {p['predicted']['tokens_per_s']:.2f}); "
