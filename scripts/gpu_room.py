@@ -142,6 +142,44 @@ def hop_alone(hidden: int, backend: str, n: int = 300) -> dict:
     return out
 
 
+def idle_passes(model_dir: str, backend: str, layers: int, gaps_ms: tuple[float, ...], n: int = 40,
+                context: int = 64) -> dict:
+    """One-token passes of a ``layers``-layer stage (held as stored), each after the stage
+    sat idle ``gap`` ms (``time.sleep``), for each gap of ``gaps_ms``; interleaved (gap
+    order cycled ``n`` times) so a drift of the machine spreads over every gap. Returns
+    ``{gap_ms: {"median_s", "p10_s", "p90_s"}}`` of the pass (forward and read-back),
+    seconds. Calibration times its passes back to back (gap 0); a room waiting on the
+    network leaves gaps of a round trip between them."""
+    import numpy as np
+
+    from runtime.backends import StageSpec, make_stage
+    from runtime.calibrate import _precision
+    from runtime.config import ModelConfig
+    cfg = ModelConfig.load(model_dir)
+    stage = make_stage(backend, model_dir, StageSpec(0, layers, False), max_ctx=context + 8,
+                       precision=_precision("gguf"))
+    rng = np.random.default_rng(0)
+    stage.forward((rng.standard_normal((context, cfg.hidden)) * 0.1).astype(np.float32), 0)
+    x = (rng.standard_normal((1, cfg.hidden)) * 0.1).astype(np.float32)
+    times: dict[float, list[float]] = {g: [] for g in gaps_ms}
+    for _ in range(3):  # warm-up
+        stage.forward(x, context)
+        stage.rollback(context)
+    for _ in range(n):
+        for g in gaps_ms:
+            time.sleep(g / 1000)
+            t0 = time.perf_counter()
+            stage.forward(x, context)
+            times[g].append(time.perf_counter() - t0)
+            stage.rollback(context)
+
+    def q(xs: list[float], f: float) -> float:
+        s = sorted(xs)
+        return s[min(len(s) - 1, int(f * len(s)))]
+    return {f"{g:g}": {"median_s": statistics.median(v), "p10_s": q(v, 0.1), "p90_s": q(v, 0.9), "n": len(v)}
+            for g, v in times.items()}
+
+
 def hop_parts(profile, cfg_hidden: int, preds: list[dict]) -> dict:
     """What one hop costs (module doc, step 5), seconds."""
     from planner.frames import frame_bytes
@@ -187,10 +225,13 @@ def main() -> int:
     ap.add_argument("--answer-tokens", type=int, default=64)
     ap.add_argument("--small", action="store_true", help="quick calibration (checks the steps, no predictions)")
     ap.add_argument("--only", help="run only the configurations whose name contains one of these texts "
-                    "(comma-separated)")
+                    "(separated by ;)")
     ap.add_argument("--rtt-ms", default="", help="also run every configuration at these round trips (ms, comma-"
                     "separated), applied in the device processes (runtime.transport.emulate_delay)")
     ap.add_argument("--no-loopback", action="store_true", help="only the --rtt-ms rooms")
+    ap.add_argument("--idle-gaps", help="only time one-token passes of --idle-layers layers after idle gaps of "
+                    "these many ms (comma-separated), then exit")
+    ap.add_argument("--idle-layers", type=int, default=14)
     ap.add_argument("--hop-only", type=int, metavar="HIDDEN", help="only time a hop's parts alone for this width")
     a = ap.parse_args()
     say = (lambda s: print(s, flush=True))
@@ -218,6 +259,13 @@ def main() -> int:
     base = load(str(scn_path))
     model_dir = str(real_model_dir(base))
     cfg = ModelConfig.load(model_dir)
+    if a.idle_gaps:
+        gaps = tuple(float(g) for g in a.idle_gaps.split(",") if g.strip())
+        rec = {"at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "model": str(gguf), "mix": a.mix,
+               "layers": a.idle_layers, "passes": idle_passes(model_dir, a.backend, a.idle_layers, gaps)}
+        out.write_text(json.dumps(rec, indent=1))
+        say(json.dumps(rec))
+        return 0
     t0 = time.time()
     say(f"calibrating ({a.backend}, {base.model.layers} layers, weights gguf) ...")
     profile = build_profile(base, measure(a.backend, quick=a.small, log=lambda s: say("  " + s), model_dir=model_dir,
@@ -231,7 +279,7 @@ def main() -> int:
 
     netns_ok, why = netem.available()
     rtts = tuple(float(x) for x in a.rtt_ms.split(",") if x.strip())
-    only = [x.strip() for x in (a.only or "").split(",") if x.strip()]
+    only = [x.strip() for x in (a.only or "").split(";") if x.strip()]
     configs = [c for c in configurations(base.model.layers, rtts, not a.no_loopback)
                if not only or any(o in c[0] for o in only)]
     preds = []

@@ -21,6 +21,18 @@ def _payloads(n: int) -> list[bytes]:
     return [bytes([i % 251]) * (1 + (i * 997) % 40_000) for i in range(n)]
 
 
+async def send_and_receive(src, dst_t, dst: str, n: int) -> None:
+    """Send ``n`` payloads from ``src`` to ``dst`` on the residual channel; check that
+    ``dst_t`` receives them all, byte for byte and in order."""
+    got: list[bytes] = []
+    dst_t.set_handler(lambda s, ch, d: got.append(d))
+    sent = _payloads(n)
+    for p in sent:
+        await src.send(dst, "residual", p)
+    await wait_for(lambda: len(got) == len(sent), 20)
+    assert got == sent
+
+
 def test_delayed_messages_arrive_whole_and_in_order_and_every_packet_went_through_the_line():
     async def main():
         runner, _, ts = await room(["a", "b"])
@@ -29,13 +41,8 @@ def test_delayed_messages_arrive_whole_and_in_order_and_every_packet_went_throug
             assert a.delay_stats() is None  # no delay set: no record
             for t in ts.values():
                 emulate_delay(t, 0.005)
-            got: list[bytes] = []
-            b.set_handler(lambda src, ch, d: got.append(d))
+            await send_and_receive(a, b, "b", 40)
             sent = _payloads(40)
-            for p in sent:
-                await a.send("b", "residual", p)
-            await wait_for(lambda: len(got) == len(sent), 20)
-            assert got == sent
             sa, sb = a.delay_stats(), b.delay_stats()
             assert sa["one_way_s"] == 0.005 and sb["one_way_s"] == 0.005
             chunks = sum(-(-len(p) // 1200) for p in sent)  # at least one datagram per ~1.2 KB of data
@@ -97,13 +104,7 @@ def test_the_delay_stays_on_a_connection_made_again_by_reconnect():
             assert fresh is not old and fresh.delay is not None
             assert fresh.pc.sctp.transport.transport._send == fresh.delay._delayed
             before = a.delay_stats()["packets"]
-            got: list[bytes] = []
-            b2.set_handler(lambda src, ch, d: got.append(d))
-            sent = _payloads(8)
-            for p in sent:
-                await a.send("b", "residual", p)
-            await wait_for(lambda: len(got) == len(sent), 20)
-            assert got == sent
+            await send_and_receive(a, b2, "b", 8)
             assert a.delay_stats()["packets"] > before
         finally:
             await a.close()

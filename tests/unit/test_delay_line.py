@@ -47,6 +47,13 @@ class FakeLoop:
         self.now = to
 
 
+def two_pushes(dl, loop, first: float, second: float, names=("x", "y")) -> None:
+    """Push ``names`` at clock times ``first`` and ``second``."""
+    for t, p in zip((first, second), names):
+        loop.now = t
+        dl.push(p)
+
+
 def line(delay: float, **kw):
     loop = FakeLoop()
     out: list[tuple[object, float, float]] = []  # (packet, due, delivered at)
@@ -82,10 +89,7 @@ def test_packets_due_together_leave_in_one_firing_in_order():
 
 def test_a_late_timer_releases_everything_overdue_at_once_keeping_the_due_times():
     loop, dl, out = line(0.010)
-    loop.now = 0.0
-    dl.push("x")
-    loop.now = 0.002
-    dl.push("y")
+    two_pushes(dl, loop, 0.0, 0.002)
     # the loop was busy: the timer for 0.010 runs at 0.030
     t = next(t for t in loop.timers if not t[2])
     loop.timers.remove(t)
@@ -108,10 +112,7 @@ def test_a_full_line_drops_and_counts_and_close_drops_what_it_holds():
 
 def test_flush_sends_what_is_held_now_in_order_with_its_due_times():
     loop, dl, out = line(0.050)
-    loop.now = 0.0
-    dl.push("p")
-    loop.now = 0.010
-    dl.push("q")
+    two_pushes(dl, loop, 0.0, 0.010, ("p", "q"))
     assert dl.flush() == 2
     assert [(p, due) for p, due, _ in out] == [("p", pytest.approx(0.050)), ("q", pytest.approx(0.060))]
     assert loop.live() == 0
