@@ -33,6 +33,9 @@ class ResolvedLink:
             for none (see :meth:`Link.schedule`).
         hop_s_per_byte: the hand-off's cost per byte of the frame, seconds (the
             transport stack's copies; room-wide, from ``Network.hop_s_per_byte``).
+        burst_bytes: most bytes sent in one burst before an acknowledgement returns,
+            or ``None`` for no cap (room-wide, from ``Network.burst_bytes``; see
+            :meth:`sim.link.Link.schedule`).
     """
 
     rtt_s: float
@@ -42,6 +45,7 @@ class ResolvedLink:
     episodes: Episodes | None
     window_bytes: float | None = None
     hop_s_per_byte: float = 0.0
+    burst_bytes: float | None = None
 
     def serialize_s(self, frame_bytes: float) -> float:
         """Seconds ``frame_bytes`` bytes hold the sender's uplink."""
@@ -95,6 +99,7 @@ def resolve_link(network: Network, a: str, b: str) -> ResolvedLink:
         "episodes": network.episodes,
         "window_bytes": network.window_bytes,
         "hop_s_per_byte": network.hop_s_per_byte,
+        "burst_bytes": network.burst_bytes,
     }
     groups: tuple[list[LinkSpec], list[LinkSpec], list[LinkSpec]] = ([], [], [])
     for spec in network.links:
@@ -116,4 +121,6 @@ def resolve_link(network: Network, a: str, b: str) -> ResolvedLink:
         raise ValueError(f"link {a}->{b}: bandwidth must be > 0, got {link.bandwidth_Bps}")
     if link.window_bytes is not None and not link.window_bytes > 0:
         raise ValueError(f"link {a}->{b}: window must be > 0, got {link.window_bytes}")
+    if link.burst_bytes is not None and not link.burst_bytes > 0:
+        raise ValueError(f"link {a}->{b}: burst must be > 0, got {link.burst_bytes}")
     return link

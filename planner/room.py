@@ -189,6 +189,9 @@ class LinkSpec:
 class Network:
     """Room-wide link defaults plus per-pair overrides. ``window_bytes``: the
     transport's initial congestion window (None: frames are not window-limited).
+    ``burst_bytes``: the most bytes the transport sends in one burst before an
+    acknowledgement comes back, room-wide (None: no cap; only with a window; a real
+    run's prediction sets the tuned SCTP sender's 32 chunks of 1160 bytes).
     ``hop_s_per_byte``: a hand-off's cost that grows with the frame, seconds per byte
     (the transport stack's copies; a calibration profile measures it), on top of
     ``hop_overhead_s``. ``ice_servers``: the STUN/TURN server URLs a real room's peer
@@ -204,6 +207,7 @@ class Network:
     window_bytes: float | None = None
     hop_s_per_byte: float = 0.0
     ice_servers: tuple[str, ...] = ()
+    burst_bytes: float | None = None
 
 
 @dataclass(frozen=True)

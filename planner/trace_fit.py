@@ -175,17 +175,17 @@ def calibrated_device(d: Device, scn: Scenario, fit: dict) -> Device:
 
 
 def calibrated_scenario(scn: Scenario, fit: dict, rtt_s: float, prompt_tokens: int, answer_tokens: int,
-                        questions: int, window_bytes: int) -> Scenario:
+                        questions: int, window_bytes: int, burst_bytes: int | None = None) -> Scenario:
     """``scn`` as the measured room ran it: each device from :func:`calibrated_device`;
     the network at ``rtt_s`` (seconds) with hop overhead ``max(hop_s - rtt_s / 2, 0)``,
     no jitter, episodes or per-link overrides, and the transport's initial congestion
-    window ``window_bytes``; ``questions`` questions of ``prompt_tokens`` prompt and
+    window ``window_bytes`` and burst cap ``burst_bytes`` (None: none); ``questions`` questions of ``prompt_tokens`` prompt and
     ``answer_tokens`` answer tokens (each at least 1); speculation replaying the fit's
     accepted lengths at its measured drafting seconds per token."""
     devices = tuple(calibrated_device(d, scn, fit) for d in scn.devices)
     overhead = max(fit["hop_s"] - rtt_s / 2, 0.0)
     net = dataclasses.replace(scn.network, rtt_s=rtt_s, hop_overhead_s=overhead, jitter=Jitter(), episodes=None,
-                              links=(), window_bytes=window_bytes)
+                              links=(), window_bytes=window_bytes, burst_bytes=burst_bytes)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(prompt_tokens, 1), answer_tokens=max(answer_tokens, 1),
                              questions=questions, asked_by=())
     dec = scn.decoding

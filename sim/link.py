@@ -210,13 +210,20 @@ class Link:
         as SCTP and TCP do it): the sender may have ``cwnd`` bytes in flight; each
         round trip that fills the window doubles it. The window grown by one frame
         carries over to the next; after WINDOW_IDLE_RESET_S without sending it falls
-        back to the initial window. A frame that fits the window pays nothing."""
+        back to the initial window. A frame that fits the window pays nothing.
+
+        With the link's ``burst_bytes`` cap, the first flight is at most that many bytes
+        however large the window has grown: the sender sends one burst and the rest only
+        when the first acknowledgement comes back (aiortc's ``_transmit`` as tuned by
+        runtime.transport.tune_sctp: 32 chunks of 1160 bytes). Later flights are clocked
+        by the acknowledgements and limited by the window alone."""
         initial = self.spec.window_bytes
         if now_s - self._last_sent > WINDOW_IDLE_RESET_S:
             self._cwnd = initial
         self._last_sent = now_s
         cwnd = self._cwnd
-        sent = cwnd
+        burst = self.spec.burst_bytes
+        sent = cwnd if burst is None else min(cwnd, burst)
         rounds = 0
         while sent < frame_bytes:
             cwnd *= 2

@@ -207,17 +207,25 @@ def _faults(scn: Scenario, deal: Deal) -> tuple[list, list, dict]:
     return crash, crash_s, redeals
 
 
+def sctp_burst_bytes() -> int:
+    """Bytes the room's tuned SCTP sender sends in one burst before an acknowledgement
+    returns (runtime.transport: DEFAULT_MAX_BURST_CHUNKS chunks of SCTP_CHUNK_BYTES)."""
+    from runtime.transport import DEFAULT_MAX_BURST_CHUNKS, SCTP_CHUNK_BYTES
+    return DEFAULT_MAX_BURST_CHUNKS * SCTP_CHUNK_BYTES
+
+
 def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int) -> Scenario:
     """``scn`` as a real run on this machine will run it, for a prediction made before
     the run: the emulated round trip ``rtt_s`` (0 on loopback) with the scenario's
     jitter scale (netem applies it) but no stall episodes and no per-pair links (not
-    emulated), no bandwidth limit (loopback has none to speak of: the transport's
+    emulated), the tuned SCTP sender's burst cap (:func:`sctp_burst_bytes`), no bandwidth limit (loopback has none to speak of: the transport's
     per-byte cost is in the profile), the real prompts' token counts and the answer
     cap, asked by the host one after another."""
     from planner.room import Jitter
     j = scn.network.jitter
     jitter = Jitter("normal", j.scale_s) if (j is not None and j.scale_s > 0 and rtt_s > 0) else Jitter()
-    net = dataclasses.replace(scn.network, rtt_s=rtt_s, jitter=jitter, episodes=None, links=(), bandwidth_Bps=1e12)
+    net = dataclasses.replace(scn.network, rtt_s=rtt_s, jitter=jitter, episodes=None, links=(), bandwidth_Bps=1e12,
+                              burst_bytes=sctp_burst_bytes())
     n = max(len(prompt_tokens), 1)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(int(round(sum(prompt_tokens) / n)), 1),
                              answer_tokens=max(answer_tokens, 1), questions=n, asked_by=())
@@ -450,7 +458,8 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
     n_ans = [len(a["token_ids"]) for a in answers] or [1]
     from runtime.transport import INITIAL_WINDOW_BYTES
     pred_scn = calibrated_scenario(scn, cal, rtt_s, int(np.mean(prompt_lens)) if prompt_lens else 1,
-                                   int(round(np.mean(n_ans))), len(answers) or 1, INITIAL_WINDOW_BYTES)
+                                   int(round(np.mean(n_ans))), len(answers) or 1, INITIAL_WINDOW_BYTES,
+                                   sctp_burst_bytes())
     from sim.driver import simulate
     if scn.faults:  # only the devices that run a process can take a lost range, as in the real room
         pred_scn = dataclasses.replace(pred_scn, devices=tuple(

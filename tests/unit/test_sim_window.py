@@ -7,9 +7,10 @@ from planner.room import Jitter, Network
 from sim.link import Link, Uplinks, resolve_link
 
 
-def link(window=11600.0, rtt=0.080):
+def link(window=11600.0, rtt=0.080, burst=None):
     env = simpy.Environment()
-    net = Network(rtt_s=rtt, jitter=Jitter(), bandwidth_Bps=1e15, hop_overhead_s=0.0, window_bytes=window)
+    net = Network(rtt_s=rtt, jitter=Jitter(), bandwidth_Bps=1e15, hop_overhead_s=0.0, window_bytes=window,
+                  burst_bytes=burst)
     import numpy as np
     return env, Link(env, "a", "b", resolve_link(net, "a", "b"), Uplinks(env), np.random.default_rng(0))
 
@@ -39,3 +40,29 @@ def test_the_window_falls_back_after_a_second_idle():
 def test_no_window_no_extra_round_trips():
     env, ln = link(window=None)
     assert abs(ln.schedule(1_000_000) - 0.040) < 1e-9
+
+
+def test_a_burst_cap_costs_a_frame_above_it_one_round_trip_however_large_the_window():
+    # the tuned SCTP sender: 32 chunks x 1160 B = 37,120 B a burst; a 5-token verify frame of
+    # the Llama-3B shape is 61,472 B (5 x 3072 x 4 + 32 header bytes)
+    env, ln = link(window=131072.0, rtt=0.040, burst=37120.0)
+    # first flight min(128 KiB, 37,120 B) < 61,472 B; the window (256 KiB) takes the rest: 1 extra RTT
+    assert abs(ln.schedule(61_472) - (0.020 + 0.040)) < 1e-9
+    # a one-token frame (12,320 B) fits one burst: half a round trip only; the ordered link
+    # delivers it no earlier than the frame before
+    assert abs(ln.schedule(12_320) - 0.060) < 1e-9
+    # the same window without the cap: no extra round trip
+    env2, ln2 = link(window=131072.0, rtt=0.040)
+    assert abs(ln2.schedule(61_472) - 0.020) < 1e-9
+
+
+def test_below_the_window_the_burst_cap_changes_nothing():
+    # window 11.6 KB < burst 37,120 B: the 70 KB frame still needs 2 extra RTTs (as above)
+    env, ln = link(burst=37120.0)
+    assert abs(ln.schedule(70_000) - (0.040 + 2 * 0.080)) < 1e-9
+
+
+def test_a_burst_cap_that_is_not_positive_is_refused():
+    import pytest
+    with pytest.raises(ValueError, match="burst"):
+        resolve_link(Network(window_bytes=11600.0, burst_bytes=0.0), "a", "b")
