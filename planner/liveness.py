@@ -16,7 +16,15 @@ of waiting out the windows. Answers are kept while a re-deal's windows are open 
 device loading for the first re-deal is still spared by a second one) and forgotten when
 a re-deal begins after they closed.
 
-Each loss names the rule that fired (:data:`SILENT`, :data:`UNANSWERED`, :data:`LOADING`).
+A peer that has loaded its re-dealt range (:meth:`Liveness.loaded`: it said Ready) is
+past the silence a re-deal explains: on a re-deal that wants answers it is held to the
+plain heartbeat rule again, windows or not, so a device that took the re-deal, loaded,
+and then died is lost one timeout after it was last heard (rule :data:`READY`) instead
+of at the grace window's end. A new re-deal makes it load again: its Ready is forgotten
+then (its answer is kept, as above).
+
+Each loss names the rule that fired (:data:`SILENT`, :data:`UNANSWERED`, :data:`READY`,
+:data:`LOADING`).
 
 A lost peer may come back (a device whose Wi-Fi dropped for a few seconds): when it says
 hello again (:meth:`Liveness.returned`) it gets heartbeats again, and once it has been
@@ -46,6 +54,8 @@ SILENT = "silent"
 UNANSWERED = "unanswered"
 #: still loading its re-dealt range (``spared``) when the load window closed
 LOADING = "loading"
+#: silent for more than ``timeout_s`` after it had loaded its range for the re-deal under way
+READY = "ready"
 
 #: seconds a lost peer that said hello again must be heard without a gap before it
 #: counts as back, after its first drop: two heartbeat timeouts of the room's 1 s (a
@@ -71,8 +81,8 @@ def rejoin_hold_s(drops_s: Iterable[float], now_s: float, base_s: float = REJOIN
 @dataclass(frozen=True)
 class Tick:
     """What :meth:`Liveness.handle_timer` found: ``lost`` the ``(peer, silent for s, rule)``
-    newly past the timeout (``rule``: :data:`SILENT`, :data:`UNANSWERED` or
-    :data:`LOADING`), ``beat`` the peers to send a heartbeat to now (those coming back
+    newly past the timeout (``rule``: :data:`SILENT`, :data:`UNANSWERED`, :data:`READY`
+    or :data:`LOADING`), ``beat`` the peers to send a heartbeat to now (those coming back
     included), ``back`` the lost peers that have now been heard for their rejoin hold."""
 
     lost: tuple[tuple[str, float, str], ...]
@@ -107,6 +117,7 @@ class Liveness:
         self.quiet_until = -float("inf")
         self.wants_answers = False  # the latest re-deal spares only the peers that answered it
         self.answered_peers: set[str] = set()  # peers that answered a re-deal whose windows are open
+        self.loaded_peers: set[str] = set()  # peers that loaded their range for the latest re-deal
         self.back_since: dict[str, float] = {}  # lost peer that said hello again -> since when
         self.drops: dict[str, list[float]] = {}  # peer -> when it was lost, each time
         self._next = now_s + beat_s if beat_s > 0 else None
@@ -137,6 +148,7 @@ class Liveness:
         held to the plain heartbeat rule meanwhile (module doc)."""
         if now_s >= self.grace_until and now_s >= self.quiet_until:  # the earlier windows closed
             self.answered_peers.clear()
+        self.loaded_peers.clear()  # every device of the new chain loads (or checks) its range again
         self.grace_until = now_s + self.grace_s
         self.quiet_until = now_s + self.load_timeout_s
         self.wants_answers = answers
@@ -144,6 +156,12 @@ class Liveness:
     def answered(self, peer: str) -> None:
         """``peer`` took the re-deal under way (it loads its range now): the windows spare it."""
         self.answered_peers.add(peer)
+
+    def loaded(self, peer: str) -> None:
+        """``peer`` holds its range for the re-deal under way (it said Ready): on a re-deal
+        that wants answers it is held to the plain heartbeat rule again (rule :data:`READY`)."""
+        self.answered_peers.add(peer)
+        self.loaded_peers.add(peer)
 
     def forget(self, peer: str, now_s: float | None = None) -> None:
         """``peer`` is lost (at ``now_s``, counted as a drop for :func:`rejoin_hold_s`
@@ -221,6 +239,8 @@ class Liveness:
         """The rule that loses ``peer``, silent past the timeout (None: a window spares it)."""
         if self.wants_answers and (in_grace or in_load) and peer not in self.answered_peers:
             return UNANSWERED
+        if self.wants_answers and (in_grace or in_load) and peer in self.loaded_peers:
+            return READY
         if in_grace or (in_load and peer in spared):
             return None
         return LOADING if peer in spared else SILENT

@@ -47,7 +47,7 @@ from planner.chain import Chain, CopyPlan, copy_plan
 from planner.deal import Stage as DealStage, shown_layers
 from planner.drive import Driver
 from planner.hops import HopMeter, PeerClock
-from planner.liveness import LOADING, UNANSWERED, Liveness
+from planner.liveness import LOADING, READY, UNANSWERED, Liveness
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
@@ -306,7 +306,10 @@ class Node:
         elif isinstance(msg, Loading) and self.is_host:
             self.liveness.answered(src)  # it took the re-deal: its silence while it loads is spared
         elif isinstance(msg, Ready) and self.is_host:
-            self.liveness.answered(src)
+            if msg.first_lap == self._latest_redeal:  # loaded for the re-deal under way: the plain rule again
+                self.liveness.loaded(src)
+            else:
+                self.liveness.answered(src)
             if self.progress.pop(src, None) is not None:  # loaded, whatever the last percent said (a copy
                 self._notify(Progress(percent=100))       # that failed half way and was read from disk)
             self._ready(src, msg.first_lap)
@@ -892,11 +895,13 @@ class Node:
 
 def lost_reason(silent_s: float, rule: str) -> str:
     """The DeviceLost reason for a peer silent ``silent_s`` seconds, lost by ``rule``
-    (planner.liveness: SILENT, UNANSWERED, LOADING): the rule is named, so a reader
+    (planner.liveness: SILENT, UNANSWERED, READY, LOADING): the rule is named, so a reader
     (and a test) tells a loss folded into a re-deal from one at the load window's end."""
     why = f"no heartbeat for {silent_s:.1f} s"
     if rule == UNANSWERED:
         return f"{why}, and no answer to the re-deal under way"
+    if rule == READY:
+        return f"{why}, after it had loaded its re-dealt range"
     if rule == LOADING:
         return f"{why}, still loading its re-dealt range after {REDEAL_LOAD_TIMEOUT_S:g} s"
     return why

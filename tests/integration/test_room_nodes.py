@@ -336,6 +336,48 @@ def test_a_second_worker_lost_during_the_re_deal_folds_into_it_and_the_answers_s
     assert (host.stage.start, host.stage.end) == (0, 21)
 
 
+def test_a_worker_that_loaded_its_re_dealt_range_and_then_died_is_lost_by_the_heartbeat_rule(model_dir, tokenizer,
+                                                                                              reference):
+    """host 1-6, w1 7-13, w2 14-21, w3 22-30; w1 falls silent after 4 answer tokens, and w2
+    dies the moment it has told the host Ready for the re-deal (its range loaded). Having
+    loaded, w2 is no longer spared by the re-deal's 10 s grace: the host holds it to the
+    heartbeat rule again, so its loss names that rule ("after it had loaded its re-dealt
+    range", not a silence the grace let run), a second Redeal deals its layers to the
+    host, and both answers are the greedy tokens."""
+    from planner.protocol import DeviceLost
+    from runtime.control import Ready, parse_control
+    from runtime.room import REPLY
+    chain = [["host", 0, 6], ["w1", 6, 13], ["w2", 13, 21], ["w3", 21, 30]]
+    hub = Hub()
+    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0)
+    host, w2 = nodes[0], nodes[2]
+    send = w2.transport.send
+
+    async def send_then_die(dst, channel, data):
+        await send(dst, channel, data)
+        if channel == REPLY and isinstance(parse_control(data), Ready):
+            hub.dead.add("w2")  # the Ready got through; nothing from w2 after it
+    w2.transport.send = send_then_die
+
+    async def go():
+        for node in nodes:
+            node.start()
+        await _until_emitted(host, 4)
+        hub.dead.add("w1")
+        await asyncio.wait_for(host.done.wait(), 120)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    lost = [o for _, o in host.trace if type(o) is DeviceLost]
+    assert [o.device for o in lost] == ["w1", "w2"], lost
+    assert lost[1].reason.endswith("after it had loaded its re-dealt range"), lost[1].reason
+    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
+    assert [r.stages for r in redeals] == [(("host", 0, 13), ("w2", 13, 21), ("w3", 21, 30)),
+                                           (("host", 0, 21), ("w3", 21, 30))]
+    assert (host.stage.start, host.stage.end) == (0, 21)
+
+
 def test_a_compute_failure_on_the_host_ends_that_question_with_a_reason_not_a_hang(model_dir, tokenizer,
                                                                                     reference):
     """The host's output head raises once (as a broken backend would): the question of

@@ -1,14 +1,15 @@
 """Two devices lost close together fold into one re-deal (planner/liveness.py, times
 passed in, no clock): while the model host's re-deal is under way, only the peers that
 answered it are spared by its grace and load windows; a peer that never answered is held
-to the plain heartbeat rule, and its loss names that rule (UNANSWERED).
+to the plain heartbeat rule, and its loss names that rule (UNANSWERED); so is a peer
+that said Ready for the re-deal under way (READY).
 
 The runtime's values: a beat every 0.25 s, lost after 1 s of silence, a 10 s grace and a
 30 s load window. w1 falls silent at 0, w2 at 0.3 (both killed); w3 lives."""
 
 from __future__ import annotations
 
-from planner.liveness import LOADING, SILENT, UNANSWERED, Liveness
+from planner.liveness import LOADING, READY, SILENT, UNANSWERED, Liveness
 
 
 def ticks(live: Liveness, times, spared=()):
@@ -99,3 +100,31 @@ def test_without_answers_the_windows_spare_every_peer_as_before():
     got = ticks(live, [1.5 + 0.25 * i for i in range(30)], spared=())  # to 8.75: inside the grace
     assert [lost for _, lost in got if lost] == []
     assert ticks(live, [11.25]) == [(11.25, [("w2", SILENT), ("w3", SILENT)])]
+
+
+def test_a_device_that_loaded_its_range_and_then_died_is_lost_one_timeout_later_not_at_the_grace_end():
+    live = room()
+    first_loss(live)
+    live.replanned(1.25, answers=True)
+    live.answered("w2")
+    live.answered("w3")
+    live.heard("w2", 2.0)  # w2's Ready: its range is loaded; then w2 dies
+    live.loaded("w2")
+    got = ticks(live, [1.5 + 0.25 * i for i in range(48)], spared={"w3"})  # to 13.25, w3 still loading
+    # w2 last heard at 2.0: past the 1 s timeout at the first tick after 3.0, inside the 10 s grace
+    assert [(t, lost) for t, lost in got if lost] == [(3.25, [("w2", READY)])]
+
+
+def test_a_device_loaded_for_one_re_deal_is_spared_again_while_it_loads_for_the_next():
+    live = room()
+    first_loss(live)
+    live.replanned(1.25, answers=True)
+    live.answered("w2")
+    live.answered("w3")
+    live.heard("w2", 2.0)
+    live.loaded("w2")
+    live.heard("w3", 2.0)
+    live.loaded("w3")
+    live.replanned(2.1, answers=True)  # a second re-deal: both load again, silent while they do
+    got = ticks(live, [2.25 + 0.25 * i for i in range(20)], spared={"w2", "w3"})  # to 7.0, in the grace
+    assert [(t, lost) for t, lost in got if lost] == []
