@@ -414,19 +414,15 @@ def test_the_room_page_shows_chips_screens_the_deal_and_live_passes(room):
                 assert first.decode().strip() == "event: state"
                 asking = asyncio.ensure_future(aclient(room.url).chat.completions.create(
                     model=MODEL, messages=[{"role": "user", "content": FRANCE}], max_tokens=2))
-                # a pass flashes the host's dot as its lap leaves (with the lap's positions),
-                # then each worker's as the hop into it is timed from the two ends' stamps
-                chain = [st.device for st in d.stages]
-                flashed: list[list[str]] = []
                 end = time.monotonic() + 40
-                while time.monotonic() < end and set(sum(flashed, [])) != set(chain):
+                while time.monotonic() < end:
                     line = (await asyncio.wait_for(r.content.readline(), 10)).decode().strip()
                     if line == "event: pass":
                         data = json.loads((await asyncio.wait_for(r.content.readline(), 10)).decode()[6:])
-                        if not flashed:
-                            assert data["devices"] == [d.host] and data["tokens"] >= 1, data
-                        flashed.append(data["devices"])
-                assert flashed and set(sum(flashed, [])) == set(chain), (flashed, chain)
+                        assert data["devices"] == [st.device for st in d.stages] and data["tokens"] >= 1
+                        break
+                else:
+                    raise AssertionError("no pass event")
                 await asyncio.wait_for(asking, 40)
 
     asyncio.run(asyncio.wait_for(live(), 90))
