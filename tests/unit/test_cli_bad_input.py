@@ -91,6 +91,14 @@ def test_run_real_refuses_a_prompt_longer_than_the_context_with_the_lengths(tmp_
     assert 2100 < n < 2200
 
 
+def test_run_real_in_process_delay_refuses_jitter_before_starting_the_room(tmp_path):
+    # the in-process delay applies one round trip and no jitter: a room that asks for jitter is
+    # refused in one line (the prediction would count jitter the room never had)
+    f = write(tmp_path, TWO + "network: {rtt: 40 ms, jitter: {distribution: normal, scale: 5 ms}}\n")
+    one_line_exit_2(invoke("run", f, "--real", "--loopback", "--in-process-delay", "--timeout", "20"),
+                    "room.yaml: ", "network.jitter 5 ms", "in-process delay has no jitter")
+
+
 @pytest.mark.parametrize("seed", ["-1", "-99999999999999999999", "1.5", "many", str(2**64)])
 def test_bad_seed(tmp_path, seed):
     f = write(tmp_path, ONE + f"seed: {seed}\n")
