@@ -261,6 +261,8 @@ def main() -> None:
         return
     rows = []
     clients = [int(x) for x in a.clients.split(",")]
+    # a SIGTERM (timeout's) unwinds through the finally below, so the served room is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for rtt, n, sets in _grid(a):
         srv = Served(a.scenario, sets, loopback=rtt.strip() in ("0ms", "0", "0 ms"), calibration=a.calibration)
         try:
