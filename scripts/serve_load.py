@@ -205,18 +205,23 @@ def predict_all(a) -> dict:
             "prompt_tokens": a.prompt_tokens, "predicted": preds}
 
 
-def table(path: str) -> str:
+def table(path: str, second: str | None = None) -> str:
     """Markdown rows (one per configuration) of a ``--out`` file: predicted and measured
     aggregate tokens/s (median, min-max over the repeats), the gap, x N = 1 at the same
     round trip and clients, inter-token p50 (worst client; x what one client alone gets
-    at N = 1, the same round trip) and first token p50."""
+    at N = 1, the same round trip) and first token p50. With ``second`` (a
+    ``--predict-only`` file for the same grid), its aggregate tokens/s and gap as well."""
     d = json.loads(Path(path).read_text())
     rows = d["rows"]
+    p2 = json.loads(Path(second).read_text())["predicted"] if second else None
     base = {(r["rtt"], r["clients"]): r for r in rows if r["questions_in_flight"] == 1}
     alone = {r["rtt"]: r for r in rows if r["clients"] == 1 and r["questions_in_flight"] == 1}
     out = ["| RTT | N | clients | predicted tok/s | measured tok/s (min-max) | gap | measured x N=1 "
            "| inter-token p50 ms: pred (all gaps) / meas (worst client, x alone) | first token p50 s: pred / meas | load |",
            "|---|---:|---:|---:|---|---:|---:|---|---|---|"]
+    if p2:
+        out[0] = out[0].replace("| gap |", "| gap | second prediction tok/s (gap) |")
+        out[1] = out[1].replace("|---:|---:|---|---|---|", "|---:|---:|---:|---|---|---|")
     for r in rows:
         p, m = r["predicted"], r["measured"]
         agg = m["aggregate_tokens_per_s"]
@@ -229,7 +234,10 @@ def table(path: str) -> str:
         load_s = f"{load[0]:.1f}-{load[1]:.1f}" if load else "-"
         out.append(f"| {r['rtt']} | {r['questions_in_flight']} | {r['clients']} | {p['aggregate_tokens_per_s']:.1f} "
                    f"| {agg['median']:.1f} ({agg['min']:.1f}-{agg['max']:.1f}) "
-                   f"| {100 * (agg['median'] / p['aggregate_tokens_per_s'] - 1):+.0f}% | {x1} "
+                   f"| {100 * (agg['median'] / p['aggregate_tokens_per_s'] - 1):+.0f}% "
+                   + (f"| {q['aggregate_tokens_per_s']:.1f} ({100 * (agg['median'] / q['aggregate_tokens_per_s'] - 1):+.0f}%) "
+                      if p2 and (q := p2[_key(r["rtt"], r["questions_in_flight"], r["clients"])]) else "")
+                   + f"| {x1} "
                    f"| {1e3 * p['inter_token_p50_s']:.0f} / {1e3 * it:.0f}{xa} "
                    f"| {p['ttft_p50_s']:.2f} / {m['ttft_p50_s']['median']:.2f} "
                    f"| {load_s} |")
@@ -237,8 +245,8 @@ def table(path: str) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--table":
-        print(table(sys.argv[2]))
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "--table":
+        print(table(*sys.argv[2:]))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario")
