@@ -126,6 +126,24 @@ def add_acceptance(profile: Profile, measured: dict) -> Profile:
     return dataclasses.replace(profile, drafters=drafters, notes=notes)
 
 
+def _calibration_room(scn: Scenario, devs: Sequence, cuts: Sequence[int], answer_tokens: int) -> Scenario:
+    """The calibration rooms' scenario: ``devs`` (Device, the first the model host) hold
+    the layers ``[cuts[i], cuts[i + 1])`` in turn, with all the memory they need, on
+    loopback with no jitter, episodes or per-link overrides, plain decoding one lap at a
+    time, two calibration prompts of ``answer_tokens`` answer tokens each."""
+    from planner.room import Jitter, PinnedStage
+    from runtime.calibrate import CALIBRATION_PROMPTS
+    stages = tuple(PinnedStage(d.id, cuts[i], cuts[i + 1]) for i, d in enumerate(devs))
+    opts = dataclasses.replace(scn.options, host=devs[0].id, stages=stages, headroom=0.0)
+    big = tuple(dataclasses.replace(d, lends_bytes=max(d.lends_bytes, 1 << 40)) for d in devs)
+    return dataclasses.replace(
+        scn, devices=big, options=opts,
+        network=dataclasses.replace(scn.network, rtt_s=0.0, jitter=Jitter(), episodes=None, links=()),
+        workload=dataclasses.replace(scn.workload, prompts=tuple(CALIBRATION_PROMPTS[:2]), questions=2,
+                                     answer_tokens=answer_tokens, asked_by=()),
+        decoding=dataclasses.replace(scn.decoding, speculative=None, async_laps=1))
+
+
 def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str], None] = print,
                            answer_tokens: int = 32,
                            pingpong: Callable[[], TransportProfile] | None = None, backend: str = "numpy") -> dict:
@@ -144,23 +162,12 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
     CalibrationError when the room cannot run.
     """
     from planner.deal import DealError, deal_for
-    from planner.room import PinnedStage
-    from runtime.calibrate import CALIBRATION_PROMPTS
     from splitroom.real import RealRunError, prompt_token_counts, run_real
     devs = [d for d in scn.devices if d.webgpu and d.id in profile.devices][:2]
     if len(devs) < 2:
         raise CalibrationError("the room run needs two devices that can hold layers")
     half = scn.model.layers // 2
-    opts = dataclasses.replace(scn.options, host=devs[0].id, stages=(
-        PinnedStage(devs[0].id, 0, half), PinnedStage(devs[1].id, half, scn.model.layers)), headroom=0.0)
-    big = tuple(dataclasses.replace(d, lends_bytes=max(d.lends_bytes, 1 << 40)) for d in devs)
-    from planner.room import Jitter
-    room = dataclasses.replace(
-        scn, devices=big, options=opts,
-        network=dataclasses.replace(scn.network, rtt_s=0.0, jitter=Jitter(), episodes=None, links=()),
-        workload=dataclasses.replace(scn.workload, prompts=tuple(CALIBRATION_PROMPTS[:2]), questions=2,
-                                     answer_tokens=answer_tokens, asked_by=()),
-        decoding=dataclasses.replace(scn.decoding, speculative=None, async_laps=1))
+    room = _calibration_room(scn, devs, [0, half, scn.model.layers], answer_tokens)
     if pingpong is None:
         def pingpong() -> TransportProfile:
             from runtime.calibrate import measure_transport
@@ -389,23 +396,12 @@ def measure_shared_room(scn: Scenario, profile: Profile, log: Callable[[str], No
     numpy (on wgpu the passes run on the GPU; not measured). Raises CalibrationError when
     the room cannot run."""
     from planner.deal import DealError, deal_for
-    from planner.room import Jitter, PinnedStage
-    from runtime.calibrate import CALIBRATION_PROMPTS
     from splitroom.real import RealRunError, prompt_token_counts, real_model_dir, run_real
     devs = [d for d in scn.devices if d.webgpu and d.id in profile.devices][:3]
     if len(devs) < 3 or backend != "numpy":
         return None
     n = scn.model.layers
-    cuts = [0, n // 3, 2 * n // 3, n]
-    stages = tuple(PinnedStage(d.id, cuts[i], cuts[i + 1]) for i, d in enumerate(devs))
-    opts = dataclasses.replace(scn.options, host=devs[0].id, stages=stages, headroom=0.0)
-    big = tuple(dataclasses.replace(d, lends_bytes=max(d.lends_bytes, 1 << 40)) for d in devs)
-    room = dataclasses.replace(
-        scn, devices=big, options=opts,
-        network=dataclasses.replace(scn.network, rtt_s=0.0, jitter=Jitter(), episodes=None, links=()),
-        workload=dataclasses.replace(scn.workload, prompts=tuple(CALIBRATION_PROMPTS[:2]), questions=2,
-                                     answer_tokens=answer_tokens, asked_by=()),
-        decoding=dataclasses.replace(scn.decoding, speculative=None, async_laps=1))
+    room = _calibration_room(scn, devs, [0, n // 3, 2 * n // 3, n], answer_tokens)
     try:
         d = deal_for(room)
         log("shared-core room: " + ", ".join(f"{st.device} layers {st.start + 1}-{st.end}" for st in d.stages)

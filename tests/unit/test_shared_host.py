@@ -186,3 +186,21 @@ def test_walks_stop_at_the_scenarios_answer_cap(monkeypatch):
     rc.measure_walks("m", "numpy", {"chat": ["p"]}, answer_tokens=500)  # the cap never lengthens the walk
     assert asked == [rc.WALK_ANSWER_TOKENS]
     assert "up to 20 answer tokens (the scenario answer cap)" in next(iter(rc.sample_notes(["x"], 20).values()))
+
+
+def test_the_calibration_rooms_scenario_pins_the_cuts_on_loopback_with_two_prompts():
+    from runtime.calibrate import CALIBRATION_PROMPTS
+    from splitroom.calibration import _calibration_room
+    from splitroom.scenario import load
+    scn = load("scenarios/home.yaml", ["network.rtt=40ms"])
+    devs = [d for d in scn.devices if d.id in ("desktop", "laptop", "phone")]
+    room = _calibration_room(scn, devs, [0, 10, 20, 30], 12)
+    # the cuts by hand: 1-10, 11-20, 21-30 on the devices in the order given, the first the host
+    assert [(s.device, s.start, s.end) for s in room.options.stages] == [
+        (devs[0].id, 0, 10), (devs[1].id, 10, 20), (devs[2].id, 20, 30)]
+    assert room.options.host == devs[0].id and room.options.headroom == 0.0
+    assert all(d.lends_bytes >= 1 << 40 for d in room.devices)
+    assert room.network.rtt_s == 0.0 and room.network.links == () and room.network.episodes is None
+    assert room.workload.prompts == tuple(CALIBRATION_PROMPTS[:2]) and room.workload.questions == 2
+    assert room.workload.answer_tokens == 12 and room.decoding.speculative is None
+    assert room.decoding.async_laps == 1
