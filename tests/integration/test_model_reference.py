@@ -2,7 +2,7 @@
 
 ``transformers`` dequantizes the GGUF itself (its own code, not ours) into a float32
 ``LlamaForCausalLM``, and builds its own tokenizer from the GGUF metadata: an independent
-reference. Loaded once per module (about 30 s on 2 cores).
+reference. Loaded once per module.
 """
 
 from __future__ import annotations
@@ -43,9 +43,25 @@ STRINGS = [
 
 @pytest.fixture(scope="module")
 def hf():
+    """transformers' tokenizer and float32 model of the bundled GGUF.
+
+    transformers reads the file three times (tokenizer, config, weights: gguf-py's
+    ``GGUFReader``, about 9 s each here for SmolLM2's 49,152 tokens and 48,900 merges) and
+    builds gguf-py's tensor-name map once per tensor (397 times, 12 s): while loading,
+    both are memoized (one reader of the file and one map per architecture serve every
+    call). Both are pure: the reader memory-maps the same bytes, and the map is only
+    looked up; the values (dequantized weights, token ids) are transformers' and gguf-py's
+    own."""
+    import functools
+
+    import gguf
     g = find_gguf()
-    tok = transformers.AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
+        mp.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        tok = transformers.AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name,
+                                                                  dtype=torch.float32)
     model.eval()
     return tok, model
 
