@@ -21,14 +21,21 @@ PROMPT = "What is the capital of France? Answer in 3 words, then count 1 2 3."
 
 
 @pytest.fixture(scope="module")
-def random_dir(tmp_path_factory):
+def tok_file(tmp_path_factory) -> Path:
+    """The bundled SmolLM2's tokenizer alone, written by ``make_gguf --tokenizer-only``
+    (made once: reading the donor's 49,152 tokens takes about 9 s here)."""
+    tok = tmp_path_factory.mktemp("tokonly") / "tok.gguf"
+    assert make_gguf.main(["--tokenizer-only", "--tokenizer-from", str(find_gguf()), "--out", str(tok)]) == 0
+    return tok
+
+
+@pytest.fixture(scope="module")
+def random_dir(tmp_path_factory, tok_file):
     tmp = tmp_path_factory.mktemp("randtok")
     mp = pytest.MonkeyPatch()
     mp.setenv("SPLITROOM_CACHE", str(tmp / "cache"))
-    tok = tmp / "tok.gguf"
-    assert make_gguf.main(["--tokenizer-only", "--tokenizer-from", str(find_gguf()), "--out", str(tok)]) == 0
     path = tmp / "tiny.gguf"
-    make_gguf.write(path, "tiny", "q8_0", seed=1, tokenizer_from=tok)  # through the tokenizer-only file
+    make_gguf.write(path, "tiny", "q8_0", seed=1, tokenizer_from=tok_file)  # through the tokenizer-only file
     yield prepare_native(path, progress=None)
     mp.undo()
 
@@ -44,10 +51,8 @@ def test_random_checkpoint_takes_the_donors_tokenizer(random_dir):
     assert got.decode(ids) == ref.decode(ids)
 
 
-def test_tokenizer_only_file_has_no_tensors(tmp_path):
-    tok = tmp_path / "tok.gguf"
-    make_gguf.write_tokenizer_only(tok, find_gguf())
-    r = gguf.GGUFReader(str(tok))
+def test_tokenizer_only_file_has_no_tensors(tok_file):
+    r = gguf.GGUFReader(str(tok_file))
     assert len(r.tensors) == 0
     assert len(r.fields["tokenizer.ggml.tokens"].data) == 49152
     assert len(r.fields["tokenizer.ggml.merges"].data) == 48900
