@@ -73,12 +73,16 @@ def test_the_worker_that_takes_a_lost_range_copies_it_from_the_host():
     assert m["ready_at_s"] - m["detected_at_s"] >= m["copy_s"] > 0
 
 
-# A prompt whose greedy answer runs past 300 tokens with no end token (checked below): a
+# A prompt whose greedy answer runs past 80 tokens with no end token (checked below): a
 # timed fault must fire while the answer is still under way. "What is the capital of
 # France?" ends after 7 tokens, which a quick run finishes before 1 s, and the fault
 # timer is cancelled with the answer.
 LONG_PROMPT = "Explain in detail how a car engine works."
-LONG_TOKENS = 240
+#: the timed-fault tests' answer length. A room of these devices makes at most ~15 tokens
+#: in its first second (prefill and ~10 tok/s measured here), and none while a worker it
+#: waits on is dead, so faults at 1 s and 1.75 s fire well inside the answer; after
+#: them the rest of the answer is made by the devices left.
+LONG_TOKENS = 80
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,18 +93,11 @@ def long_greedy() -> list[int]:
     return list(generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, LONG_TOKENS).ids)
 
 
-#: the timed-fault test's answer: the first 80 of LONG_PROMPT's greedy tokens. A room of
-#: these devices makes at most ~15 tokens in its first second (prefill and ~10 tok/s
-#: measured here), so the 1 s fault fires well inside the answer; after it the phone
-#: (3x slower) takes laptop's layers, and each token more costs about half a second.
-FAULT_TOKENS = 80
-
-
 def test_a_fault_at_a_time_kills_the_worker_that_long_after_the_start():
-    want = long_greedy()[:FAULT_TOKENS]  # greedy: a shorter answer is the longer one's start
-    assert len(want) == FAULT_TOKENS and 2 not in want  # the answer cannot end before the fault
+    want = long_greedy()
+    assert len(want) == LONG_TOKENS and 2 not in want  # the answer cannot end before the fault
     sets = [s for s in SETS if not s.startswith(("workload.answer_tokens", "workload.prompts"))] + [
-        f"workload.answer_tokens={FAULT_TOKENS}", f"workload.prompts=['{LONG_PROMPT}']"]
+        f"workload.answer_tokens={LONG_TOKENS}", f"workload.prompts=['{LONG_PROMPT}']"]
     scn = load("scenarios/home.yaml", sets + ["faults=[{device: laptop, at: 1 s}]"])
     res = run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=120, log=lambda s: None)
     assert res.answers[0]["token_ids"] == want and res.answers[0]["ended"] == "answered"
@@ -129,6 +126,7 @@ def test_two_workers_killed_three_quarters_of_a_second_apart_fold_into_one_re_de
     rule ("no answer to the re-deal under way"), not at the end of the 30 s load window,
     and the room ends with every layer on the host: the answer is the greedy one."""
     want = long_greedy()
+    assert len(want) == LONG_TOKENS and 2 not in want  # the answer cannot end before the faults
     sets = ["devices[0].lends=1 GB", "workload.questions=1", f"workload.answer_tokens={LONG_TOKENS}",
             f"workload.prompts=['{LONG_PROMPT}']",
             "stages=[{device: desktop, layers: '1-20'}, {device: laptop, layers: '21-26'}, "
