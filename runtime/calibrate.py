@@ -393,6 +393,16 @@ def machine_notes(backend: str) -> dict[str, str]:
 #: notes say so); the drafters that run layers walk the first few, shorter
 SAMPLE_MAX_PROMPTS = 24
 SAMPLE_LAYER_DRAFTER_PROMPTS = 4
+#: a quick calibration's walks (tests and the small held-out study): a sample's first
+#: prompts, answers of up to this many tokens, k = 1, 4
+SAMPLE_QUICK_PROMPTS = 4
+QUICK_WALK_ANSWER_TOKENS = 16
+
+
+def walked_sample(sample: Sequence[str], quick: bool = False) -> tuple[str, ...]:
+    """The prompts of ``sample`` (a scenario's ``workload.sample``) that the drafters walk:
+    the first :data:`SAMPLE_MAX_PROMPTS`, or :data:`SAMPLE_QUICK_PROMPTS` when ``quick``."""
+    return tuple(sample[:SAMPLE_QUICK_PROMPTS if quick else SAMPLE_MAX_PROMPTS])
 
 
 #: the longest answer a drafter's walk follows (tokens)
@@ -406,7 +416,7 @@ def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]
     answers to each workload's prompts: ``{workload: {drafter: DrafterProfile}}``, the
     walk of each under its ``accepted`` and ``walks["chat"]``. Prompt lookup walks
     every prompt's answer of up to 64 tokens at k = 1, 2, 4, 8 (16 tokens, k = 1, 4
-    when ``quick``); the drafters that run layers (``early_exit``, ``model``) the
+    when ``quick``: :data:`QUICK_WALK_ANSWER_TOKENS`); the drafters that run layers (``early_exit``, ``model``) the
     first 2 prompts (:data:`SAMPLE_LAYER_DRAFTER_PROMPTS` of a sample) at 32 tokens,
     k = 2, 4 (none when ``quick``, nor with ``weights`` ``gguf``: those drafters load the
     model's float32 safetensors, which a checkpoint held as stored does not have).
@@ -415,7 +425,7 @@ def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]
     of the answer depends on where the answer stops)."""
     from runtime.config import ModelConfig
     cfg = ModelConfig.load(model_dir)
-    max_new, ks = (16, (1, 4)) if quick else (WALK_ANSWER_TOKENS, DRAFT_KS)
+    max_new, ks = (QUICK_WALK_ANSWER_TOKENS, (1, 4)) if quick else (WALK_ANSWER_TOKENS, DRAFT_KS)
     cap = max_new if answer_tokens is None else max(1, min(max_new, int(answer_tokens)))
     max_new = cap
     out: dict[str, dict[str, DrafterProfile]] = {}
@@ -436,14 +446,18 @@ def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]
     return out
 
 
-def sample_notes(sample: Sequence[str], answer_tokens: int | None = None) -> dict[str, str]:
-    """The profile notes saying what of ``sample`` was walked, keyed by its workload."""
-    walked = min(len(sample), SAMPLE_MAX_PROMPTS)
-    cap = WALK_ANSWER_TOKENS if answer_tokens is None else max(1, min(WALK_ANSWER_TOKENS, int(answer_tokens)))
+def sample_notes(sample: Sequence[str], answer_tokens: int | None = None, quick: bool = False) -> dict[str, str]:
+    """The profile notes saying what of ``sample`` was walked (as :func:`measure_walks`
+    walks it, ``quick`` or not), keyed by its workload."""
+    walked = len(walked_sample(sample, quick))
+    top = QUICK_WALK_ANSWER_TOKENS if quick else WALK_ANSWER_TOKENS
+    cap = top if answer_tokens is None else max(1, min(top, int(answer_tokens)))
+    layers = ("none (a quick calibration)" if quick
+              else f"the first {min(SAMPLE_LAYER_DRAFTER_PROMPTS, walked)}, {min(32, cap)} tokens")
     return {sample_workload(sample): (
         f"{len(sample)} workload.sample prompts, the first {walked} walked (prompt lookup, up to {cap} answer tokens"
         f"{' (the scenario answer cap)' if answer_tokens is not None else ''}; "
-        f"the drafters that run layers: the first {min(SAMPLE_LAYER_DRAFTER_PROMPTS, walked)}, {min(32, cap)} tokens)")}
+        f"the drafters that run layers: {layers})")}
 
 
 def measure_acceptance(model_dir: str, backend: str, sample: Sequence[str], quick: bool = False, weights: str = "f32",
@@ -454,12 +468,12 @@ def measure_acceptance(model_dir: str, backend: str, sample: Sequence[str], quic
     workload (:func:`planner.profile.sample_workload`), to add to a profile; ``answer_tokens``
     as in :func:`measure_walks`."""
     key = sample_workload(sample)
-    walks = measure_walks(model_dir, backend, {key: tuple(sample[:SAMPLE_MAX_PROMPTS])}, quick, log, weights,
+    walks = measure_walks(model_dir, backend, {key: walked_sample(sample, quick)}, quick, log, weights,
                           answer_tokens)[key]
     return {"drafters": {name: {"workloads": {key: {int(k): list(v) for k, v in dr.accepted.items()}},
                                 "walks": {key: {int(k): [list(x) for x in v] for k, v in dr.walks["chat"].items()}}}
                          for name, dr in walks.items()},
-            "notes": sample_notes(sample, answer_tokens)}
+            "notes": sample_notes(sample, answer_tokens, quick)}
 
 
 def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log: Log = lambda s: None,
@@ -469,7 +483,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     ``transport``, ``notes``. ``quick`` takes a smaller grid and fewer repetitions
     (for tests: seconds instead of about two minutes). ``sample``: a scenario's
     ``workload.sample`` prompts; the drafters' walks are then also made on them (the
-    first :data:`SAMPLE_MAX_PROMPTS`), kept as that sample's workload. ``weights``: as
+    prompts :func:`walked_sample` keeps), kept as that sample's workload. ``weights``: as
     in :func:`measure_passes`; with ``gguf`` a peer's copy of a layer is not measured
     (peers serve float32 safetensors), so ``transport`` has no ``weights_Bps``.
     ``answer_tokens``: the scenario's answer cap, as in :func:`measure_walks`."""
@@ -488,7 +502,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     by_kind = {"chat": CALIBRATION_PROMPTS[:n_prompts],
                "grounded": GROUNDED_CALIBRATION_PROMPTS[:n_prompts if quick else None]}
     if sample:
-        by_kind[sample_workload(sample)] = tuple(sample[:SAMPLE_MAX_PROMPTS])
+        by_kind[sample_workload(sample)] = walked_sample(sample, quick)
     drafters: dict[str, DrafterProfile] = {}
     for workload, measured in measure_walks(model_dir, backend, by_kind, quick, log, weights, answer_tokens).items():
         for name, dr in measured.items():
@@ -511,7 +525,7 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     notes["weights"] = weights
     notes["took"] = f"{time.perf_counter() - t0:.0f} s"
     if sample:
-        notes.update(sample_notes(sample, answer_tokens))
+        notes.update(sample_notes(sample, answer_tokens, quick))
     return {"stage": stage.to_mapping(), "head_s": head.to_mapping(),
             "drafters": {k: v.to_mapping() for k, v in drafters.items()},
             "transport": transport.to_mapping(), "notes": notes}

@@ -188,6 +188,41 @@ def test_walks_stop_at_the_scenarios_answer_cap(monkeypatch):
     assert "up to 20 answer tokens (the scenario answer cap)" in next(iter(rc.sample_notes(["x"], 20).values()))
 
 
+def test_a_quick_calibration_walks_a_samples_first_four_prompts_and_says_so(monkeypatch):
+    """The acceptance step of ``calibrate --quick`` walks the first 4 of a sample's 12
+    prompts, 16 tokens each, k = 1 and 4, no drafter that runs layers; the full one the
+    first 24 (all 12 here), and the notes say which (a fake model records what it is asked)."""
+    import runtime.calibrate as rc
+    from runtime.config import ModelConfig
+    asked, walked = [], []
+
+    def answers(model_dir, prompts, max_new, eos=2, backend="numpy", weights="f32"):
+        asked.append((tuple(prompts), max_new))
+        return [([1, 2, 3], list(range(10, 10 + max_new))) for _ in prompts]
+
+    def drafters(model_dir, ans, kinds=("ngram",), ks=(1,), log=None):
+        walked.append((tuple(kinds), tuple(ks), len(ans)))
+        return {"ngram": type("D", (), {"accepted": {}, "walks": {"chat": {}}})()}
+
+    monkeypatch.setattr(rc, "greedy_answers", answers)
+    monkeypatch.setattr(rc, "measure_drafters", drafters)
+    monkeypatch.setattr(ModelConfig, "load", classmethod(lambda cls, d: type("C", (), {"eos_id": 2})()))
+    sample = [f"prompt {i}" for i in range(12)]
+    out = rc.measure_acceptance("m", "numpy", sample, quick=True, answer_tokens=32)
+    assert asked == [(("prompt 0", "prompt 1", "prompt 2", "prompt 3"), 16)]
+    assert walked == [(("ngram",), (1, 4), 4)]
+    assert list(out["notes"].values()) == [
+        "12 workload.sample prompts, the first 4 walked (prompt lookup, up to 16 answer tokens (the scenario "
+        "answer cap); the drafters that run layers: none (a quick calibration))"]
+    asked.clear(), walked.clear()
+    out = rc.measure_acceptance("m", "numpy", sample, answer_tokens=32)
+    assert asked == [(tuple(sample), 32)]
+    assert walked == [(("ngram",), (1, 2, 4, 8), 12), (("early_exit", "model"), (2, 4), 4)]
+    assert list(out["notes"].values()) == [
+        "12 workload.sample prompts, the first 12 walked (prompt lookup, up to 32 answer tokens (the scenario "
+        "answer cap); the drafters that run layers: the first 4, 32 tokens)"]
+
+
 def test_the_calibration_rooms_scenario_pins_the_cuts_on_loopback_with_two_prompts():
     from runtime.calibrate import CALIBRATION_PROMPTS
     from splitroom.calibration import _calibration_room
