@@ -42,17 +42,19 @@ START_TIMEOUT_S = 90.0
 
 @pytest.fixture(scope="module")
 def greedy():
-    """``prompt -> (answer ids without the stop token, tokenizer)`` as `splitroom generate` decodes."""
+    """``prompt -> (answer ids without the stop token, tokenizer)`` as `splitroom generate` decodes;
+    ``prompt`` is the user's text (the template's default system turn) or the chat's messages."""
     md = ensure_safetensors()
     tok = ChatTokenizer.from_dir(md)
     cache = {}
 
-    def answer(prompt: str, max_new: int = 256) -> list[int]:
-        if (prompt, max_new) not in cache:
+    def answer(prompt: str | list[dict], max_new: int = 256) -> list[int]:
+        key = (json.dumps(prompt), max_new)
+        if key not in cache:
             st = make_stage("numpy", md, StageSpec(0, 30, True))
             ids = generate_greedy([st], tok.encode_chat(prompt), max_new, stop_ids=tok.stop_ids).ids
-            cache[(prompt, max_new)] = [t for t in ids if t not in tok.stop_ids]
-        return cache[(prompt, max_new)]
+            cache[key] = [t for t in ids if t not in tok.stop_ids]
+        return cache[key]
     answer.tok = tok
     return answer
 
