@@ -23,6 +23,7 @@ import numpy as np
 from ..backends import wgsl
 from ..backends.numpy_backend import rope_tables
 from ..config import ModelConfig
+from ..control import HOST_WAIT_S
 
 #: tokens one dispatch handles at most (the wgpu backend's default ``max_tokens``)
 MAX_TOKENS = 64
@@ -182,18 +183,23 @@ class TabRoom:
         relay: the relay's ``ws://ADDR:PORT``; ``room``: the room's name; ``host``: the
             model host's device id; ``model_dir``: the host's safetensors directory.
         ice_servers: ``RTCIceServer`` dictionaries; ``relay_only``: TURN relay candidates only.
+        host_wait_s: seconds a tab that lost the model host keeps its layers and waits for
+            it ("Host reconnecting"), as a Python worker's ``NodeConfig.host_wait_s``.
     """
 
-    def __init__(self, relay: str, room: str, host: str, model_dir: str, ice_servers=(), relay_only: bool = False):
+    def __init__(self, relay: str, room: str, host: str, model_dir: str, ice_servers=(), relay_only: bool = False,
+                 host_wait_s: float = HOST_WAIT_S):
         self.relay, self.room, self.host, self.model_dir = relay, room, host, model_dir
         self.ice_servers, self.relay_only = list(ice_servers), bool(relay_only)
+        self.host_wait_s = float(host_wait_s)
         self._cfg = None
         self._cache: dict = {}  # the last range asked for: (start, end) -> (bundle, weights, manifest)
 
     def info(self) -> dict:
-        """What the page reads from ``/api/room`` (``tab``): relay, room, host, ICE servers."""
+        """What the page reads from ``/api/room`` (``tab``): relay, room, host, ICE servers,
+        how long to wait for a host that left (seconds)."""
         return {"relay": self.relay, "room": self.room, "host": self.host, "ice_servers": self.ice_servers,
-                "relay_only": self.relay_only}
+                "relay_only": self.relay_only, "host_wait_s": self.host_wait_s}
 
     def range_of(self, text: str) -> tuple[int, int]:
         """Layers ``A-B`` (1-based inclusive, as a person types them) as ``(start, end)``

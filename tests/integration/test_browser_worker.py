@@ -15,8 +15,12 @@ positions and one per decode lap, by hand), a tok/s and the ms per hop into it; 
 own panel shows its tokens handled and tok/s. ``/metrics`` has the hop time of both links
 (host -> tab, tab -> host) from the two devices' stamps. Then the tab sends the host garbage
 on every channel, bad stamps, heartbeats and progress among it, and the room answers
-again, the same, its hops still counted. With ``SPLITROOM_SCREENSHOT=PATH`` the test saves
-the tab's page as a PNG there (docs/room-tab-worker.png was taken so).
+again, the same, its hops still counted. Then the host's process is killed: the tab says
+"Host reconnecting" and keeps its layers, the host started again takes it back over a new
+connection and the room answers the same once more. With ``SPLITROOM_SCREENSHOT=PATH`` the test saves
+the tab's page as a PNG there (docs/room-tab-worker.png was taken so). The tab's screen
+warns of a low battery and a refused wake lock (both faked before the page's scripts run) and,
+while another tab is in front, of being in the background.
 
 If chromium finds no WebGPU adapter the test fails with the tab's reason; it does not skip.
 """
@@ -88,6 +92,20 @@ return out.length + 1;
 """
 
 
+#: run before the page's scripts: the Battery Status API says 12 %, not charging, and the
+#: Screen Wake Lock API refuses the lock (as a browser does for a page it does not allow)
+DEVICE_JS = """
+const battery = { level: 0.12, charging: false, addEventListener() {} };
+Object.defineProperty(Navigator.prototype, "getBattery", { value: () => Promise.resolve(battery) });
+Object.defineProperty(Navigator.prototype, "wakeLock", { get: () => ({
+  request: () => Promise.reject(new DOMException("not allowed here", "NotAllowedError")) }) });
+"""
+#: the device screen's warnings (room.js), as the page words them
+LOW = "Battery low: 12%, not charging"
+SLEEP = "The screen can sleep: the wake lock was refused (NotAllowedError)"
+BACKGROUND = "In the background: the browser slows this tab's timers; keep it in front"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,26 +160,38 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
     want = greedy(CHAT, MAX_NEW)
     expected = greedy.tok.decode(want)
     drv = _chromium()
-    log = open(tmp_path / "host.log", "w")
+    logs = []
     try:
         with relay_room("tabroom") as (url, env, procs):
             port = _free_port()
             api = f"http://127.0.0.1:{port}"
-            host = subprocess.Popen(SPLITROOM + [
-                "join", url, "--device", "host", "--host", "--layers", "1-25", "--peers", "tab",
-                "--serve", str(port), "--timeout", "400", "--heartbeat-timeout", "60",
-                "--max-tokens", str(MAX_NEW)], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
-            procs.append(host)
-            end = time.monotonic() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(api + "/health", timeout=5).close()
-                    break
-                except OSError as e:  # up or answering 503 "starting" (an HTTPError, an OSError) is enough
-                    if getattr(e, "code", None):
-                        break
-                    assert time.monotonic() < end and host.poll() is None, (tmp_path / "host.log").read_text()
+
+            def start_host(name: str) -> subprocess.Popen:
+                logs.append(open(tmp_path / name, "w"))
+                p = subprocess.Popen(SPLITROOM + [
+                    "join", url, "--device", "host", "--host", "--layers", "1-25", "--peers", "tab",
+                    "--serve", str(port), "--timeout", "400", "--heartbeat-timeout", "60",
+                    "--max-tokens", str(MAX_NEW)], env=env, stdout=logs[-1], stderr=subprocess.STDOUT, text=True)
+                procs.append(p)
+                end = time.monotonic() + 60
+                while True:
+                    try:
+                        urllib.request.urlopen(api + "/health", timeout=5).close()
+                        return p
+                    except OSError as e:  # up or answering 503 "starting" (an HTTPError, an OSError) is enough
+                        if getattr(e, "code", None):
+                            return p
+                        assert time.monotonic() < end and p.poll() is None, (tmp_path / name).read_text()
+                        time.sleep(0.3)
+
+            def until_models(p: subprocess.Popen, name: str) -> None:
+                end = time.monotonic() + 120
+                while not [m.id for m in client(api).models.list()]:
+                    assert time.monotonic() < end and p.poll() is None, (tmp_path / name).read_text()[-3000:]
                     time.sleep(0.3)
+
+            host = start_host("host.log")
+            drv.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": DEVICE_JS})
             drv.get(api + f"/share.html?layers={TAB_LAYERS[0] + 1}-{TAB_LAYERS[1]}&device=tab")
             seen: list[str] = []
             host_saw: set[str] = set()  # what the host's page said of the tab meanwhile
@@ -182,10 +212,7 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
             assert st and st["status"].startswith("Serving · Layers 26-30 · "), (seen, st)
             assert any(s.startswith("Loading ") and s.endswith("%") for s in seen), seen
             assert any(re.fullmatch(r"Loading \d{1,3}%", t) for t in host_saw), host_saw
-            end = time.monotonic() + 120
-            while not [m.id for m in client(api).models.list()]:
-                assert time.monotonic() < end and host.poll() is None, (tmp_path / "host.log").read_text()[-3000:]
-                time.sleep(0.3)
+            until_models(host, "host.log")
 
             text, n = _ask(api)
             assert (text, n) == (expected, len(want)), _tab(drv)
@@ -209,6 +236,18 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
             assert drv.execute_script("return window.tabWorker.stats.tokens") == handled
             stats = drv.execute_script("return document.getElementById('tab-stats').innerText")
             assert f"{handled} tokens handled" in stats and "tok/s" in stats, stats
+            # the device screen's warnings: the battery and the refused wake lock; in the
+            # background while another tab is in front, not once it is in front again
+            mine = drv.current_window_handle
+            assert drv.execute_script("return [...document.querySelectorAll('#tab-warn li')].map((e) => e.innerText)") \
+                == [SLEEP, LOW]
+            drv.switch_to.new_window("tab")
+            time.sleep(0.5)
+            drv.close()
+            drv.switch_to.window(mine)
+            assert drv.execute_script("return tabWarned") == [SLEEP, LOW, BACKGROUND]
+            assert drv.execute_script("return [...document.querySelectorAll('#tab-warn li')].map((e) => e.innerText)") \
+                == [SLEEP, LOW]
             if os.environ.get("SPLITROOM_SCREENSHOT"):
                 time.sleep(2.5)  # the page's next snapshot (every 2 s) carries the tab's hop
                 drv.save_screenshot(os.environ["SPLITROOM_SCREENSHOT"])
@@ -235,6 +274,27 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
                 print(f"\ntab (SwiftShader WebGPU) ms per layer per decode step, median of {len(one)}: "
                       f"{one[len(one) // 2] / (TAB_LAYERS[1] - TAB_LAYERS[0]):.0f}; numpy host, mean ms per lap "
                       f"(25 layers and the head, prefill laps included): {host_ms:.0f}")
+
+            # the host's process is killed: the tab keeps its layers and waits for it ("Host
+            # reconnecting"); the host started again connects to it through the relay, takes
+            # its hello and gives it the plan, and the room answers the same
+            host.kill()
+            host.wait(timeout=10)
+            end = time.monotonic() + 30
+            while time.monotonic() < end and _tab(drv)["status"] != "Host reconnecting":
+                time.sleep(0.2)
+            st = _tab(drv)
+            assert st["status"] == "Host reconnecting" and not st["over"], st
+            frames_before = st["stats"]["frames_in"]
+            host = start_host("host-again.log")
+            until_models(host, "host-again.log")
+            end = time.monotonic() + 30  # the new process's plan (sent before its node hears the tab)
+            while time.monotonic() < end and not _tab(drv)["status"].startswith("Serving"):
+                time.sleep(0.2)
+            st = _tab(drv)
+            assert st["status"].startswith("Serving · Layers 26-30 · ") and "host is back" in " ".join(st["log"]), st
+            assert _ask(api) == (expected, len(want)), _tab(drv)
+            assert _tab(drv)["stats"]["frames_in"] > frames_before
             host.send_signal(signal.SIGINT)
             assert host.wait(timeout=60) == 0
             end = time.monotonic() + 20
@@ -244,4 +304,5 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
             assert st["status"] == "Room over" and "the host is done" in " ".join(st["log"]), st
     finally:
         drv.quit()
-        log.close()
+        for f in logs:
+            f.close()

@@ -280,12 +280,54 @@ function tabStats() {
     el("span", { class: "handled" }, w.stats.tokens + " tokens handled"),
     el("span", { class: "hop" }, me ? hopTime(me) : "no hop timed yet"));
 }
+// Product page 001: the device screen warns when this tab is in the background (the browser
+// slows a hidden tab's timers, its heartbeats among them), when the screen can sleep (no
+// screen wake lock held: the Screen Wake Lock API) and when the battery is low (at most
+// LOW_BATTERY and not charging: the Battery Status API). Each warning said is kept in
+// tabWarned, in order (the tests read it).
+const LOW_BATTERY = 0.2;
+const warn = { sleep: null, battery: null, lock: null };
+const tabWarned = [];
+function tabWarnings() {
+  const now = [];
+  if (document.visibilityState === "hidden") now.push("In the background: the browser slows this tab's timers; keep it in front");
+  if (warn.sleep) now.push(warn.sleep);
+  if (warn.battery) now.push(warn.battery);
+  for (const w of now) if (!tabWarned.includes(w)) tabWarned.push(w);
+  const box = $("tab-warn");
+  if (box) box.replaceChildren(...now.map((w) => el("li", {}, w)));
+}
+async function holdScreen() {  // a screen wake lock while the tab serves; taken again when it is in front again
+  if (warn.lock || document.visibilityState === "hidden") return;
+  if (!navigator.wakeLock) { warn.sleep = "The screen can sleep: this browser gives no wake lock"; tabWarnings(); return; }
+  try {
+    warn.lock = await navigator.wakeLock.request("screen");
+    warn.sleep = null;
+    warn.lock.addEventListener("release", () => { warn.lock = null; });
+  } catch (e) {
+    warn.sleep = `The screen can sleep: the wake lock was refused (${e.name || e})`;
+  }
+  tabWarnings();
+}
+async function watchBattery() {
+  if (!navigator.getBattery) return;  // nothing known, nothing said
+  const b = await navigator.getBattery();
+  const check = () => {
+    warn.battery = b.level <= LOW_BATTERY && !b.charging ? `Battery low: ${Math.round(b.level * 100)}%, not charging` : null;
+    tabWarnings();
+  };
+  for (const ev of ["levelchange", "chargingchange"]) b.addEventListener(ev, check);
+  check();
+}
 function startTab(s) {
   const box = $("tab-screen");
   box.hidden = false;
   const show = (status, detail) => { box.replaceChildren(el("h2", {}, "This tab · worker"),
     el("div", { class: "title", id: "tab-status" }, status), el("div", { class: "detail" }, detail),
-    el("div", { class: "stats", id: "tab-stats" })); tabStats(); };
+    el("div", { class: "stats", id: "tab-stats" }), el("ul", { class: "warn", id: "tab-warn" })); tabStats(); tabWarnings(); };
+  document.addEventListener("visibilitychange", () => { tabWarnings(); holdScreen(); });
+  holdScreen();
+  watchBattery().catch(() => {});
   const onPass = (w) => { tabWorker = w; flash([w.o.device]); };  // a pass reached this tab
   const onStats = (w) => { tabWorker = w; tabStats(); };  // its layers ran: its figures now
   show("Standing by", "");

@@ -23,6 +23,13 @@
 // the tab recomputes over its canonical JSON) before a byte reaches the GPU. The RoPE
 // table in the same download is the host's, not in the manifest.
 //
+// Host gone (runtime/node.py's await_host): when nothing has come from the model host for
+// HOST_SILENT_S, or its connection failed, the tab says "Host reconnecting", keeps its
+// layers on the GPU and waits the room's host_wait_s (a minute) for it: the live
+// connection stays (a host heard on it again is back), and the tab joins the relay again
+// for the offer of the host's new process, then says hello again and takes its plan
+// (same range: the layers kept, the KV cache emptied). When the wait passes: "Room over".
+//
 // Not spoken here: rooms with a key (relay nonce, hello proof), a re-deal (Replan), KV
 // cache slots other than 0 (one question in flight), float16 residuals. Each is refused
 // with a line in the log and on the page, never a crash.
@@ -37,6 +44,11 @@ const KIND = { PREFILL: 1, DECODE: 2, RESULT: 3, RETURN: 4, ROLLBACK: 5, WAKE: 6
 const HEADER = 32;
 const MAX_STAMPS = 128;  // per Stamps message (runtime/control.py)
 const RATE_WINDOW_S = 10;  // a device's tok/s, as runtime/serve/page.py counts it
+// once its layers are loaded, the tab takes the model host as gone after this long without a
+// wire message from it (it sends a heartbeat every 0.25 s); a host heard again on the same
+// connection is back
+const HOST_SILENT_S = 3;
+const HOST_WAIT_S = 60;  // a room that does not say its host_wait_s (runtime/control.py's HOST_WAIT_S)
 const clockS = () => performance.now() / 1000;  // this tab's monotonic stamp clock, seconds
 
 // -- framing -----------------------------------------------------------------------------
@@ -260,6 +272,10 @@ export class TabWorker {
   stamp(list, lap, peer) { list.push([lap, peer, clockS()]); if (list.length > MAX_STAMPS) list.shift(); }
 
   heartbeats() {
+    const h = this.o.host, heard = this.heardMs[h];
+    if (this.loaded && !this.over && !this.away && heard !== undefined && performance.now() - heard > HOST_SILENT_S * 1000) {
+      this.lost(h, `nothing from it for ${HOST_SILENT_S} s`);
+    }
     for (const p of Object.keys(this.links)) {
       const now = clockS(), last = this.beatIn[p];
       this.control(p, last ? { type: "heartbeat", sent_s: now, echo_s: last[0], held_s: now - last[1] }
@@ -305,6 +321,17 @@ export class TabWorker {
   }
 
   async connect() {
+    const o = this.o, sig = await this.signalling();
+    try {
+      await Promise.all(o.peers.map((p) => this.link(p, sig, 60000)));
+    } finally {
+      sig.ws.close();  // the relay saw the SDP exchange and nothing after it
+    }
+    this.note(`connected to ${o.peers.join(", ")}`);
+  }
+
+  // The relay's websocket, this tab said hello on it: {ws, bus, present, inbox}.
+  async signalling() {
     const o = this.o;
     const ws = new WebSocket(`${o.relay}/room/${o.room}`);
     ws.binaryType = "arraybuffer";
@@ -321,47 +348,58 @@ export class TabWorker {
     ws.onclose = () => bus.dispatchEvent(new Event("m"));
     await waitFor(ws, "open", () => ws.readyState === 1, 10000, "the relay");
     ws.send(JSON.stringify({ type: "hello", device: o.device }));
-    await Promise.all(o.peers.map((p) => this.link(p, ws, bus, present, inbox)));
-    ws.close();  // the relay saw the SDP exchange and nothing after it
-    this.note(`connected to ${o.peers.join(", ")}`);
+    return { ws, bus, present, inbox };
   }
 
-  async link(peer, ws, bus, present, inbox) {
+  // A new connection to `peer` over the relay's `sig`, waiting at most `ms` for each step;
+  // it replaces the peer's link (and its reassembly) only once its channels are open.
+  async link(peer, { ws, bus, present, inbox }, ms) {
     const o = this.o;
     const pc = new RTCPeerConnection({ iceServers: o.iceServers || [], iceTransportPolicy: o.relayOnly ? "relay" : "all" });
-    const chans = CHANNELS.map((name, id) => {
+    const lk = { pc, chans: null, maxWire: 65536 };
+    lk.chans = CHANNELS.map((name, id) => {
       const ch = pc.createDataChannel(name, { ordered: true, negotiated: true, id });
       ch.binaryType = "arraybuffer";
-      ch.onmessage = (ev) => this.onWire(peer, name, ev.data);
-      this.reasm[peer + "\0" + name] = new Reassembler();
+      ch.onmessage = (ev) => { if (this.links[peer] === lk) this.onWire(peer, name, ev.data); };
       return ch;
     });
-    this.links[peer] = { pc, chans, maxWire: 65536 };
+    const chans = lk.chans;
     pc.onconnectionstatechange = () => {
-      if (["failed", "closed"].includes(pc.connectionState) && !this.over) this.lost(peer, `connection ${pc.connectionState}`);
+      if (["failed", "closed"].includes(pc.connectionState) && !this.over && this.links[peer] === lk) {
+        this.lost(peer, `connection ${pc.connectionState}`);
+      }
     };
     const gathered = () => waitFor(pc, "icegatheringstatechange", () => pc.iceGatheringState === "complete", 10000, "gathering candidates");
     const next = async (kind) => {
-      await waitFor(bus, "m", () => inbox[peer].length > 0 || ws.readyState > 1, 60000, `the ${kind} from ${peer}`);
+      await waitFor(bus, "m", () => inbox[peer].length > 0 || ws.readyState > 1, ms, `the ${kind} from ${peer}`);
       const d = inbox[peer].shift();
       if (!d || d.type !== kind) throw new Error(`expected an SDP ${kind} from ${peer}`);
       return d;
     };
     const send = () => ws.send(JSON.stringify({ type: "signal", to: peer, data: { type: pc.localDescription.type, sdp: pc.localDescription.sdp } }));
-    if (o.device < peer) {  // the smaller id offers, as connect_room
-      await waitFor(bus, "m", () => present.has(peer), 60000, `${peer} joining the relay`);
-      await pc.setLocalDescription(await pc.createOffer());
-      await gathered();
-      send();
-      await pc.setRemoteDescription(await next("answer"));
-    } else {
-      await pc.setRemoteDescription(await next("offer"));
-      await pc.setLocalDescription(await pc.createAnswer());
-      await gathered();
-      send();
+    try {
+      if (o.device < peer) {  // the smaller id offers, as connect_room
+        await waitFor(bus, "m", () => present.has(peer), ms, `${peer} joining the relay`);
+        await pc.setLocalDescription(await pc.createOffer());
+        await gathered();
+        send();
+        await pc.setRemoteDescription(await next("answer"));
+      } else {
+        await pc.setRemoteDescription(await next("offer"));
+        await pc.setLocalDescription(await pc.createAnswer());
+        await gathered();
+        send();
+      }
+      lk.maxWire = remoteMaxMessage(pc.remoteDescription.sdp);
+      await Promise.all(chans.map((ch) => waitFor(ch, "open", () => ch.readyState === "open", 30000, `the ${ch.label} channel to ${peer}`)));
+    } catch (e) {
+      pc.close();
+      throw e;
     }
-    this.links[peer].maxWire = remoteMaxMessage(pc.remoteDescription.sdp);
-    await Promise.all(chans.map((ch) => waitFor(ch, "open", () => ch.readyState === "open", 30000, `the ${ch.label} channel to ${peer}`)));
+    const old = this.links[peer];
+    for (const name of CHANNELS) this.reasm[peer + "\0" + name] = new Reassembler();
+    this.links[peer] = lk;  // before the next task: no message of the new channels is missed
+    if (old) old.pc.close();
   }
 
   // -- out
@@ -384,6 +422,7 @@ export class TabWorker {
   onWire(src, channel, data) {
     if (this.over) return;
     this.heardMs[src] = performance.now();
+    if (this.away && src === this.o.host && !this.relinked) this.back(`${src} was heard again on the same connection`);
     if (!(data instanceof ArrayBuffer)) { this.stats.rejected++; this.note(`a text message from ${src} on ${channel} dropped (binary only)`); return; }
     let msg;
     try {
@@ -502,8 +541,56 @@ export class TabWorker {
   }
 
   lost(peer, why) {
+    if (this.over || (this.away && peer === this.o.host)) return;
     this.note(`lost ${peer}: ${why}`);
-    if (peer === this.o.host) this.end("Room over", `lost the model host (${why}); a tab does not wait for it to come back`);
+    if (peer !== this.o.host) return;
+    if (!this.loaded) { this.end("Room over", `lost the model host (${why}) before this tab held its layers`); return; }
+    this.awaitHost(why);
+  }
+
+  // "Host reconnecting": the layers kept, the host awaited for the room's host_wait_s on the
+  // live connection and through the relay (its new process's offer); then "Room over".
+  awaitHost(why) {
+    const h = this.o.host, waitS = Number.isFinite(this.o.hostWaitS) ? this.o.hostWaitS : HOST_WAIT_S;
+    this.away = true;
+    this.relinked = false;
+    this.say("Host reconnecting", `lost the model host ${h} (${why}); keeping layers ${this.shown}, waiting up to ${waitS} s`);
+    this.awayTimer = setTimeout(() => this.end("Room over", `the model host ${h} did not come back within ${waitS} s`), waitS * 1000);
+    const round = {};
+    this.relinkRound = round;
+    (async () => {
+      round.sig = await this.signalling();
+      if (this.relinkRound !== round || !this.away || this.over) { round.sig.ws.close(); return; }
+      try {
+        await this.link(h, round.sig, waitS * 1000);
+      } finally {
+        round.sig.ws.close();
+      }
+      if (this.relinkRound !== round || this.over) return;
+      // the host's new process: an empty KV cache, hello again, its plan follows
+      this.relinked = true;
+      this.slotQuestion.clear();
+      this.slotKv.clear();
+      this.plan = null;
+      this.heardMs[h] = performance.now();
+      delete this.beatIn[h];
+      this.stampsIn.length = 0;
+      this.stampsOut.length = 0;
+      this.control(h, { type: "hello", device: this.o.device, host: false, layers: this.range, lends: 0 });
+      this.told = -1;
+      this.progress(100);
+      this.back("a new connection to its new process");
+    })().catch((e) => { if (this.relinkRound === round && this.away) this.note(`reconnecting to ${h}: ${e.message || e}`); });
+  }
+
+  back(how) {
+    this.away = false;
+    clearTimeout(this.awayTimer);
+    const round = this.relinkRound;
+    this.relinkRound = null;
+    if (round && round.sig && !this.relinked) round.sig.ws.close();  // the relay wait ends
+    this.note(`${this.o.host} is back (${how}): resuming the room`);
+    if (this.plan) this.serving(); else this.say("Standing by", `${this.o.host} is back; waiting for its plan`);
   }
 
   fail(e) { this.error = String(e && e.message ? e.message : e); this.note("error: " + this.error); this.end("Room over", this.error); }
@@ -512,6 +599,8 @@ export class TabWorker {
     if (this.over) return;
     this.over = true;
     clearInterval(this.beat);
+    clearTimeout(this.awayTimer);
+    if (this.relinkRound && this.relinkRound.sig) this.relinkRound.sig.ws.close();
     this.note(`${status}: ${detail}`);
     this.say(status, detail);
     for (const lk of Object.values(this.links)) lk.pc.close();
@@ -525,7 +614,8 @@ export async function joinFromPage(state, params, show, onPass, onStats) {
   const device = params.get("device") || "tab";
   const peers = (params.get("peers") || t.host).split(",").map((s) => s.trim()).filter((s) => s && s !== device);
   const w = new TabWorker({ relay: t.relay, room: t.room, device, peers, host: t.host, layers: params.get("layers"),
-                            iceServers: t.ice_servers, relayOnly: t.relay_only, model: state.model, show, onPass, onStats });
+                            iceServers: t.ice_servers, relayOnly: t.relay_only, hostWaitS: t.host_wait_s, model: state.model,
+                            show, onPass, onStats });
   window.tabWorker = w;
   try {
     await w.start();
