@@ -220,3 +220,50 @@ def test_plan_optimal_json_says_why_and_how_much_faster(tmp_path):
     assert p["speed_tokens_per_s"] == pytest.approx(1e3 / speed_ms, rel=1e-9)
     assert p["speedup_vs_speed"] == pytest.approx(speed_ms / optimal_ms, rel=1e-9)
     assert any("vs split speed (slow hosts" in n for n in j["notes"])
+
+
+# --- the network and return path reach the optimal search through every caller ---------
+# a, b, c each lend 10 GiB (10 of the toy's 30 layers of 1 GiB) at 1 ms a layer, so every
+# deal needs all three with 10 layers each and only the ring order differs. Every link is
+# 2 ms RTT (a 1 ms hop) but for one directed link of 200 ms RTT (a 100 ms hop):
+# - FAR_BA (b -> a slow), return direct: ring a -> b -> c -> a pays 1 + 1 + 1 ms of hops,
+#   a -> c -> b -> a pays 1 + 1 + 100 ms: the chain is a, b, c.
+# - FAR_CA (c -> a slow), return via_stages (each hop paid there and back): chain a, b, c
+#   pays a-b and b-c both ways, 4 x 1 ms; a, c, b pays a -> c -> a, 1 + 100 ms, and c-b
+#   both ways: the chain is a, b, c. Returned directly it would be a, c, b (its ring
+#   a -> c -> b -> a avoids c -> a).
+ABC = [Device(x, lends_bytes=10 * GiB, s_per_layer=1e-3) for x in "abc"]
+FAR_BA = Network(rtt_s=2e-3, bandwidth_Bps=BW, links=(LinkSpec(between=("b", "a"), directed=True, rtt_s=0.2),))
+FAR_CA = Network(rtt_s=2e-3, bandwidth_Bps=BW, links=(LinkSpec(between=("c", "a"), directed=True, rtt_s=0.2),))
+OPTIMAL_A = DealOptions(split="optimal", host="a")
+
+
+def chain_of(d) -> list[str]:
+    return [s.device for s in d.stages]
+
+
+def test_deal_searches_against_the_network_and_return_path_it_is_given():
+    from planner.deal import deal_one
+    for make in (deal, deal_one):
+        assert chain_of(make(ABC, toy(30), OPTIMAL_A, FAR_BA)) == ["a", "b", "c"]
+        assert chain_of(make(ABC, toy(30), OPTIMAL_A, FAR_BA, "direct")) == ["a", "b", "c"]
+        assert chain_of(make(ABC, toy(30), OPTIMAL_A, FAR_CA)) == ["a", "c", "b"]
+        assert chain_of(make(ABC, toy(30), OPTIMAL_A, FAR_CA, "via_stages")) == ["a", "b", "c"]
+    d = deal(ABC, toy(30), OPTIMAL_A, FAR_CA, "via_stages")
+    # via_stages: 4 hops of 1 ms (+ a 32 B header at 1 GB/s each), 30 layers x 1 ms, sampling
+    assert d.predicted["lap_s"] == pytest.approx(SAMPLE_S + 4 * (1e-3 + FRAME / BW) + 30e-3, rel=1e-9)
+
+
+def test_a_re_deal_searches_against_the_rooms_network_and_return_path():
+    from planner.chain import redeal_rule, redeal_rule_for
+    from planner.room import Decoding, Scenario
+    four = ABC + [Device("d", lends_bytes=10 * GiB, s_per_layer=1e-3)]
+    first = deal(four, toy(30), OPTIMAL_A, FAR_BA)
+    lost = frozenset({"d"})
+    assert chain_of(redeal_rule(four, toy(30), OPTIMAL_A, FAR_BA)(first, lost)) == ["a", "b", "c"]
+    assert chain_of(redeal_rule(four, toy(30), OPTIMAL_A, FAR_CA)(first, lost)) == ["a", "c", "b"]
+    assert chain_of(redeal_rule(four, toy(30), OPTIMAL_A, FAR_CA, "via_stages")(first, lost)) == ["a", "b", "c"]
+    for net, rp in ((FAR_BA, "direct"), (FAR_CA, "via_stages")):
+        scn = Scenario(name="ring", seed=0, model=toy(30), devices=tuple(four), options=OPTIMAL_A, network=net,
+                       decoding=Decoding(return_path=rp))
+        assert chain_of(redeal_rule_for(scn)(first, lost)) == ["a", "b", "c"]
