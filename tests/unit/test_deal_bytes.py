@@ -427,3 +427,149 @@ def test_a_room_that_cannot_hold_every_kv_cache_asked_is_dealt_fewer():
     # hold a layer (the deal is refused), with 3 it fits
     d = deal([computer("a", GiB + 200 * MiB)], kv_model(1), DealOptions(context_tokens=65536, kv_caches=6))
     assert (d.kv_caches, d.fits, d.notes[-1]) == (3, True, fewer.format(n=3, asked=6))
+
+
+# --- what a device holds, its budget and its context, by hand --------------------------
+
+def spec(layers: int, layer_bytes: int, kv_per_token: int = 0, sizes: tuple[int, ...] = (),
+         embedding: int = 0) -> ModelSpec:
+    return ModelSpec(id="m", name="m", layers=layers, hidden=64, layer_bytes=layer_bytes,
+                     layer_active_bytes=layer_bytes, layer_flops_per_token=0.0, kv_bytes_per_token=kv_per_token,
+                     embedding_bytes=embedding, layer_sizes=sizes)
+
+
+def test_holds_layers_counts_what_fits_by_hand():
+    from planner.deal import holds_layers
+    # layers of no bytes: a device with any byte free holds all 30, with none free none
+    free_layers = spec(30, 0, embedding=MiB)
+    assert holds_layers(computer("a", MiB), free_layers, DealOptions(), True) == 0  # the embedding takes it all
+    assert holds_layers(computer("a", MiB + 1), free_layers, DealOptions(), True) == 30
+    # layers of 1 byte: 5 bytes hold 5 of them
+    assert holds_layers(computer("a", 5), spec(30, 1), DealOptions(), False) == 5
+    # layers of 100, 100, 100, 101 B, 1 B of KV a token over 10 positions (10 B a layer in
+    # f16, 5 in q8): 420 B hold 3 either way (f16 330, 441 over; q8 315, 421 over), 421 B
+    # with q8 all 4
+    uneven4 = spec(4, 100, kv_per_token=1, sizes=(100, 100, 100, 101))
+    assert holds_layers(computer("a", 420), uneven4, DealOptions(context_tokens=10), False, 0) == 3
+    assert holds_layers(computer("a", 420), uneven4, DealOptions(context_tokens=10, kv_cache="q8"), False, 0) == 3
+    assert holds_layers(computer("a", 421), uneven4, DealOptions(context_tokens=10, kv_cache="q8"), False, 0) == 4
+
+
+def test_a_layer_budget_is_what_a_device_lends_less_the_hosts_extras():
+    from planner.deal import layer_budget_bytes
+    assert layer_budget_bytes(computer("a", 1000), with_embedding(), DealOptions(), False) == 1000
+    assert layer_budget_bytes(computer("a", 3 * GiB), with_embedding(), DealOptions(), True) == GiB
+    assert layer_budget_bytes(computer("a", GiB), with_embedding(), DealOptions(), True) == 0  # never below 0
+    no_gpu = Device(id="g", kind="computer", lends_bytes=10 * GiB, webgpu=False)
+    assert layer_budget_bytes(no_gpu, with_embedding(), DealOptions(), False) == 0
+
+
+def test_max_context_is_what_is_left_after_the_weights_over_the_kv_a_token():
+    from planner.deal import Stage, max_context
+    # two layers of 1000 B, 10 B of f16 KV a token each: 20 B a token; 4000 B lent less
+    # 2000 B of weights leave 2000 B: 100 tokens
+    m = spec(4, 1000, kv_per_token=10)
+    assert max_context(computer("a", 4000), Stage("a", 0, 2), False, m, DealOptions()) == 100
+    assert max_context(computer("a", 3999), Stage("a", 0, 2), False, m, DealOptions()) == 99
+    assert max_context(computer("a", 4000), None, False, m, DealOptions()) is None  # a guest keeps no KV
+
+
+def test_the_stage_of_a_device_is_its_own():
+    from planner.deal import Deal, Stage
+    d = Deal(host="h", split="pinned", stages=(Stage("h", 0, 1), Stage("w", 1, 3)), guests=("g",), fits=True, notes=())
+    assert (d.stage_of("h"), d.stage_of("w"), d.stage_of("g")) == (Stage("h", 0, 1), Stage("w", 1, 3), None)
+
+
+# --- the speed split's order, the host's layer, and the holds it starts from ------------
+
+def test_the_speed_split_fills_the_device_that_holds_more_first():
+    # a hosts (forced) with 4 of 10 layers; c holds 5, b 3, at the same (unmeasured) speed:
+    # fewest hops puts c next (it holds more), then b gets the last layer
+    room = [computer("a", 4 * GiB), computer("b", 3 * GiB), computer("c", 5 * GiB)]
+    d = deal(room, spec(10, GiB), DealOptions(host="a"))
+    assert shown(d) == {"a": "1-4", "c": "5-9", "b": "10"}
+
+
+def test_a_host_given_one_layer_by_the_rule_takes_it_from_the_device_with_most():
+    # two layers of 1 GiB and a 2 GiB embedding: the forced host a (2 GiB) holds none
+    # beside it, b holds both; the host keeps one layer, taken from b, which keeps the other
+    room = [computer("a", 2 * GiB), computer("b", 4 * GiB)]
+    d = deal(room, with_embedding(2), DealOptions(host="a"))
+    assert shown(d) == {"a": "1", "b": "2"}
+    assert "a keeps one layer (the model host always does); taken from b" in d.notes
+    assert not d.fits  # a needs 3 GiB for it
+
+
+def test_a_host_holds_from_the_first_layer_a_worker_from_the_mean_layer():
+    # layers of 4, 1, 1, 1 MiB (mean 1.75): a host of 2 MiB cannot hold layer 1, however
+    # small the rest: alone it holds no layer
+    m = spec(4, 7 * MiB // 4, sizes=(4 * MiB, MiB, MiB, MiB))
+    with pytest.raises(DealError, match=r"^no device can hold a layer: a lends 2 MiB, needs 4 MiB for one layer"):
+        deal([computer("a", 2 * MiB)], m, DealOptions())
+    # a worker's range starts later: b (2 MiB) holds one layer at the mean size, so the room
+    # is dealt. holds a 0, b 1: leftover 3 by lends (3 : 2 MiB) gives a 2, b 1 -> a 1-2,
+    # b 3-4; again from those starts (a 0, b 2: layers 3-4 fit in 2 MiB): leftover 2 gives
+    # a 1, b 1 -> a 1, b 2-4; from there (b from layer 2: 2 of 3 MiB fit) nothing changes
+    d = deal([computer("a", 3 * MiB), computer("b", 2 * MiB)], m, DealOptions())
+    assert shown(d) == {"a": "1", "b": "2-4"} and not d.fits
+    assert "the room holds 2 of 4 layers: leftover 2 layers spread by memory" in d.notes
+
+
+def test_a_re_dealt_host_still_counts_its_embedding():
+    # layers of 4 and 2 MiB, 0.5 MiB of f16 KV each (512 B x 1024 positions), a 1 MiB
+    # embedding: b (host, 7 MiB) holds layer 1 beside it (1 + 4.5 = 5.5; 8 with layer 2),
+    # a (6.5 MiB) layer 2 (2.5)
+    m = spec(2, 2 * MiB, kv_per_token=512, sizes=(4 * MiB, 2 * MiB), embedding=MiB)
+    d = deal([computer("a", 13 * MiB // 2), computer("b", 7 * MiB)], m, DealOptions(context_tokens=1024))
+    assert d.host == "b" and shown(d) == {"b": "1", "a": "2"} and d.fits
+
+
+# --- the memory split: caps, one layer each, and bytes with their KV --------------------
+
+def test_the_memory_split_caps_each_share_at_what_it_holds():
+    # 5 layers of 2 MiB + 0.5 MiB KV (2.5 MiB): b (host, 10 MiB) holds 4, a (4.5 MiB) 1.
+    # By what they lend (10 : 4.5) the quotas are 3.45 and 1.55: floors 3 and 1, and the
+    # layer left would go to a (0.55 short of its quota), but a is at its cap: b gets it
+    m = spec(5, 2 * MiB, kv_per_token=512)
+    d = deal([computer("a", 9 * MiB // 2), computer("b", 10 * MiB)], m,
+             DealOptions(context_tokens=1024, split="memory"))
+    assert shown(d) == {"b": "1-4", "a": "5"} and d.fits
+
+
+def test_the_memory_split_gives_every_taker_one_layer_at_least():
+    # 3 layers: a lends 10 MiB, b 1 MiB: quotas 2.73 and 0.27; b still gets one
+    d = deal([computer("a", 10 * MiB), computer("b", MiB)], spec(3, MiB), DealOptions(split="memory"))
+    assert shown(d) == {"a": "1-2", "b": "3"}
+
+
+def test_a_device_lending_one_byte_takes_a_layer_when_the_room_cannot_hold_the_model():
+    # 10 layers of 1 GiB: a (host) holds 6 beside its 2 GiB embedding, b lends 1 byte;
+    # the memory split then deals every lender at least one layer: a 9, b 1 (over)
+    d = deal([computer("a", 8 * GiB), computer("b", 1)], with_embedding(10), DealOptions(split="memory"))
+    assert shown(d) == {"a": "1-9", "b": "10"} and not d.fits
+
+
+def test_the_memory_split_of_uneven_layers_moves_a_cut_to_fit_the_budgets():
+    # layers of 1, 3, 2 MiB; a (host, forced) may use 3.75 MiB, b 5 MiB. The quota
+    # 6 x 3.75 / 8.75 = 2.57 MiB is nearest the cut after layer 2 (4 MiB, over a's 3.75);
+    # b has room for layer 2 (2 + 3 = 5): the cut moves back, a 1, b 2-3
+    m = spec(3, 2 * MiB, sizes=(MiB, 3 * MiB, 2 * MiB))
+    d = deal([computer("a", 15 * MiB // 4), computer("b", 5 * MiB)], m, DealOptions(split="memory", host="a"))
+    assert shown(d) == {"a": "1", "b": "2-3"} and d.fits
+
+
+def test_the_memory_split_of_uneven_layers_counts_each_layers_kv():
+    # layers of 1, 3, 2 MiB with 1 MiB of q8 KV each (1024 B x 2048 positions / 2): costs
+    # 2, 4, 3 MiB. a (host, 9 MiB) and b (11 MiB): quota 9 x 9/20 = 4.05 MiB, nearer the
+    # cut after layer 2 (6) than after layer 1 (2): a 1-2, b 3. (With f16 KV the costs
+    # would be 3, 5, 4 and the quota 5.4, nearer 3: a 1.)
+    m = spec(3, 2 * MiB, kv_per_token=1024, sizes=(MiB, 3 * MiB, 2 * MiB))
+    d = deal([computer("a", 9 * MiB), computer("b", 11 * MiB)], m,
+             DealOptions(context_tokens=2048, kv_cache="q8", split="memory", host="a"))
+    assert shown(d) == {"a": "1-2", "b": "3"} and d.fits
+    # layers of 2, 1, 3 MiB with 1 MiB of f16 KV: costs 3, 2, 4; both 5 MiB: quota 4.5 is
+    # nearer 5 (after layer 2) than 3: a 1-2 (5 MiB), b 3 (4 MiB)
+    m = spec(3, 2 * MiB, kv_per_token=512, sizes=(2 * MiB, MiB, 3 * MiB))
+    d = deal([computer("a", 5 * MiB), computer("b", 5 * MiB)], m,
+             DealOptions(context_tokens=2048, split="memory", host="a"))
+    assert shown(d) == {"a": "1-2", "b": "3"} and d.fits
