@@ -380,3 +380,112 @@ def test_a_drafter_that_returns_nothing_ends_the_answer_and_a_late_draft_is_reco
     assert s.handle(DraftReady(0, (1, 2)), 0.0) == []
     assert [(x.event, x.reason, x.detail) for x in s.ignored] == [
         ("DraftReady", "stale", "draft 0 is no longer awaited")]
+
+
+def test_a_stopped_room_ends_each_lap_in_flight_as_stale():
+    from planner.protocol import LapEnded, LapKind, Refuse
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4))
+    s.handle(QuestionAsked(0, "g1", (7, 8), 3), 0.0)  # lap 0: the prompt
+    s.handle(StageFinished("h", 0), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4)), 0.0)
+    s.handle(HeadFinished(0, (truth(2),)), 0.0)  # the first token; lap 1 (decode) in flight
+    out = s.handle(DeviceLost("w"), 0.0)
+    why = "w left the room; the model must be re-dealt"
+    assert out == [Refuse(0, "g1", why), LapEnded(1, 0, LapKind.DECODE, 0, 0, True)]
+
+
+def test_a_worker_lost_for_good_is_remembered_after_its_re_deal_failed():
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4), redeal=lambda d, lost: DEAL)  # keeps w: refused
+    s.handle(DeviceLost("w"), 0.0)
+    assert s.stopped is not None and s.lost == {"w"}
+    assert s.handle(DeviceLost("w"), 0.0) == []
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [("DeviceLost", "repeated", "w was already lost")]
+
+
+def test_questions_asked_during_a_re_deal_all_begin_when_the_new_chain_is_ready():
+    from dataclasses import replace
+    from planner.protocol import BeginAnswer, RunStage
+    merged = replace(pinned3(("h", 0, 2), ("v", 2, 3)), kv_caches=2)
+    s = HostScheduler(DEAL3, SchedulerConfig(hidden=4, questions_in_flight=2), redeal=lambda d, lost: merged)
+    (r,) = s.handle(DeviceLost("w"), 0.0)  # nothing in flight: the Redeal alone
+    assert s.handle(QuestionAsked(0, "g1", (7, 8), 3), 0.0) == []  # both wait for the new chain
+    assert s.handle(QuestionAsked(1, "g2", (9,), 3), 0.0) == []
+    out = s.handle(ChainReady(r.first_lap), 0.0)
+    assert [c for c in out if isinstance(c, BeginAnswer)] == [BeginAnswer(0, "g1", 2), BeginAnswer(1, "g2", 1)]
+    assert [(c.question_id, c.inputs, c.slot) for c in out if isinstance(c, RunStage)] == [(0, (7, 8), 0),
+                                                                                             (1, (9,), 1)]
+
+
+def test_a_device_that_comes_back_to_a_chain_of_fewer_kv_caches_is_named_in_the_refusal():
+    """v is lost (its layers merged into w, 2 KV caches) with q0 and q1 in flight, then
+    comes back; the rejoin rule's deal holds 1 KV cache: q1, begun last, is refused, and
+    the Redeal names v as back, with no device lost."""
+    from dataclasses import replace
+    from planner.protocol import DeviceBack, Redeal, Refuse
+    merged = replace(pinned3(("h", 0, 1), ("w", 1, 3)), kv_caches=2)
+    again = replace(DEAL3, kv_caches=1)
+    s = HostScheduler(DEAL3, SchedulerConfig(hidden=4, questions_in_flight=2), redeal=lambda d, lost: merged,
+                      rejoin=lambda d, still: again)
+    s.handle(QuestionAsked(0, "g1", (7, 8), 3), 0.0)
+    s.handle(QuestionAsked(1, "g2", (9,), 3), 0.0)
+    first = [c for c in s.handle(DeviceLost("v"), 0.0) if isinstance(c, Redeal)][0]
+    s.handle(ChainReady(first.first_lap), 0.0)
+    out = s.handle(DeviceBack("v"), 0.0)
+    assert [c for c in out if isinstance(c, Refuse)] == [
+        Refuse(1, "g2", "v came back and the re-dealt chain hold the KV caches of 1 question at once")]
+    (r,) = [c for c in out if isinstance(c, Redeal)]
+    # q0 replays its 2 prompt tokens (no answer token yet)
+    assert (r.lost, r.host, r.stages, r.question_id, r.replay_tokens, r.back) == (
+        "", "h", (("h", 0, 1), ("w", 1, 2), ("v", 2, 3)), 0, 2, "v")
+
+
+def test_an_ended_question_takes_only_its_own_laps_with_it():
+    """Prompt chunks of 1: q0's only chunk (lap 0) is on its way; q1's first chunk
+    (lap 1) has left the host (it does not come back: not the last chunk) and its second
+    (lap 2) is queued. Withdrawing q0 leaves every lap: lap 0 is still on its way (it
+    ends as stale when it comes back) and laps 1 and 2 are q1's."""
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, prefill_chunk=1, questions_in_flight=2))
+    s.handle(QuestionAsked(0, "g1", (7,), 3), 0.0)
+    s.handle(QuestionAsked(1, "g2", (7, 8, 9), 3), 0.0)
+    s.handle(StageFinished("h", 1), 0.0)  # q1's first chunk sent on; its second (lap 2) launched
+    s.handle(QuestionWithdrawn(0), 0.0)
+    assert sorted(s.laps) == [0, 1, 2]
+
+
+def test_a_rejoin_into_a_chain_that_held_no_layers_is_refused_with_the_counts():
+    """A host whose chain holds no layer (stages ()) is told a device came back; the
+    rejoin rule deals it 2 layers: the re-deal does not match the 0 layers of the chain
+    before, and the DeviceBack is recorded with why."""
+    from planner.protocol import DeviceBack
+    empty = Deal(host="h", split="pinned", stages=(), guests=("g",), fits=True, notes=())
+    s = HostScheduler(empty, SchedulerConfig(hidden=4), rejoin=lambda d, still: pinned3(("h", 0, 2)))
+    s.handle(DeviceLost("g"), 0.0)
+    assert s.handle(DeviceBack("g"), 0.0) == []
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("DeviceBack", "stale", "g is back but not re-dealt: the re-deal holds 2 layers, the model has 0")]
+
+
+def test_a_re_deals_empty_stage_holds_no_layer_and_breaks_no_tiling():
+    """Only a reversed range (end before start) or a gap breaks the tiling: a stage of
+    no layers between two others (u holds layers [1, 1): none) is taken."""
+    from planner.protocol import Redeal
+    new = pinned3(("h", 0, 1), ("u", 1, 1), ("v", 1, 3))
+    s = HostScheduler(DEAL3, SchedulerConfig(hidden=4), redeal=lambda d, lost: new)
+    out = s.handle(DeviceLost("w"), 0.0)
+    assert s.stopped is None
+    assert [c.stages for c in out if isinstance(c, Redeal)] == [(("h", 0, 1), ("u", 1, 1), ("v", 1, 3))]
+
+
+def test_a_scenarios_scheduler_settings_keep_its_stop_tokens_less_the_end_token():
+    from splitroom.scenario import load
+    cfg = SchedulerConfig.from_scenario(load("scenarios/home.yaml"), eos_token=2, stop_tokens=(9, 2, 5, 9))
+    assert (cfg.eos_token, cfg.stop_tokens) == (2, (5, 9))
+
+
+def test_the_scheduler_settings_as_json_carry_the_draft_policy():
+    from planner.draft_policy import DraftPolicy
+    pol = DraftPolicy(lap_s=(0.01, 0.0125, 0.015), prior=(0.5, 0.25), probe_every=3)
+    j = SchedulerConfig(hidden=4, draft_tokens=2, draft_policy=pol).to_json()
+    assert j["draft_policy"] == {"lap_s": [0.01, 0.0125, 0.015], "prior": [0.5, 0.25], "prior_weight": 4.0,
+                                 "probe_every": 3, "probe_tokens": 1, "by_k": []}
+    assert SchedulerConfig(hidden=4).to_json()["draft_policy"] is None
