@@ -53,6 +53,13 @@ from planner.scheduler import SchedulerConfig
 #: reconnecting") before the room is over (product page 001: a minute).
 HOST_WAIT_S = 60.0
 
+#: seconds a device that lost a peer waits for it on the live connection (the worker
+#: says hello again over it, the host listens) before both meet at the relay for a new
+#: one: a device whose Wi-Fi dropped for a few seconds finds the same room still there
+#: (chosen: a 7 s drop and some; ICE consent, RFC 7675, keeps a connection for 30 s
+#: without answers)
+REJOIN_LIVE_S = 10.0
+
 #: A device id as the control plane accepts it.
 DEVICE_ID = Annotated[str, Field(min_length=1, max_length=64)]
 
@@ -399,6 +406,10 @@ class NodeConfig(BaseModel):
         host_wait_s: a worker that loses the model host keeps its weights and waits this
             many seconds for the host to come back ("Host reconnecting"), then leaves
             ("Room over"); 0: leaves at once.
+        rejoin_live_s: seconds a lost peer is waited for on the live connection
+            (:data:`REJOIN_LIVE_S`): a worker says hello again over it, and only then
+            asks the relay for a new connection; the model host meets a lost worker at
+            the relay after as long (0: at once).
         ice_servers: STUN/TURN server URLs for this device's peer connections
             (runtime/transport/ice.py; the scenario's ``network.ice_servers``); none: no
             server is contacted.
@@ -441,6 +452,7 @@ class NodeConfig(BaseModel):
     weights: Literal["f32", "f16", "q8", "gguf"] = "f32"
     kv: Literal["f32", "f16"] = "f32"
     host_wait_s: float = Field(HOST_WAIT_S, ge=0.0)
+    rejoin_live_s: float = Field(REJOIN_LIVE_S, ge=0.0, allow_inf_nan=False)
     room_key: Optional[str] = Field(None, min_length=16, max_length=128)
     ice_servers: list[str] = Field(default_factory=list, max_length=2)
     ice_relay_only: bool = False

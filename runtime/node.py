@@ -34,7 +34,7 @@ import time  # noqa: E402
 from typing import Awaitable, Callable, Optional, Sequence  # noqa: E402
 
 from .backends import StageSpec, make_stage  # noqa: E402
-from .control import ControlError, NodeConfig  # noqa: E402
+from .control import REJOIN_LIVE_S, ControlError, NodeConfig  # noqa: E402
 from .room import Node  # noqa: E402
 
 log = logging.getLogger("splitroom.node")
@@ -48,12 +48,6 @@ JOINED_SUFFIX = ".joined"
 
 #: KV positions of a device whose scheduler settings give no context
 DEFAULT_MAX_CTX = 2048
-
-#: seconds a worker that lost the model host says hello again over its live connection
-#: before it asks the relay for a new one: a device whose Wi-Fi dropped for a few seconds
-#: finds the same host still there (chosen: a 7 s drop and some; ICE consent, RFC 7675,
-#: keeps a connection for 30 s without answers)
-REJOIN_LIVE_S = 10.0
 
 
 def load_device(cfg: NodeConfig, max_ctx: int | None = None):
@@ -157,17 +151,19 @@ async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optiona
 
 
 async def hello_again(transport, host: str, device: str, live_s: float, beat_s: float = 0.25,
-                      stop: Optional[asyncio.Event] = None) -> bool:
-    """Say Hello to ``host`` every ``beat_s`` over the live connection for up to ``live_s``
+                      stop: Optional[asyncio.Event] = None, hello=None) -> bool:
+    """Say Hello to ``host`` every ``beat_s`` over the connection for up to ``live_s``
     seconds (a model host that lost this device takes it back: it sends heartbeats again,
     and re-deals it back when its rule says). True when anything from ``host`` arrives
-    meanwhile; False when nothing did, or ``stop`` was set. The transport's handler is
-    this function's while it waits (the next device round sets its own)."""
+    meanwhile; False when nothing did, or ``stop`` was set. ``hello``: the
+    :class:`runtime.control.Hello` to send (``join``'s, with its proof of the room key);
+    default a bare one naming ``device``. The transport's handler is this function's
+    while it waits (the next device round sets its own)."""
     from .control import Hello, encode_control
     from .room import REPLY
     heard = asyncio.Event()
     transport.set_handler(lambda src, channel, data: heard.set() if src == host else None)
-    msg = encode_control(Hello(device=device))
+    msg = encode_control(hello if hello is not None else Hello(device=device))
     end = time.monotonic() + live_s
     while time.monotonic() < end and not (stop is not None and stop.is_set()):
         try:
@@ -183,12 +179,15 @@ async def hello_again(transport, host: str, device: str, live_s: float, beat_s: 
 
 
 async def worker_rounds(cfg: NodeConfig, transport, timeout_s: float, stop: asyncio.Event, loaded,
-                        live_s: float = REJOIN_LIVE_S) -> int:
+                        live_s: Optional[float] = None) -> int:
     """A worker's device rounds over ``transport``: :func:`run_device`; when it loses the
-    model host, Hello again over the live connection for ``live_s`` seconds
-    (:func:`hello_again`: the host still runs and takes it back), else :func:`await_host`
-    (a new connection through the relay); each new round keeps the weights, its KV cache
-    emptied. Returns the last round's exit status."""
+    model host, Hello again over the live connection for ``live_s`` seconds (default
+    ``cfg.rejoin_live_s``; :func:`hello_again`: the host still runs and takes it back),
+    else :func:`await_host` (a new connection through the relay, made with a host that
+    restarted or with the same host, which meets a lost worker there) and Hello again
+    over it; each new round keeps the weights, its KV cache emptied. Returns the last
+    round's exit status."""
+    live_s = cfg.rejoin_live_s if live_s is None else live_s
     t0 = time.monotonic()
     rounds = 0
     while True:
@@ -199,26 +198,42 @@ async def worker_rounds(cfg: NodeConfig, transport, timeout_s: float, stop: asyn
             return status
         left = min(cfg.host_wait_s, timeout_s - (time.monotonic() - t0))
         live = min(live_s, max(left, 0.0))
+        if live > 0:
+            log.warning("%s", host_reconnecting(cfg.host, max(left, 0.0)))
         if live > 0 and await hello_again(transport, cfg.host, cfg.device, live, stop=stop):
             log.warning("%s: the model host %s answered on the live connection: rejoining the room",
                         cfg.device, cfg.host)
-        elif not await await_host(transport, cfg.host, max(left - live, 0.0), stop):
+        elif not await await_host(transport, cfg.host, max(left - live, 0.0), stop,
+                                  announced_s=max(left, 0.0) if live > 0 else None):
             return status
+        elif not await hello_again(transport, cfg.host, cfg.device, max(min(REJOIN_LIVE_S, left), 0.25), stop=stop):
+            log.warning("%s: the model host %s said nothing over the new connection", cfg.device, cfg.host)
         if loaded[0] is not None:
             loaded[0].rollback(0)  # same weights, empty KV cache: the host replays what it needs
 
 
+def host_reconnecting(host: str, wait_s: float) -> str:
+    """The "Host reconnecting" line a worker says the moment it loses the model host
+    ``host`` and waits up to ``wait_s`` seconds for it."""
+    return f"Host reconnecting: lost the model host {host}; keeping the weights, waiting up to {wait_s:g} s"
+
+
 async def await_host(transport, host: str, wait_s: float, stop: Optional[asyncio.Event] = None,
-                     say: Callable[[str], None] = lambda line: log.warning("%s", line)) -> bool:
+                     say: Callable[[str], None] = lambda line: log.warning("%s", line),
+                     announced_s: float | None = None) -> bool:
     """A worker lost the model host ``host``: say "Host reconnecting" and wait up to
     ``wait_s`` seconds for it to come back (``transport.reconnect(host, timeout_s)``: a
     new connection through the relay, made when the host's new process joins the room).
+    ``announced_s``: the worker said "Host reconnecting" already, waiting up to that
+    many seconds in all (the first of them on the live connection, :func:`hello_again`):
+    the line is not said again, and "Room over" names that whole wait.
 
     Returns True when the host is connected again; False (after saying "Room over")
     when ``wait_s`` passed, ``stop`` was set, or the transport cannot reconnect.
     Never raises for a failed reconnection."""
     from .transport import TransportError
-    say(f"Host reconnecting: lost the model host {host}; keeping the weights, waiting up to {wait_s:g} s")
+    if announced_s is None:
+        say(host_reconnecting(host, wait_s))
     if wait_s > 0 and hasattr(transport, "reconnect"):
         attempt = asyncio.ensure_future(transport.reconnect(host, wait_s))
         waiters = [attempt] + ([asyncio.ensure_future(stop.wait())] if stop is not None else [])
@@ -242,7 +257,7 @@ async def await_host(transport, host: str, wait_s: float, stop: Optional[asyncio
                 pass
             say("Room over: stopped while waiting for the model host")
             return False
-    say(f"Room over: the model host {host} did not come back within {wait_s:g} s")
+    say(f"Room over: the model host {host} did not come back within {wait_s if announced_s is None else announced_s:g} s")
     return False
 
 

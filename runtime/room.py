@@ -197,6 +197,7 @@ class Node:
         self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
         self._latest_redeal = -1  # first lap of the latest re-deal taken (Redeal or Replan)
         self._redeal_lock = asyncio.Lock()  # re-dealt ranges load one at a time, in order
+        self._meet_lock = asyncio.Lock()  # the host meets one lost worker at the relay at a time
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -386,6 +387,44 @@ class Node:
         self.handle(DeviceLost(peer, reason, silent_since_s))
         for first in list(self.awaiting):  # a device that was to load a re-dealt range is not coming
             self._ready(peer, first)
+        if self.is_host and self.cfg.recover and hasattr(self.transport, "reconnect"):
+            self._tasks.append(asyncio.ensure_future(self._meet_again(peer)))
+
+    async def _meet_again(self, peer: str) -> None:
+        """The model host lost worker ``peer``: after ``rejoin_live_s`` (a worker whose
+        connection still carries messages says hello over it first), meet it at the relay
+        for a new connection (``transport.reconnect``: it asks the relay too, having lost
+        this host), one lost worker at a time (the relay seats one connection per device),
+        for at most ``host_wait_s`` (as long as the worker waits for this host). Over the
+        new connection the worker says hello again (:meth:`_from_lost`); nothing more
+        here. Gives up quietly when the room stops, the worker is back, or the wait ends."""
+        from .transport import TransportError
+        await asyncio.sleep(self.cfg.rejoin_live_s)
+        end = time.monotonic() + self.cfg.host_wait_s
+
+        def waiting() -> bool:
+            return not self._stopped and peer in self.lost_peers and not self.liveness.coming_back(peer)
+        while waiting():
+            left = end - time.monotonic()
+            if left <= 0:
+                log.info("%s: %s did not come back through the relay within %g s", self.cfg.device, peer,
+                         self.cfg.host_wait_s)
+                return
+            async with self._meet_lock:
+                if not waiting():
+                    return
+                try:
+                    await self.transport.reconnect(peer, left)
+                except (TransportError, OSError, ValueError) as e:
+                    log.info("%s: meeting %s at the relay: %s", self.cfg.device, peer, e)
+                    failed = True
+                else:
+                    failed = False
+            if not failed:
+                log.warning("%s: a new connection to %s through the relay: waiting for its hello", self.cfg.device,
+                            peer)
+                return
+            await asyncio.sleep(1.0)
 
     def _fault(self, lap_id: int, device: str, reason: str) -> None:
         """Lap ``lap_id``'s residual went bad at ``device``: the host's scheduler hears

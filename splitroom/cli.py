@@ -927,6 +927,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
          serve_bind: str = typer.Option("127.0.0.1", "--serve-bind", help="Address for --serve (0.0.0.0: LAN)."),
          host_wait: float = typer.Option(60.0, "--host-wait", help="Worker: seconds to wait for a model host that "
                                          "left to come back (Host reconnecting) before the room is over."),
+         rejoin_live: float = typer.Option(10.0, "--rejoin-live", help="Seconds a lost peer is waited for on the "
+                                           "live connection before a new one is made through the relay."),
          queue: Optional[str] = typer.Option(None, "--queue", help="Host: keep the questions in this file; a host "
                                              "started again with it asks first those that never ended."),
          scenario: Optional[str] = typer.Option(None, "--scenario", help="Host: decode as this scenario's "
@@ -946,6 +948,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
         fail(f"--serve {serve}: expected a TCP port 0-65535")
     if not 0 <= host_wait <= 86400:  # NaN fails too
         fail(f"--host-wait {host_wait}: expected seconds from 0 to 86400")
+    if not 0 <= rejoin_live <= 600:  # NaN fails too
+        fail(f"--rejoin-live {rejoin_live}: expected seconds from 0 to 600")
     if not 0.1 <= heartbeat_timeout <= 600:  # NaN fails too
         fail(f"--heartbeat-timeout {heartbeat_timeout}: expected seconds from 0.1 to 600")
     from splitroom.join_cmd import JoinError, JoinOptions, run_join
@@ -954,7 +958,7 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
                        ice_servers=list(ice_server or []), ice_relay_only=ice_relay_only,
                        ice_from_relay=ice_from_relay, heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
-                       host_wait_s=host_wait, queue_file=queue,
+                       host_wait_s=host_wait, rejoin_live_s=rejoin_live, queue_file=queue,
                        scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, model=model)
     try:

@@ -36,6 +36,14 @@ connection); the handshake runs again, a worker dealt the same range keeps its l
 weights (KV cache emptied), and the new host answers its questions. When the time
 passes, every worker says "Room over" and exits with status 5.
 
+Device back: a worker that loses a host that still runs (its Wi-Fi dropped) says hello
+again over the live connection for ``--rejoin-live`` seconds (10 by default); past that
+the host and the worker meet at the relay for a new connection
+(:meth:`runtime.room.Node._meet_again`, :func:`await_host_plan`) and the worker says
+hello over it. The host takes it back after the rejoin hold (planner/liveness.py) and
+its rejoin rule may deal it back into the chain (a Replan); the worker keeps its weights
+and its plan.
+
 Exit status: 0 done, 2 bad arguments or a room that cannot be planned, 3 could not
 join the room (or a peer was lost before the plan), 4 timed out, 5 room over (lost the
 model host, which did not come back), 6 the host: a question was refused or not
@@ -300,6 +308,9 @@ class _Mux:
         self.lost_handler = None
         self.lost: dict[str, str] = {}
         self.early: list = []
+        #: this device's Hello: said again over each new connection (:meth:`reconnect`), so a
+        #: peer in a room with a key counts what this side sends over it
+        self.hello = None
         transport.set_handler(self._on_message)
         if hasattr(transport, "set_lost_handler"):
             transport.set_lost_handler(self._on_lost)
@@ -325,6 +336,9 @@ class _Mux:
             if msg.type in ("heartbeat", "replan", "ready", "crash", "fault", "stamps", "progress"):  # the running room's
                 if self.node_handler is not None:
                     self.node_handler(src, channel, data)
+                return
+            if msg.type == "hello" and self.node_handler is not None:  # a lost device back (runtime.room)
+                self.node_handler(src, channel, data)
                 return
             self.control.put_nowait((src, msg))
         elif self.node_handler is None:
@@ -397,6 +411,8 @@ class _Mux:
         self.verified.discard(peer)  # a new connection, a new certificate: its hello proves it again
         await self.t.reconnect(peer, timeout_s)
         self.lost.pop(peer, None)
+        if self.hello is not None and self.key is not None:
+            await self.say(peer, self.hello_for(peer, self.hello))
 
     def next_round(self) -> None:
         """Forget the ended round's Node (its handlers and the messages meant for it) and
@@ -448,6 +464,9 @@ class JoinOptions:
     serve_bind: str = "127.0.0.1"
     #: a worker that loses the model host waits this long for it to come back, seconds
     host_wait_s: float = 60.0
+    #: seconds a lost peer is waited for on the live connection before a new one is
+    #: made through the relay (runtime.control.REJOIN_LIVE_S; 0: at once)
+    rejoin_live_s: float = 10.0
     #: the host's question queue on disk (splitroom/host_queue.py): questions a host
     #: that died never ended are asked first when it comes back with the same file
     queue_file: Optional[str] = None
@@ -498,27 +517,54 @@ async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
 
 
 async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[asyncio.Event], say,
-                          greet, reason: str = "it fell silent"):
-    """A worker lost the model host ``host``: wait up to ``wait_s`` seconds for it to
-    come back (:func:`runtime.node.await_host`), say hello again (``greet()``) and take
-    its plan. A device that connects as ``host`` but is refused (its hello cannot prove
-    the room key over its certificate) or leaves before its plan is logged and the
-    wait goes on, until the real host's plan or the end of ``wait_s``.
+                          greet, reason: str = "it fell silent", running=None, live_s: float = 0.0,
+                          hello=None):
+    """A worker lost the model host ``host``: say "Host reconnecting", wait up to
+    ``wait_s`` seconds for it to come back (:func:`runtime.node.await_host`: a new
+    connection through the relay), say hello again (``greet()``) and take its plan. A
+    host that restarted answers with its plan; the host that still runs (``running``:
+    the plan of the round that ended), which lost this worker and met it at the relay,
+    answers with its heartbeats: the same plan then goes on. With ``live_s`` > 0 (and
+    ``running``), the first ``live_s`` seconds of the wait say ``hello`` (this device's
+    :class:`runtime.control.Hello`, given its proof for ``host``) over the live
+    connection (:func:`runtime.node.hello_again`): a host that answers over it still
+    runs, and the same plan goes on. A device that connects as ``host`` but is refused
+    (its hello cannot prove the room key over its certificate) or leaves before its plan
+    is logged and the wait goes on, until the real host's plan or the end of ``wait_s``.
 
     Returns the host's :class:`runtime.control.Plan`. Raises JoinError (status 5, room
     over) when the wait ends without it; status 2 when the host aborts the room."""
-    from runtime.control import Plan
-    from runtime.node import await_host
+    from runtime.control import Heartbeat, Plan
+    from runtime.node import await_host, hello_again, host_reconnecting
     until = time.monotonic() + wait_s
+    announced = None  # "Host reconnecting" said already, for the whole wait
+    live = min(live_s, wait_s)
+    if running is not None and hello is not None and live > 0 and host not in mux.lost:
+        say(host_reconnecting(host, wait_s))
+        mux.next_round()
+        if await hello_again(mux, host, hello.device, live, stop=stop, hello=mux.hello_for(host, hello)):
+            say(f"the model host {host} answered on the live connection: rejoining the room")
+            return running
+        announced = wait_s
     while True:
         mux.next_round()
+        if running is not None:  # the host's heartbeats reach a Node's handler (_Mux): into the queue, in order
+            mux.set_handler(lambda src, channel, data: mux.control.put_nowait((src, Heartbeat()))
+                            if src == host and _is_heartbeat(data) else None)
         left = max(until - time.monotonic(), 0.0)
-        if not await await_host(mux, host, left, stop, say):
+        ok = await await_host(mux, host, left, stop, say, announced_s=announced)
+        announced = None  # a later round (after a refused impostor) says it again
+        if not ok:
             raise JoinError(f"room over: lost the model host {host} ({reason}) and it did not come back "
                             f"within {wait_s:g} s", 5)
         await greet()
         try:
-            return (await _next_control(mux, (Plan,), until, "the host's plan", [host]))[1]
+            src, msg = await _next_control(mux, (Plan, Heartbeat) if running is not None else (Plan,), until,
+                                           "the host's plan", [host])
+            if isinstance(msg, Heartbeat):  # a restarted host sends its plan before its first heartbeat
+                say(f"the model host {host} still runs: rejoining the room with the same plan")
+                return running
+            return msg
         except JoinError as e:
             if e.status == 4:
                 raise JoinError(f"room over: the model host {host} did not send its plan within {wait_s:g} s", 5) \
@@ -544,6 +590,14 @@ def stage_shares(model_dir, chain) -> list[dict]:
     except Exception as e:  # WeightsError, OSError: a directory without a safetensors file
         log.info("layer sizes not known for the room page: %s: %s", type(e).__name__, e)
         return []
+
+
+def _is_heartbeat(data: bytes) -> bool:
+    from runtime.control import ControlError, Heartbeat, parse_control
+    try:
+        return isinstance(parse_control(data), Heartbeat)
+    except ControlError:
+        return False
 
 
 async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions, queue=None, numbers=()) -> None:
@@ -737,6 +791,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     kept = None  # a worker's ((start, end), loaded) kept while the host was away
     host = None
     hello = Hello(device=opts.device, host=bool(opts.host), layers=mine, lends=lends)
+    mux.hello = hello
 
     async def greet() -> None:
         for p in peers:
@@ -797,7 +852,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             cfg = NodeConfig(device=opts.device, host=host, stages=chain, scheduler=plan.scheduler,
                              model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
                              max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device],
-                             host_wait_s=opts.host_wait_s, weights_from_peer=True, room_key=key,
+                             host_wait_s=opts.host_wait_s, rejoin_live_s=opts.rejoin_live_s,
+                             weights_from_peer=True, room_key=key,
                              heartbeat_timeout_s=opts.heartbeat_timeout_s,
                              drafter=spec.drafter if spec is not None else "ngram")
             if is_host:
@@ -833,8 +889,9 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             if status == LOST_HOST and not stop.is_set():
                 reason = mux.lost.get(host, "it fell silent")
                 wait = max(min(opts.host_wait_s, deadline - time.monotonic()), 0.0)
-                back = await await_host_plan(mux, host, wait, stop, say, greet, reason)
                 kept = ((a, b), loaded)
+                back = await await_host_plan(mux, host, wait, stop, say, greet, reason, plan,
+                                             live_s=opts.rejoin_live_s, hello=hello)
                 continue
             if is_host:
                 if printer:  # the last answer's tail and speed line

@@ -66,9 +66,13 @@ def _host(url: str, env: dict, answers: Path | None = None, queue: Path | None =
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _worker(url: str, env: dict, wait_s: float) -> tuple[subprocess.Popen, Lines]:
+def _worker(url: str, env: dict, wait_s: float, live: tuple[str, ...] = ("--rejoin-live", "0")
+            ) -> tuple[subprocess.Popen, Lines]:
+    """The worker; ``live``: its --rejoin-live (0 by default: the host is killed, not
+    frozen, so its hellos over the dead connection would only add to the wait)."""
     w = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h",
-                                      "--address", "127.0.0.1", "--timeout", "55", "--host-wait", str(wait_s)],
+                                      "--address", "127.0.0.1", "--timeout", "55", "--host-wait", str(wait_s)]
+                         + list(live),
                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return w, Lines(w.stderr)
 
@@ -109,7 +113,7 @@ def test_a_host_that_comes_back_resumes_the_room_with_the_worker_weights_kept(tm
 
 def test_a_host_that_does_not_come_back_ends_the_room_after_the_wait():
     with relay_room("hostgone") as (url, env, procs):
-        worker, w_err = _worker(url, env, 2)
+        worker, w_err = _worker(url, env, 2, live=())  # the default: the whole 2 s on the live connection
         host = _host(url, env)
         procs += [worker, host]
         _kill_while_streaming(host)

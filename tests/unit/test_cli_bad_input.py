@@ -348,3 +348,12 @@ def test_a_killed_device_is_reported_as_killed_not_by_its_stale_log_line():
     assert ended_how(-15, stale) == "killed by SIGTERM"
     assert ended_how(3, "w: could not join room r: timed out") == "status 3: w: could not join room r: timed out"
     assert ended_how(1, "") == "status 1"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "601"])
+def test_join_rejoin_live_out_of_range_is_one_line(value):
+    r = invoke("join", "ws://127.0.0.1:9/room/x", "--device", "a", "--peers", "b", "--rejoin-live", value)
+    assert r.exit_code == 2
+    err = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(err) == 1 and f"--rejoin-live {value}" in err[0] and "0 to 600" in err[0], r.stderr
+    assert "Traceback" not in r.stderr

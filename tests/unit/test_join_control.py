@@ -161,3 +161,44 @@ def test_the_room_page_is_told_each_stage_s_layer_bytes_as_the_safetensors_heade
                    {"device": "tab", "used_bytes": layers_bytes(25, 30)}]
     assert got[1]["used_bytes"] > 0
     assert stage_shares(tmp_path, [["host", 0, 30]]) == []  # no weights there: the page says "size not known"
+
+
+def test_a_worker_back_through_the_relay_keeps_its_plan_when_the_host_still_runs_and_takes_a_new_one_after_a_restart():
+    # After the new connection the host that still runs (it lost this worker and met it at
+    # the relay) answers the worker's hello with heartbeats; a host that restarted answers
+    # with its plan first (its heartbeats start with its Node, after the plan).
+    from runtime.control import Heartbeat
+    running = plan()
+    restarted = plan().model_copy(update={"max_new_tokens": 8})
+
+    async def go(answer):
+        t = FakeTransport()
+        mux = _Mux(t, KEY)
+        mux._on_message("h", "reply", hello("h", FP["h"], host=True))
+        mux.host = "h"
+
+        def the_host():
+            asyncio.get_running_loop().call_soon(mux._on_message, "h", "reply",
+                                                 hello("h", FP["h"], host=True))  # its proof, again
+        t.on_reconnect = [the_host]
+        said = []
+
+        async def greet():  # the host answers the worker's hello
+            for msg in answer:
+                asyncio.get_running_loop().call_soon(mux._on_message, "h", "reply", encode_control(msg))
+        got = await asyncio.wait_for(await_host_plan(mux, "h", 10.0, None, said.append, greet, running=running), 10)
+        return got, said
+    got, said = asyncio.run(go([Heartbeat()]))
+    assert got is running and said[-1] == "the model host h still runs: rejoining the room with the same plan"
+    got, said = asyncio.run(go([restarted, Heartbeat()]))
+    assert got == restarted and not any("still runs" in s for s in said)
+
+
+def test_a_hello_that_arrives_while_a_node_runs_reaches_the_node():
+    # the model host's Node takes a lost device back on its hello (runtime.room.Node._from_lost)
+    got = []
+    t = FakeTransport()
+    mux = _Mux(t, None)
+    mux.set_handler(lambda src, channel, data: got.append((src, channel, data)))
+    mux._on_message("w", "reply", hello("w", FP["w"], key=None))
+    assert got == [("w", "reply", hello("w", FP["w"], key=None))] and mux.control.empty()
