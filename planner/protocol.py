@@ -65,8 +65,8 @@ class IgnoreReason(StrEnum):
 
 class DriverError(RuntimeError):
     """An event that only a wrong driver can produce: a ``HeadFinished`` or a
-    ``StageFinished`` at the host for a lap the host never launched, a ``DraftReady`` for
-    a draft it never asked for. The machine raises it (the driver's own mistake, as
+    ``StageFinished`` at the host for a lap the host never launched, a ``HeadFinished``
+    for a lap the host gave no RunHead, a ``DraftReady`` for a draft it never asked for. The machine raises it (the driver's own mistake, as
     h11 raises ``LocalProtocolError``) instead of ignoring the event."""
 
 

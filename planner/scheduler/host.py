@@ -4,13 +4,21 @@ Events in, commands out, time passed in (sans-IO, in the style of h11). The same
 runs in the simulator, in every device process of a real room and in the tests' rooms,
 behind :class:`planner.chain.Chain`.
 
-States (:class:`HostState`): ``IDLE`` (no question), ``FILLING`` (a prompt's prefill, or
-the replay after a re-deal, still going through the chain), ``DECODING`` (decode or
-verify laps), ``RECOVERING`` (a re-deal announced, waiting for ChainReady), ``STOPPED``
-(the room cannot answer any more). :data:`HostScheduler.HANDLERS` is the one table from
-event type to handler. An event a handler takes no action on leaves an
-:class:`planner.protocol.Ignored` record with its reason; one that only a driver's
-mistake can produce raises :class:`planner.protocol.DriverError`.
+States (:class:`HostState`, held in one attribute): ``IDLE`` (no question), ``FILLING``
+(a prompt's prefill, or the replay after a re-deal, still going through the chain, for
+every question answered), ``DECODING`` (decode or verify laps), ``RECOVERING`` (a re-deal
+announced, waiting for ChainReady), ``STOPPED`` (the room cannot answer any more: final).
+:data:`TRANSITIONS` is the literal table, in the manner of h11's
+``EVENT_TRIGGERED_TRANSITIONS``: for each state, the event types it has a transition for
+and the states the host may be in once it is handled. :data:`HostScheduler.HANDLERS`
+is the one table from event type to handler. An event type missing from its state's row
+has no transition there and goes to :data:`HostScheduler.MISSES`, which, as h11 does for
+each side, tells the two kinds of miss apart: one that only the driver's own mistake can
+produce raises :class:`planner.protocol.DriverError`; a peer's late or unknown event (a
+stale lap, a frame of the chain before a re-deal, a Fault naming a lap never launched)
+leaves an :class:`planner.protocol.Ignored` record with its reason and no command. A
+handler that finds the same inside a transition (a lap of the question answered that
+is over) hands it to the same miss.
 
 What the model host does per question (product pages 001 and 002):
 
@@ -84,13 +92,69 @@ _STALE, _UNKNOWN, _REPEATED, _BUG = IgnoreReason.STALE, IgnoreReason.UNKNOWN, Ig
 
 
 class HostState(StrEnum):
-    """What the model host is doing (see the module doc)."""
+    """What the model host is doing (see the module doc and :data:`TRANSITIONS`)."""
 
     IDLE = "idle"
     FILLING = "filling"
     DECODING = "decoding"
     RECOVERING = "recovering"
     STOPPED = "stopped"
+
+
+IDLE, FILLING, DECODING, RECOVERING, STOPPED = HostState
+#: the states in which the host takes questions; which one it is follows from the
+#: questions answered (none: IDLE; every one still filling: FILLING; else DECODING)
+OPEN = frozenset({IDLE, FILLING, DECODING})
+
+#: state -> event type -> the states the host may be in once it has handled the event.
+#: An event type missing from a state's row has no transition there
+#: (:data:`HostScheduler.MISSES`). :meth:`HostScheduler.handle` raises RuntimeError if a
+#: handler leaves the host in a state its row does not name.
+TRANSITIONS: dict[HostState, dict[type, frozenset[HostState]]] = {
+    IDLE: {
+        QuestionAsked: frozenset({IDLE, FILLING}),
+        StageFinished: frozenset({IDLE}),  # a chunk of a question that ended still goes on
+        FrameArrived: frozenset({IDLE}),
+        HeadFinished: frozenset({IDLE}),
+        DeviceLost: frozenset({IDLE, RECOVERING, STOPPED}),
+        DeviceBack: frozenset({IDLE, RECOVERING}),
+    },
+    FILLING: {
+        QuestionAsked: frozenset({FILLING}),
+        StageFinished: frozenset({FILLING}),
+        FrameArrived: frozenset({FILLING}),
+        HeadFinished: frozenset({IDLE, FILLING, DECODING}),
+        DeviceLost: frozenset({IDLE, FILLING, RECOVERING, STOPPED}),
+        DeviceBack: frozenset({FILLING, RECOVERING}),
+        QuestionWithdrawn: frozenset({IDLE, FILLING}),
+        LapFailed: frozenset({IDLE, FILLING}),
+    },
+    DECODING: {
+        QuestionAsked: frozenset({DECODING}),
+        StageFinished: frozenset({DECODING}),
+        FrameArrived: frozenset({DECODING}),
+        HeadFinished: frozenset({IDLE, FILLING, DECODING}),
+        DraftReady: frozenset({IDLE, FILLING, DECODING}),
+        DeviceLost: frozenset({IDLE, FILLING, DECODING, RECOVERING, STOPPED}),
+        DeviceBack: frozenset({DECODING, RECOVERING}),
+        QuestionWithdrawn: frozenset({IDLE, FILLING, DECODING}),
+        LapFailed: frozenset({IDLE, FILLING, DECODING}),
+    },
+    RECOVERING: {
+        QuestionAsked: frozenset({RECOVERING}),
+        DeviceLost: frozenset({RECOVERING, STOPPED}),
+        DeviceBack: frozenset({RECOVERING}),
+        ChainReady: frozenset({IDLE, FILLING, RECOVERING}),  # RECOVERING: the ChainReady of an earlier re-deal
+        QuestionWithdrawn: frozenset({RECOVERING}),
+    },
+    STOPPED: {
+        QuestionAsked: frozenset({STOPPED}),  # refused with the reason
+        StageFinished: frozenset({STOPPED}),
+        FrameArrived: frozenset({STOPPED}),
+        HeadFinished: frozenset({STOPPED}),
+        DeviceLost: frozenset({STOPPED}),
+    },
+}
 
 
 @dataclass
@@ -144,7 +208,9 @@ class HostScheduler:
     :class:`planner.protocol.Ignored` record to ``ignored`` (a list a driver empties).
     Raises :class:`planner.protocol.DriverError` for an event only a wrong driver can
     produce: ``HeadFinished`` or the host's own ``StageFinished`` for a lap never
-    launched, ``DraftReady`` for a draft never asked for.
+    launched, ``HeadFinished`` for a lap given no RunHead, ``DraftReady`` for a draft
+    never asked for. Which events each state has a transition for is
+    :data:`TRANSITIONS`; the rest are :data:`MISSES`.
 
     The question ids of the latest :data:`SEEN_QUESTIONS` questions are kept, so a
     repeated id is refused; a long-lived host's memory stays bounded.
@@ -180,14 +246,15 @@ class HostScheduler:
         self.redeal = redeal
         self.rejoin = rejoin
         self.lost: set[str] = set()
-        self.recovering: int | None = None  # first lap of the new chain, until ChainReady
+        self._state = IDLE
+        self._stop_reason = ""
+        self._redeal_lap = -1  # the first lap of the chain re-dealt last (RECOVERING waits for its ChainReady)
         self._set_deal(deal)
         self.queue: deque[QuestionAsked] = deque()
         self.active: dict[int, _Question] = {}  # question id -> question being answered, in the order begun
         self.laps: dict[int, _Lap] = {}
         self._next_lap = 0
         self._next_draft = 0
-        self.stopped: str | None = None
         self.seen_questions: set[int] = set()  # the ids of the latest SEEN_QUESTIONS questions
         self._seen_order: deque[int] = deque()
         # counters (also derivable from the trace)
@@ -209,23 +276,52 @@ class HostScheduler:
     # -- public ---------------------------------------------------------------------
 
     def handle(self, event: Event, now_s: float) -> list[Command]:
-        """Feed one event; returns the commands to carry out, in order. Raises
-        TypeError for an object that is not an event of :mod:`planner.protocol`."""
-        h = self.HANDLERS.get(type(event))
-        if h is None:
-            raise TypeError(f"not a scheduler event: {type(event).__name__}")
-        return h(self, event)
+        """Feed one event; returns the commands to carry out, in order. An event with no
+        transition in the current state (:data:`TRANSITIONS`) goes to its miss
+        (:data:`MISSES`): an Ignored record and ``[]``, or DriverError. Raises TypeError
+        for an object that is not an event of :mod:`planner.protocol`, and RuntimeError if
+        a handler left the host in a state :data:`TRANSITIONS` does not allow (a fault of
+        this class, never of the driver)."""
+        cls = type(event)
+        before = self._state
+        after = TRANSITIONS[before].get(cls)
+        if after is None:
+            miss = self.MISSES.get(cls)
+            if miss is None:
+                raise TypeError(f"not a scheduler event: {cls.__name__}")
+            return miss(self, event)
+        cmds = self.HANDLERS[cls](self, event)
+        if self._state in OPEN:
+            self._settle()
+        if self._state not in after:
+            raise RuntimeError(f"the host went from {before} to {self._state} on {cls.__name__}, "
+                               "which TRANSITIONS does not allow")
+        return cmds
 
     @property
     def state(self) -> HostState:
         """What the host is doing now (:class:`HostState`)."""
-        if self.stopped is not None:
-            return HostState.STOPPED
-        if self.recovering is not None:
-            return HostState.RECOVERING
-        if not self.active:
-            return HostState.IDLE
-        return HostState.FILLING if all(q.filling for q in self.active.values()) else HostState.DECODING
+        return self._state
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the room stopped (the first reason), or None while it has not."""
+        return self._stop_reason if self._state is STOPPED else None
+
+    @property
+    def recovering(self) -> int | None:
+        """The first lap of the re-dealt chain while its ChainReady is awaited, else None."""
+        return self._redeal_lap if self._state is RECOVERING else None
+
+    def _settle(self) -> None:
+        """The open state the questions answered make (see :data:`OPEN`)."""
+        state = IDLE
+        for q in self.active.values():
+            if not q.filling:
+                state = DECODING
+                break
+            state = FILLING
+        self._state = state
 
     def _ignore(self, event, reason: IgnoreReason, detail: str = "") -> list:
         return note_ignored(self.ignored, self.host, event, reason, detail)
@@ -250,7 +346,7 @@ class HostScheduler:
 
     def _full(self) -> bool:
         """No question can begin now: every slot taken, or a re-deal under way."""
-        return len(self.active) >= self.questions_in_flight or self.recovering is not None
+        return len(self.active) >= self.questions_in_flight or self._state is RECOVERING
 
     # -- queue ----------------------------------------------------------------------
 
@@ -258,8 +354,8 @@ class HostScheduler:
         refuse = None
         if ev.question_id in self.seen_questions:
             refuse = f"question id {ev.question_id} was already asked"
-        elif self.stopped:
-            refuse = self.stopped
+        elif self._state is STOPPED:
+            refuse = self._stop_reason
         elif not ev.prompt:
             refuse = "empty prompt"
         elif ev.max_new_tokens < 1:
@@ -298,7 +394,7 @@ class HostScheduler:
                 return [Refuse(w.question_id, w.device, "withdrawn by the asker")]
         q = self.active.get(ev.question_id)
         if q is None:
-            return self._ignore(ev, _UNKNOWN, f"question {ev.question_id} is neither waiting nor being answered")
+            return self._miss_withdrawn(ev)
         q.done = True
         q.reason = "withdrawn"
         return self._finish(q)
@@ -361,13 +457,9 @@ class HostScheduler:
                            self.config.dtype, lap.returns, lap.slot)
 
     def _stage_finished(self, ev: StageFinished) -> list:
-        if ev.device != self.host:
-            return self._ignore(ev, _BUG, f"a stage of {ev.device} reached the host's machine")
-        lap = self.laps.get(ev.lap_id)
+        lap = self.laps.get(ev.lap_id) if ev.device == self.host else None
         if lap is None:
-            if not self._launched(ev.lap_id):
-                raise DriverError(f"StageFinished for lap {ev.lap_id}, which the host never launched")
-            return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+            return self._miss_stage(ev)
         lap.sent = True
         cmds: list = []
         if self.workers:
@@ -385,15 +477,10 @@ class HostScheduler:
 
     def _frame_back(self, ev: FrameArrived) -> list:
         h = ev.header
-        if ev.device != self.host:
-            return self._ignore(ev, _BUG, f"a frame for {ev.device} reached the host's machine")
-        if h.kind != FrameKind.RESULT and h.kind != FrameKind.RETURN:
-            return self._ignore(ev, _BUG, f"a {FrameKind(h.kind).name} frame from {ev.src} at the host")
-        lap = self.laps.get(h.lap_id)
+        lap = (self.laps.get(h.lap_id) if ev.device == self.host and (h.kind == FrameKind.RESULT
+                                                                        or h.kind == FrameKind.RETURN) else None)
         if lap is None:
-            if not self._launched(h.lap_id):  # a peer's frame: outside input, never trusted
-                return self._ignore(ev, _UNKNOWN, f"lap {h.lap_id} from {ev.src} was never launched")
-            return self._ignore(ev, _STALE, f"lap {h.lap_id} is over")
+            return self._miss_frame(ev)
         if lap.back:
             return self._ignore(ev, _BUG, f"lap {h.lap_id} came back twice")
         return self._returned(lap)
@@ -423,11 +510,11 @@ class HostScheduler:
 
     def _head_finished(self, ev: HeadFinished) -> list:
         lap = self.laps.get(ev.lap_id)
-        q = self.active.get(lap.question_id) if lap is not None else None
         if lap is None:
-            if not self._launched(ev.lap_id):
-                raise DriverError(f"HeadFinished for lap {ev.lap_id}, which the host never launched")
-            return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+            return self._miss_head(ev)
+        if not lap.back:  # no RunHead was given for it
+            raise DriverError(f"HeadFinished for lap {ev.lap_id}, whose frame has not come back to the host")
+        q = self.active.get(lap.question_id)
         if lap.predictions is not None:
             return self._ignore(ev, _BUG, f"a second head result for lap {ev.lap_id}")
         if q is None or lap.stale:
@@ -561,11 +648,9 @@ class HostScheduler:
         return self.config.context - len(q.seq) - len(q.assumed)
 
     def _draft_ready(self, ev: DraftReady) -> list:
-        if not 0 <= ev.draft_id < self._next_draft:
-            raise DriverError(f"DraftReady for draft {ev.draft_id}, which the host never asked for")
         q = next((a for a in self.active.values() if a.drafting == ev.draft_id), None)
         if q is None:
-            return self._ignore(ev, _STALE, f"draft {ev.draft_id} is no longer awaited")
+            return self._miss_draft(ev)
         q.drafting = None
         if not ev.tokens:
             return self._abort(q, "the drafter returned no tokens")
@@ -590,11 +675,9 @@ class HostScheduler:
         """A residual of ``ev.lap_id`` went bad (NaN/inf): its question fails, naming the
         device; laps of other questions, stale laps and unknown ones are ignored."""
         lap = self.laps.get(ev.lap_id)
-        if lap is None and not self._launched(ev.lap_id):  # a peer's Fault: outside input
-            return self._ignore(ev, _UNKNOWN, f"lap {ev.lap_id} was never launched")
-        q = self.active.get(lap.question_id) if lap is not None else None
-        if lap is None or lap.stale or q is None:
-            return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+        q = self.active.get(lap.question_id) if lap is not None and not lap.stale else None
+        if q is None:
+            return self._miss_lap_failed(ev)
         cmds = [] if lap.lap_id in q.inflight else self._end_lap(lap, stale=True)  # it will not come back
         return cmds + self._abort(q, f"numerical fault on {ev.device}: {ev.reason}")
 
@@ -607,8 +690,11 @@ class HostScheduler:
         dev = ev.device
         if dev in self.lost:
             return self._ignore(ev, _REPEATED, f"{dev} was already lost")
+        if self._state is STOPPED:  # nothing is left to refuse or re-deal
+            self.lost.add(dev)
+            return self._ignore(ev, _STALE, f"the room has stopped: {self._stop_reason}")
         in_chain = dev == self.host or dev in self.workers
-        if in_chain and dev != self.host and self.redeal is not None and self.stopped is None:
+        if in_chain and dev != self.host and self.redeal is not None:
             try:
                 new = self.redeal(self.deal, frozenset(self.lost | {dev}))
                 self._check_redeal(new, frozenset(self.lost | {dev}))
@@ -635,9 +721,7 @@ class HostScheduler:
     def _back(self, ev: DeviceBack) -> list:
         dev = ev.device
         if dev not in self.lost:
-            return self._ignore(ev, _REPEATED, f"{dev} was not lost")
-        if self.stopped is not None:
-            return self._ignore(ev, _STALE, f"the room has stopped: {self.stopped}")
+            return self._miss_back(ev)
         self.lost.discard(dev)
         if self.rejoin is None:
             return []
@@ -655,9 +739,9 @@ class HostScheduler:
     def _stop(self, reason: str) -> list:
         """Refuse the active question and every waiting one; take no more. A room that
         has stopped keeps the first reason: a later loss does not hide why it stopped."""
-        if self.stopped is None:
-            self.stopped = reason
-        reason = self.stopped
+        if self._state is not STOPPED:
+            self._state, self._stop_reason = STOPPED, reason
+        reason = self._stop_reason
         cmds: list = []
         active = list(self.active.values())
         self.active = {}
@@ -705,7 +789,8 @@ class HostScheduler:
             lap.stale = True
             cmds += self._end_lap(lap, stale=True)
         self._set_deal(new)
-        self.recovering = self._next_lap  # a lap id of its own, so each re-deal's ChainReady is told apart
+        self._state = RECOVERING
+        self._redeal_lap = self._next_lap  # a lap id of its own, so each re-deal's ChainReady is told apart
         self._next_lap += 1
         kept: list[_Question] = []
         for q in self.active.values():
@@ -729,24 +814,78 @@ class HostScheduler:
             q.slot = slot
             self.active[q.question_id] = q
         stages = tuple((s.device, s.start, s.end) for s in new.stages)
-        cmds.append(Redeal(dev or "", self.host, stages, self.recovering, kept[0].question_id if kept else None,
+        cmds.append(Redeal(dev or "", self.host, stages, self._redeal_lap, kept[0].question_id if kept else None,
                            sum(len(q.seq) for q in kept), back))
         return cmds
 
     def _chain_ready(self, ev: ChainReady) -> list:
-        if self.recovering is None or ev.first_lap != self.recovering:
-            reason = _STALE if self._launched(ev.first_lap) else _UNKNOWN
-            return self._ignore(ev, reason, f"no re-deal with first lap {ev.first_lap} is awaited")
-        self.recovering = None
+        if ev.first_lap != self._redeal_lap:
+            return self._miss_chain_ready(ev)
+        self._settle()  # open again: the questions kept are FILLING (their replays)
         cmds: list = []
         for q in list(self.active.values()):  # each replays in its own slot, their laps interleaved
             cmds += self._launch_prefill_chunk(q)
         return cmds + self._next_question()
 
-    #: event type -> handler: the one table ``handle`` dispatches by
+    # -- misses: events with no transition -------------------------------------------
+
+    def _never_launched(self, ev, lap_id: int) -> None:
+        """Raise DriverError when ``lap_id`` was never launched (the driver's own event)."""
+        if not self._launched(lap_id):
+            raise DriverError(f"{type(ev).__name__} for lap {lap_id}, which the host never launched")
+
+    def _miss_stage(self, ev: StageFinished) -> list:
+        if ev.device != self.host:
+            return self._ignore(ev, _BUG, f"a stage of {ev.device} reached the host's machine")
+        self._never_launched(ev, ev.lap_id)
+        return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+
+    def _miss_frame(self, ev: FrameArrived) -> list:
+        h = ev.header
+        if ev.device != self.host:
+            return self._ignore(ev, _BUG, f"a frame for {ev.device} reached the host's machine")
+        if h.kind != FrameKind.RESULT and h.kind != FrameKind.RETURN:
+            return self._ignore(ev, _BUG, f"a {FrameKind(h.kind).name} frame from {ev.src} at the host")
+        if not self._launched(h.lap_id):  # a peer's frame: outside input, never trusted
+            return self._ignore(ev, _UNKNOWN, f"lap {h.lap_id} from {ev.src} was never launched")
+        return self._ignore(ev, _STALE, f"lap {h.lap_id} is over")
+
+    def _miss_head(self, ev: HeadFinished) -> list:
+        self._never_launched(ev, ev.lap_id)
+        return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+
+    def _miss_draft(self, ev: DraftReady) -> list:
+        if not 0 <= ev.draft_id < self._next_draft:
+            raise DriverError(f"DraftReady for draft {ev.draft_id}, which the host never asked for")
+        return self._ignore(ev, _STALE, f"draft {ev.draft_id} is no longer awaited")
+
+    def _miss_lap_failed(self, ev: LapFailed) -> list:
+        if not self._launched(ev.lap_id):  # a peer's Fault: outside input
+            return self._ignore(ev, _UNKNOWN, f"lap {ev.lap_id} was never launched")
+        return self._ignore(ev, _STALE, f"lap {ev.lap_id} is over")
+
+    def _miss_chain_ready(self, ev: ChainReady) -> list:
+        reason = _STALE if self._launched(ev.first_lap) else _UNKNOWN
+        return self._ignore(ev, reason, f"no re-deal with first lap {ev.first_lap} is awaited")
+
+    def _miss_withdrawn(self, ev: QuestionWithdrawn) -> list:
+        return self._ignore(ev, _UNKNOWN, f"question {ev.question_id} is neither waiting nor being answered")
+
+    def _miss_back(self, ev: DeviceBack) -> list:
+        if ev.device not in self.lost:
+            return self._ignore(ev, _REPEATED, f"{ev.device} was not lost")
+        return self._ignore(ev, _STALE, f"the room has stopped: {self._stop_reason}")
+
+    #: event type -> handler: the one table ``handle`` dispatches a transition by
     HANDLERS: dict = {QuestionAsked: _asked, StageFinished: _stage_finished, FrameArrived: _frame_back,
                       HeadFinished: _head_finished, DraftReady: _draft_ready, DeviceLost: _lost, DeviceBack: _back,
                       ChainReady: _chain_ready, QuestionWithdrawn: _withdrawn, LapFailed: _lap_failed}
+    #: event type -> what an event with no transition in the host's state is: a peer's
+    #: late or unknown event (an Ignored record and ``[]``) or the driver's own mistake
+    #: (DriverError). QuestionAsked and DeviceLost have a transition in every state.
+    MISSES: dict = {StageFinished: _miss_stage, FrameArrived: _miss_frame, HeadFinished: _miss_head,
+                    DraftReady: _miss_draft, DeviceBack: _miss_back, ChainReady: _miss_chain_ready,
+                    QuestionWithdrawn: _miss_withdrawn, LapFailed: _miss_lap_failed}
 
 
 _FILL_KINDS = (LapKind.PREFILL, LapKind.REPLAY)

@@ -1,0 +1,268 @@
+"""The model host's transition table walked pair by pair, as h2's state-machine tests
+walk every (state, input): each HostState is reached by a short hand-written room
+(deal h 1 layer, w 1 layer; 2 drafted tokens; a re-deal rule that gives w's layer to h,
+or none), every event type is fed once, and what happens is compared with the outcome
+worked out by hand below. The pairs with no transition are listed by hand too and
+checked against planner.scheduler.host.TRANSITIONS."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.deal import Deal, Stage
+from planner.frames import FrameHeader, FrameKind
+from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, DeviceBack, DeviceLost, Draft, DraftReady,
+                              DriverError, EmitToken, FrameArrived, HeadFinished, LapEnded, LapFailed, QuestionAsked,
+                              QuestionWithdrawn, Redeal, Refuse, RunHead, RunStage, SendFrame, StageFinished)
+from planner.scheduler import HostScheduler, HostState, SchedulerConfig
+from planner.scheduler import host as host_module
+from tests.harness import truth
+
+IDLE, FILLING, DECODING, RECOVERING, STOPPED = (HostState.IDLE, HostState.FILLING, HostState.DECODING,
+                                                HostState.RECOVERING, HostState.STOPPED)
+DEAL = Deal(host="h", split="pinned", stages=(Stage("h", 0, 1), Stage("w", 1, 2)), guests=(), fits=True, notes=())
+MERGED = Deal(host="h", split="pinned", stages=(Stage("h", 0, 2),), guests=(), fits=True, notes=())
+CFG = SchedulerConfig(hidden=4, draft_tokens=2)
+PROMPT = (7, 8)  # truth(2) follows it
+
+
+def _host(redeal: bool = True) -> HostScheduler:
+    return HostScheduler(DEAL, CFG, redeal=(lambda d, lost: MERGED) if redeal else None)
+
+
+def _first_token(s: HostScheduler) -> None:
+    """Lap 0 (the prompt) through the host's stage, back, and its head: the first token."""
+    s.handle(StageFinished("h", 0), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4, returns=True)), 0.0)
+    s.handle(HeadFinished(0, (truth(2),)), 0.0)
+
+
+def idle() -> tuple[HostScheduler, int]:
+    """Question 0 asked for one token and answered: lap 0 is over, nothing in flight."""
+    s = _host()
+    s.handle(QuestionAsked(0, "g", PROMPT, 1), 0.0)
+    _first_token(s)
+    return s, 0
+
+
+def filling() -> tuple[HostScheduler, int]:
+    """Question 0 asked: lap 0 (the prompt, 2 tokens) on the host's stage."""
+    s = _host()
+    s.handle(QuestionAsked(0, "g", PROMPT, 3), 0.0)
+    return s, 0
+
+
+def decoding() -> tuple[HostScheduler, int]:
+    """The first token is out, draft 0 came back: verify lap 1 on the host's stage."""
+    s, _ = filling()
+    _first_token(s)
+    s.handle(DraftReady(0, (truth(3), truth(4))), 0.0)
+    return s, 1
+
+
+def recovering() -> tuple[HostScheduler, int]:
+    """w lost while lap 0 was on the host's stage: the re-deal (first lap 1) announced."""
+    s, _ = filling()
+    s.handle(DeviceLost("w"), 0.0)
+    return s, 0
+
+
+def stopped() -> tuple[HostScheduler, int]:
+    """As ``recovering`` with no re-deal rule: the room stopped (lap 0 kept, stale)."""
+    s = _host(redeal=False)
+    s.handle(QuestionAsked(0, "g", PROMPT, 3), 0.0)
+    s.handle(DeviceLost("w"), 0.0)
+    return s, 0
+
+
+ROOMS = {IDLE: idle, FILLING: filling, DECODING: decoding, RECOVERING: recovering, STOPPED: stopped}
+
+# one event of each type, about the state's lap (``lap``), question 0, draft 0 and w
+EVENTS = {
+    "QuestionAsked": lambda lap: QuestionAsked(5, "g", (1, 2), 2),
+    "StageFinished": lambda lap: StageFinished("h", lap),
+    "FrameArrived": lambda lap: FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, lap, 1 if lap else 0,
+                                                                   3 if lap else 2, 4, returns=True)),
+    "HeadFinished": lambda lap: HeadFinished(lap, (truth(2),)),
+    "DraftReady": lambda lap: DraftReady(0, (truth(3), truth(4))),
+    "DeviceLost": lambda lap: DeviceLost("w"),
+    "DeviceBack": lambda lap: DeviceBack("w"),
+    "ChainReady": lambda lap: ChainReady(1 if lap == 0 else lap),
+    "QuestionWithdrawn": lambda lap: QuestionWithdrawn(0),
+    "LapFailed": lambda lap: LapFailed(lap, "w", "nan"),
+}
+
+RAISES = "raises"
+# (state, event type) -> what the host does, worked out by hand: the state it moves to
+# with the types of the commands it returns, ("ignored", reason) with no command and no
+# move, or RAISES (DriverError)
+EXPECTED = {
+    IDLE: {
+        "QuestionAsked": (FILLING, ["BeginAnswer", "RunStage"]),
+        "StageFinished": ("ignored", "stale"),
+        "FrameArrived": ("ignored", "stale"),
+        "HeadFinished": ("ignored", "stale"),
+        "DraftReady": RAISES,  # no draft was ever asked for
+        "DeviceLost": (RECOVERING, ["Redeal"]),
+        "DeviceBack": ("ignored", "repeated"),
+        "ChainReady": ("ignored", "unknown"),  # ChainReady(1): only lap 0 was ever launched
+        "QuestionWithdrawn": ("ignored", "unknown"),
+        "LapFailed": ("ignored", "stale"),
+    },
+    FILLING: {
+        "QuestionAsked": (FILLING, []),  # waits: one question at a time
+        "StageFinished": (FILLING, ["SendFrame"]),
+        "FrameArrived": (FILLING, ["RunHead"]),
+        "HeadFinished": RAISES,  # lap 0 has not come back: no RunHead was given
+        "DraftReady": RAISES,
+        "DeviceLost": (RECOVERING, ["LapEnded", "Redeal"]),
+        "DeviceBack": ("ignored", "repeated"),
+        "ChainReady": ("ignored", "unknown"),
+        "QuestionWithdrawn": (IDLE, ["AnswerDone"]),
+        "LapFailed": (IDLE, ["LapEnded", "Refuse"]),
+    },
+    DECODING: {
+        "QuestionAsked": (DECODING, []),
+        "StageFinished": (DECODING, ["SendFrame"]),
+        "FrameArrived": (DECODING, ["RunHead"]),
+        "HeadFinished": RAISES,
+        "DraftReady": ("ignored", "stale"),  # draft 0 was taken already
+        "DeviceLost": (RECOVERING, ["LapEnded", "Redeal"]),
+        "DeviceBack": ("ignored", "repeated"),
+        "ChainReady": ("ignored", "stale"),  # ChainReady(1): lap 1 is a lap, not a re-deal
+        "QuestionWithdrawn": (IDLE, ["LapEnded", "AnswerDone"]),
+        "LapFailed": (IDLE, ["Refuse", "LapEnded"]),
+    },
+    RECOVERING: {
+        "QuestionAsked": (RECOVERING, []),  # waits for the new chain
+        "StageFinished": ("ignored", "stale"),
+        "FrameArrived": ("ignored", "stale"),
+        "HeadFinished": ("ignored", "stale"),
+        "DraftReady": RAISES,
+        "DeviceLost": ("ignored", "repeated"),
+        "DeviceBack": (RECOVERING, []),  # w is no longer lost; no rejoin rule: it waits outside
+        "ChainReady": (FILLING, ["RunStage"]),  # question 0's prompt again, on the new chain
+        "QuestionWithdrawn": (RECOVERING, ["AnswerDone"]),
+        "LapFailed": ("ignored", "stale"),
+    },
+    STOPPED: {
+        "QuestionAsked": (STOPPED, ["Refuse"]),
+        "StageFinished": (STOPPED, ["SendFrame"]),  # lap 0, stale, still leaves the host's stage
+        "FrameArrived": (STOPPED, ["LapEnded"]),
+        "HeadFinished": RAISES,
+        "DraftReady": RAISES,
+        "DeviceLost": ("ignored", "repeated"),
+        "DeviceBack": ("ignored", "stale"),
+        "ChainReady": ("ignored", "unknown"),  # no re-deal was ever announced: lap 1 never launched
+        "QuestionWithdrawn": ("ignored", "unknown"),
+        "LapFailed": ("ignored", "stale"),
+    },
+}
+
+# the pairs with no transition (HostScheduler.MISSES takes them), by hand
+NO_TRANSITION = {
+    IDLE: {"DraftReady", "ChainReady", "QuestionWithdrawn", "LapFailed"},
+    FILLING: {"DraftReady", "ChainReady"},
+    DECODING: {"ChainReady"},
+    RECOVERING: {"StageFinished", "FrameArrived", "HeadFinished", "DraftReady", "LapFailed"},
+    STOPPED: {"DraftReady", "DeviceBack", "ChainReady", "QuestionWithdrawn", "LapFailed"},
+}
+
+
+def test_each_room_reaches_the_state_it_is_named_for():
+    assert {state: room()[0].state for state, room in ROOMS.items()} == {s: s for s in ROOMS}
+
+
+def test_the_table_has_no_transition_exactly_for_the_pairs_listed_by_hand():
+    table = host_module.TRANSITIONS
+    assert set(table) == set(HostState)
+    for state in HostState:
+        got = {name for name in EVENTS if name not in {cls.__name__ for cls in table[state]}}
+        assert got == NO_TRANSITION[state], state
+    assert set(host_module.HostScheduler.HANDLERS) | set(host_module.HostScheduler.MISSES) == {
+        type(make(0)) for make in EVENTS.values()}
+
+
+@pytest.mark.parametrize("state", list(HostState))
+@pytest.mark.parametrize("name", list(EVENTS))
+def test_every_state_and_event_pair(state, name):
+    s, lap = ROOMS[state]()
+    event = EVENTS[name](lap)
+    ignored_before = len(s.ignored)
+    want = EXPECTED[state][name]
+    if want == RAISES:
+        with pytest.raises(DriverError):
+            s.handle(event, 0.0)
+        assert name in NO_TRANSITION[state] or name in {"HeadFinished", "DraftReady", "StageFinished"}
+        return
+    cmds = s.handle(event, 0.0)
+    new = [(x.event, x.reason) for x in s.ignored[ignored_before:]]
+    if want[0] == "ignored":
+        assert (cmds, s.state, new) == ([], state, [(name, want[1])])
+        return
+    to, kinds = want
+    assert name not in NO_TRANSITION[state]
+    assert (s.state, [type(c).__name__ for c in cmds], new) == (to, kinds, [])
+    assert to in host_module.TRANSITIONS[state][type(event)]
+
+
+def test_a_pair_with_no_transition_changes_nothing():
+    """An Ignored miss leaves the host as it was: the same event again is ignored again."""
+    for state, names in NO_TRANSITION.items():
+        for name in names:
+            if EXPECTED[state][name] == RAISES:
+                continue
+            s, lap = ROOMS[state]()
+            event = EVENTS[name](lap)
+            first, second = s.handle(event, 0.0), s.handle(event, 0.0)
+            assert (first, second, s.state) == ([], [], state)
+            assert s.ignored[-1] == s.ignored[-2]
+
+
+def test_a_handler_that_moves_where_the_table_does_not_allow_raises(monkeypatch):
+    monkeypatch.setitem(host_module.TRANSITIONS[IDLE], QuestionAsked, frozenset({IDLE}))
+    s = _host()
+    with pytest.raises(RuntimeError, match="the host went from idle to filling on QuestionAsked"):
+        s.handle(QuestionAsked(0, "g", PROMPT, 3), 0.0)
+
+
+def test_a_stopped_room_records_a_later_loss_and_the_chain_ready_of_a_re_deal_it_abandoned():
+    """w lost: re-dealt (first lap 1); h itself lost: the room stops. The awaited
+    ChainReady(1) and a guest's loss afterwards take no action and are recorded."""
+    s, _ = filling()
+    out = s.handle(DeviceLost("w"), 0.0)
+    assert [type(c) for c in out] == [LapEnded, Redeal] and out[-1].first_lap == 1
+    s.handle(DeviceLost("h"), 0.0)
+    assert s.state == STOPPED and s.recovering is None and s.stopped == "h left the room; the model must be re-dealt"
+    assert s.handle(ChainReady(1), 0.0) == [] and s.handle(DeviceLost("g"), 0.0) == []
+    assert [(x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("ChainReady", "stale", "no re-deal with first lap 1 is awaited"),
+        ("DeviceLost", "stale", "the room has stopped: h left the room; the model must be re-dealt")]
+
+
+def test_a_head_result_for_a_lap_given_no_run_head_raises():
+    s, _ = filling()
+    s.handle(StageFinished("h", 0), 0.0)  # the frame is at w, not back
+    with pytest.raises(DriverError, match="lap 0, whose frame has not come back"):
+        s.handle(HeadFinished(0, (truth(2),)), 0.0)
+
+
+def test_a_room_walks_its_states_with_the_commands_of_each_transition():
+    """A whole answer by hand: FILLING (prompt), DECODING (a verify lap keeps both
+    drafts and the head's bonus token), then IDLE once 3 tokens are out."""
+    s = _host()
+    assert s.handle(QuestionAsked(0, "g", PROMPT, 3), 0.0) == [BeginAnswer(0, "g", 2),
+                                                             RunStage("h", 0, 0, 0, 2, PROMPT)]
+    assert s.state == FILLING
+    _first_token(s)
+    assert s.state == DECODING
+    out = s.handle(DraftReady(0, (truth(3), truth(4))), 0.0)
+    assert [type(c) for c in out] == [RunStage] and s.state == DECODING
+    s.handle(StageFinished("h", 1), 0.0)
+    back = s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 1, 1, 3, 4, returns=True)), 0.0)
+    assert back == [RunHead(1, 0, 3)]
+    out = s.handle(HeadFinished(1, (truth(3), truth(4), truth(5))), 0.0)
+    assert [c for c in out if isinstance(c, EmitToken)] == [EmitToken(0, "g", 1, truth(3)),
+                                                            EmitToken(0, "g", 2, truth(4))]
+    assert out[-1] == AnswerDone(0, "g", 3, "length") and s.state == IDLE
+    assert not [c for c in out if isinstance(c, (Draft, SendFrame, Refuse))]
