@@ -489,3 +489,46 @@ def test_the_scheduler_settings_as_json_carry_the_draft_policy():
     assert j["draft_policy"] == {"lap_s": [0.01, 0.0125, 0.015], "prior": [0.5, 0.25], "prior_weight": 4.0,
                                  "probe_every": 3, "probe_tokens": 1, "by_k": []}
     assert SchedulerConfig(hidden=4).to_json()["draft_policy"] is None
+
+
+def test_the_driver_hands_each_command_to_after_and_names_what_it_cannot_carry_out():
+    from planner.protocol import StageFinished
+    done = []
+
+    class Ex(NoOpExecutor):
+        def run_stage(self, c):
+            done.append(("ran", c.lap_id))
+
+    chain = Chain(DEAL, SchedulerConfig(hidden=4))
+    d = Driver(chain, Ex(), after=lambda c: done.append(("after", type(c).__name__)))
+    d.dispatch(QuestionAsked(0, "h", (7, 8), 3), 0.0)
+    # each command carried out, then handed to after, in order (BeginAnswer is bookkeeping)
+    assert done == [("after", "BeginAnswer"), ("ran", 0), ("after", "RunStage")]
+    d.dead.add("h")
+    assert d.dispatch(StageFinished("h", 0), 0.0) == []  # a stage at a dead device: dropped unseen
+    assert len(done) == 3 and chain.host.laps[0].sent is False
+
+    class Partial:
+        def run_stage(self, c): ...
+    with pytest.raises(TypeError) as e:
+        Driver(chain, Partial())
+    assert str(e.value) == "Partial has no send_frame() for SendFrame"
+
+    class Unknown:
+        pass
+    chain.handle = lambda ev, now_s: [Unknown()]
+    with pytest.raises(TypeError) as e:
+        Driver(chain, NoOpExecutor()).dispatch(QuestionAsked(1, "h", (7,), 1), 0.0)
+    assert str(e.value) == "no executor method for Unknown: add a row to COMMAND_METHODS"
+
+
+def test_the_synthetic_head_and_drafter_follow_the_truth_by_position():
+    from planner.drive import synthetic_draft, synthetic_head
+    from planner.protocol import Draft
+    ten = lambda p: 10 * p  # noqa: E731
+    # a lap of 3 positions from 4 (4, 5, 6) whose last 2 rows predict positions 6 and 7
+    assert synthetic_head(ten, 4, 3, 2) == (60, 70)
+    # 3 drafts after 5 committed and 2 assumed tokens (positions 7, 8, 9): the first right,
+    # the others one more than the truth
+    assert synthetic_draft(ten, Draft(0, 0, 5, (1, 2), 3), 1) == (70, 81, 91)
+    assert synthetic_draft(ten, Draft(0, 0, 5, (), 2), 2) == (50, 60)
