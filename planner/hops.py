@@ -24,6 +24,11 @@ offset is off by at most ``δ / 2`` (all of the round trip on one side), so a ho
 reported with ``error_s``, the sum of that bound for both its ends (0 for the host).
 
 The hop of ``A -> B`` on the host's clock is then ``(t_B - θ_B) - (t_A - θ_A)``.
+
+A worker's own two stamps of one lap, the frame had from the stage before and the lap's
+frame handed to the next, are both on its clock: their difference is how long the lap
+was at that worker (its stage, and any wait for it), with no offset and no bound
+(:class:`StageTimed`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,17 @@ class HopTimed:
     lap_id: int
     seconds: float
     error_s: float
+
+
+@frozen
+class StageTimed:
+    """Lap ``lap_id`` was at worker ``device`` for ``seconds``: from the device having the
+    lap's frame (whole, decoded, checked) until it handed the lap's frame on, both stamps
+    on its own clock (its stage run and any wait for it; no clock offset involved)."""
+
+    device: str
+    lap_id: int
+    seconds: float
 
 
 def exchange(t1_s: float, t2_s: float, t3_s: float, t4_s: float) -> tuple[float, float]:
@@ -115,6 +131,10 @@ class HopMeter:
         self._arrived: OrderedDict[tuple[int, str, str], float] = OrderedDict()
         #: stamps that could not be paired: the other end's clock offset was not known yet
         self.unclocked = 0
+        self._held: OrderedDict[tuple[int, str], float] = OrderedDict()  # (lap, worker) -> it had the frame
+        self._timed: OrderedDict[tuple[int, str], None] = OrderedDict()  # (lap, worker) already timed
+        #: the latest :class:`StageTimed` not yet taken (:meth:`take_stages`), at most ``max_pending``
+        self.stages: deque[StageTimed] = deque(maxlen=max_pending)
 
     def _offset(self, device: str) -> Optional[tuple[float, float]]:
         if device == self.host:
@@ -138,15 +158,37 @@ class HopMeter:
                 mine.popitem(last=False)
         return None
 
+    def _keep(self, d: OrderedDict, key, value) -> None:
+        d[key] = value
+        while len(d) > self.max_pending:
+            d.popitem(last=False)
+
     def sent(self, src: str, dst: str, lap_id: int, t_s: float) -> Optional[HopTimed]:
         """``src`` sent lap ``lap_id``'s frame to ``dst`` at ``t_s`` (src's clock): the
-        hop, when ``dst``'s arrival stamp came first, else None."""
+        hop, when ``dst``'s arrival stamp came first, else None. A worker's send after its
+        own arrival stamp of the lap also times the lap at it (:attr:`stages`)."""
+        key = (lap_id, src)
+        if key in self._held:
+            t_in = self._held.pop(key)
+            if t_s >= t_in:
+                self.stages.append(StageTimed(src, lap_id, t_s - t_in))
+                self._keep(self._timed, key, None)
         return self._stamp(self._sent, self._arrived, (lap_id, src, dst), t_s)
 
     def arrived(self, src: str, dst: str, lap_id: int, t_s: float) -> Optional[HopTimed]:
         """``dst`` had lap ``lap_id``'s frame from ``src`` at ``t_s`` (dst's clock): the
-        hop, when ``src``'s send stamp came first, else None."""
+        hop, when ``src``'s send stamp came first, else None. Only a worker's first
+        arrival of a lap starts its stage time (a returning frame it passes back does not)."""
+        key = (lap_id, dst)
+        if dst != self.host and key not in self._held and key not in self._timed:
+            self._keep(self._held, key, t_s)
         return self._stamp(self._arrived, self._sent, (lap_id, src, dst), t_s)
+
+    def take_stages(self) -> list[StageTimed]:
+        """The :class:`StageTimed` measured since the last call, oldest first."""
+        out = list(self.stages)
+        self.stages.clear()
+        return out
 
     @property
     def pending(self) -> int:

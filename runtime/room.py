@@ -156,7 +156,8 @@ class Node:
         observers: callables given every event and command, in order, after the node
             carried it out, and each Computed record (this device's compute seconds)
             (e.g. an HTTP server streaming answers); on the model host also each
-            :class:`planner.hops.HopTimed` (a hop of one link measured) and each
+            :class:`planner.hops.HopTimed` (a hop of one link measured), each
+            :class:`planner.hops.StageTimed` (a lap's time at a worker) and each
             :class:`runtime.control.Progress` a device sent; an observer that
             raises is logged and the node goes on.
         clocks: peer -> its :class:`planner.hops.PeerClock` (offset from this device's
@@ -355,6 +356,8 @@ class Node:
     def _hop(self, hop) -> None:
         if hop is not None:
             self._notify(hop)
+        for st in self.hops.take_stages():  # a worker's stamps of one lap: its time with it
+            self._notify(st)
 
     def _stamp(self, src: str, dst: str, lap_id: int) -> None:
         """This device sent (``src`` is this device) or had (``dst`` is) lap ``lap_id``'s

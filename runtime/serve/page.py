@@ -33,6 +33,11 @@ While serving, each device of the chain shows its own figures:
   (the last hop's bound from the clock offsets);
 * the model host: ``stage_ms``, its own compute per lap (its layers and the output head:
   the mean of its ``Computed`` RunStage + RunHead seconds over its RunStage count);
+* ``layer_ms``: ms per layer of one position, the mean of its last :data:`LAYER_LAPS_KEPT`
+  one-position laps over the layers it holds: on the model host its RunStage compute
+  (the head left out), on a worker the lap's time at it from its own two stamps
+  (planner.hops.StageTimed: the frame had until the lap's frame handed on, its stage and
+  any wait for it), so a browser tab's figure stands beside a Python worker's;
 * the one worker of a two-device chain: ``round_ms``, the host's frame out to its return
   (the hop out, the worker's stage, the hop back);
 * with several workers the host times only their whole way round: ``shared_ms`` (that
@@ -73,6 +78,17 @@ RATE_WINDOW_S = 10.0
 PASSES_KEPT = 1024
 #: hops into a device its hop_ms is the mean of
 HOPS_KEPT = 32
+#: one-position laps a device's layer_ms is the mean of
+LAYER_LAPS_KEPT = 32
+#: laps whose positions the page keeps (to tell one-position laps), and the model host's
+#: stage times waiting for their lap to leave it, at most
+LAPS_KEPT = 1024
+
+
+def _bounded(d: OrderedDict, key, value) -> None:
+    d[key] = value
+    while len(d) > LAPS_KEPT:
+        d.popitem(last=False)
 
 
 def _mb(n: Optional[int]) -> str:
@@ -102,6 +118,9 @@ class RoomPage:
         self.stage_runs: dict[str, int] = {}  # RunStage commands each device computed
         self.recent: dict[str, deque] = {}  # device -> (time, positions) of its latest passes
         self.hops_in: dict[str, deque] = {}  # device -> (sender, seconds, error_s) of its latest hops in
+        self.lap_tokens: OrderedDict[int, int] = OrderedDict()  # lap id -> its positions (the latest laps)
+        self._host_stage_s: OrderedDict[int, tuple[str, float]] = OrderedDict()  # lap id -> host's RunStage s
+        self.one_position_s: dict[str, deque] = {}  # device -> seconds of its latest one-position laps
         self.clients: OrderedDict[str, dict] = OrderedDict()  # least recently seen first
         self._pending: Optional[asyncio.TimerHandle] = None
         self._last_push = 0.0
@@ -118,11 +137,16 @@ class RoomPage:
 
     # -- what the server tells the page ------------------------------------------------
 
-    def lap_sent(self, lap_tokens: int) -> None:
+    def lap_sent(self, lap_tokens: int, lap_id: Optional[int] = None) -> None:
         """A lap of ``lap_tokens`` positions left the host: every stage will handle it."""
         node = self.server.node
         if node is None:
             return
+        if lap_id is not None:
+            _bounded(self.lap_tokens, lap_id, lap_tokens)
+            held = self._host_stage_s.pop(lap_id, None)
+            if held is not None and lap_tokens == 1:
+                self._one_position(*held)
         chain = [s.device for s in node.chain.deal.stages]
         now = self.clock()
         for d in chain:
@@ -130,6 +154,14 @@ class RoomPage:
             self.passes[d] = self.passes.get(d, 0) + 1
             self.recent.setdefault(d, deque(maxlen=PASSES_KEPT)).append((now, lap_tokens))
         self._broadcast({"event": "pass", "data": {"devices": chain, "tokens": lap_tokens}})
+
+    def _one_position(self, device: str, seconds: float) -> None:
+        self.one_position_s.setdefault(device, deque(maxlen=LAYER_LAPS_KEPT)).append(seconds)
+
+    def stage_timed(self, st) -> None:
+        """A :class:`planner.hops.StageTimed`: a one-position lap counts for its worker's layer_ms."""
+        if self.lap_tokens.get(st.lap_id) == 1:
+            self._one_position(st.device, st.seconds)
 
     def hop(self, hop) -> None:
         """A :class:`planner.hops.HopTimed` was measured: it counts for its receiver."""
@@ -144,14 +176,20 @@ class RoomPage:
             return None
         return sum(n for _, n in window[1:]) / (window[-1][0] - window[0][0])
 
-    def computed(self, device: str, command: str, seconds: float) -> None:
-        """``device`` computed ``command`` (RunStage, RunHead, Draft) in ``seconds``
-        (a Computed trace record); drafts are not part of its stage time."""
+    def computed(self, device: str, command: str, seconds: float, lap_id: Optional[int] = None) -> None:
+        """``device`` computed ``command`` (RunStage, RunHead, Draft) of lap ``lap_id`` in
+        ``seconds`` (a Computed trace record); drafts are not part of its stage time. A
+        RunStage counts for layer_ms once its lap leaves with one position (:meth:`lap_sent`)."""
         if command not in ("RunStage", "RunHead"):
             return
         self.compute_s[device] = self.compute_s.get(device, 0.0) + seconds
         if command == "RunStage":
             self.stage_runs[device] = self.stage_runs.get(device, 0) + 1
+            if lap_id is not None and lap_id in self.lap_tokens:  # its lap left already
+                if self.lap_tokens[lap_id] == 1:
+                    self._one_position(device, seconds)
+            elif lap_id is not None:
+                _bounded(self._host_stage_s, lap_id, (device, seconds))
 
     def client_seen(self, client: str) -> None:
         """An API client asked a question (it becomes the most recent; clients past
@@ -252,6 +290,8 @@ class RoomPage:
                             "stage_ms": (1000 * self.compute_s.get(dev, 0.0) / self.stage_runs[dev]
                                          if mine and self.stage_runs.get(dev) else None),
                             "tokens_per_s": self.tokens_per_s(dev) if mine else None,
+                            "layer_ms": (1000 * sum(one) / len(one) / (mine[0][1] - mine[0][0])
+                                         if mine and (one := self.one_position_s.get(dev)) else None),
                             "hop_ms": 1000 * sum(h[1] for h in hops) / len(hops) if hops else None,
                             "hop_from": sorted({h[0] for h in hops}),
                             "hop_error_ms": 1000 * hops[-1][2] if hops else None,

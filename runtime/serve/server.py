@@ -55,7 +55,7 @@ from aiohttp import web
 
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Computed, DeviceBack, DeviceLost, EmitToken,
                               FrameArrived, LapEnded, QuestionAsked, Redeal, Refuse, SendFrame)
-from planner.hops import HopTimed
+from planner.hops import HopTimed, StageTimed
 from planner.sampling import GREEDY
 
 from ..control import Progress
@@ -283,7 +283,7 @@ class RoomServer:
                 if len(self._lap_sent) > 1000:
                     self._lap_sent.clear()
                 self._lap_sent[obj.header.lap_id] = self.clock()
-                self.page.lap_sent(obj.header.tokens)
+                self.page.lap_sent(obj.header.tokens, obj.header.lap_id)
         elif cls is FrameArrived:
             t0 = self._lap_sent.pop(obj.header.lap_id, None)
             if t0 is not None and obj.device == self.node.cfg.host:
@@ -293,7 +293,7 @@ class RoomServer:
         elif cls is LapEnded:
             self.m_laps.inc()
         elif cls is Computed:
-            self.page.computed(obj.device, obj.command, obj.seconds)
+            self.page.computed(obj.device, obj.command, obj.seconds, obj.ref)
         elif cls is QuestionAsked:
             t = self.tickets.get(obj.question_id)
             if t is not None:
@@ -330,6 +330,9 @@ class RoomServer:
             self.m_hop_s.labels(obj.src, obj.dst).observe(obj.seconds)  # below 0 only within error_s
             self.m_hop_error_s.labels(obj.src, obj.dst).set(obj.error_s)
             self.page.hop(obj)
+            return
+        elif cls is StageTimed:
+            self.page.stage_timed(obj)
             return
         elif cls is Progress:  # a device's screen says "Loading N%" (page.py reads node.progress)
             pass

@@ -138,6 +138,8 @@ def test_each_device_screen_shows_its_own_time_not_the_room_wide_speed(browser):
     srv._observe(FrameArrived("a", "b", FrameHeader(FrameKind.RESULT, 1, 1, 1, 1, 576)))
     from planner.hops import HopTimed
     srv._observe(HopTimed("a", "b", 1, 0.012, 0.0005))  # of those 25 ms, 12 were the hop out (the stamps)
+    from planner.hops import StageTimed
+    srv._observe(StageTimed("b", 1, 0.0105))  # and 10.5 the lap at b (its two stamps): 0.7 ms for each of 15 layers
     with PageServer(srv) as url:
         browser.get(url)
         _wait_text(browser, "screens", lambda t: "ms" in t)
@@ -146,5 +148,6 @@ def test_each_device_screen_shows_its_own_time_not_the_room_wide_speed(browser):
         assert "4.0 ms per stage" in a and "25.0 ms per round (hop out, its layers, hop back)" in b, (a, b)
         assert "12.0 ms per hop from a (clocks within 0.5 ms)" in b and "no hop timed yet" in a, (a, b)
         assert "1 tokens handled" in a and "1 tokens handled" in b, (a, b)
+        assert "0.3 ms per layer" in a and "0.7 ms per layer" in b, (a, b)  # 4 ms / 15 layers, 10.5 ms / 15
         # one pass: no rate of its own yet; the room's 41.0 tok/s is not a device's
         assert "- tok/s" in a and "- tok/s" in b and "41.0" not in a + b, (a, b)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from planner.frames import FrameHeader, FrameKind
-from planner.hops import CLOCK_SAMPLES, HopMeter, HopTimed, PeerClock, exchange
+from planner.hops import CLOCK_SAMPLES, HopMeter, HopTimed, PeerClock, StageTimed, exchange
 from planner.protocol import SendFrame
 from runtime.codec import encode_frame
 from runtime.control import ControlError, NodeConfig, Progress, encode_control, parse_control
@@ -83,6 +83,28 @@ def test_the_host_pairs_stamps_on_three_clocks_into_hops_per_link():
     # the error bound: each end's half delay (host 0)
     assert [by_link[k].error_s for k in (("h", "w1"), ("w1", "w2"), ("w2", "h"))] == pytest.approx([0.001, 0.003, 0.002])
     assert all(r.lap_id == 7 for r in got) and m.pending == 0
+    # each worker's own two stamps of the lap, on its own clock: 15.030 - 15.004 and 7.050 - 7.036
+    assert m.take_stages() == [StageTimed("w1", 7, pytest.approx(0.026)), StageTimed("w2", 7, pytest.approx(0.014))]
+    assert m.take_stages() == []
+
+
+def test_a_lap_at_a_worker_is_timed_once_from_its_first_arrival_and_memory_is_bounded():
+    m = HopMeter("h", {}, max_pending=4)
+    m.arrived("h", "w1", 5, 1.0)
+    m.sent("w1", "w2", 5, 1.5)  # the lap at w1: 0.5 s
+    m.arrived("w2", "w1", 5, 2.0)  # its frame coming back (return via the stages) and passed on
+    m.sent("w1", "h", 5, 2.01)
+    m.sent("w2", "h", 6, 3.0)  # a send with no arrival stamp at w2: nothing to time
+    m.sent("h", "w1", 6, 3.0)  # the host's own stamps time no stage
+    m.arrived("w1", "h", 6, 3.5)
+    assert m.take_stages() == [StageTimed("w1", 5, pytest.approx(0.5))]
+    m.arrived("h", "w1", 7, 2.0)
+    m.sent("w1", "h", 7, 1.0)  # a send before its arrival (a lying clock): not a time
+    for lap in range(10, 20):  # arrivals whose sends never come: only the latest 4 kept
+        m.arrived("h", "w1", lap, float(lap))
+    m.sent("w1", "h", 10, 30.0)
+    m.sent("w1", "h", 19, 19.25)
+    assert m.take_stages() == [StageTimed("w1", 19, pytest.approx(0.25))] and len(m._held) <= 4
 
 
 def test_a_stamp_without_a_known_clock_is_not_paired_and_memory_is_bounded():
@@ -134,8 +156,9 @@ def test_two_nodes_heartbeats_and_stamps_give_the_hops_by_hand():
     hc, wc = [100.0], [0.0]
     host, hwire = _node("h", hc)
     work, wwire = _node("w", wc)
-    hops = []
+    hops, stages = [], []
     host.observers.append(lambda o: hops.append(o) if type(o) is HopTimed else None)
+    host.observers.append(lambda o: stages.append(o) if type(o) is StageTimed else None)
 
     async def go():
         # host beats at 100.000; w hears it at 105.001, beats back at 105.101; h hears at 100.102
@@ -184,6 +207,7 @@ def test_two_nodes_heartbeats_and_stamps_give_the_hops_by_hand():
     assert by_link["h", "w"].seconds == pytest.approx(0.004, abs=1e-6)
     assert by_link["w", "h"].seconds == pytest.approx(0.003, abs=1e-6)
     assert by_link["h", "w"].error_s == pytest.approx(0.001, abs=1e-9)
+    assert stages == [StageTimed("w", 3, pytest.approx(0.016, abs=1e-6))]  # 205.020 - 205.004, w's own clock
 
 
 def test_stamps_and_progress_from_outside_the_chain_are_not_kept():

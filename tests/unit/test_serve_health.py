@@ -229,6 +229,28 @@ def test_each_device_card_shows_its_own_figures_not_the_room_wide_lap():
         assert cards[w]["round_ms"] is None and abs(cards[w]["shared_ms"] - 30.0) < 1e-9 and cards[w]["shared_by"] == 2
 
 
+def test_each_device_screen_shows_ms_per_layer_of_its_one_position_laps():
+    """layer_ms: the host's RunStage of each one-position lap over its 15 layers, a
+    worker's time with each one-position lap (StageTimed) over its 15; a prefill lap of 9
+    positions and a lap the page never saw leave are not counted. Figures by hand."""
+    from planner.frames import FrameHeader, FrameKind
+    from planner.hops import StageTimed
+    from planner.protocol import Computed, SendFrame
+    srv = RoomServer("m", {**INFO, "devices": [{"id": "a"}, {"id": "b"}]}, clock=lambda: 0.0)
+    srv.attach(fake_node([("a", 0, 15), ("b", 15, 30)]))
+    srv.phase = "serving"
+    for lap, tokens, host_s, worker_s in [(1, 9, 0.030, 0.090), (2, 1, 0.003, 0.015), (3, 1, 0.006, 0.030)]:
+        srv._observe(Computed("a", "RunStage", lap, host_s))
+        srv._observe(SendFrame("a", "b", FrameHeader(FrameKind.DECODE, 1, lap, 0, tokens, 576)))
+        srv._observe(StageTimed("b", lap, worker_s))
+    srv._observe(SendFrame("a", "b", FrameHeader(FrameKind.DECODE, 1, 4, 0, 1, 576)))
+    srv._observe(Computed("a", "RunStage", 4, 0.009))  # its Computed after its lap left: counted too
+    srv._observe(StageTimed("b", 99, 5.0))  # a lap the page did not see leave
+    cards = {d["id"]: d for d in srv.page.snapshot()["devices"]}
+    assert cards["a"]["layer_ms"] == pytest.approx((3 + 6 + 9) / 3 / 15)
+    assert cards["b"]["layer_ms"] == pytest.approx((15 + 30) / 2 / 15)
+
+
 def test_health_and_metrics_after_a_device_comes_back_say_it_is_back_and_the_room_ready():
     # The host's node gives its observers (RoomServer.attach) each event and command in
     # order: b lost, the re-deal to a 1-30, ready; b says hello again (DeviceBack), the

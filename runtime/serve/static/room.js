@@ -59,7 +59,8 @@ function render(s) {
         el("span", { class: "rate" }, d.tokens_per_s === null || d.tokens_per_s === undefined ? "- tok/s"
                                       : fmt(d.tokens_per_s, 1) + " tok/s"),
         el("span", { class: "handled" }, d.tokens_handled + " tokens handled"),
-        el("span", { class: "hop" }, hopTime(d)), el("span", { class: "own" }, ownTime(d)));
+        el("span", { class: "hop" }, hopTime(d)), el("span", { class: "own" }, ownTime(d)),
+        el("span", { class: "layer" }, layerTime(d)));
     }
     screens.append(el("div", { class: "screen", id: "screen-" + d.id },
       el("h3", {}, icon(d.kind), " " + d.name + " · " + d.role),
@@ -98,6 +99,11 @@ function showCard(id) {
 function hopTime(d) {
   if (d.hop_ms === null || d.hop_ms === undefined) return "no hop timed yet";
   return `${fmt(d.hop_ms, 1)} ms per hop from ${d.hop_from.join(", ")} (clocks within ${fmt(d.hop_error_ms, 1)} ms)`;
+}
+
+// ms per layer of one position: the host's compute, a worker's (a tab's too) time with the lap
+function layerTime(d) {
+  return d.layer_ms === null || d.layer_ms === undefined ? "no one-position lap timed yet" : fmt(d.layer_ms, 1) + " ms per layer";
 }
 
 function ownTime(d) {
