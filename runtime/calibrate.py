@@ -30,16 +30,14 @@ so, runtime/room.py). All times in seconds.
 
 from __future__ import annotations
 
-import os
+from runtime.threads import pin_one_blas_thread
 
-# a device process computes with one BLAS thread (runtime/node.py): so does this one
-# when run as ``python -m runtime.calibrate`` (set before numpy loads)
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+pin_one_blas_thread()  # as a device process computes (runtime.node), before numpy loads
 
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402

@@ -19,11 +19,9 @@ Exit status: 0 done, 2 bad configuration, 3 could not join the room, 4 timed out
 
 from __future__ import annotations
 
-import os
+from .threads import pin_one_blas_thread
 
-# one BLAS thread per device process (set before numpy loads)
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+pin_one_blas_thread()  # one BLAS thread per device process, before numpy loads
 
 import asyncio  # noqa: E402
 import json  # noqa: E402

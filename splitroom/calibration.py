@@ -24,6 +24,7 @@ import yaml
 from planner.profile import (Curve, DeviceProfile, DrafterProfile, PassCurve, Profile, ProfileError, SharedHost,
                              TransportProfile)
 from planner.room import Scenario
+from runtime.threads import one_blas_thread_env
 
 __all__ = ["CalibrationError", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile",
            "measure", "measure_room_overheads", "measure_shared_room", "profiled_s_per_layer", "room_passes",
@@ -61,8 +62,7 @@ def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], No
         if sample:
             (Path(tmp) / "sample.json").write_text(json.dumps(list(sample)), encoding="utf-8")
             argv += ["--sample", str(Path(tmp) / "sample.json")] + (["--acceptance-only"] if acceptance_only else [])
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                   MKL_NUM_THREADS="1")
+        env = dict(one_blas_thread_env(os.environ), PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
         last = ""
         try:

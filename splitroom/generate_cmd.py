@@ -183,8 +183,8 @@ def run_generate(
     ctx = len(prompt_ids) + max_new_tokens + 1
     stages = [make_stage(backend, model_dir, StageSpec(a, b, host=(i == 0)), max_ctx=ctx, precision=precision)
               for i, (a, b) in enumerate(plan.ranges)]
-    from splitroom.models import BUNDLED_ID
-    name = BUNDLED_ID if model is None else (cfg.name or cfg.arch)  # the bundled model's catalog id
+    from planner.model import BUNDLED_MODEL_ID
+    name = BUNDLED_MODEL_ID if model is None else (cfg.name or cfg.arch)  # the bundled model's catalog id
     print(f"[{name}; {backend}; {plan.describe()}]", file=err, flush=True)
     dec = tok.stream_decoder() if tok is not None and not as_json else None
 

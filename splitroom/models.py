@@ -6,7 +6,7 @@ on ``generate``, ``run --real``, ``serve`` and ``join``. The architecture is rea
 checkpoint's metadata only (:func:`runtime.config.describe`: GGUF keys, or config.json), so
 planning a room never dequantizes anything; the real runtime converts once
 (:func:`runtime.weights.prepare_model`). The bundled SmolLM2-135M-Instruct stays the default
-(catalog id ``smollm2-135m``).
+(catalog id :data:`planner.model.BUNDLED_MODEL_ID`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.model import BUNDLED_MODEL_ID, ModelSpec, spec_from_architecture
-
-BUNDLED_ID = BUNDLED_MODEL_ID
 
 
 class ModelError(ValueError):
@@ -165,11 +163,12 @@ def model_dir(spec_or_path: ModelSpec | str | Path | None, progress=None, stored
     if isinstance(spec_or_path, ModelSpec):
         if spec_or_path.source:
             path = spec_or_path.source.split(":", 1)[1]
-        elif spec_or_path.id == BUNDLED_ID:
+        elif spec_or_path.id == BUNDLED_MODEL_ID:
             path = None
         else:
             raise ModelError(f"the model {spec_or_path.id!r} has no weights here: real rooms run the bundled "
-                             f"{BUNDLED_ID} or a model given by path (model: {{gguf: PATH}} or {{safetensors: DIR}})")
+                             f"{BUNDLED_MODEL_ID} or a model given by path "
+                             "(model: {gguf: PATH} or {safetensors: DIR})")
     else:
         path = spec_or_path
     try:

@@ -457,10 +457,10 @@ def _checkpoint_spec(m: dict, base: Path | None, bits: float | None = None, stor
 
 def _bundled_stored(m: str) -> ModelSpec:
     """The bundled model's spec held as its GGUF stores it (``weights: gguf`` with a catalog id)."""
-    from splitroom.models import BUNDLED_ID, ModelError, stored_spec
-    if m != BUNDLED_ID:
+    from splitroom.models import ModelError, stored_spec
+    if m != catalog_mod.BUNDLED_MODEL_ID:
         raise _KeyProblem("weights", f"gguf (blocks as stored) needs a GGUF file: model {{gguf: PATH}} or the "
-                                     f"bundled {BUNDLED_ID}, not {units.show(m)}")
+                                     f"bundled {catalog_mod.BUNDLED_MODEL_ID}, not {units.show(m)}")
     from runtime.weights import WeightsError, find_gguf
     try:
         return stored_spec(catalog_mod.lookup(m), find_gguf())

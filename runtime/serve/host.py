@@ -15,10 +15,9 @@ the room, 4 the configured lifetime ran out.
 
 from __future__ import annotations
 
-import os
+from ..threads import pin_one_blas_thread
 
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # as runtime.node
-    os.environ.setdefault(_v, "1")
+pin_one_blas_thread()  # as runtime.node, before numpy loads
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
