@@ -4,7 +4,7 @@ A GGUF checkpoint stores most matrices in blocks of 32 weights, each block a sca
 ``d``, a minimum ``m`` and 32 four-bit codes ``q`` (Q4_1: ``w = d * q + m``; GGML's
 ``ggml-quants.c``, ``dequantize_row_q4_1``). The runtime holds them as float32 after
 dequantizing (runtime/weights.py), 128 bytes a block where 20-24 carry the
-information. When a device copies a layer range from a peer (runtime/weights_share.py)
+information. When a device copies a layer range from a peer (runtime/weights_share/)
 the peer can send each such block as ``d`` and ``m`` (float32) and 16 bytes of codes:
 24 bytes for 128, 5.3x fewer over a transport that moves about 2 MB/s
 (docs/transport.md). Weights that do not have that form (norms, float16 or 8-bit

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from runtime.transport import LoopbackHub
 from runtime.weights import ensure_safetensors
-from runtime.weights_share import (CHANNEL, MAX_TENSOR_BYTES, WeightsError, _check_manifest, _canonical, _REP, _REQ,
-                                   decode, encode, expected_sha256, fetch_range, make_manifest, manifest_sha256,
-                                   serve_weights)
+from runtime.weights_share import (CHANNEL, MAX_TENSOR_BYTES, WeightsError, decode, encode, expected_sha256,
+                                   fetch_range, make_manifest, manifest_sha256, serve_weights)
+from runtime.weights_share.manifest import _canonical, _check_manifest
+from runtime.weights_share.wire import _REP, _REQ
 
 RANGE = (29, 30, False, False)  # one worker layer: ~14 MB
 

@@ -1,4 +1,4 @@
-"""Copying a layer range's weights from a peer (runtime/weights_share.py), over the
+"""Copying a layer range's weights from a peer (runtime/weights_share/), over the
 in-process LoopbackHub and over a real two-peer WebRTC room on 127.0.0.1 (relay on
 port 0): the copy loads and computes exactly what the range read from disk computes;
 a byte flipped in transit is caught and nothing is written; a range the peer does not
@@ -147,7 +147,7 @@ def test_a_range_the_peer_does_not_hold_is_refused(kind, model_dir, tmp_path):
                 await fetch_range(c, "server", 20, 25, False, False, tmp_path / "copy",
                                   make_manifest(model_dir, 20, 25, False, False))
             # asking tensor by tensor outside what it holds is refused too
-            from runtime.weights_share import _Client
+            from runtime.weights_share.peers import _Client
             cl = _Client(c, "server", 10.0)
             c.set_handler(cl.on_message)
             with pytest.raises(WeightsError, match="does not hold tensor"):

@@ -1,69 +1,7 @@
-"""Copy a layer range's weights from a peer over the ``weights`` data channel, verified.
-
-A device that joins a room can take the tensors of its layer range from a peer that
-already holds them instead of converting or reading the model again. Everything it
-receives is checked against a sha256 manifest before a single byte is written.
-
-API::
-
-    m = make_manifest(model_dir, start, end, with_embedding, with_head)   # dict, see below
-    server = serve_weights(transport, model_dir, holds=None)              # answers requests
-    path = await fetch_range(transport, peer, start, end, with_embedding, with_head,
-                             dest_dir, expected_manifest)                 # -> dest_dir/model.safetensors
-    load_range(dest_dir, start, end, with_embedding, with_head)           # runtime.weights, as is
-
-Layer ranges are 0-based half-open ``[start, end)`` as in :mod:`runtime.weights`.
-
-The manifest (JSON-able dict)::
-
-    {"version": 1, "start": 0, "end": 15, "embedding": true, "head": true,
-     "tensors": {NAME: {"sha256": HEX, "dtype": "F32", "shape": [576, 576],
-                        "nbytes": 1327104}, ...},
-     "files":   {"config.json": {"sha256": HEX, "nbytes": 763}, ...},
-     "sha256":  HEX}   # sha256 of the canonical JSON of everything else (sorted keys,
-                       # no spaces), so one 64-character string pins the whole range
-
-``files`` holds ``config.json`` always and the tokenizer files when the range has the
-embedding (a model host's directory), so ``dest_dir`` becomes a complete model
-directory for that range: :func:`runtime.backends.make_stage` and
-:func:`runtime.weights.load_range` read it unchanged.
-
-Wire protocol (every message on the ``weights`` channel; little endian)::
-
-    kind u8 ('Q' request, 'R' reply) | header_len u32 | header JSON (UTF-8) | payload bytes
-
-Requests carry no payload: ``{"id": N, "op": "manifest", "start", "end", "embedding",
-"head"}`` (``"host": true`` stands for embedding and head), ``{"id", "op": "tensor",
-"name", "offset", "length"}`` (a byte slice of one tensor, at most
-``MAX_PART_BYTES``) and ``{"id", "op": "file", "name"}``. A tensor request may add
-``"form": "packed"``: the slice is then of the tensor's packed form (lossless, about
-5.3x smaller for float32 weights dequantized from 4-bit GGUF blocks; see
-:mod:`runtime.weights_codec`) when it has one, and of the stored bytes when not; the
-reply's ``form`` (``packed`` or ``raw``) and ``total`` (bytes of that form) say which.
-A reply's header is ``{"id", "ok": true, ...}`` followed by the bytes (manifest JSON,
-tensor slice, file), or ``{"id", "ok": false, "error": "..."}``. A server refuses (``ok: false``) any tensor
-or range it does not hold, malformed requests, and files other than the model
-directory's config and tokenizer files.
-
-Packed copies exist because the transport is CPU-bound (aiortc's SCTP in Python,
-about 2 MB/s here, docs/transport.md): a recovering device's 14.2 MB layer takes 7 s
-raw and 1.4 s packed.
-
-Pacing: the transport hands ``weights`` messages to SCTP in 16 KiB pieces behind
-residuals and replies, with a cap on bytes in flight (docs/transport.md), so a copy
-never holds a residual back for more than one piece. The client keeps ``window``
-slices of ``part_bytes`` (default 4 x 1 MiB) requested at a time.
-
-Handlers: a transport has one message handler. :func:`serve_weights` and
-:func:`fetch_range` each wrap the handler installed when they start and pass on every
-message that is not theirs, so they can run beside a :class:`runtime.room.Node`
-(create the Node first: its constructor installs its own handler). ``fetch_range``
-puts the previous handler back when it ends if its own is still the one installed.
-
-Sources: safetensors file layout (8-byte little-endian header length, JSON header with
-``dtype``, ``shape``, ``data_offsets`` relative to the end of the header, then the data)
-from https://github.com/huggingface/safetensors (README, "Format").
-"""
+"""The IO of a copy: a server answering a peer's requests on one transport, and
+:func:`fetch_range`, which asks a peer for a range, checks everything it receives
+against the manifest and only then writes it (the protocol is in
+:mod:`runtime.weights_share`)."""
 
 from __future__ import annotations
 
@@ -71,9 +9,7 @@ import asyncio
 import hashlib
 import json
 import logging
-import mmap
 import os
-import struct
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,218 +17,19 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from . import weights as _weights
-from . import weights_codec as _codec
-from .config import ModelConfig
+from .. import weights as _weights
+from .. import weights_codec as _codec
+from ..config import ModelConfig
+from .manifest import (_NP_DTYPES, CONFIG_FILES, HOST_FILES, WeightsError, _canonical, _check_manifest, _is_int,
+                       _manifest_from, _model_dir, _TensorFile, expected_sha256)
+from .wire import _REP, _REQ, CHANNEL, MAX_PART_BYTES, _req_int, decode, encode
 
 log = logging.getLogger("splitroom.weights_share")
 
-CHANNEL = "weights"
-MANIFEST_VERSION = 1
-#: Largest tensor slice one request may ask for, bytes.
-MAX_PART_BYTES = 4 << 20
 #: Default slice a client asks for, bytes.
 PART_BYTES = 1 << 20
 #: Default number of slices a client keeps requested at once.
 WINDOW = 4
-#: Files copied beside the tensors: always / only with the embedding (a host's range).
-CONFIG_FILES = ("config.json",)
-HOST_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-_REQ = ord("Q")
-_REP = ord("R")
-_HDR = struct.Struct("<BI")
-
-# safetensors dtype -> numpy dtype (little endian); bf16 has no numpy type and is refused
-_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
-              "I8": "|i1", "U8": "|u1", "BOOL": "|b1"}
-
-
-class WeightsError(_weights.WeightsError):
-    """A copy from a peer failed: refused, timed out, malformed, or a sha256 that does
-    not match (a tensor, a file, or the manifest against the expected one). Nothing was
-    written when this is raised."""
-
-
-# --------------------------------------------------------------------------- safetensors on disk
-
-
-@dataclass
-class _TensorFile:
-    """A safetensors file mapped read-only: ``entries[name] = (dtype, shape, begin, end)``
-    with absolute byte offsets into ``mm``."""
-
-    path: Path
-    mm: mmap.mmap
-    entries: dict[str, tuple[str, list[int], int, int]]
-    key: tuple
-
-    @classmethod
-    def open(cls, path: Path) -> "_TensorFile":
-        """Map ``path``. Raises WeightsError when it is missing or not a safetensors file."""
-        try:
-            st = path.stat()
-            with open(path, "rb") as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise WeightsError(f"cannot read {path}: {e}") from e
-        try:
-            (n,) = struct.unpack_from("<Q", mm, 0)
-            header = json.loads(bytes(mm[8:8 + n]))
-        except (struct.error, ValueError) as e:
-            mm.close()
-            raise WeightsError(f"{path} is not a safetensors file: {e}") from e
-        base = 8 + n
-        entries = {}
-        for name, v in header.items():
-            if name == "__metadata__":
-                continue
-            a, b = v["data_offsets"]
-            entries[name] = (v["dtype"], list(v["shape"]), base + a, base + b)
-        return cls(path, mm, entries, (str(path), st.st_mtime_ns, st.st_size))
-
-    def view(self, name: str) -> memoryview:
-        _, _, a, b = self.entries[name]
-        return memoryview(self.mm)[a:b]
-
-    def close(self) -> None:
-        try:
-            self.mm.close()
-        except BufferError:  # a memoryview still alive; the mapping goes with the last one
-            pass
-
-
-_SHA_CACHE: dict[tuple, str] = {}
-
-
-def _tensor_sha(tf: _TensorFile, name: str) -> str:
-    """sha256 hex of one tensor's stored bytes, cached per (file, mtime, size, name)."""
-    k = tf.key + (name,)
-    h = _SHA_CACHE.get(k)
-    if h is None:
-        v = tf.view(name)
-        h = hashlib.sha256(v).hexdigest()
-        v.release()
-        _SHA_CACHE[k] = h
-    return h
-
-
-def _model_dir(model_dir: Path | str) -> Path:
-    p = Path(model_dir)
-    return p.parent if p.is_file() else p
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def manifest_sha256(manifest: dict) -> str:
-    """sha256 hex of the canonical JSON of ``manifest`` without its ``sha256`` key."""
-    return hashlib.sha256(_canonical({k: v for k, v in manifest.items() if k != "sha256"})).hexdigest()
-
-
-def _range_files(with_embedding: bool) -> tuple[str, ...]:
-    return CONFIG_FILES + (HOST_FILES if with_embedding else ())
-
-
-def _manifest_from(tf: _TensorFile, mdir: Path, start: int, end: int, with_embedding: bool,
-                   with_head: bool) -> dict:
-    cfg = ModelConfig.load(mdir)
-    names = _weights.range_tensor_names(cfg, start, end, with_embedding, with_head)
-    missing = [n for n in names if n not in tf.entries]
-    if missing:
-        raise WeightsError(f"{tf.path} lacks {len(missing)} tensors of layers [{start}, {end}), e.g. {missing[0]}")
-    tensors = {}
-    for n in names:
-        dtype, shape, a, b = tf.entries[n]
-        tensors[n] = {"sha256": _tensor_sha(tf, n), "dtype": dtype, "shape": shape, "nbytes": b - a}
-    files = {}
-    for fn in _range_files(with_embedding):
-        p = mdir / fn
-        if not p.is_file():
-            raise WeightsError(f"{mdir} lacks {fn}")
-        data = p.read_bytes()
-        files[fn] = {"sha256": hashlib.sha256(data).hexdigest(), "nbytes": len(data)}
-    m = {"version": MANIFEST_VERSION, "start": start, "end": end, "embedding": bool(with_embedding),
-         "head": bool(with_head), "tensors": tensors, "files": files}
-    m["sha256"] = manifest_sha256(m)
-    return m
-
-
-def make_manifest(model_dir: Path | str, start: int, end: int, with_embedding: bool, with_head: bool) -> dict:
-    """The sha256 manifest of layers ``[start, end)`` (0-based, half-open) of a model
-    directory (``model.safetensors`` + ``config.json``; a range directory written by
-    :func:`fetch_range` works too), plus the embedding and/or head when asked.
-
-    Hashes the tensors' stored bytes (about 0.3 s per 100 MB; cached per file and
-    mtime). See the module doc for the layout.
-
-    Raises:
-        ValueError: a range outside ``[0, n_layers]``.
-        WeightsError: the file is missing, unreadable, or lacks a tensor or file of the range.
-    """
-    mdir = _model_dir(model_dir)
-    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
-    try:
-        return _manifest_from(tf, mdir, start, end, with_embedding, with_head)
-    finally:
-        tf.close()
-
-
-def range_nbytes(model_dir: Path | str, start: int, end: int) -> int:
-    """Stored bytes of layers ``[start, end)`` (0-based, half-open) of a model directory:
-    the sum of the ``nbytes`` its manifest (:func:`make_manifest`) gives those tensors,
-    read from the safetensors header without hashing. Raises WeightsError as
-    :func:`make_manifest` does."""
-    if end <= start:
-        return 0
-    mdir = _model_dir(model_dir)
-    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
-    try:
-        names = _weights.range_tensor_names(ModelConfig.load(mdir), start, end, False, False)
-        missing = [n for n in names if n not in tf.entries]
-        if missing:
-            raise WeightsError(f"{tf.path} lacks {len(missing)} tensors of layers [{start}, {end}), e.g. {missing[0]}")
-        return sum(tf.entries[n][3] - tf.entries[n][2] for n in names)
-    finally:
-        tf.close()
-
-
-# --------------------------------------------------------------------------- framing
-
-
-def encode(kind: int, header: dict, payload: bytes | memoryview = b"") -> bytes:
-    """One weights-channel message: kind, header length, JSON header, payload."""
-    h = json.dumps(header, separators=(",", ":")).encode()
-    return _HDR.pack(kind, len(h)) + h + bytes(payload)
-
-
-#: Largest JSON header of a weights message, bytes.
-MAX_HEADER_BYTES = 64 * 1024
-
-
-def _req_int(req: dict, key: str) -> int:
-    """``req[key]`` if it is an integer (not a bool, a float, Infinity or text); else ValueError."""
-    v = req[key]
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError(f"{key} must be an integer, got {str(v)[:20]}")
-    return v
-
-
-def decode(data: bytes) -> tuple[int, dict, memoryview]:
-    """Inverse of :func:`encode`. Raises ValueError when malformed."""
-    if len(data) < _HDR.size:
-        raise ValueError("message shorter than its header")
-    kind, n = _HDR.unpack_from(data, 0)
-    if kind not in (_REQ, _REP) or _HDR.size + n > len(data) or n > MAX_HEADER_BYTES:
-        raise ValueError("bad kind or header length")
-    try:
-        header = json.loads(bytes(data[_HDR.size:_HDR.size + n]))
-    except RecursionError:
-        raise ValueError("header nested too deep") from None
-    if not isinstance(header, dict):
-        raise ValueError("header is not a JSON object")
-    return kind, header, memoryview(data)[_HDR.size + n:]
 
 
 def _chain(transport) -> Optional[Callable]:
@@ -303,9 +40,6 @@ def _chain(transport) -> Optional[Callable]:
 def _forward(prev: Optional[Callable], src: str, channel: str, data: bytes) -> None:
     if prev is not None:
         prev(src, channel, data)
-
-
-# --------------------------------------------------------------------------- server
 
 
 @dataclass
@@ -483,9 +217,6 @@ def serve_weights(transport, model_dir: Path | str,
     return srv
 
 
-# --------------------------------------------------------------------------- client
-
-
 class _Client:
     """Request/reply matching for one fetch (replies carry the request id)."""
 
@@ -533,97 +264,6 @@ class _Client:
         if not h.get("ok"):
             raise WeightsError(f"{self.peer} refused: {h.get('error', 'no reason given')}")
         return h, payload
-
-
-#: Largest tensor a manifest may describe, and largest range a client holds in memory
-#: while it checks it, bytes (SmolLM2-135M's largest tensor is 113 MB, its whole model 540 MB).
-MAX_TENSOR_BYTES = 8 << 30
-MAX_RANGE_BYTES = 64 << 30
-#: Most dimensions of one tensor, and most tensors in one range's manifest.
-MAX_DIMS = 8
-MAX_TENSORS = 100_000
-_HEX64 = frozenset("0123456789abcdef")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_sha(v: Any) -> bool:
-    return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX64
-
-
-def expected_sha256(expected: Any) -> str:
-    """The manifest sha256 a copy must match: ``expected`` is that 64-character lower-case
-    hex string, or a manifest dict holding it under ``sha256`` (e.g. the model host's own
-    manifest, or the model's published digest). It must come from somewhere the peer
-    serving the weights does not control.
-
-    Raises:
-        WeightsError: ``expected`` is None or not such a hash (nothing is fetched then).
-    """
-    want = expected.get("sha256") if isinstance(expected, dict) else expected
-    if not _is_sha(want):
-        raise WeightsError("an expected manifest sha256 (64 hex characters, from the model host's manifest or "
-                           "the model's published digest) is required to copy weights from a peer")
-    return want
-
-
-def _check_manifest(m: Any, start: int, end: int, emb: bool, head: bool, expected: Any) -> dict:
-    """``m`` if it is a well-formed manifest of the range whose sha256 is ``expected``.
-
-    Raises WeightsError (never another error) for anything else: not a mapping, another
-    range, a hash that does not match, no tensors, a tensor name, dtype, shape (negative,
-    too many dimensions, more than ``MAX_TENSOR_BYTES``), byte count or sha256 that is
-    not what it claims, more than ``MAX_RANGE_BYTES`` in all, or an unexpected file.
-    """
-    want = expected_sha256(expected)
-    if not isinstance(m, dict) or not isinstance(m.get("tensors"), dict) or not isinstance(m.get("files"), dict):
-        raise WeightsError("the manifest is malformed")
-    if (m.get("start"), m.get("end"), m.get("embedding"), m.get("head")) != (start, end, emb, head) \
-            or not all(_is_int(m.get(k)) for k in ("start", "end")):
-        raise WeightsError(f"the manifest is for another range: {str(m.get('start'))[:20]}-{str(m.get('end'))[:20]}")
-    try:
-        got = manifest_sha256(m)
-    except (TypeError, ValueError, RecursionError) as e:  # NaN/Infinity, keys that are not text
-        raise WeightsError(f"the manifest is malformed: {type(e).__name__}") from None
-    if m.get("sha256") != got:
-        raise WeightsError(f"the manifest's sha256 does not match its contents ({got[:12]}...)")
-    if want != got:
-        raise WeightsError(f"manifest sha256 {got[:12]}... is not the expected {want[:12]}...")
-    if not m["tensors"]:
-        raise WeightsError("the manifest lists no tensors")
-    if len(m["tensors"]) > MAX_TENSORS:
-        raise WeightsError(f"the manifest lists over {MAX_TENSORS} tensors")
-    total = 0
-    for n, e in m["tensors"].items():
-        if not isinstance(n, str) or not n or len(n) > 256 or not isinstance(e, dict):
-            raise WeightsError(f"the manifest has a malformed tensor entry {str(n)[:60]!r}")
-        if not isinstance(e.get("dtype"), str) or e["dtype"] not in _NP_DTYPES:
-            raise WeightsError(f"tensor {n} has an unsupported dtype {str(e.get('dtype'))[:20]!r}")
-        shape = e.get("shape")
-        if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(d) and d >= 0 for d in shape):
-            raise WeightsError(f"tensor {n}: shape {str(shape)[:60]} is not a list of at most {MAX_DIMS} "
-                               "non-negative integers")
-        count = 1
-        for d in shape:
-            count *= d  # Python ints: no overflow
-        want_n = count * np.dtype(_NP_DTYPES[e["dtype"]]).itemsize
-        if want_n > MAX_TENSOR_BYTES:
-            raise WeightsError(f"tensor {n}: shape {shape} is {want_n} bytes, over {MAX_TENSOR_BYTES}")
-        if not _is_int(e.get("nbytes")) or want_n != e["nbytes"]:
-            raise WeightsError(f"tensor {n}: {str(e.get('nbytes'))[:30]} bytes do not fit shape {shape}")
-        if not _is_sha(e.get("sha256")):
-            raise WeightsError(f"tensor {n}: sha256 is not 64 hex characters")
-        total += want_n
-    if total > MAX_RANGE_BYTES:
-        raise WeightsError(f"the manifest's tensors hold {total} bytes, over {MAX_RANGE_BYTES}")
-    for fn, e in m["files"].items():
-        if fn not in CONFIG_FILES + HOST_FILES or "/" in fn:
-            raise WeightsError(f"the manifest names an unexpected file {str(fn)[:60]!r}")
-        if not isinstance(e, dict) or not _is_sha(e.get("sha256")):
-            raise WeightsError(f"file {fn}: sha256 is not 64 hex characters")
-    return m
 
 
 def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
