@@ -19,6 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.deal import shown_layers
+
 from ..config import ModelConfig
 
 
@@ -38,10 +40,9 @@ class StageSpec:
     host: bool = False
 
     def label(self) -> str:
-        """People's notation, 1-based inclusive, e.g. ``layers 1-15`` for ``[0, 15)``."""
-        if self.end == self.start:
-            return "no layers"
-        return f"layers {self.start + 1}-{self.end}"
+        """People's notation, 1-based inclusive (:func:`planner.deal.shown_layers`):
+        ``layers 1-15`` for ``[0, 15)``, ``layer 30`` for ``[29, 30)``, ``no layers``."""
+        return shown_layers(self.start, self.end, words=True)
 
 
 def check_hidden(x: np.ndarray, hidden: int) -> np.ndarray:

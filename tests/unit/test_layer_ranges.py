@@ -62,3 +62,10 @@ def test_a_bad_range_says_what_was_typed_and_what_is_expected(text, message):
     with pytest.raises(LayerRangeError) as e:
         parse_layers(text, 30)
     assert str(e.value) == message
+
+
+def test_a_stage_and_generate_show_a_range_as_the_deal_does():
+    from runtime.backends.base import StageSpec
+    assert [StageSpec(0, 15).label(), StageSpec(29, 30).label(), StageSpec(3, 3).label()] == [
+        "layers 1-15", "layer 30", "no layers"]
+    assert generate_layers("1-29", 30).describe() == "host: layers 1-29; worker 1: layer 30"
