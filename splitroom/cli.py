@@ -389,6 +389,14 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         from splitroom.privacy_run import privacy_summary
         plain = simulated(plain_scn, plain_deal, scenario, show_progress=False, keep_trace=False)
         privacy = privacy_summary(scn, result.metrics, plain.metrics)
+    if scn.decoding.speculative is not None:  # does it pay? the same room predicted plain, warned on stderr
+        from splitroom.speculation_check import plain_scenario, speculation_summary, warning_line
+        plain = simulated(plain_scenario(scn), d, scenario, show_progress=False, keep_trace=False)
+        result.metrics["speculation"] = speculation_summary(scn, result.metrics["tokens_per_s"],
+                                                            plain.metrics["tokens_per_s"])
+        warning = warning_line(result.metrics["speculation"])
+        if warning:
+            err.print(f"{scenario}: {warning}", highlight=False, soft_wrap=True, markup=False)
     try:
         if trace:
             from splitroom.report import write_trace
@@ -541,6 +549,10 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
                            timeout_s=timeout, log=say, profile=profile)
     except RealRunError as e:
         fail(f"{scenario}: {e}")
+    from splitroom.speculation_check import warning_line
+    warning = warning_line((res.profile_predicted or {}).get("speculation"))
+    if warning:  # from the prediction made before the run (run_real's log said it first)
+        err.print(f"{scenario}: {warning}", highlight=False, soft_wrap=True, markup=False)
     if write_measured:
         import yaml
         with open(write_measured, "w", encoding="utf-8") as f:

@@ -284,6 +284,10 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
     m["range"] = predict_range(pred_scn, deal, m)
+    if pred_scn.decoding.speculative is not None:  # the same room plain, for the warning (speculation_check)
+        from splitroom.speculation_check import plain_scenario, speculation_summary
+        plain = simulate(plain_scenario(pred_scn), deal, trace=False).metrics
+        m["speculation"] = speculation_summary(pred_scn, m["tokens_per_s"], plain["tokens_per_s"])
     source = acceptance_source(pred_scn)
     if source:
         m["acceptance_from"] = source
@@ -406,6 +410,10 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
             + (f"; acceptance from {profile_predicted['acceptance_from']}"
                if profile_predicted.get("acceptance_from") else "")
             + (f"; {profile_predicted['shared_host']}" if profile_predicted.get("shared_host") else ""))
+        from splitroom.speculation_check import warning_line
+        warning = warning_line(profile_predicted.get("speculation"))
+        if warning:
+            log(warning)
     procs: dict[str, subprocess.Popen] = {}
     relay = None
     t_start = time.time()
