@@ -45,7 +45,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-__all__ = ["PROFILE_VERSION", "WORKLOAD_KINDS", "SAMPLE", "ProfileError", "Curve", "PassCurve", "DeviceProfile",
+#: the drafters that run the model's layers: one forward pass per drafted token (runtime/calibrate.py walks them)
+LAYER_DRAFTERS = ("early_exit", "model")
+
+__all__ = ["LAYER_DRAFTERS", "PROFILE_VERSION", "WORKLOAD_KINDS", "SAMPLE", "ProfileError", "Curve", "PassCurve", "DeviceProfile",
            "DrafterProfile", "SharedHost", "TransportProfile", "Profile", "block_mean", "fit_line", "sample_workload"]
 
 #: the profile format's version; bump on any incompatible change
@@ -553,10 +556,17 @@ class Profile:
         sh = self.shared_host[p]
         devices = {k: DeviceProfile(v.stage.shifted(sh.pass_s * v.slowdown), v.head, v.slowdown, sh.prefill_ratio)
                    for k, v in self.devices.items()}
+        # a drafter that runs layers makes one forward pass a drafted token in the host's process, on the same
+        # cores: each pays the same per-pass excess (its walk was measured in one process, at slowdown 1)
+        drafters = {k: (replace(v, call_s=Curve(v.call_s.xs, tuple(max(y + x * sh.pass_s, 0.0)
+                                                                   for x, y in zip(v.call_s.xs, v.call_s.ys))))
+                        if k in LAYER_DRAFTERS else v) for k, v in self.drafters.items()}
         more = "" if p == processes else f" (measured with {p}; {processes} not measured)"
-        return (replace(self, devices=devices),
+        shifted = sorted(k for k in drafters if k in LAYER_DRAFTERS)
+        return (replace(self, devices=devices, drafters=drafters),
                 f"{processes} device processes on one machine: every pass {sh.pass_s * 1e3:+.2f} ms a unit of "
-                f"slowdown, prefill chunks x{sh.prefill_ratio:.3f}{more}")
+                f"slowdown" + (f" (the {'/'.join(shifted)} drafter's too, one pass a drafted token)" if shifted else "")
+                + f", prefill chunks x{sh.prefill_ratio:.3f}{more}")
 
     def to_mapping(self) -> dict:
         """A plain mapping (YAML/JSON-ready) that :meth:`from_mapping` reads back."""

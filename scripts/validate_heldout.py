@@ -215,7 +215,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="real runs per configuration (median and spread)")
     ap.add_argument("--small", action="store_true", help="quick profile and two configurations (CI)")
     ap.add_argument("--only", help="run only the configurations whose name contains one of these texts "
-                    "(comma-separated)")
+                    "(comma-separated; with --resume, run in the order of the texts)")
     ap.add_argument("--markdown", help="also write the table as Markdown here")
     ap.add_argument("--table", help="only print the table of a finished run's JSON (its --out)")
     ap.add_argument("--predict-only", action="store_true", help="write the predictions to --out and stop")
@@ -244,6 +244,8 @@ def main() -> int:
         out = Path(a.resume)
         record = json.loads(out.read_text())
         chunk = [p for p in record["configurations"] if not only or any(x in p["name"] for x in only)]
+        if only:  # in the order of --only's texts (the ones that must run first, first)
+            chunk.sort(key=lambda p: min(i for i, x in enumerate(only) if x in p["name"]))
         print(f"resuming {out}: {len(chunk)} configuration(s), predicted at {record['predicted_at']}", flush=True)
         run_chunk(record, chunk, a.repeat, load_profile(a.profile), out)
         return finish(record, out, a.markdown)

@@ -239,3 +239,18 @@ def test_the_calibration_rooms_scenario_pins_the_cuts_on_loopback_with_two_promp
     assert room.workload.prompts == tuple(CALIBRATION_PROMPTS[:2]) and room.workload.questions == 2
     assert room.workload.answer_tokens == 12 and room.decoding.speculative is None
     assert room.decoding.async_laps == 1
+
+
+def test_on_one_host_gives_a_layer_drafter_the_per_pass_excess_once_a_drafted_token():
+    from planner.profile import DrafterProfile
+    call = Curve((2.0, 4.0), (0.150, 0.300))
+    prof = Profile({"a": DeviceProfile(STAGE, HEAD)}, {"model": DrafterProfile(call), "ngram": DrafterProfile(call)},
+                   None, {}, shared_host={2: SharedHost(0.0, 1.5), 3: SharedHost(0.004, 1.25)})
+    three, line = prof.on_one_host(3)
+    # model: 2 passes x 4 ms on 150 ms, 4 x 4 ms on 300 ms; a lookup (ngram) runs no pass
+    assert three.drafters["model"].draft_s(2) == pytest.approx(0.158)
+    assert three.drafters["model"].draft_s(4) == pytest.approx(0.316)
+    assert three.drafters["model"].draft_s(0) == 0.0
+    assert three.drafters["ngram"].call_s == call and "model drafter's too" in line
+    two, line = prof.on_one_host(2)  # two processes: no per-pass excess measured (0 s)
+    assert two.drafters["model"].draft_s(4) == pytest.approx(0.300) and prof.drafters["model"].call_s == call
