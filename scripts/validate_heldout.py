@@ -219,6 +219,9 @@ def main() -> int:
     ap.add_argument("--markdown", help="also write the table as Markdown here")
     ap.add_argument("--table", help="only print the table of a finished run's JSON (its --out)")
     ap.add_argument("--predict-only", action="store_true", help="write the predictions to --out and stop")
+    ap.add_argument("--stop-by", type=float, help="start no run later than this many seconds before this Unix time "
+                    "(--run-s): a quiet window's end; the runs so far are judged as usual")
+    ap.add_argument("--run-s", type=float, default=45.0, help="seconds one run is allowed for --stop-by (45)")
     ap.add_argument("--resume", help="run the configurations (those --only selects) of this record, written "
                     "before by --predict-only, adding the runs to it (needs --profile: the one it predicted from)")
     a = ap.parse_args()
@@ -247,7 +250,7 @@ def main() -> int:
         if only:  # in the order of --only's texts (the ones that must run first, first)
             chunk.sort(key=lambda p: min(i for i, x in enumerate(only) if x in p["name"]))
         print(f"resuming {out}: {len(chunk)} configuration(s), predicted at {record['predicted_at']}", flush=True)
-        run_chunk(record, chunk, a.repeat, load_profile(a.profile), out)
+        run_chunk(record, chunk, a.repeat, load_profile(a.profile), out, a.stop_by and a.stop_by - a.run_s)
         return finish(record, out, a.markdown)
     out = Path(a.out)
     model_dir = str(ensure_safetensors())
@@ -281,7 +284,7 @@ def main() -> int:
 
     if a.predict_only:
         return 0
-    run_chunk(record, preds, a.repeat, profile, out)
+    run_chunk(record, preds, a.repeat, profile, out, a.stop_by and a.stop_by - a.run_s)
     return finish(record, out, a.markdown)
 
 
@@ -295,17 +298,23 @@ def _uptime() -> str:
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run_chunk(record: dict, preds: list[dict], repeat: int, profile, out: Path) -> None:
+def run_chunk(record: dict, preds: list[dict], repeat: int, profile, out: Path, last_start: float | None = None) -> None:
     """Run every configuration of ``preds`` ``repeat`` times, interleaved (run 1 of each,
     then run 2 of each, ...: configurations compared with each other see the same load),
     adding each run to its configuration's ``measured_runs`` (with ``uptime`` before and
-    after) and writing ``record`` to ``out`` after every run."""
+    after) and writing ``record`` to ``out`` after every run. ``last_start`` (Unix
+    seconds): no run starts after it (the rest are left out, and the record says so)."""
     import os
     from planner.deal import deal
     from splitroom.real import run_real
     from splitroom.scenario import load
     for r in range(repeat):
         for p in preds:
+            if last_start is not None and time.time() > last_start:
+                record.setdefault("stopped", f"round {r + 1} at {p['name']!r}: the window's end "
+                                  f"({time.strftime('%H:%M:%S UTC', time.gmtime(last_start))} last start)")
+                print(f"  stopped: {record['stopped']}", flush=True)
+                return
             scn = load(SCENARIO, COMMON + p["sets"])
             d = deal(scn.devices, scn.model, scn.options)
             before = _uptime()
