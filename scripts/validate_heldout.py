@@ -208,6 +208,36 @@ def markdown(record: dict, preds: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def parts_markdown(preds: list[dict]) -> str:
+    """Per part, measured over predicted: each run's mean per lap (its ``breakdown``)
+    averaged over the runs; hops as measured minus predicted (ms, over every hop),
+    stages, the head and a drafter's call of more than 1 ms (the drafters that run
+    layers) as ratios, and the 1-minute load range of the runs."""
+    lines = ["| configuration | hop, measured - predicted (ms, mean over hops and runs) | stages, measured / predicted | "
+             "head, measured / predicted | draft (layer drafters), measured / predicted | uptime load (1 min) |",
+             "|---|---:|---|---:|---:|---|"]
+    for p in preds:
+        runs = [r for r in p["measured_runs"] if r.get("breakdown")]
+        if not runs:
+            continue
+        pred = {(e["kind"], e["part"]): e["mean_s"] for e in p["predicted"]["breakdown"]}
+        meas: dict = {}
+        for r in runs:
+            for e in r["breakdown"]:
+                meas.setdefault((e["kind"], e["part"]), []).append(e["mean_s"])
+        mean = {k: statistics.mean(v) for k, v in meas.items()}
+        hops = [mean[k] - pred[k] for k in pred if k[0] == "hop" and k in mean]
+        stages = ", ".join(f"{k[1]} x{mean[k] / pred[k]:.2f}" for k in pred if k[0] == "stage" and k in mean and pred[k])
+        heads = [mean[k] / pred[k] for k in pred if k[0] == "head" and k in mean and pred[k]]
+        drafts = [mean[k] / pred[k] for k in pred if k[0] == "draft" and k in mean and pred[k] > 1e-3]
+        loads = [r["load_1min"] for r in runs if r.get("load_1min") is not None]
+        lines.append(f"| {p['name']} | {1000 * statistics.mean(hops):+.1f} | {stages} | "
+                     + (f"x{statistics.mean(heads):.2f}" if heads else "-")
+                     + (f" | x{statistics.mean(drafts):.2f}" if drafts else " | -")
+                     + (f" | {min(loads):.1f}-{max(loads):.1f} |" if loads else " | - |"))
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="use this profile (with both samples' acceptance) instead of calibrating now")
@@ -230,7 +260,12 @@ def main() -> int:
         for p in record["configurations"]:
             if "measured_runs" in p:
                 _warm_ttft(p)
-        print(markdown(record, [p for p in record["configurations"] if "measured_runs" in p]))
+        ran = [p for p in record["configurations"] if "measured_runs" in p]
+        for p in ran:
+            judge(p)
+        print(markdown(record, ran))
+        print()
+        print(parts_markdown(ran))
         return 0
 
     from planner.deal import deal
