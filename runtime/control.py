@@ -32,7 +32,9 @@ transport message, told apart by ``"type"``:
 ``splitroom join``). :class:`SchedulerSettings` is :class:`planner.scheduler.SchedulerConfig`
 on the wire (the planner stays free of pydantic).
 
-Every parse error is a :class:`ControlError` with a one-line reason.
+:data:`HANDSHAKE_MESSAGES` and :data:`ROOM_MESSAGES` are the one list of which is
+which (a joined device routes by them). Every parse error is a :class:`ControlError`
+with a one-line reason.
 """
 
 from __future__ import annotations
@@ -339,9 +341,12 @@ class Crash(_Model):
     type: Literal["crash"] = "crash"
 
 
-ControlMessage = Annotated[Union[Hello, Plan, Abort, Bye, Heartbeat, Replan, Loading, Ready, Crash, Fault, Stamps,
-                                 Progress],
-                           Field(discriminator="type")]
+#: the handshake's messages (before the room runs): ``join`` waits for them in its queue
+HANDSHAKE_MESSAGES = (Hello, Plan, Abort, Bye)
+#: the running room's messages: each device's :class:`runtime.room.Node` handles them
+ROOM_MESSAGES = (Heartbeat, Replan, Loading, Ready, Crash, Fault, Stamps, Progress)
+#: every control message, told apart by ``type``
+ControlMessage = Annotated[Union[HANDSHAKE_MESSAGES + ROOM_MESSAGES], Field(discriminator="type")]
 _CONTROL = TypeAdapter(ControlMessage)
 
 

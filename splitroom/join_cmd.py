@@ -52,11 +52,9 @@ answered (the reasons are printed).
 
 from __future__ import annotations
 
-import os
+from runtime.threads import pin_one_blas_thread
 
-# one BLAS thread per device process (as runtime.node), set before numpy loads
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_v, "1")
+pin_one_blas_thread()  # one BLAS thread per device process (as runtime.node), before numpy loads
 
 import asyncio  # noqa: E402
 import json  # noqa: E402
@@ -77,7 +75,6 @@ REFUSED = 6  # exit status of a host with a question not answered
 
 CONTROL = "reply"  # the hello/plan/bye messages travel on the reply channel
 RESIDUAL = "residual"
-MODEL_ID = BUNDLED_MODEL_ID
 
 
 class JoinError(RuntimeError):
@@ -182,14 +179,15 @@ def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "m
         from planner.room import DealOptions, Device
         devices = [Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items())]
         try:
-            dl = deal(devices, spec if spec is not None else lookup(MODEL_ID), DealOptions(host=host, split=split))
+            dl = deal(devices, spec if spec is not None else lookup(BUNDLED_MODEL_ID),
+                      DealOptions(host=host, split=split))
         except (DealError, ValueError) as e:
             raise JoinError(f"cannot deal the layers: {e}") from None
         if not dl.fits:
             raise JoinError("the room cannot hold the model in what it lends (--lends): "
                             + "; ".join(dl.notes))
         from planner.optimal import slower_than_optimal
-        warning = slower_than_optimal(dl, devices, spec if spec is not None else lookup(MODEL_ID),
+        warning = slower_than_optimal(dl, devices, spec if spec is not None else lookup(BUNDLED_MODEL_ID),
                                       DealOptions(host=host, split=split),
                                       how="join with those --layers ranges instead of auto")
         if warning:
@@ -266,7 +264,7 @@ def model_spec(mcfg, model_id: str):
 
 
 def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg, decoding=None, seed: int = 0,
-                        model_id: str = MODEL_ID) -> dict:
+                        model_id: str = BUNDLED_MODEL_ID) -> dict:
     """The room's scheduler settings as JSON, made as every room makes them
     (:meth:`SchedulerConfig.from_scenario` over a scenario of the joined devices with
     ``decoding``, :func:`room_decoding`; the default decoding when None), stopping on
@@ -293,8 +291,8 @@ class _Mux:
     reaches the Node, or, before the Node exists, the control queue as a lost marker."""
 
     def __init__(self, transport, key: Optional[str] = None):
-        from runtime.control import ControlError, parse_control
-        self._parse, self._error = parse_control, ControlError
+        from runtime.control import ROOM_MESSAGES, ControlError, parse_control
+        self._parse, self._error, self._room_messages = parse_control, ControlError, ROOM_MESSAGES
         self.t = transport
         #: the room key: a peer counts only once its hello proves it (runtime.control.check_proof)
         self.key = key
@@ -333,7 +331,7 @@ class _Mux:
         if channel == CONTROL:
             if msg.type == "hello" and msg.host and self.host is None:
                 self.host = src
-            if msg.type in ("heartbeat", "replan", "ready", "crash", "fault", "stamps", "progress"):  # the running room's
+            if isinstance(msg, self._room_messages):  # the running room's (runtime.control.ROOM_MESSAGES)
                 if self.node_handler is not None:
                     self.node_handler(src, channel, data)
                 return
@@ -720,7 +718,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         raise JoinError(f"--model: {e}" if opts.model else f"no model here: {e}") from None
     except (ValueError, OSError) as e:
         raise JoinError(f"no model here: {e}") from None
-    model_id = MODEL_ID if opts.model is None and opts.model_dir is None else (mcfg.name or MODEL_ID)
+    bundled = opts.model is None and opts.model_dir is None
+    model_id = BUNDLED_MODEL_ID if bundled else (mcfg.name or BUNDLED_MODEL_ID)
     mine = parse_layers(opts.layers, mcfg.n_layers)
     lends = parse_lends(opts.lends)
     if mine is not None and opts.host and mine[0] != 0:
@@ -835,7 +834,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             if api is not None:  # what the room page shows (the host's hellos and the plan)
                 api[0].room_info.update({
                     "name": room, "model": {"id": model_id,
-                                            "name": lookup(MODEL_ID).name if model_id == MODEL_ID else mcfg.name,
+                                            "name": (lookup(BUNDLED_MODEL_ID).name if model_id == BUNDLED_MODEL_ID
+                                                     else mcfg.name),
                                             "layers": mcfg.n_layers}, "host": host,
                     "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
                                 for d, h in hellos.items()],
