@@ -23,8 +23,16 @@ and then died is lost one timeout after it was last heard (rule :data:`READY`) i
 of at the grace window's end. A new re-deal makes it load again: its Ready is forgotten
 then (its answer is kept, as above).
 
+A peer that answered and is still loading is not silent either: it loads in a thread
+of its own and keeps sending its heartbeats meanwhile. So on a re-deal that wants
+answers a peer that answered is spared only as long as it is heard: silent for more than
+``loading_silent_s`` (:data:`LOADING_SILENT_TIMEOUTS` heartbeat timeouts by default) it
+is lost (rule :data:`LOADING_SILENT`), windows or not. One silent past the timeout (but
+not that long) when the load window closes is lost then (rule :data:`LOADING`); one
+still heard is waited for (its Ready ends the re-deal).
+
 Each loss names the rule that fired (:data:`SILENT`, :data:`UNANSWERED`, :data:`READY`,
-:data:`LOADING`).
+:data:`LOADING_SILENT`, :data:`LOADING`).
 
 A lost peer may come back (a device whose Wi-Fi dropped for a few seconds): when it says
 hello again (:meth:`Liveness.returned`) it gets heartbeats again, and once it has been
@@ -47,6 +55,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Collection, Iterable
 
+from planner.room import HOST_WAIT_S
+
 
 #: the plain heartbeat rule: silent for more than ``timeout_s``, no re-deal window sparing it
 SILENT = "silent"
@@ -56,6 +66,15 @@ UNANSWERED = "unanswered"
 LOADING = "loading"
 #: silent for more than ``timeout_s`` after it had loaded its range for the re-deal under way
 READY = "ready"
+#: answered the re-deal under way, then silent for more than ``loading_silent_s`` while loading
+LOADING_SILENT = "loading_silent"
+
+#: heartbeat timeouts of silence after which a peer still loading its re-dealt range is
+#: lost: its heartbeats go on while it loads (the load runs in a thread of its own), so
+#: only a device that died is silent that long; several timeouts, not one, because a load
+#: competes for the device's cores with its event loop (chosen, not measured: 4 s at the
+#: 1 s timeout of ``run --real``, where the load window would wait 30 s)
+LOADING_SILENT_TIMEOUTS = 4.0
 
 #: seconds a lost peer that said hello again must be heard without a gap before it
 #: counts as back, after its first drop: two heartbeat timeouts of the room's 1 s (a
@@ -81,9 +100,10 @@ def rejoin_hold_s(drops_s: Iterable[float], now_s: float, base_s: float = REJOIN
 @dataclass(frozen=True)
 class Tick:
     """What :meth:`Liveness.handle_timer` found: ``lost`` the ``(peer, silent for s, rule)``
-    newly past the timeout (``rule``: :data:`SILENT`, :data:`UNANSWERED`, :data:`READY`
-    or :data:`LOADING`), ``beat`` the peers to send a heartbeat to now (those coming back
-    included), ``back`` the lost peers that have now been heard for their rejoin hold."""
+    newly past the timeout (``rule``: :data:`SILENT`, :data:`UNANSWERED`, :data:`READY`,
+    :data:`LOADING_SILENT` or :data:`LOADING`), ``beat`` the peers to send a heartbeat to
+    now (those coming back included), ``back`` the lost peers that have now been heard
+    for their rejoin hold."""
 
     lost: tuple[tuple[str, float, str], ...]
     beat: tuple[str, ...]
@@ -101,15 +121,19 @@ class Liveness:
         load_timeout_s: after :meth:`replanned`, seconds during which the peers named
             ``spared`` (still loading a re-dealt range) are not lost by silence.
         now_s: the time the timers start.
+        loading_silent_s: on a re-deal that wants answers, seconds of silence after which
+            a peer that answered and is still loading is lost (rule :data:`LOADING_SILENT`);
+            default :data:`LOADING_SILENT_TIMEOUTS` times ``timeout_s``.
     """
 
     def __init__(self, peers: Iterable[str], beat_s: float, timeout_s: float, grace_s: float,
-                 load_timeout_s: float, now_s: float = 0.0):
+                 load_timeout_s: float, now_s: float = 0.0, loading_silent_s: float | None = None):
         self.peers = tuple(peers)
         self.beat_s = beat_s
         self.timeout_s = timeout_s
         self.grace_s = grace_s
         self.load_timeout_s = load_timeout_s
+        self.loading_silent_s = LOADING_SILENT_TIMEOUTS * timeout_s if loading_silent_s is None else loading_silent_s
         self.last_heard: dict[str, float] = {}  # peer -> when it was last heard
         self.lost: set[str] = set()
         self.loading = False  # this device loads a re-dealt range: no peer is lost by silence
@@ -203,8 +227,9 @@ class Liveness:
         """The heartbeat timer fired at ``now_s``: which peers are lost by silence, and
         which get a heartbeat now (every other peer not lost). ``spared``: peers still
         loading a re-dealt range, not lost by silence until ``load_timeout_s`` after the
-        re-deal began (when the re-deal wants answers: only those that answered). The
-        next deadline is ``beat_s`` from ``now_s``."""
+        re-deal began (when the re-deal wants answers: only those that answered, and only
+        while heard within ``loading_silent_s``). The next deadline is ``beat_s`` from
+        ``now_s``."""
         if self._next is not None:
             self._next = now_s + self.beat_s
         in_grace = now_s < self.grace_until
@@ -228,19 +253,24 @@ class Liveness:
                 continue
             seen = self.last_heard.get(p)
             if may_lose and seen is not None and now_s - seen > self.timeout_s:
-                rule = self._rule(p, spared, in_grace, in_load)
+                rule = self._rule(p, spared, in_grace, in_load, now_s - seen)
                 if rule is not None:
                     lost.append((p, now_s - seen, rule))
                     continue
             beat.append(p)
         return Tick(tuple(lost), tuple(beat), tuple(back))
 
-    def _rule(self, peer: str, spared: Collection[str], in_grace: bool, in_load: bool) -> str | None:
-        """The rule that loses ``peer``, silent past the timeout (None: a window spares it)."""
-        if self.wants_answers and (in_grace or in_load) and peer not in self.answered_peers:
+    def _rule(self, peer: str, spared: Collection[str], in_grace: bool, in_load: bool,
+              silent_s: float) -> str | None:
+        """The rule that loses ``peer``, silent ``silent_s`` seconds, past the timeout
+        (None: a window spares it)."""
+        held = self.wants_answers and (in_grace or in_load)  # a re-deal that wants answers is under way
+        if held and peer not in self.answered_peers:
             return UNANSWERED
-        if self.wants_answers and (in_grace or in_load) and peer in self.loaded_peers:
+        if held and peer in self.loaded_peers:
             return READY
+        if held and silent_s > self.loading_silent_s:
+            return LOADING_SILENT
         if in_grace or (in_load and peer in spared):
             return None
         return LOADING if peer in spared else SILENT
@@ -292,7 +322,8 @@ def stall_loss(start_s: float, end_s: float, delay_s: Callable[[float], float], 
 
 
 def rejoin_time(lost_s: float, delay_s: Callable[[float], float], beat_s: float, timeout_s: float,
-                drops_s: Iterable[float] = (), horizon_s: float = REJOIN_HOLD_MAX_S + 60.0) -> float | None:
+                drops_s: Iterable[float] = (), horizon_s: float = REJOIN_HOLD_MAX_S + 60.0,
+                wait_s: float = HOST_WAIT_S) -> float | None:
     """When the model host takes back a peer it lost at ``lost_s`` (:meth:`Liveness.returned`
     then ``Tick.back``), seconds, or None when that does not happen within ``horizon_s``.
 
@@ -302,8 +333,10 @@ def rejoin_time(lost_s: float, delay_s: Callable[[float], float], beat_s: float,
     beat after the hellos (as in :func:`stall_loss`); every hello heard says it is back
     (a no-op while it is already coming back), so one that falls silent during the hold
     is another drop and comes back with its next hello. ``drops_s``: the times it was
-    lost before, ``lost_s`` excluded (:func:`rejoin_hold_s`). Raises ValueError for
-    ``beat_s <= 0``."""
+    lost before, ``lost_s`` excluded (:func:`rejoin_hold_s`). ``wait_s``: the peer, having
+    lost the host, waits that long for it (``host_wait_s``, the runtime's "Host
+    reconnecting"): when no hello of its has been heard by ``lost_s + wait_s`` it has
+    left the room and does not come back (None). Raises ValueError for ``beat_s <= 0``."""
     if beat_s <= 0:
         raise ValueError(f"beat_s must be > 0, got {beat_s}")
     live = Liveness(("peer",), beat_s, timeout_s, 0.0, 0.0, now_s=lost_s)
@@ -320,6 +353,8 @@ def rejoin_time(lost_s: float, delay_s: Callable[[float], float], beat_s: float,
             arrivals_due = latest
             if arrivals_due > tick:
                 break
+            if send == 0 and arrivals_due > lost_s + wait_s:
+                return None  # its first hello came after its wait for the host: it left the room
             live.returned("peer", arrivals_due)
             live.heard("peer", arrivals_due)
             send += 1

@@ -295,6 +295,9 @@ class Decoding:
 HEARTBEAT_TIMEOUT_S = 1.0
 #: Seconds between a device's heartbeats to each peer (the runtime's NodeConfig default).
 HEARTBEAT_S = 0.25
+#: Seconds a worker that lost the model host waits for it to come back ("Host
+#: reconnecting") before the room is over for it (product page 001: a minute).
+HOST_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)

@@ -46,14 +46,15 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from planner.deal import Deal
 from planner.frames import MAX_SLOTS, DType
 from planner.protocol import ReturnPath
-from planner.room import RUNTIME_DRAFTERS
+from planner.room import HOST_WAIT_S as PLANNER_HOST_WAIT_S, RUNTIME_DRAFTERS
 from planner.sampling import MAX_SEED, Sampling
 from planner.draft_policy import DraftPolicy
 from planner.scheduler import SchedulerConfig
 
 #: Seconds a worker that lost the model host waits for it to come back ("Host
-#: reconnecting") before the room is over (product page 001: a minute).
-HOST_WAIT_S = 60.0
+#: reconnecting") before the room is over (planner.room.HOST_WAIT_S: product page 001, a
+#: minute; the simulator's stall rule uses the same).
+HOST_WAIT_S = PLANNER_HOST_WAIT_S
 
 #: seconds a device that lost a peer waits for it on the live connection (the worker
 #: says hello again over it, the host listens) before both meet at the relay for a new

@@ -47,7 +47,7 @@ from planner.chain import Chain, CopyPlan, copy_plan
 from planner.deal import Stage as DealStage, shown_layers
 from planner.drive import Driver
 from planner.hops import HopMeter, PeerClock
-from planner.liveness import LOADING, READY, UNANSWERED, Liveness
+from planner.liveness import LOADING, LOADING_SILENT, READY, UNANSWERED, Liveness
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
@@ -937,13 +937,16 @@ class Node:
 
 def lost_reason(silent_s: float, rule: str) -> str:
     """The DeviceLost reason for a peer silent ``silent_s`` seconds, lost by ``rule``
-    (planner.liveness: SILENT, UNANSWERED, READY, LOADING): the rule is named, so a reader
-    (and a test) tells a loss folded into a re-deal from one at the load window's end."""
+    (planner.liveness: SILENT, UNANSWERED, READY, LOADING_SILENT, LOADING): the rule is
+    named, so a reader (and a test) tells a loss folded into a re-deal from one at the
+    load window's end."""
     why = f"no heartbeat for {silent_s:.1f} s"
     if rule == UNANSWERED:
         return f"{why}, and no answer to the re-deal under way"
     if rule == READY:
         return f"{why}, after it had loaded its re-dealt range"
+    if rule == LOADING_SILENT:
+        return f"{why} while loading its re-dealt range (a device that loads still sends heartbeats)"
     if rule == LOADING:
         return f"{why}, still loading its re-dealt range after {REDEAL_LOAD_TIMEOUT_S:g} s"
     return why

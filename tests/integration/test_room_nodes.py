@@ -378,6 +378,56 @@ def test_a_worker_that_loaded_its_re_dealt_range_and_then_died_is_lost_by_the_he
     assert (host.stage.start, host.stage.end) == (0, 21)
 
 
+def test_a_worker_that_died_while_loading_its_re_dealt_range_is_lost_by_its_silence_not_at_the_load_window(
+        model_dir, tokenizer, reference):
+    """host 1-6, w1 7-13, w2 14-21, w3 22-30; w1 falls silent after 4 answer tokens, and w2
+    dies the moment it has told the host Loading for the re-deal: it took the re-deal, and
+    its Ready never leaves (dropped: it died before it had loaded; its Ready would
+    otherwise go first, as its range is unchanged and it sends Loading from a task). A
+    device that loads still sends heartbeats, so w2's silence is not
+    spared to the 30 s load window: the host loses it four heartbeat timeouts after it
+    was last heard, by the rule that says so, a second Redeal deals its layers to the
+    host, and both answers are the greedy tokens."""
+    from planner.protocol import DeviceLost
+    from runtime.control import Loading, Ready, parse_control
+    from runtime.room import REPLY
+    chain = [["host", 0, 6], ["w1", 6, 13], ["w2", 13, 21], ["w3", 21, 30]]
+    hub = Hub()
+    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0)
+    host, w2 = nodes[0], nodes[2]
+    send = w2.transport.send
+
+    async def send_then_die(dst, channel, data):
+        msg = parse_control(data) if channel == REPLY else None
+        if isinstance(msg, Ready):
+            return  # never sent: w2 dies before it has loaded
+        await send(dst, channel, data)
+        if isinstance(msg, Loading):
+            hub.dead.add("w2")  # the Loading got through; nothing from w2 after it
+    w2.transport.send = send_then_die
+
+    async def go():
+        for node in nodes:
+            node.start()
+        await _until_emitted(host, 4)
+        hub.dead.add("w1")
+        await asyncio.wait_for(host.done.wait(), 120)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    lost = [o for _, o in host.trace if type(o) is DeviceLost]
+    assert [o.device for o in lost] == ["w1", "w2"], lost
+    assert lost[1].reason.endswith("while loading its re-dealt range (a device that loads still sends heartbeats)"), \
+        lost[1].reason
+    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
+    assert [r.stages for r in redeals] == [(("host", 0, 13), ("w2", 13, 21), ("w3", 21, 30)),
+                                           (("host", 0, 21), ("w3", 21, 30))]
+    ready = [o.first_lap for _, o in host.trace if type(o).__name__ == "ChainReady"]
+    assert ready == [redeals[1].first_lap]
+    assert (host.stage.start, host.stage.end) == (0, 21)
+
+
 def test_a_compute_failure_on_the_host_ends_that_question_with_a_reason_not_a_hang(model_dir, tokenizer,
                                                                                     reference):
     """The host's output head raises once (as a broken backend would): the question of

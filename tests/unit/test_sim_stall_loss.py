@@ -92,6 +92,18 @@ def test_rejoin_time_by_hand():
     assert rejoin_time(10.875, delay, 0.25, 1.0, drops_s=[5.0]) == pytest.approx(18.5)
 
 
+def test_a_worker_whose_hellos_cannot_reach_the_host_within_its_wait_has_left_and_never_comes_back():
+    # as above, but the stall adds 65 s one way: the first hello, sent at 10.875, arrives at
+    # 75.885, after the worker's 60 s wait for the host (runtime.node.await_host: "Room
+    # over" at 70.875), so the worker has left the room: it is not taken back
+    def delay(t):
+        return 0.01 + (65.0 if 10.0 <= t < 100.0 else 0.0)
+    assert rejoin_time(10.875, delay, 0.25, 1.0) is None
+    # a worker that waits 70 s is still there: heard from 75.885, back at the first tick
+    # >= 77.885 (ticks at 11.0 + 0.25 k): 78.0
+    assert rejoin_time(10.875, delay, 0.25, 1.0, wait_s=70.0) == pytest.approx(78.0)
+
+
 SLOW_DESKTOP = ["devices[0].memory_bandwidth=5 GB/s", "network.rtt=1 ms",
                 "network.episodes={every: 20 s, lasting: 7 s, extra_rtt: 7 s}"]
 
