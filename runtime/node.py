@@ -272,6 +272,17 @@ def _write_outputs(cfg: NodeConfig, node: Node, tokenizer, append: bool = False)
                        "rejected_frames": node.rejected_frames}, f)
 
 
+def apply_emulated_delay(cfg: NodeConfig, transport) -> None:
+    """Hold every packet ``transport`` sends ``cfg.emulate_one_way_s`` seconds in this
+    process (runtime.transport.emulate_delay) when that is above 0, and log it; nothing
+    otherwise. ``transport``: the connected room's RtcTransport."""
+    if cfg.emulate_one_way_s > 0:
+        from .transport import emulate_delay
+        emulate_delay(transport, cfg.emulate_one_way_s)
+        log.info("%s: every packet it sends waits %.1f ms in this process (emulated delay)", cfg.device,
+                 cfg.emulate_one_way_s * 1000)
+
+
 async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 600.0,
                 stop: Optional[asyncio.Event] = None) -> int:
     """Run one device of ``splitroom run --real`` until done; returns the exit status
@@ -285,11 +296,7 @@ async def serve(cfg: NodeConfig, relay_url: str, room: str, timeout_s: float = 6
     except (TransportError, OSError, asyncio.TimeoutError) as e:
         log.error("%s: could not join room %s: %s", cfg.device, room, e)
         return NO_ROOM
-    if cfg.emulate_one_way_s > 0:
-        from .transport import emulate_delay
-        emulate_delay(transport, cfg.emulate_one_way_s)
-        log.info("%s: every packet it sends waits %.1f ms in this process (emulated delay)", cfg.device,
-                 cfg.emulate_one_way_s * 1000)
+    apply_emulated_delay(cfg, transport)
     if cfg.trace_path and cfg.device == cfg.host:  # tells run --real the room started
         with open(cfg.trace_path + JOINED_SUFFIX, "w", encoding="utf-8"):
             pass

@@ -486,16 +486,19 @@ def compare_table(res) -> Table:
     return t
 
 
+InProcessDelayOpt = typer.Option(False, "--in-process-delay",
+                                 help="Without namespaces (--loopback, or none here), apply the scenario's RTT in "
+                                 "the device processes: each holds what it sends RTT/2 (one delay for every pair, "
+                                 "no jitter).")
+
+
 @app.command()
 def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         real: bool = typer.Option(False, "--real", help="Run the room for real on this machine (required)."),
         set_: Optional[List[str]] = SetOpt, as_json: bool = JsonOpt,
         backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
         netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces."),
-        in_process_delay: bool = typer.Option(False, "--in-process-delay",
-                                              help="Without namespaces (--loopback, or none here), apply the "
-                                              "scenario's RTT in the device processes: each holds what it sends "
-                                              "RTT/2 (one delay for every pair, no jitter)."),
+        in_process_delay: bool = InProcessDelayOpt,
         timeout: float = typer.Option(300.0, "--timeout", help="Give up after this many seconds."),
         calibration: Optional[str] = typer.Option(None, "--calibration", help="Also predict the run before it "
                                                   "starts from this calibration profile (splitroom calibrate)."),
@@ -615,6 +618,7 @@ def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
           set_: Optional[List[str]] = SetOpt,
           backend: str = typer.Option("numpy", "--backend", help="numpy or wgpu."),
           netns: bool = typer.Option(True, "--netns/--loopback", help="Emulate the scenario's network in namespaces."),
+          in_process_delay: bool = InProcessDelayOpt,
           model: Optional[str] = ModelOpt):
     """Start the room (one process per device, WebRTC between them) and serve an OpenAI-compatible API
     on the model host (/v1/chat/completions, /v1/models, /metrics, /health) until Ctrl-C."""
@@ -629,7 +633,7 @@ def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     from splitroom.real import RealRunError
     from splitroom.serve_cmd import ServeError, serve_room
     try:
-        code = serve_room(scn, d, port=port, bind=bind, backend=backend, netns=netns,
+        code = serve_room(scn, d, port=port, bind=bind, backend=backend, netns=netns, in_process_delay=in_process_delay,
                           log=lambda s: err.print(escape(s), highlight=False, soft_wrap=True))
     except (ServeError, RealRunError, NetemError) as e:
         fail(f"{scenario}: {e}")

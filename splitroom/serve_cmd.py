@@ -4,7 +4,8 @@ keep it up, serving an OpenAI-compatible API on the model host, until Ctrl-C or 
 What it starts (the pieces of :mod:`splitroom.real`): the signalling relay and one
 process per device that holds layers, each in its own network namespace with the
 scenario's round trip applied when it can (root and the tools; else on loopback, and it
-says so). The model host's process is ``python -m runtime.serve`` (runtime/serve/): it
+says so; with ``--in-process-delay`` the round trip is then applied in the device
+processes, as for ``run --real``). The model host's process is ``python -m runtime.serve`` (runtime/serve/): it
 serves HTTP from the start (503 until every device has loaded its layers and connected)
 on a listening socket this process binds on ``BIND:PORT`` and hands down, so the API is
 on this machine's address even when the host runs in a namespace. The workers are
@@ -118,7 +119,8 @@ def _health(url: str) -> Optional[dict]:
 
 def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0.1", backend: str = "numpy",
                netns: bool = True, log: Callable[[str], None] = print,
-               should_stop: Optional[Callable[[], bool]] = None, open_timeout_s: float = 120.0) -> int:
+               should_stop: Optional[Callable[[], bool]] = None, open_timeout_s: float = 120.0,
+               in_process_delay: bool = False) -> int:
     """Serve the room until SIGINT/SIGTERM (or ``should_stop()`` returns True, polled
     every 0.2 s); see the module doc. Returns 0 when stopped that way, 1 when the
     model host's process ended by itself (its log's last line is logged).
@@ -127,8 +129,12 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
         port: TCP port of the API (0: any free port; the URL is logged).
         bind: the address it listens on (``0.0.0.0`` for a LAN).
         open_timeout_s: how long every device gets to load its layers and connect, seconds.
+        in_process_delay: without namespaces, every device process (the model host's
+            too) holds what it sends half the scenario's round trip
+            (:func:`splitroom.real.plan_network`; NodeConfig.emulate_one_way_s).
     Raises:
         ServeError: see the class; nothing is left running when it is raised.
+        RealRunError: ``in_process_delay`` for a scenario with jitter (before anything starts).
     """
     from splitroom.real import (RealRunError, device_argv, node_configs, plan_network, real_model_dir, redeal_without,
                                 start_process, start_relay, stop_room, write_config, _last_log_line, ended_how)
@@ -156,14 +162,16 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
     try:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         all_devices = [s.device for s in deal.stages] + [deal.host]
-        net, network, _ = plan_network(scn, sorted(set(all_devices)), netns)
+        net, network, rtt_s = plan_network(scn, sorted(set(all_devices)), netns, in_process_delay)
+        one_way_s = rtt_s / 2 if net is None else 0.0  # the in-process delay, when planned
         if net is not None:
             net.__enter__()
         relay, relay_url = start_relay(net, deal.host, workdir, env)
         info_path = workdir / "room.json"
 
         def start(deal_: Deal) -> None:
-            cfgs = [c.model_copy(update={"prompts": [], "trace_path": "", "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S})
+            cfgs = [c.model_copy(update={"prompts": [], "trace_path": "", "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
+                                         "emulate_one_way_s": one_way_s})
                     for c in node_configs(scn, deal_, model_dir, workdir, backend)]
             room = "r" + secrets.token_hex(4)
             info_path.write_text(json.dumps(room_info(scn, deal_)))

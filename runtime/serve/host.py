@@ -32,7 +32,8 @@ from aiohttp import web  # noqa: E402
 from planner.model import BUNDLED_MODEL_ID  # noqa: E402
 
 from ..control import ControlError, NodeConfig  # noqa: E402
-from ..node import BAD_CONFIG, DONE, NO_ROOM, load_device, run_device, stop_on_signals  # noqa: E402
+from ..node import (BAD_CONFIG, DONE, NO_ROOM, apply_emulated_delay, load_device, run_device,  # noqa: E402
+                    stop_on_signals)
 from .server import RoomServer  # noqa: E402
 
 log = logging.getLogger("splitroom.serve")
@@ -126,6 +127,7 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
             return NO_ROOM
         if transport is None:
             return DONE
+        apply_emulated_delay(cfg, transport)
         log.warning("%s: every device connected; serving", cfg.device)
         from .server import watch_relay
         relay_watch = asyncio.ensure_future(watch_relay(server, relay_url))

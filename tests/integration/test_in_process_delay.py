@@ -130,3 +130,37 @@ def test_a_room_planned_with_in_process_delay_gives_each_device_half_the_round_t
     jittery = load("scenarios/home.yaml", ["network.rtt=40 ms", "network.jitter={distribution: normal, scale: 5 ms}"])
     with pytest.raises(RealRunError, match="jitter"):
         plan_network(jittery, [d.id for d in jittery.devices], netns=False, in_process_delay=True)
+
+
+def test_a_served_room_with_in_process_delay_gives_every_device_process_half_the_round_trip(tmp_path, monkeypatch):
+    # serve_room writes each device's configuration (the model host's too) before it starts
+    # the processes; kept here (SPLITROOM_KEEP_WORKDIR) and read back. Stopped at once: nothing
+    # is timed and no question is asked.
+    import json
+    import tempfile
+
+    from planner.deal import deal_for
+    from splitroom.scenario import load
+    from splitroom.serve_cmd import serve_room
+
+    monkeypatch.setenv("SPLITROOM_KEEP_WORKDIR", "1")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    sets = ["network.rtt=30 ms", "network.jitter={distribution: none}"]
+    scn = load("scenarios/home.yaml", sets)
+    d = deal_for(scn)
+    lines: list[str] = []
+    assert serve_room(scn, d, port=0, netns=False, in_process_delay=True, log=lines.append,
+                      should_stop=lambda: True) == 0
+    cfgs = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("splitroom-serve-*/*.json")
+            if p.name != "room.json"}
+    assert set(cfgs) == {"desktop", "laptop", "phone"} and d.host in cfgs
+    assert {k: c["emulate_one_way_s"] for k, c in cfgs.items()} == pytest.approx(
+        {"desktop": 0.015, "laptop": 0.015, "phone": 0.015})
+    assert any("30 ms RTT emulated in process" in line for line in lines)
+    # without the flag the same room is plain loopback: no device holds its packets
+    lines.clear()
+    for p in tmp_path.glob("splitroom-serve-*/*.json"):
+        p.unlink()
+    assert serve_room(scn, d, port=0, netns=False, log=lines.append, should_stop=lambda: True) == 0
+    plain = [json.loads(p.read_text()) for p in tmp_path.glob("splitroom-serve-*/*.json") if p.name != "room.json"]
+    assert len(plain) == 3 and {c["emulate_one_way_s"] for c in plain} == {0.0}

@@ -101,6 +101,13 @@ def test_run_real_in_process_delay_refuses_jitter_before_starting_the_room(tmp_p
                     "room.yaml: ", "network.jitter 5 ms", "in-process delay has no jitter")
 
 
+def test_serve_in_process_delay_refuses_jitter_before_starting_the_room(tmp_path):
+    # as run --real: the in-process delay has no jitter, so serve refuses such a room in one line
+    f = write(tmp_path, TWO + "network: {rtt: 40 ms, jitter: {distribution: normal, scale: 5 ms}}\n")
+    one_line_exit_2(invoke("serve", f, "--loopback", "--in-process-delay", "--port", "0"),
+                    "room.yaml: ", "network.jitter 5 ms", "in-process delay has no jitter")
+
+
 @pytest.mark.parametrize("seed", ["-1", "-99999999999999999999", "1.5", "many", str(2**64)])
 def test_bad_seed(tmp_path, seed):
     f = write(tmp_path, ONE + f"seed: {seed}\n")
