@@ -21,6 +21,16 @@ over the repeats): aggregate tokens/s (all tokens over the span from the first r
 to the last token), per-client inter-token p50/p99 and time to first token p50/p99
 (request sent to first token, queue wait included), with the machine's load average
 (``os.getloadavg``) before and after.
+
+The prediction's network is the one the real room has (:func:`splitroom.real.real_run_network`:
+the round trip, jitter as netem applies it, no stall episodes, no bandwidth cap).
+``--in-process-delay``: the rooms run on loopback with the round trip applied in the
+device processes (``serve --in-process-delay``; for machines without namespaces; give the
+scenario no jitter). ``--pin K``: once a room is ready, each device process (every one of
+its threads) is pinned to K logical CPUs of its own (whole physical cores first where
+the CPUs have siblings), and the rest (``serve`` itself, the relay, this script and its
+clients) to the CPUs left; the JSON records which (``machine``). ``--separate-machines``:
+predict without the profile's measured shared-core room (each device its own machine).
 """
 
 from __future__ import annotations
@@ -58,22 +68,27 @@ def _pcts(xs: list[float]) -> dict:
 
 
 def predict(scenario: str, sets: list[str], calibration: str | None, clients: int, questions: int,
-            prompt_tokens: int, answer_tokens: int) -> dict:
+            prompt_tokens: int, answer_tokens: int, separate: bool = False) -> dict:
     """The simulator's aggregate tokens/s, inter-token and time-to-first-token (from asked).
 
-    The profile is applied as for ``run --real`` (:func:`splitroom.real.on_this_host`):
-    serve's device processes all run on this machine, so a profile holding a measured
-    shared-core room (``shared_host``) has it applied; ``shared_core`` says what was."""
+    The network is the real room's (:func:`splitroom.real.real_run_network`). The profile
+    is applied as for ``run --real`` (:func:`splitroom.real.on_this_host`): serve's device
+    processes all run on this machine, so a profile holding a measured shared-core room
+    (``shared_host``) has it applied, unless ``separate``; ``shared_core`` says what was."""
+    import dataclasses
     from splitroom.calibration import apply_profile, load_profile
     from splitroom.cli import deal_scenario
-    from splitroom.real import on_this_host
+    from splitroom.real import on_this_host, real_run_network
     from splitroom.scenario import load
     from sim.driver import simulate
     scn = load(scenario, sets + [f"workload.clients={clients}", f"workload.questions={questions}",
                                  f"workload.prompt_tokens={prompt_tokens}", f"workload.answer_tokens={answer_tokens}"])
-    line = ""
+    scn = dataclasses.replace(scn, network=real_run_network(scn, scn.network.rtt_s))
+    line = "separate machines: the profile's shared-core room not applied" if separate else ""
     if calibration:
-        profile, line = on_this_host(load_profile(calibration), deal_scenario(scn, scenario))
+        profile = load_profile(calibration)
+        if not separate:
+            profile, line = on_this_host(profile, deal_scenario(scn, scenario))
         scn = apply_profile(scn, profile)
     m = simulate(scn, trace=False).metrics
     return {"aggregate_tokens_per_s": m["aggregate_tokens_per_s"], "inter_token_p50_s": m["inter_token_s"]["p50"],
@@ -84,9 +99,10 @@ def predict(scenario: str, sets: list[str], calibration: str | None, clients: in
 class Served:
     """One ``splitroom serve`` process (started in its own process group, ended by pid)."""
 
-    def __init__(self, scenario: str, sets: list[str], loopback: bool, calibration: str | None):
+    def __init__(self, scenario: str, sets: list[str], loopback: bool, in_process_delay: bool = False):
         argv = [sys.executable, "-c", "from splitroom.cli import main; main()", "serve", scenario, "--port", "0"]
-        argv += ["--loopback"] if loopback else []
+        argv += ["--loopback"] if loopback or in_process_delay else []
+        argv += ["--in-process-delay"] if in_process_delay and not loopback else []
         for s in sets:
             argv += ["--set", s]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -129,6 +145,81 @@ class Served:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def cpus_by_core() -> list[int]:
+    """This process's allowed logical CPUs, siblings of one physical core next to each
+    other (``/sys/devices/system/cpu/cpuN/topology``: package, then core id)."""
+    def core(c: int) -> tuple[int, int, int]:
+        t = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
+        try:
+            return int((t / "physical_package_id").read_text()), int((t / "core_id").read_text()), c
+        except (OSError, ValueError):
+            return 0, c, c
+    return sorted(os.sched_getaffinity(0), key=core)
+
+
+def _pin(pid: int, cpus: list[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus`` (threads started later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            pass
+
+
+def pin_room(serve_pid: int, per_device: int) -> dict:
+    """Each device process of the served room (``runtime.serve``, ``runtime.node``
+    children of ``serve_pid``) onto ``per_device`` CPUs of its own (:func:`cpus_by_core`
+    order); ``serve``, the relay and this process onto the CPUs left. Returns
+    ``{device or "rest": [cpus]}``. Exits when the CPUs do not go round."""
+    flat = cpus_by_core()
+    devices, others = {}, [serve_pid, os.getpid()]
+    for pid in _children(serve_pid):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"runtime.serve" in argv or b"runtime.node" in argv:
+            cfg = next(a for a in argv if a.endswith(b".json"))
+            devices[Path(cfg.decode()).stem] = pid
+        else:
+            others.append(pid)
+    need = len(devices) * per_device
+    if need >= len(flat):
+        raise SystemExit(f"--pin {per_device}: {len(devices)} device processes need {need} CPUs and one more "
+                         f"for the rest; this machine allows {len(flat)}")
+    out = {}
+    for i, (dev, pid) in enumerate(sorted(devices.items())):
+        out[dev] = flat[i * per_device:(i + 1) * per_device]
+        _pin(pid, out[dev])
+    out["rest"] = sorted(set(flat[need:]))
+    for pid in others:
+        _pin(pid, out["rest"])
+    return out
+
+
+def machine_notes() -> dict:
+    """The CPU model, logical CPU count and thread settings, for the JSON."""
+    model = ""
+    try:
+        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                      if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "allowed_cpus": len(os.sched_getaffinity(0)),
+            "threads_env": {v: os.environ.get(v) for v in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS",
+                                                           "OPENBLAS_NUM_THREADS")}}
 
 
 async def _client(url: str, i: int, n: int, max_tokens: int, t0: list) -> list[dict]:
@@ -198,11 +289,11 @@ def predict_all(a) -> dict:
     """Every configuration's prediction, stamped with the time it was made (UTC)."""
     clients = [int(x) for x in a.clients.split(",")]
     preds = {_key(rtt, n, c): predict(a.scenario, sets, a.calibration, c, c * a.per_client, a.prompt_tokens,
-                                      a.max_tokens)
+                                      a.max_tokens, a.separate_machines)
              for rtt, n, sets in _grid(a) for c in clients}
     return {"made_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "scenario": a.scenario, "sets": a.sets,
             "calibration": a.calibration, "per_client": a.per_client, "max_tokens": a.max_tokens,
-            "prompt_tokens": a.prompt_tokens, "predicted": preds}
+            "prompt_tokens": a.prompt_tokens, "separate_machines": a.separate_machines, "predicted": preds}
 
 
 def table(path: str, second: str | None = None) -> str:
@@ -261,6 +352,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predict-only", action="store_true", help="write the predictions to --out and stop")
     ap.add_argument("--predictions", help="a --predict-only file made for this same grid")
+    ap.add_argument("--separate-machines", action="store_true",
+                    help="predict without the profile's shared-core room")
+    ap.add_argument("--in-process-delay", action="store_true",
+                    help="rooms on loopback, the round trip applied in the device processes")
+    ap.add_argument("--pin", type=int, default=0, metavar="K", help="pin each device process to K CPUs of its own")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     pred = json.loads(Path(a.predictions).read_text()) if a.predictions else predict_all(a)
@@ -268,13 +364,16 @@ def main() -> None:
         Path(a.out).write_text(json.dumps(pred, indent=1))
         return
     rows = []
+    machine = machine_notes()
     clients = [int(x) for x in a.clients.split(",")]
     # a SIGTERM (timeout's) unwinds through the finally below, so the served room is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for rtt, n, sets in _grid(a):
-        srv = Served(a.scenario, sets, loopback=rtt.strip() in ("0ms", "0", "0 ms"), calibration=a.calibration)
+        srv = Served(a.scenario, sets, loopback=rtt.strip() in ("0ms", "0", "0 ms"),
+                     in_process_delay=a.in_process_delay)
         try:
             srv.wait_ready()
+            pinned = pin_room(srv.proc.pid, a.pin) if a.pin > 0 else None
             asyncio.run(_round(srv.url, 1, 1, 8))  # warm-up, not counted
             for c in clients:
                 load0 = os.getloadavg()[0]
@@ -282,12 +381,13 @@ def main() -> None:
                 p = pred["predicted"][_key(rtt, n, c)]
                 row = {"rtt": rtt, "questions_in_flight": n, "clients": c, "predicted": p,
                        "measured": _summary(runs), "runs": runs, "load_1min": [load0, os.getloadavg()[0]],
-                       "ended_utc": time.strftime("%H:%M:%S", time.gmtime())}
+                       "ended_utc": time.strftime("%H:%M:%S", time.gmtime()), "pinned": pinned}
                 rows.append(row)
                 print(json.dumps({k: row[k] for k in ("rtt", "questions_in_flight", "clients")}),
                       f"predicted {p['aggregate_tokens_per_s']:.1f} tok/s,",
                       f"measured {row['measured']['aggregate_tokens_per_s']['median']:.1f} tok/s", flush=True)
                 Path(a.out).write_text(json.dumps({"prediction": {k: v for k, v in pred.items() if k != "predicted"},
+                                                   "machine": machine, "in_process_delay": a.in_process_delay,
                                                    "rows": rows}, indent=1))
         finally:
             srv.stop()

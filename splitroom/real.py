@@ -214,18 +214,25 @@ def sctp_burst_bytes() -> int:
     return DEFAULT_MAX_BURST_CHUNKS * SCTP_CHUNK_BYTES
 
 
-def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int) -> Scenario:
-    """``scn`` as a real run on this machine will run it, for a prediction made before
-    the run: the emulated round trip ``rtt_s`` (0 on loopback) with the scenario's
-    jitter scale (netem applies it) but no stall episodes and no per-pair links (not
-    emulated), the tuned SCTP sender's burst cap (:func:`sctp_burst_bytes`), no bandwidth limit (loopback has none to speak of: the transport's
-    per-byte cost is in the profile), the real prompts' token counts and the answer
-    cap, asked by the host one after another."""
+def real_run_network(scn: Scenario, rtt_s: float):
+    """``scn.network`` as a real room on this machine has it (a
+    :class:`planner.room.Network`): the round trip ``rtt_s`` (0 on loopback) with the
+    scenario's jitter scale as normal jitter (netem applies it; none at 0 ms), no stall
+    episodes and no per-pair links (not emulated), no bandwidth limit (loopback has none to
+    speak of: the transport's per-byte cost is in the profile) and the tuned SCTP sender's
+    burst cap (:func:`sctp_burst_bytes`)."""
     from planner.room import Jitter
     j = scn.network.jitter
     jitter = Jitter("normal", j.scale_s) if (j is not None and j.scale_s > 0 and rtt_s > 0) else Jitter()
-    net = dataclasses.replace(scn.network, rtt_s=rtt_s, jitter=jitter, episodes=None, links=(), bandwidth_Bps=1e12,
-                              burst_bytes=sctp_burst_bytes())
+    return dataclasses.replace(scn.network, rtt_s=rtt_s, jitter=jitter, episodes=None, links=(), bandwidth_Bps=1e12,
+                               burst_bytes=sctp_burst_bytes())
+
+
+def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int) -> Scenario:
+    """``scn`` as a real run on this machine will run it, for a prediction made before
+    the run: the network of :func:`real_run_network` at ``rtt_s``, the real prompts'
+    token counts and the answer cap, asked by the host one after another."""
+    net = real_run_network(scn, rtt_s)
     n = max(len(prompt_tokens), 1)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(int(round(sum(prompt_tokens) / n)), 1),
                              answer_tokens=max(answer_tokens, 1), questions=n, asked_by=())
