@@ -160,16 +160,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+#: the logical CPUs this process may run on when it started (pinning a room narrows its own)
+ALLOWED_CPUS = frozenset(os.sched_getaffinity(0))
+
+
 def cpus_by_core() -> list[int]:
-    """This process's allowed logical CPUs, siblings of one physical core next to each
-    other (``/sys/devices/system/cpu/cpuN/topology``: package, then core id)."""
+    """The logical CPUs this process was allowed when it started (:data:`ALLOWED_CPUS`),
+    siblings of one physical core next to each other (``/sys/devices/system/cpu/cpuN/topology``:
+    package, then core id)."""
     def core(c: int) -> tuple[int, int, int]:
         t = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
         try:
             return int((t / "physical_package_id").read_text()), int((t / "core_id").read_text()), c
         except (OSError, ValueError):
             return 0, c, c
-    return sorted(os.sched_getaffinity(0), key=core)
+    return sorted(ALLOWED_CPUS, key=core)
 
 
 def _pin(pid: int, cpus: list[int]) -> None:

@@ -9,7 +9,8 @@
 #
 #   bash scripts/serve_load_device.sh CARRIED OUT BUDGET_S
 #   (PY: the python, default python3; PIN: CPUs per device process, default 2, 0 for none;
-#   SMOKE=1: a tiny grid, to check the steps)
+#   SMOKE=1: a tiny grid, to check the steps; IN_FLIGHT, CLIENTS: the grid's N and client counts;
+#   PREDICTED: a predictions file in CARRIED, from an earlier call: no calibration, no new prediction)
 #
 # CARRIED: a folder holding .whl/ (the wheels the machine lacks, see docs/benchmarks.md) and
 # smollm2-tokenizer.gguf (scripts/make_gguf.py --tokenizer-only). The bundled model is too large
@@ -39,19 +40,24 @@ $PY scripts/make_gguf.py --shape smollm2 --mix q4_1 --tokenizer-from "$C"/smollm
   --out "$SPLITROOM_GGUF" || exit 1
 sr() { $PY -c 'from splitroom.cli import main; main()' "$@"; }
 S=(scenarios/home.yaml --set context=512)
-say "calibrating"
-sr calibrate "${S[@]}" --quick --out "$OUT"/profile.yaml > "$OUT"/calibrate.txt 2>&1 \
-  || { tail -5 "$OUT"/calibrate.txt; exit 1; }
-say "calibrated"
 G=("${S[@]}" --set "network.jitter={distribution: none}" --rtt 40ms --per-client 1 --prompt-tokens 37
    --calibration "$OUT"/profile.yaml)
 if [ -n "${SMOKE:-}" ]; then  # a few seconds of the same steps, to check them
   G+=(--in-flight 2 --clients 2 --max-tokens 8 --repeats 1)
 else
-  G+=(--in-flight 4,1,2 --clients 1,4,8 --max-tokens 24 --repeats 3)
+  G+=(--in-flight "${IN_FLIGHT:-4,1,2}" --clients "${CLIENTS:-1,4,8}" --max-tokens 24 --repeats 3)
 fi
-$PY scripts/serve_load.py "${G[@]}" --predict-only --out "$OUT"/predicted.json || exit 1
-say "predicted"
+if [ -n "${PREDICTED:-}" ]; then  # a later call: the profile and predictions of an earlier one
+  cp "$C/$PREDICTED" "$OUT"/predicted.json || exit 1
+  say "predictions from $PREDICTED (made $(grep -m1 made_utc "$OUT"/predicted.json))"
+else
+  say "calibrating"
+  sr calibrate "${S[@]}" --quick --out "$OUT"/profile.yaml > "$OUT"/calibrate.txt 2>&1 \
+    || { tail -5 "$OUT"/calibrate.txt; exit 1; }
+  say "calibrated"
+  $PY scripts/serve_load.py "${G[@]}" --predict-only --out "$OUT"/predicted.json || exit 1
+  say "predicted"
+fi
 LEFT=$(( BUDGET_S - ($(date +%s) - T0) ))
 timeout -s TERM "$LEFT" $PY scripts/serve_load.py "${G[@]}" --predictions "$OUT"/predicted.json \
   --in-process-delay --pin "${PIN:-2}" --out "$OUT"/serve-load.json
