@@ -415,7 +415,9 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=256, help="KV cache positions (torch attends over all, masked)")
     ap.add_argument("--formats", default="f32,f16,q8")
-    ap.add_argument("--variants", default="", help="extra float16 runs with environment settings, e.g. 'SPLITROOM_WGPU_ATT=512;SPLITROOM_WGPU_MV=64,2'")
+    ap.add_argument("--variants", default="",
+                    help="extra runs with environment settings, separated by ';': [FORMAT@]K=V[+K=V...] (FORMAT f16 unless "
+                         "given), e.g. 'SPLITROOM_WGPU_ATT=512;q4_k@SPLITROOM_WGPU_WIDE=0+SPLITROOM_WGPU_MV=64,2'")
     ap.add_argument("--per-submit", default="1,4,16", help="greedy_steps per_submit values to time")
     ap.add_argument("--quick", action="store_true", help="tiny run (lavapipe check of this script)")
     ap.add_argument("--no-torch", action="store_true")
@@ -489,21 +491,28 @@ def main(argv=None) -> None:
         res["wgpu"].append(r)
         save()
     for var in filter(None, a.variants.split(";")):
-        k, v = var.split("=", 1)
-        old_v = os.environ.get(k)
-        os.environ[k] = v
+        vfmt, _, sets = var.rpartition("@")
+        vfmt = vfmt or "f16"
+        olds = {}
+        for kv in sets.split("+"):
+            k, v = kv.split("=", 1)
+            olds.setdefault(k, os.environ.get(k))
+            os.environ[k] = v
         try:
-            r = bench_wgpu("f16", w, a, prompt, refs.get("f16"))
+            if vfmt not in ws:
+                ws[vfmt] = (lambda f=vfmt: gguf_weights(f, a.shape, tmp)) if vfmt in GGUF_MIXES else (lambda: w)
+            r = bench_wgpu(vfmt, ws[vfmt](), a, prompt, refs.get(vfmt))
         except Exception as e:
-            r = {"format": "f16", "error": repr(e)}
+            r = {"format": vfmt, "error": repr(e)}
         r["variant"] = var
         print("wgpu variant", var, {k: v for k, v in r.items() if not isinstance(v, (list, dict))}, flush=True)
         res["wgpu"].append(r)
         save()
-        if old_v is None:
-            os.environ.pop(k)
-        else:
-            os.environ[k] = old_v
+        for k, old_v in olds.items():
+            if old_v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = old_v
     res["torch"] = []
     if have_cuda:
         for dt in ("f16", "f32"):

@@ -290,13 +290,14 @@ class WgpuStage(Stage):
                 self.fast = False
         if self.fast:
             un = int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))
+            wide_n = self.wide = int(os.environ.get("SPLITROOM_WGPU_WIDE", "8"))
             if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n))  # noqa: E731
             else:
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias))  # noqa: E731
-            f_o = lambda f: mk(wgsl.matvec_src(QD, H, rr, wgs, f, add=True, U=un, bias=c.o_bias))  # noqa: E731
-            f_gu = lambda f: mk(wgsl.matvec_src(H, F, rr, wgs, f, norm=True, swiglu=True, eps=c.rms_eps, U=un))  # noqa: E731
-            f_d = lambda f: mk(wgsl.matvec_src(F, H, rr, wgs, f, add=True, U=un))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n))  # noqa: E731
+            f_o = lambda f: mk(wgsl.matvec_src(QD, H, rr, wgs, f, add=True, U=un, bias=c.o_bias, wide=wide_n))  # noqa: E731
+            f_gu = lambda f: mk(wgsl.matvec_src(H, F, rr, wgs, f, norm=True, swiglu=True, eps=c.rms_eps, U=un, wide=wide_n))  # noqa: E731
+            f_d = lambda f: mk(wgsl.matvec_src(F, H, rr, wgs, f, add=True, U=un, wide=wide_n))  # noqa: E731
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
             aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
             aw = max(1, aw // (D // 4)) * (D // 4)
@@ -373,7 +374,8 @@ class WgpuStage(Stage):
                 hw, hr = _mv_shape("HEAD", (256, 8))
                 while V % hr:
                     hr //= 2
-                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fh, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))))
+                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fh, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8")),
+                                               wide=self.wide))
                 f_arg = mk(wgsl.argmax_embed_src(V, H, fe))
                 # head on the uploaded residual (hx) or on the residual left in x by the last step
                 self.fhead_hx = ("head", f_head, self._bind(f_head, {0: self.hx, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)

@@ -437,7 +437,7 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
 
 def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = False, add: bool = False,
                swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8,
-               bias: bool = False) -> str:
+               bias: bool = False, wide: int = 0) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
     Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
@@ -453,10 +453,20 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     Each lane issues ``U`` loads before it sums them (one memory round trip per ``U * subgroup``
     vec4s). Bindings: 0 X ``[K]`` f32, 1 W ``[N, K]`` (``fmt``), 2 Y f32, 3 Params, 4 norm weight.
     Dispatch ``(N / R,)`` (with ``rope``: ``(N / 2 / R,)``).
+
+    ``wide`` > 0 with a format of :func:`wide_ok` reads the weights in 16-byte pieces instead
+    (:func:`_wide_loop`): at most ``wide`` pieces per lane in flight, balanced so that a row takes
+    as few rounds as possible; ``U`` is then unused. Same bindings and dispatch.
     """
     assert K % 4 == 0 and N % R == 0 and not (swiglu and rope)
     K4 = K // 4
-    s = [PARAMS, _product_decls(fmt, norm, swiglu, bias)]
+    wide = wide if (wide > 0 and wide_ok(fmt, K)) else 0
+    decls = _product_decls(fmt, norm, swiglu, bias)
+    if wide:
+        decls = decls.replace(weight_decl("W", 1, fmt), _wide_decl("W", 1, fmt))
+        if swiglu:
+            decls = decls.replace(weight_decl("W2", 5, fmt), _wide_decl("W2", 5, fmt))
+    s = [PARAMS, decls]
     if rope:
         NH, KV, D = rope
         assert N == (NH + 2 * KV) * D and (N // 2) % R == 0
@@ -483,26 +493,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
     body.append("""
     var a = 0.0;
     var b = 0.0;
-    var ss = 0.0;
-    for (var k0 = lane; k0 < K4; k0 += sgs * U) {""")
-    # U independent loads first (indices clamped in range, out-of-range terms masked to 0), then the sums:
-    # a loop with a run-time stride is not unrolled by the driver, so each iteration would wait a full
-    # memory round trip
-    for u in range(U):
-        idx = "k0" if u == 0 else f"min(k0 + {u}u * sgs, K4 - 1u)"
-        body.append(f"\n      let i{u} = {idx};\n      var x{u} = X[i{u}];\n      let w{u} = ld_W(row * K4 + i{u});")
-        if swiglu:
-            body.append(f"\n      let v{u} = ld_W2(row * K4 + i{u});")
-        if rope:
-            body.append(f"\n      let v{u} = ld_W(row2 * K4 + i{u});")
-    for u in range(U):
-        m = "" if u == 0 else f" * select(0.0, 1.0, k0 + {u}u * sgs < K4)"
-        if norm:
-            body.append(f"\n      ss += dot(x{u}, x{u}){m};\n      x{u} = x{u} * NW[i{u}];")
-        body.append(f"\n      a += dot(w{u}, x{u}){m};")
-        if two:
-            body.append(f"\n      b += dot(v{u}, x{u}){m};")
-    body.append("\n    }\n    a = subgroupAdd(a);")
+    var ss = 0.0;""")
+    if wide:
+        body.append(_wide_loop(fmt, K, wide, norm, swiglu, bool(rope)))
+    else:
+        body.append(_plain_loop(K4, U, norm, swiglu, bool(rope)))
+    body.append("\n    a = subgroupAdd(a);")
     if two:
         body.append("\n    b = subgroupAdd(b);")
     if norm:
@@ -545,6 +541,137 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
         body.append("\n      Y[row] = a;")
     body.append("\n    }\n  }\n}\n")
     return "".join(s) + "".join(body)
+
+
+def _plain_loop(K4: int, U: int, norm: bool, swiglu: bool, rope: bool) -> str:
+    """The K loop of :func:`matvec_src` over ``ld_W`` vec4s: ``U`` independent loads per lane first
+    (indices clamped in range, out-of-range terms masked to 0), then the sums. A loop with a
+    run-time stride is not unrolled by the driver, so each iteration would wait a full memory
+    round trip."""
+    two = swiglu or rope
+    body = ["\n    for (var k0 = lane; k0 < K4; k0 += sgs * U) {"]
+    for u in range(U):
+        idx = "k0" if u == 0 else f"min(k0 + {u}u * sgs, K4 - 1u)"
+        body.append(f"\n      let i{u} = {idx};\n      var x{u} = X[i{u}];\n      let w{u} = ld_W(row * K4 + i{u});")
+        if swiglu:
+            body.append(f"\n      let v{u} = ld_W2(row * K4 + i{u});")
+        if rope:
+            body.append(f"\n      let v{u} = ld_W(row2 * K4 + i{u});")
+    for u in range(U):
+        m = "" if u == 0 else f" * select(0.0, 1.0, k0 + {u}u * sgs < K4)"
+        if norm:
+            body.append(f"\n      ss += dot(x{u}, x{u}){m};\n      x{u} = x{u} * NW[i{u}];")
+        body.append(f"\n      a += dot(w{u}, x{u}){m};")
+        if two:
+            body.append(f"\n      b += dot(v{u}, x{u}){m};")
+    body.append("\n    }")
+    return "".join(body)
+
+
+#: formats with a 16-byte-piece form of the one-token product: {format: (weights per piece, K multiple)}
+WIDE_FORMATS = {"f16": (8, 8), "q4_k": (32, 256)}
+
+
+def wide_ok(fmt, K: int) -> bool:
+    """Whether :func:`matvec_src` can read ``fmt`` rows of ``K`` weights in 16-byte pieces
+    (f16: 8 halves a piece, K a multiple of 8; Q4_K: a quarter of a 64-weight chunk's codes plus
+    its block's header, K a multiple of 256)."""
+    return isinstance(fmt, str) and fmt in WIDE_FORMATS and K % WIDE_FORMATS[fmt][1] == 0
+
+
+def _wide_decl(name: str, binding: int, fmt: str) -> str:
+    """Weight matrix ``name`` as ``array<vec4<u32>>`` (the same buffer as :func:`weight_decl`'s),
+    and for Q4_K the helper ``q4k_<name>(codes, header, t, x...)`` summing one piece's 32 products.
+
+    Q4_K's 144-byte blocks (ggml-common.h ``block_q4_K``) are 9 aligned vec4s: vec4 0 holds ``d``,
+    ``dmin`` (float16) and the 12 bytes of 6-bit scales and mins, vec4 ``1 + t`` (t = 0..7) the
+    codes ``qs[16t .. 16t + 15]``: low nibbles are weights ``64c + 16h + 0..15`` of sub-block
+    ``2c`` and high nibbles weights ``64c + 32 + 16h + 0..15`` of sub-block ``2c + 1``
+    (``c = t / 2``, ``h = t % 2``). Sub-block ``j``'s scale and min are unpacked as ggml's
+    ``get_scale_min_k4``, four bytes at a time.
+    """
+    s = f"@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<u32>>;\n"
+    if fmt == "q4_k":
+        s += f"""fn nib_{name}(v: u32) -> vec4<f32> {{
+  let c = v & 0x0F0F0F0Fu;
+  return vec4<f32>(f32(c & 255u), f32((c >> 8u) & 255u), f32((c >> 16u) & 255u), f32(c >> 24u));
+}}
+fn q4k_{name}(w: vec4<u32>, h: vec4<u32>, t: u32, l0: vec4<f32>, l1: vec4<f32>, l2: vec4<f32>, l3: vec4<f32>,
+              g0: vec4<f32>, g1: vec4<f32>, g2: vec4<f32>, g3: vec4<f32>) -> f32 {{
+  let dm = unpack2x16float(h.x);
+  let ch = t >> 1u;
+  let first = ch < 2u;
+  let scw = select((h.w & 0x0F0F0F0Fu) | ((h.y >> 2u) & 0x30303030u), h.y & 0x3F3F3F3Fu, first);
+  let mnw = select(((h.w >> 4u) & 0x0F0F0F0Fu) | ((h.z >> 2u) & 0x30303030u), h.z & 0x3F3F3F3Fu, first);
+  let sh = (ch & 1u) * 16u;
+  let sc0 = f32((scw >> sh) & 255u);
+  let sc1 = f32((scw >> (sh + 8u)) & 255u);
+  let mn0 = f32((mnw >> sh) & 255u);
+  let mn1 = f32((mnw >> (sh + 8u)) & 255u);
+  let dl = dot(nib_{name}(w.x), l0) + dot(nib_{name}(w.y), l1) + dot(nib_{name}(w.z), l2) + dot(nib_{name}(w.w), l3);
+  let dh = dot(nib_{name}(w.x >> 4u), g0) + dot(nib_{name}(w.y >> 4u), g1) + dot(nib_{name}(w.z >> 4u), g2)
+         + dot(nib_{name}(w.w >> 4u), g3);
+  let one = vec4<f32>(1.0);
+  return dm.x * (sc0 * dl + sc1 * dh) - dm.y * (mn0 * dot(l0 + l1 + l2 + l3, one) + mn1 * dot(g0 + g1 + g2 + g3, one));
+}}
+"""
+    return s
+
+
+def _wide_loop(fmt: str, K: int, UMAX: int, norm: bool, swiglu: bool, rope: bool) -> str:
+    """The K loop of :func:`matvec_src` over 16-byte pieces of each row (``NP`` pieces).
+
+    Lane ``lane`` takes pieces ``p0 + u * sgs`` (u < ``U``); ``U`` is the fewest loads per lane
+    (at most ``UMAX``) that cover a row in the fewest rounds of a 32-lane subgroup, so rows of
+    3,072 f16 weights (384 pieces) take 2 rounds of 6, not 1.5 of 8. Every piece's loads are
+    issued before its sums; pieces past the row are clamped and masked to 0. f16 pieces are 8
+    halves (``unpack2x16float``) against 2 vec4s of x; a Q4_K piece is 16 code bytes and its
+    block's header against 8 vec4s of x (:func:`_wide_decl`).
+    """
+    import math
+
+    per, _ = WIDE_FORMATS[fmt]
+    NP = K // per
+    rounds = math.ceil(NP / (32 * UMAX))
+    U = max(1, min(UMAX, math.ceil(NP / (32 * rounds))))
+    q4k = fmt == "q4_k"
+    two = swiglu or rope
+    nx = 8 if q4k else 2  # vec4s of x per piece
+    body = [f"\n    for (var p0 = lane; p0 < {NP}u; p0 += sgs * {U}u) {{"]
+    for u in range(U):
+        idx = "p0" if u == 0 else f"min(p0 + {u}u * sgs, {NP - 1}u)"
+        body.append(f"\n      let p{u} = {idx};")
+        mats = [("w", "W", "row")] + ([("v", "W2", "row")] if swiglu else []) + ([("v", "W", "row2")] if rope else [])
+        if q4k:
+            body.append(f"\n      let t{u} = p{u} & 7u;")
+            for v, W, r in mats:
+                body.append(f"\n      let {v}b{u} = ({r} * {K // 256}u + (p{u} >> 3u)) * 9u;"
+                            f"\n      let {v}{u} = {W}[{v}b{u} + 1u + t{u}];\n      let {v}h{u} = {W}[{v}b{u}];")
+            body.append(f"\n      let xb{u} = (p{u} >> 3u) * 64u + (t{u} >> 1u) * 16u + (t{u} & 1u) * 4u;")
+            offs = [0, 1, 2, 3, 8, 9, 10, 11]
+        else:
+            for v, W, r in mats:
+                body.append(f"\n      let {v}{u} = {W}[{r} * {NP}u + p{u}];")
+            body.append(f"\n      let xb{u} = p{u} * 2u;")
+            offs = [0, 1]
+        for e, o in enumerate(offs):
+            body.append(f"\n      var x{u}_{e} = X[xb{u} + {o}u];")
+    for u in range(U):
+        m = "" if u == 0 else f" * select(0.0, 1.0, p0 + {u}u * sgs < {NP}u)"
+        xs = [f"x{u}_{e}" for e in range(nx)]
+        if norm:
+            body.append(f"\n      ss += ({' + '.join(f'dot({x}, {x})' for x in xs)}){m};")
+            for e, o in enumerate(offs):
+                body.append(f"\n      x{u}_{e} = x{u}_{e} * NW[xb{u} + {o}u];")
+        mats2 = [("w", "W")] + ([("v", "W2" if swiglu else "W")] if two else [])
+        for (v, W), acc in zip(mats2, ("a", "b")):
+            if q4k:
+                body.append(f"\n      {acc} += q4k_{W}({v}{u}, {v}h{u}, t{u}, {', '.join(xs)}){m};")
+            else:
+                body.append(f"\n      {acc} += (dot(vec4<f32>(unpack2x16float({v}{u}.x), unpack2x16float({v}{u}.y)), {xs[0]})"
+                            f" + dot(vec4<f32>(unpack2x16float({v}{u}.z), unpack2x16float({v}{u}.w)), {xs[1]})){m};")
+    body.append("\n    }")
+    return "".join(body)
 
 
 def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048, window: int = 0) -> str:
@@ -665,11 +792,33 @@ def argmax_embed_src(V: int, Hd: int, fmt: str = "f32", WGS: int = 1024) -> str:
     """Arg-max of logits ``L[0, :V]`` (lowest id on ties) into ``IDS[0]``, and that token's embedding
     row into ``X[0, :]`` (the next step's residual), in one workgroup.
     Bindings: 0 L, 1 IDS (rw u32), 2 X (rw), 3 E ``[V, Hd]`` (``fmt``). Dispatch ``(1,)``.
+
+    With ``V`` a multiple of 4 each thread reads ``L`` as vec4s, 4 independent loads before it
+    compares them (one memory round trip per 16 logits a thread instead of one per logit), in
+    increasing index order so that the first of equal values wins.
     """
     assert Hd % 4 == 0
-    return weight_decl("E", 3, fmt) + f"""
-@group(0) @binding(0) var<storage, read> L: array<f32>;
-@group(0) @binding(1) var<storage, read_write> IDS: array<u32>;
+    if V % 4 == 0:
+        V4 = V // 4
+        cmp = "".join(f"""
+      if (i + {u}u * WGS < {V4}u) {{
+        let b{u} = (i + {u}u * WGS) * 4u;
+        if (v{u}.x > best || idx == 0xffffffffu) {{ best = v{u}.x; idx = b{u}; }}
+        if (v{u}.y > best) {{ best = v{u}.y; idx = b{u} + 1u; }}
+        if (v{u}.z > best) {{ best = v{u}.z; idx = b{u} + 2u; }}
+        if (v{u}.w > best) {{ best = v{u}.w; idx = b{u} + 3u; }}
+      }}""" for u in range(4))
+        loads = "".join(f"\n    let v{u} = L4[min(i + {u}u * WGS, {V4 - 1}u)];" for u in range(4))
+        scan = f"""  for (var i = lid; i < {V4}u; i += 4u * WGS) {{{loads}{cmp}
+  }}"""
+        decl = "@group(0) @binding(0) var<storage, read> L4: array<vec4<f32>>;\n"
+    else:
+        scan = """  for (var i = lid; i < V; i += WGS) {
+    let v = L[i];
+    if (v > best || idx == 0xffffffffu) { best = v; idx = i; }
+  }"""
+        decl = "@group(0) @binding(0) var<storage, read> L: array<f32>;\n"
+    return weight_decl("E", 3, fmt) + decl + f"""@group(0) @binding(1) var<storage, read_write> IDS: array<u32>;
 @group(0) @binding(2) var<storage, read_write> X: array<vec4<f32>>;
 const V: u32 = {V}u;
 const H4: u32 = {Hd // 4}u;
@@ -680,10 +829,7 @@ var<workgroup> bi: array<u32, {WGS}>;
 fn main(@builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
   var best = -3.4e38;
   var idx = 0xffffffffu;
-  for (var i = lid; i < V; i += WGS) {{
-    let v = L[i];
-    if (v > best || idx == 0xffffffffu) {{ best = v; idx = i; }}
-  }}
+{scan}
   let sm = subgroupMax(best);
   let si = subgroupMin(select(0xffffffffu, idx, best == sm));
   if (lane == 0u) {{ bv[sg] = sm; bi[sg] = si; }}

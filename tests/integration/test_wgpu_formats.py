@@ -26,13 +26,14 @@ def weights(seed: int) -> dict[str, np.ndarray]:
     return random_checkpoint(CFG, seed)
 
 
-@pytest.fixture(scope="module", params=[(f, k) for f in ("f32", "f16", "q8") for k in ("1", "0")],
-                ids=lambda p: f"{p[0]}-{'subgroup' if p[1] == '1' else 'batch'}-kernels")
+@pytest.fixture(scope="module", params=[(f, k, "8") for f in ("f32", "f16", "q8") for k in ("1", "0")] + [("f16", "1", "0")],
+                ids=lambda p: f"{p[0]}-{'subgroup' if p[1] == '1' else 'batch'}-kernels{'-vec2-loads' if p[2] == '0' else ''}")
 def pair(request):
-    fmt, fast = request.param
+    fmt, fast, wide = request.param
     w = weights(7)
     mp = pytest.MonkeyPatch()
     mp.setenv("SPLITROOM_WGPU_FAST", fast)
+    mp.setenv("SPLITROOM_WGPU_WIDE", wide)  # f16 one-token products: 16-byte pieces (8) or vec2 loads (0)
     request.addfinalizer(mp.undo)
     ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=96, precision=Precision(weights=fmt))
     try:
