@@ -166,6 +166,31 @@ def adapter_summary() -> str:
     return get_device()[0].summary
 
 
+def wide_settings(text: str) -> dict[str, int]:
+    """``SPLITROOM_WGPU_WIDE``: which weight formats the one-token products read in 16-byte pieces
+    (:func:`wgsl.matvec_src` ``wide``), and at most how many pieces a lane has in flight:
+    ``"q4_k:8"`` (the default: Q4_K only, measured faster on the H200; f16 was not), ``"f16:8,q4_k:8"``,
+    ``"8"`` (every format that has the form), ``"0"`` (none). Raises ValueError on other text."""
+    out: dict[str, int] = {}
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            if ":" in part:
+                f, n = part.split(":", 1)
+                out[f.strip()] = int(n)
+            else:
+                out.update({f: int(part) for f in wgsl.WIDE_FORMATS})
+    except ValueError:
+        raise ValueError(f"SPLITROOM_WGPU_WIDE={text!r}: expected FORMAT:N[,FORMAT:N] or N") from None
+    return out
+
+
+class WideOf(dict):
+    """``{format: pieces}`` that answers 0 for formats not named (a tuple of parts included)."""
+
+    def __missing__(self, key):
+        return 0
+
+
 def _mv_shape(name: str, default: tuple[int, int]) -> tuple[int, int]:
     """``(threads per workgroup, rows per workgroup)`` of the one-token products, from
     ``SPLITROOM_WGPU_<name>`` (``"128,4"``) if set: a tuning knob for benchmarks."""
@@ -290,14 +315,15 @@ class WgpuStage(Stage):
                 self.fast = False
         if self.fast:
             un = int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))
-            wide_n = self.wide = int(os.environ.get("SPLITROOM_WGPU_WIDE", "8"))
+            self.wide = wide_settings(os.environ.get("SPLITROOM_WGPU_WIDE", "q4_k:8"))
+            wide_n = WideOf(self.wide)
             if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n[f]))  # noqa: E731
             else:
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n))  # noqa: E731
-            f_o = lambda f: mk(wgsl.matvec_src(QD, H, rr, wgs, f, add=True, U=un, bias=c.o_bias, wide=wide_n))  # noqa: E731
-            f_gu = lambda f: mk(wgsl.matvec_src(H, F, rr, wgs, f, norm=True, swiglu=True, eps=c.rms_eps, U=un, wide=wide_n))  # noqa: E731
-            f_d = lambda f: mk(wgsl.matvec_src(F, H, rr, wgs, f, add=True, U=un, wide=wide_n))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n[f]))  # noqa: E731
+            f_o = lambda f: mk(wgsl.matvec_src(QD, H, rr, wgs, f, add=True, U=un, bias=c.o_bias, wide=wide_n[f]))  # noqa: E731
+            f_gu = lambda f: mk(wgsl.matvec_src(H, F, rr, wgs, f, norm=True, swiglu=True, eps=c.rms_eps, U=un, wide=wide_n[f]))  # noqa: E731
+            f_d = lambda f: mk(wgsl.matvec_src(F, H, rr, wgs, f, add=True, U=un, wide=wide_n[f]))  # noqa: E731
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
             aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
             aw = max(1, aw // (D // 4)) * (D // 4)
@@ -375,7 +401,7 @@ class WgpuStage(Stage):
                 while V % hr:
                     hr //= 2
                 f_head = mk(wgsl.matvec_src(H, V, hr, hw, fh, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8")),
-                                               wide=self.wide))
+                                               wide=wide_n[fh]))
                 f_arg = mk(wgsl.argmax_embed_src(V, H, fe))
                 # head on the uploaded residual (hx) or on the residual left in x by the last step
                 self.fhead_hx = ("head", f_head, self._bind(f_head, {0: self.hx, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)

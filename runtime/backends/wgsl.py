@@ -588,13 +588,15 @@ def _wide_decl(name: str, binding: int, fmt: str) -> str:
     codes ``qs[16t .. 16t + 15]``: low nibbles are weights ``64c + 16h + 0..15`` of sub-block
     ``2c`` and high nibbles weights ``64c + 32 + 16h + 0..15`` of sub-block ``2c + 1``
     (``c = t / 2``, ``h = t % 2``). Sub-block ``j``'s scale and min are unpacked as ggml's
-    ``get_scale_min_k4``, four bytes at a time.
+    ``get_scale_min_k4``, four bytes at a time. A code ``c`` becomes a float as
+    ``bitcast<f32>(0x4B000000 | c) - 2^23`` (exact; two full-rate operations instead of an
+    integer-to-float conversion, which NVIDIA GPUs issue at a quarter of the rate).
     """
     s = f"@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<u32>>;\n"
     if fmt == "q4_k":
         s += f"""fn nib_{name}(v: u32) -> vec4<f32> {{
-  let c = v & 0x0F0F0F0Fu;
-  return vec4<f32>(f32(c & 255u), f32((c >> 8u) & 255u), f32((c >> 16u) & 255u), f32(c >> 24u));
+  let c = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+  return bitcast<vec4<f32>>(c | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
 }}
 fn q4k_{name}(w: vec4<u32>, h: vec4<u32>, t: u32, l0: vec4<f32>, l1: vec4<f32>, l2: vec4<f32>, l3: vec4<f32>,
               g0: vec4<f32>, g1: vec4<f32>, g2: vec4<f32>, g3: vec4<f32>) -> f32 {{

@@ -110,3 +110,13 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, wide, fa
         tb, hb = cpu.head_embed_forward(cpu.embed([7]), cpu.position)
         assert ta == tb
         np.testing.assert_allclose(ha, hb, rtol=0, atol=2e-5 * np.abs(hb).max())
+
+
+def test_wide_settings_parse_and_refuse():
+    assert wgpu_backend.wide_settings("q4_k:8") == {"q4_k": 8}
+    assert wgpu_backend.wide_settings("f16:4, q4_k:16") == {"f16": 4, "q4_k": 16}
+    assert wgpu_backend.wide_settings("0") == {"f16": 0, "q4_k": 0}
+    of = wgpu_backend.WideOf({"q4_k": 8})
+    assert of["q4_k"] == 8 and of["f16"] == 0 and of[(("q4_k", 64), ("q6_k", 64))] == 0
+    with pytest.raises(ValueError, match="SPLITROOM_WGPU_WIDE"):
+        wgpu_backend.wide_settings("q4_k:many")
