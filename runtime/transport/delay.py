@@ -41,13 +41,16 @@ class DelayStats:
     """How late the packets of one or more delay lines left, seconds after they were due.
 
     ``record(lateness_s)`` per packet sent; :meth:`summary` gives ``packets`` (sent),
-    ``dropped`` (refused by a full line), ``lateness_p50_s``, ``lateness_p99_s`` (nearest
+    ``dropped`` (refused by a full line: what the delay itself lost while the link was up),
+    ``cut_at_close`` (held when the line was closed, or handed over after: the link was
+    taken down with them in the air, as at the end of every room), ``lateness_p50_s``, ``lateness_p99_s`` (nearest
     rank over the first :data:`MAX_SAMPLES` packets) and ``lateness_max_s`` (over all).
     """
 
     def __init__(self) -> None:
         self.packets = 0
         self.dropped = 0
+        self.cut_at_close = 0
         self.max_s = 0.0
         self._samples: list[float] = []
 
@@ -68,7 +71,8 @@ class DelayStats:
                 return None
             k = max(1, -(-int(p * 1000) * len(s) // 1000))
             return s[min(k, len(s)) - 1]
-        return {"packets": self.packets, "dropped": self.dropped, "lateness_p50_s": rank(0.5),
+        return {"packets": self.packets, "dropped": self.dropped, "cut_at_close": self.cut_at_close,
+                "lateness_p50_s": rank(0.5),
                 "lateness_p99_s": rank(0.99), "lateness_max_s": self.max_s if self.packets else None}
 
 
@@ -83,7 +87,7 @@ class DelayLine:
         call_at: schedules ``fn()`` at a ``clock()`` time; returns a handle with ``cancel()``.
         max_held: most packets held at once; a push beyond it is dropped and counted
             (``stats.dropped``).
-        stats: where drops are counted (a new :class:`DelayStats` when None).
+        stats: where drops and packets cut at close are counted (a new :class:`DelayStats` when None).
 
     Raises:
         ValueError: ``one_way_s`` not a positive finite number, ``max_held`` < 1.
@@ -110,9 +114,12 @@ class DelayLine:
         return len(self._held)
 
     def push(self, packet: Any) -> bool:
-        """Hold ``packet`` until ``clock() + one_way_s``. Returns False (and counts a
-        drop) when the line is full or closed."""
-        if self.closed or len(self._held) >= self.max_held:
+        """Hold ``packet`` until ``clock() + one_way_s``. Returns False when the line is
+        full (counted in ``stats.dropped``) or closed (counted in ``stats.cut_at_close``)."""
+        if self.closed:
+            self.stats.cut_at_close += 1
+            return False
+        if len(self._held) >= self.max_held:
             self.stats.dropped += 1
             return False
         due = self._clock() + self.one_way_s
@@ -144,13 +151,14 @@ class DelayLine:
         return n
 
     def close(self) -> int:
-        """Stop: the held packets are dropped (a link taken down while they were in the
-        air) and later pushes refused; returns how many were dropped."""
+        """Stop: the held packets are discarded (a link taken down while they were in the
+        air; counted in ``stats.cut_at_close``, not as drops) and later pushes refused;
+        returns how many were held."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         n = len(self._held)
         self._held.clear()
-        self.stats.dropped += n
+        self.stats.cut_at_close += n
         self.closed = True
         return n
