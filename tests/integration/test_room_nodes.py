@@ -298,6 +298,65 @@ def test_two_workers_lost_at_once_the_host_ends_up_with_every_layer_and_answers_
     assert [r.stages for r in redeals] == [(("host", 0, 23), ("w2", 23, 30)), (("host", 0, 30),)]
 
 
+def _w1_silent_then_w2_dies(model_dir, tokenizer, reference, kill_w2) -> tuple:
+    """host 1-6, w1 7-13, w2 14-21, w3 22-30 (heartbeat timeout 2 s); w1 falls silent after
+    4 answer tokens, and ``kill_w2(hub, nodes)`` arranges how w2 dies. Checks what all such
+    rooms share: both answers are the greedy tokens, w1 and then w2 are lost (w3, which
+    answered, never), and the second Redeal deals w2's layers to the host, which ends up
+    holding 1-21. Returns the host and its DeviceLost records (for the rule each names)."""
+    from planner.protocol import DeviceLost
+    chain = [["host", 0, 6], ["w1", 6, 13], ["w2", 13, 21], ["w3", 21, 30]]
+    hub = Hub()
+    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0)
+    host = nodes[0]
+    kill_w2(hub, nodes)
+
+    async def go():
+        for node in nodes:
+            node.start()
+        await _until_emitted(host, 4)
+        hub.dead.add("w1")
+        await asyncio.wait_for(host.done.wait(), 120)
+        for node in nodes:
+            await node.stop()
+    asyncio.run(go())
+    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
+    lost = [o for _, o in host.trace if type(o) is DeviceLost]
+    assert [o.device for o in lost] == ["w1", "w2"], lost
+    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
+    assert [r.stages for r in redeals] == [(("host", 0, 13), ("w2", 13, 21), ("w3", 21, 30)),
+                                           (("host", 0, 21), ("w3", 21, 30))]
+    assert (host.stage.start, host.stage.end) == (0, 21)
+    return host, lost
+
+
+def _ready_once(host) -> None:
+    """The one chain that got ready is the second Redeal's."""
+    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
+    assert [o.first_lap for _, o in host.trace if type(o).__name__ == "ChainReady"] == [redeals[1].first_lap]
+
+
+def _w2_dies_once_it_sent(said, unsent=None):
+    """A ``kill_w2`` for :func:`_w1_silent_then_w2_dies`: w2 dies the moment its control
+    message of type ``said`` has gone out; one of type ``unsent`` never leaves."""
+    from runtime.control import parse_control
+    from runtime.room import REPLY
+
+    def kill(hub, nodes):
+        w2 = nodes[2]
+        send = w2.transport.send
+
+        async def send_then_die(dst, channel, data):
+            msg = parse_control(data) if channel == REPLY else None
+            if unsent is not None and isinstance(msg, unsent):
+                return
+            await send(dst, channel, data)
+            if isinstance(msg, said):
+                hub.dead.add("w2")  # the message got through; nothing from w2 after it
+        w2.transport.send = send_then_die
+    return kill
+
+
 def test_a_second_worker_lost_during_the_re_deal_folds_into_it_and_the_answers_stay_right(model_dir, tokenizer,
                                                                                            reference):
     """host 1-6, w1 7-13, w2 14-21, w3 22-30; w1 falls silent after 4 answer tokens, and w2
@@ -308,32 +367,13 @@ def test_a_second_worker_lost_during_the_re_deal_folds_into_it_and_the_answers_s
     first), the one chain that gets ready is host 1-21, w3 22-30, w3 (which answered) is
     never taken for lost, and both answers are the greedy tokens."""
     from planner.protocol import DeviceLost
-    chain = [["host", 0, 6], ["w1", 6, 13], ["w2", 13, 21], ["w3", 21, 30]]
-    hub = Hub()
-    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0)
-    host = nodes[0]
-    host.observers.append(lambda o: type(o) is DeviceLost and o.device == "w1" and hub.dead.add("w2"))
 
-    async def go():
-        for node in nodes:
-            node.start()
-        await _until_emitted(host, 4)
-        hub.dead.add("w1")
-        await asyncio.wait_for(host.done.wait(), 120)
-        for node in nodes:
-            await node.stop()
-    asyncio.run(go())
-    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
-    lost = [o for _, o in host.trace if type(o) is DeviceLost]
-    assert [o.device for o in lost] == ["w1", "w2"], lost
+    def kill_w2(hub, nodes):
+        nodes[0].observers.append(lambda o: type(o) is DeviceLost and o.device == "w1" and hub.dead.add("w2"))
+    host, lost = _w1_silent_then_w2_dies(model_dir, tokenizer, reference, kill_w2)
+    _ready_once(host)
     assert lost[0].reason.startswith("no heartbeat for") and "re-deal" not in lost[0].reason
     assert lost[1].reason.endswith("and no answer to the re-deal under way"), lost[1].reason
-    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
-    assert [r.stages for r in redeals] == [(("host", 0, 13), ("w2", 13, 21), ("w3", 21, 30)),
-                                           (("host", 0, 21), ("w3", 21, 30))]
-    ready = [o.first_lap for _, o in host.trace if type(o).__name__ == "ChainReady"]
-    assert ready == [redeals[1].first_lap]
-    assert (host.stage.start, host.stage.end) == (0, 21)
 
 
 def test_a_worker_that_loaded_its_re_dealt_range_and_then_died_is_lost_by_the_heartbeat_rule(model_dir, tokenizer,
@@ -344,38 +384,9 @@ def test_a_worker_that_loaded_its_re_dealt_range_and_then_died_is_lost_by_the_he
     heartbeat rule again, so its loss names that rule ("after it had loaded its re-dealt
     range", not a silence the grace let run), a second Redeal deals its layers to the
     host, and both answers are the greedy tokens."""
-    from planner.protocol import DeviceLost
-    from runtime.control import Ready, parse_control
-    from runtime.room import REPLY
-    chain = [["host", 0, 6], ["w1", 6, 13], ["w2", 13, 21], ["w3", 21, 30]]
-    hub = Hub()
-    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0)
-    host, w2 = nodes[0], nodes[2]
-    send = w2.transport.send
-
-    async def send_then_die(dst, channel, data):
-        await send(dst, channel, data)
-        if channel == REPLY and isinstance(parse_control(data), Ready):
-            hub.dead.add("w2")  # the Ready got through; nothing from w2 after it
-    w2.transport.send = send_then_die
-
-    async def go():
-        for node in nodes:
-            node.start()
-        await _until_emitted(host, 4)
-        hub.dead.add("w1")
-        await asyncio.wait_for(host.done.wait(), 120)
-        for node in nodes:
-            await node.stop()
-    asyncio.run(go())
-    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
-    lost = [o for _, o in host.trace if type(o) is DeviceLost]
-    assert [o.device for o in lost] == ["w1", "w2"], lost
+    from runtime.control import Ready
+    _, lost = _w1_silent_then_w2_dies(model_dir, tokenizer, reference, _w2_dies_once_it_sent(Ready))
     assert lost[1].reason.endswith("after it had loaded its re-dealt range"), lost[1].reason
-    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
-    assert [r.stages for r in redeals] == [(("host", 0, 13), ("w2", 13, 21), ("w3", 21, 30)),
-                                           (("host", 0, 21), ("w3", 21, 30))]
-    assert (host.stage.start, host.stage.end) == (0, 21)
 
 
 def test_a_worker_that_died_while_loading_its_re_dealt_range_is_lost_by_its_silence_not_at_the_load_window(
@@ -388,44 +399,12 @@ def test_a_worker_that_died_while_loading_its_re_dealt_range_is_lost_by_its_sile
     spared to the 30 s load window: the host loses it four heartbeat timeouts after it
     was last heard, by the rule that says so, a second Redeal deals its layers to the
     host, and both answers are the greedy tokens."""
-    from planner.protocol import DeviceLost
-    from runtime.control import Loading, Ready, parse_control
-    from runtime.room import REPLY
-    chain = [["host", 0, 6], ["w1", 6, 13], ["w2", 13, 21], ["w3", 21, 30]]
-    hub = Hub()
-    nodes = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0)
-    host, w2 = nodes[0], nodes[2]
-    send = w2.transport.send
-
-    async def send_then_die(dst, channel, data):
-        msg = parse_control(data) if channel == REPLY else None
-        if isinstance(msg, Ready):
-            return  # never sent: w2 dies before it has loaded
-        await send(dst, channel, data)
-        if isinstance(msg, Loading):
-            hub.dead.add("w2")  # the Loading got through; nothing from w2 after it
-    w2.transport.send = send_then_die
-
-    async def go():
-        for node in nodes:
-            node.start()
-        await _until_emitted(host, 4)
-        hub.dead.add("w1")
-        await asyncio.wait_for(host.done.wait(), 120)
-        for node in nodes:
-            await node.stop()
-    asyncio.run(go())
-    assert [host.answers[i] for i in range(len(PROMPTS))] == reference
-    lost = [o for _, o in host.trace if type(o) is DeviceLost]
-    assert [o.device for o in lost] == ["w1", "w2"], lost
+    from runtime.control import Loading, Ready
+    host, lost = _w1_silent_then_w2_dies(model_dir, tokenizer, reference,
+                                         _w2_dies_once_it_sent(Loading, unsent=Ready))
+    _ready_once(host)
     assert lost[1].reason.endswith("while loading its re-dealt range (a device that loads still sends heartbeats)"), \
         lost[1].reason
-    redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
-    assert [r.stages for r in redeals] == [(("host", 0, 13), ("w2", 13, 21), ("w3", 21, 30)),
-                                           (("host", 0, 21), ("w3", 21, 30))]
-    ready = [o.first_lap for _, o in host.trace if type(o).__name__ == "ChainReady"]
-    assert ready == [redeals[1].first_lap]
-    assert (host.stage.start, host.stage.end) == (0, 21)
 
 
 def test_a_compute_failure_on_the_host_ends_that_question_with_a_reason_not_a_hang(model_dir, tokenizer,

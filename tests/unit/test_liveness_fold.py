@@ -43,11 +43,19 @@ def first_loss(live: Liveness) -> None:
     assert [(t, lost) for t, lost in got if lost] == [(1.25, [("w1", SILENT)])]
 
 
-def test_a_second_device_dead_before_the_re_deal_is_lost_by_the_heartbeat_rule_not_after_the_windows():
+def re_dealing(*answered: str) -> Liveness:
+    """:func:`room` after w1's loss at 1.25 and the host's re-deal then (answers counted),
+    which the peers ``answered`` took."""
     live = room()
     first_loss(live)
-    live.replanned(1.25, answers=True)  # the host re-deals w1's layers; w2 and w3 are to load
-    live.answered("w3")  # w3 took the re-deal: it loads now, silent (heard last at 1.0)
+    live.replanned(1.25, answers=True)
+    for p in answered:
+        live.answered(p)
+    return live
+
+
+def test_a_second_device_dead_before_the_re_deal_is_lost_by_the_heartbeat_rule_not_after_the_windows():
+    live = re_dealing("w3")  # the host re-deals w1's layers; w3 took it: it loads now, silent (heard last at 1.0)
     got = ticks(live, [1.5 + 0.25 * i for i in range(8)], spared={"w2", "w3"})  # to 3.25
     # w2, last heard at 0.3, is past the 1 s timeout at the first tick after 1.3; w3 is spared
     assert [(t, lost) for t, lost in got if lost] == [(1.5, [("w2", UNANSWERED)])]
@@ -66,11 +74,7 @@ def test_a_second_device_that_dies_during_the_re_deal_without_answering_it_is_lo
 
 
 def test_a_device_that_answered_is_spared_until_the_load_window_and_then_named_as_loading():
-    live = room()
-    first_loss(live)
-    live.replanned(1.25, answers=True)
-    live.answered("w2")
-    live.answered("w3")
+    live = re_dealing("w2", "w3")
     both = {"w2", "w3"}
     got = ticks(live, [1.5 + 0.25 * i for i in range(111)], spared=both, beating=both)  # to 29.0, both heard
     got += ticks(live, [29.25 + 0.25 * i for i in range(9)], spared=both, beating={"w2"})  # to 31.25
@@ -80,11 +84,7 @@ def test_a_device_that_answered_is_spared_until_the_load_window_and_then_named_a
 
 
 def test_a_device_that_answered_and_died_while_loading_is_lost_four_timeouts_later_not_at_the_load_window():
-    live = room()
-    first_loss(live)
-    live.replanned(1.25, answers=True)
-    live.answered("w2")
-    live.answered("w3")
+    live = re_dealing("w2", "w3")
     live.heard("w2", 2.0)  # w2's last heartbeat while it loads; then w2 dies, still loading
     got = ticks(live, [1.5 + 0.25 * i for i in range(48)], spared={"w2", "w3"}, beating={"w3"})  # to 13.25
     # w2 last heard at 2.0: more than 4 x 1 s silent at the first tick after 6.0, in the 10 s grace
@@ -92,10 +92,7 @@ def test_a_device_that_answered_and_died_while_loading_is_lost_four_timeouts_lat
 
 
 def test_an_answer_to_the_first_re_deal_still_spares_a_device_during_the_second():
-    live = room()
-    first_loss(live)
-    live.replanned(1.25, answers=True)
-    live.answered("w3")
+    live = re_dealing("w3")
     assert ticks(live, [1.5], spared={"w2", "w3"}) == [(1.5, [("w2", UNANSWERED)])]
     live.replanned(1.5, answers=True)  # the second re-deal, without w2: w3 is still loading the first
     got = ticks(live, [1.75 + 0.25 * i for i in range(20)], spared={"w3"}, beating={"w3"})
@@ -103,10 +100,7 @@ def test_an_answer_to_the_first_re_deal_still_spares_a_device_during_the_second(
 
 
 def test_answers_are_forgotten_once_the_windows_closed():
-    live = room()
-    first_loss(live)
-    live.replanned(1.25, answers=True)
-    live.answered("w3")
+    live = re_dealing("w3")
     assert ticks(live, [1.5], spared={"w2", "w3"}) == [(1.5, [("w2", UNANSWERED)])]
     live.heard("w3", 40.0)
     live.replanned(40.0, answers=True)  # a later re-deal, long after: w3 has not answered this one
@@ -123,11 +117,7 @@ def test_without_answers_the_windows_spare_every_peer_as_before():
 
 
 def test_a_device_that_loaded_its_range_and_then_died_is_lost_one_timeout_later_not_at_the_grace_end():
-    live = room()
-    first_loss(live)
-    live.replanned(1.25, answers=True)
-    live.answered("w2")
-    live.answered("w3")
+    live = re_dealing("w2", "w3")
     live.heard("w2", 2.0)  # w2's Ready: its range is loaded; then w2 dies
     live.loaded("w2")
     got = ticks(live, [1.5 + 0.25 * i for i in range(48)], spared={"w3"}, beating={"w3"})  # to 13.25, w3 loading
@@ -136,11 +126,7 @@ def test_a_device_that_loaded_its_range_and_then_died_is_lost_one_timeout_later_
 
 
 def test_a_device_loaded_for_one_re_deal_is_spared_again_while_it_loads_for_the_next():
-    live = room()
-    first_loss(live)
-    live.replanned(1.25, answers=True)
-    live.answered("w2")
-    live.answered("w3")
+    live = re_dealing("w2", "w3")
     live.heard("w2", 2.0)
     live.loaded("w2")
     live.heard("w3", 2.0)
