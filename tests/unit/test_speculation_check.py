@@ -57,13 +57,35 @@ def _simulate(*sets):
     return json.loads(r.stdout), r.stderr
 
 
+#: home.yaml at 80 ms with no jitter and no stall episodes: a lap's time can be worked by hand
+STILL = ("network.rtt=80ms", "network.jitter={distribution: none}", "network.episodes=null")
+
+
 def test_simulate_warns_when_no_draft_is_ever_accepted():
-    # acceptance 0: every lap commits one token, as plain does, but verifies 9 positions: slower
-    j, err = _simulate("decoding.speculative={drafter: ngram, draft_tokens: 8, acceptance: 0.0}", "network.rtt=80ms")
+    # acceptance 0: every lap commits one token (no draft kept, the verify pass's own), as
+    # plain does, so each rate is one token over its lap. home.yaml's deal: laptop hosts with
+    # layers 1-4, desktop 5-23, phone 24-30, direct return. By hand (SmolLM2-135M: 14,160,384
+    # bytes a layer, a 113,246,208-byte tied head; frames 32 + 2,304 bytes a position):
+    #   hops: 3 x (40 ms + 0.5 ms overhead + 2,336 B / 25 MB/s)            = 121.780 ms
+    #   laptop: 4 layers / 102 GB/s 0.555 + head 1.110 + argmax 0.1        =   1.765 ms
+    #   desktop: 19 layers / 51.2 GB/s                                     =   5.255 ms
+    #   phone: 7 layers / 60 GB/s x 1.5 (clocked down: its frame comes two 40 ms hops
+    #          into the lap, after the wake's 50 ms)                       =   2.478 ms
+    #   plain lap                                                          = 131.279 ms
+    # Speculating adds, with every pass still memory bound (9 positions' FLOPs are below
+    # their bytes' time on each device and the head): 8 ngram drafts x 10 us 0.080, 8 more
+    # rows to argmax 0.800, and 8 more positions on each of the 3 hops 3 x 18,432 B / 25 MB/s
+    # 2.212: 3.092 ms more a lap, 134.371 ms. (The KV reads, 0.02 ms, are left out: rel 1e-3.)
+    plain_lap_s, spec_lap_s = 131.279e-3, 134.371e-3
+    j, err = _simulate("decoding.speculative={drafter: ngram, draft_tokens: 8, acceptance: 0.0}", *STILL)
     s = j["metrics"]["speculation"]
-    assert s["slower"] is True and s["tokens_per_s"] < s["plain_tokens_per_s"]
-    assert "predicted slower than plain decoding" in err
-    plain, _ = _simulate("network.rtt=80ms")  # the plain figure is the plain room's own prediction
+    assert j["metrics"]["tokens_per_lap"] == 1.0
+    assert 1 / s["tokens_per_s"] == pytest.approx(spec_lap_s, rel=1e-3)
+    assert 1 / s["plain_tokens_per_s"] == pytest.approx(plain_lap_s, rel=1e-3)
+    assert s["change_pct"] == pytest.approx(100 * (plain_lap_s / spec_lap_s - 1), abs=0.05)  # -2.30 %
+    assert s["slower"] is True
+    assert "predicted slower than plain decoding" in err and "(-2.3%)" in err
+    plain, _ = _simulate(*STILL)  # the plain figure is the plain room's own prediction
     assert s["plain_tokens_per_s"] == pytest.approx(plain["metrics"]["tokens_per_s"])
     assert "speculation" not in plain["metrics"]
 
