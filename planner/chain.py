@@ -28,10 +28,11 @@ from dataclasses import dataclass, replace
 from typing import Callable, Collection, Sequence
 
 from planner.deal import Deal, DealError, Stage, deal as make_deal, format_bytes, usable_bytes
-from planner.lapcost import LapCost
+from planner.hops import Measured, StageSpeeds
+from planner.lapcost import LapCost, lap_hops
 from planner.model import ModelSpec
 from planner.optimal import SLOWER_THAN_OPTIMAL_RATIO
-from planner.protocol import Command, Event, FrameArrived, IgnoreReason, Redeal, StageFinished
+from planner.protocol import Command, Event, FrameArrived, IgnoreReason, Redeal, RunStage, StageFinished
 from planner.room import DealOptions, Device, Network, Scenario
 from planner.scheduler import HostScheduler, SchedulerConfig, WorkerMachine
 from planner.scheduler.worker import note_ignored
@@ -39,14 +40,57 @@ from planner.scheduler.worker import note_ignored
 #: ``(current deal, every device lost so far) -> new deal``; raises ValueError (DealError)
 #: when the devices left cannot hold the model.
 RedealRule = Callable[[Deal, frozenset[str]], Deal]
-#: ``(current deal, every device still lost) -> the deal to move to, or None to stay``:
-#: what the host does when a lost device comes back (:func:`rejoin_rule`)
-RejoinRule = Callable[[Deal, frozenset[str]], "Deal | None"]
+#: ``(current deal, every device still lost, what the room measured) -> the deal to move
+#: to, or None to stay``: what the host does when a lost device comes back
+#: (:func:`rejoin_rule`; the measurements are the room's :class:`planner.hops.StageSpeeds`)
+RejoinRule = Callable[[Deal, frozenset[str], Measured], "Deal | None"]
 
 #: a device that came back is re-dealt into the chain only when the deal with it is
-#: predicted this many times faster than the current one (the margin past which the
+#: measured this many times faster than the current one (the margin past which the
 #: room warns that a deal is slower than it could be: planner.optimal)
 REJOIN_MARGIN = SLOWER_THAN_OPTIMAL_RATIO
+
+
+def _rows(d: Deal) -> list[tuple[str, int, int]]:
+    return [(s.device, s.start, s.end) for s in d.stages]
+
+
+def measured_lap_s(host: str, rows: Sequence[tuple[str, int, int]], measured: Measured,
+                   hop_s: Callable[[str, str], float] | None = None, return_path: str = "direct") -> float | None:
+    """Seconds of one decode lap of the chain ``rows`` (``(device, start, end)`` in chain
+    order, 0-based half-open) hosted by ``host``, from what the room measured: each
+    stage's layers at its device's measured seconds per layer, the host's measured head
+    (0 when it was not timed: the same host runs it in every deal compared), and each
+    hop of the lap (:func:`planner.lapcost.lap_hops`) as measured on its link, else
+    ``hop_s(src, dst)`` (a cost model's; None: 0). Returns None when a device that holds
+    layers in ``rows`` was never timed (a deal with it cannot be told faster on what
+    was measured)."""
+    t = measured.head_s or 0.0
+    for d, a, b in rows:
+        if b > a:
+            s = measured.s_per_layer.get(d)
+            if s is None:
+                return None
+            t += s * (b - a)
+    hops = measured.hop_s or {}
+    for link in lap_hops(host, [r[0] for r in rows], return_path):
+        h = hops.get(link)
+        t += h if h is not None else (hop_s(*link) if hop_s is not None else 0.0)
+    return t
+
+
+def measured_faster(current: Deal, new: Deal, measured: Measured, hop_s: Callable[[str, str], float] | None = None,
+                    return_path: str = "direct", margin: float = REJOIN_MARGIN) -> bool:
+    """Whether ``new`` is measured more than ``margin`` times faster than ``current``
+    (:func:`measured_lap_s` of each; the same host): False when either lap cannot be
+    worked out from the measurements (a device of it never timed) or the hosts differ.
+    The one choice of :func:`rejoin_rule` and the real room's
+    (runtime.control.NodeConfig.rejoin_rule); pure, nothing timed here."""
+    if new.host != current.host:
+        return False
+    now = measured_lap_s(current.host, _rows(current), measured, hop_s, return_path)
+    then = measured_lap_s(new.host, _rows(new), measured, hop_s, return_path)
+    return now is not None and then is not None and now > margin * then
 
 
 def merge_lost(current: Deal, lost: frozenset[str]) -> Deal:
@@ -183,21 +227,20 @@ def rejoin_rule(devices: Sequence[Device], model: ModelSpec, first: Deal, option
     deal ``first`` with the still-lost ranges merged into their neighbours,
     :func:`merge_lost`; otherwise :func:`planner.deal.deal` again over ``devices`` less
     the lost, the host kept), checked against what each device lends (:func:`check_lent`),
-    is taken only when :class:`planner.lapcost.LapCost` predicts its decode lap more than
-    ``margin`` times shorter than the current deal's (each device's measured seconds per
-    layer when it has them, ``Device.s_per_layer`` from a calibration, else its roofline).
-    The rule returns None (stay) when that deal does not fit, does not differ, or is not
-    faster past the margin; it never raises."""
+    is taken only when it is *measured* faster: :func:`measured_faster` past ``margin``,
+    on the seconds per layer each device was timed at in this room (the ``Measured``
+    the host hands the rule; hops not timed are :class:`planner.lapcost.LapCost`'s over
+    ``network``). A device's declared or calibrated speed never decides: a device that
+    came back before it was ever timed stays out, as does one timed slower. The rule
+    returns None (stay) when that deal does not fit, does not differ, or is not
+    measured faster past the margin; it never raises."""
     opts = options or DealOptions()
     usable = {d.id: usable_bytes(d, opts) for d in devices}
     per_layer = [model.range_memory_bytes(i, i + 1, opts.context_tokens, opts.kv_cache) for i in range(model.layers)]
     cost = LapCost(devices, model, network or Network(), return_path)
     members = {s.device for s in first.stages}
 
-    def rows(d: Deal) -> list[tuple[str, int, int]]:
-        return [(s.device, s.start, s.end) for s in d.stages]
-
-    def rule(current: Deal, lost: frozenset[str]) -> Deal | None:
+    def rule(current: Deal, lost: frozenset[str], measured: Measured) -> Deal | None:
         try:
             if opts.stages is not None or first.split == "pinned":
                 gone = lost & members
@@ -210,11 +253,9 @@ def rejoin_rule(devices: Sequence[Device], model: ModelSpec, first: Deal, option
             check_lent(new, usable, per_layer, model.host_extra_bytes, current)
         except ValueError:
             return None
-        if new.host != current.host or rows(new) == rows(current):
+        if new.host != current.host or _rows(new) == _rows(current):
             return None
-        if cost.lap_s(current.host, rows(current)) <= margin * cost.lap_s(new.host, rows(new)):
-            return None
-        return new
+        return new if measured_faster(current, new, measured, cost.hop_s, return_path, margin) else None
     return rule
 
 
@@ -252,6 +293,11 @@ class Chain:
             it is no longer lost but gets no layers.
     Attributes:
         host: the HostScheduler, or None when this process does not run the host.
+        speeds: the room's measured speeds (:class:`planner.hops.StageSpeeds`) that the
+            rejoin rule is given: with a rejoin rule, on the model host, the chain tells
+            it each lap the host begins (its positions, the layers each device holds);
+            the driver gives it what it timed (:meth:`StageSpeeds.timed`, ``computed``,
+            ``hop``).
         workers: ``device id -> WorkerMachine`` for the workers this process runs.
         ignored: the :class:`planner.protocol.Ignored` records of every machine here,
             in order, until a driver takes them (:meth:`take_ignored`).
@@ -272,8 +318,12 @@ class Chain:
         self._runs_all = runs is None
         self.runs = frozenset(members if runs is None else runs)
         self.ignored: list = []
-        self.host: HostScheduler | None = (HostScheduler(deal, config, redeal=redeal, ignored=self.ignored, rejoin=rejoin)
-                                           if deal.host in self.runs else None)
+        self.speeds = StageSpeeds()
+        self.host: HostScheduler | None = (
+            HostScheduler(deal, config, redeal=redeal, ignored=self.ignored, rejoin=rejoin, speeds=self.speeds)
+            if deal.host in self.runs else None)
+        self._timing = rejoin is not None and self.host is not None  # laps told to speeds
+        self._layers = {s.device: s.end - s.start for s in deal.stages}
         self.workers: dict[str, WorkerMachine] = {}
         self._build_workers(deal, 0)
 
@@ -293,6 +343,7 @@ class Chain:
         laps before ``first_lap``. A chain that runs every device also runs the new
         deal's newcomers."""
         self.deal = deal
+        self._layers = {s.device: s.end - s.start for s in deal.stages}
         if self._runs_all:
             self.runs = frozenset({deal.host} | {s.device for s in deal.stages})
         self._build_workers(deal, first_lap)
@@ -315,7 +366,11 @@ class Chain:
             return note_ignored(self.ignored, self.deal.host, event, IgnoreReason.NOT_HERE,
                                 "the model host is not run here")
         cmds = self.host.handle(event, now_s)
+        timing, host = self._timing, self.deal.host
         for c in cmds:
-            if type(c) is Redeal:
+            t = type(c)
+            if t is Redeal:
                 self.adopt(self.host.deal, c.first_lap)
+            elif timing and t is RunStage and c.device == host:
+                self.speeds.lap(c.lap_id, c.tokens, self._layers)
         return cmds

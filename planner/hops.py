@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from typing import Optional
+from typing import Mapping, Optional
 
 from planner.fastdc import frozen
 
@@ -194,3 +194,90 @@ class HopMeter:
     def pending(self) -> int:
         """Stamps waiting for their other end."""
         return len(self._sent) + len(self._arrived)
+
+
+#: one-position laps each device's measured seconds per layer is the mean of (the room
+#: page's ``layer_ms`` keeps as many: runtime/serve/page.py)
+SPEED_LAPS_KEPT = 32
+
+
+@frozen
+class Measured:
+    """What a room measured of itself, for :func:`planner.chain.rejoin_rule`'s choice.
+
+    ``s_per_layer``: device -> seconds per layer of one position (the mean of its latest
+    :data:`SPEED_LAPS_KEPT` one-position laps over the layers it held then); a device
+    missing here was never timed in this room. ``head_s``: the model host's output head
+    on one row, seconds (None: not timed). ``hop_s``: ``(src, dst)`` -> seconds of one
+    position's frame on that link (the mean of its latest hops); a link missing here was
+    not timed."""
+
+    s_per_layer: dict
+    head_s: Optional[float] = None
+    hop_s: Optional[dict] = None
+
+
+class StageSpeeds:
+    """Each device's measured speed in a running room, sans-IO (no clock: every time is
+    given): the seconds a one-position lap (a decode step) spent at each device, over the
+    layers that device held for that lap, and the model host's head and each link's hop
+    for such laps.
+
+    Fed by the room's router and its driver (planner/chain.py's :class:`Chain` tells it
+    each lap the host begins; the driver gives it what it timed):
+
+    * :meth:`lap`: the model host began lap ``lap_id`` of ``positions`` positions, with
+      the chain holding ``layers`` (device -> its layer count);
+    * :meth:`timed`: a :class:`StageTimed` (a worker's own two stamps of a lap; the model
+      host's RunStage compute is given as one too, :meth:`computed`);
+    * :meth:`computed`: a :class:`planner.protocol.Computed` record of the model host
+      (RunStage: its stage; RunHead: its head);
+    * :meth:`hop`: a :class:`HopTimed`.
+
+    Only laps of one position count (every lap of a decode step is alike; a prefill chunk
+    or a verify lap is not); a time for a lap it was not told of, or for a device that
+    held no layers in it, is dropped. Bounded: :data:`SPEED_LAPS_KEPT` times per device
+    and link, ``laps_kept`` laps remembered."""
+
+    def __init__(self, keep: int = SPEED_LAPS_KEPT, laps_kept: int = MAX_PENDING):
+        self.keep = keep
+        self.laps_kept = laps_kept
+        self._laps: OrderedDict[int, Mapping[str, int]] = OrderedDict()  # one-position lap -> layers held
+        self._stage: dict[str, deque] = {}  # device -> seconds per layer of its latest one-position laps
+        self._head: deque = deque(maxlen=keep)
+        self._hops: dict[tuple[str, str], deque] = {}
+
+    def lap(self, lap_id: int, positions: int, layers: Mapping[str, int]) -> None:
+        """The model host began lap ``lap_id`` of ``positions`` positions; ``layers``:
+        device -> layers it holds for this lap (the mapping is kept, not copied)."""
+        if positions != 1:
+            return
+        self._laps[lap_id] = layers
+        while len(self._laps) > self.laps_kept:
+            self._laps.popitem(last=False)
+
+    def timed(self, st: StageTimed) -> None:
+        """Lap ``st.lap_id`` was ``st.seconds`` at ``st.device`` (module doc)."""
+        layers = self._laps.get(st.lap_id)
+        n = layers.get(st.device, 0) if layers is not None else 0
+        if n > 0 and math.isfinite(st.seconds) and st.seconds >= 0:
+            self._stage.setdefault(st.device, deque(maxlen=self.keep)).append(st.seconds / n)
+
+    def computed(self, rec) -> None:
+        """A :class:`planner.protocol.Computed` record of the model host: a RunStage of a
+        one-position lap times its stage (as :meth:`timed`), a RunHead its head."""
+        if rec.command == "RunStage":
+            self.timed(StageTimed(rec.device, rec.ref, rec.seconds))
+        elif rec.command == "RunHead" and rec.ref in self._laps and math.isfinite(rec.seconds):
+            self._head.append(rec.seconds)
+
+    def hop(self, ht: HopTimed) -> None:
+        """A hop of a one-position lap counts for its link."""
+        if ht.lap_id in self._laps and math.isfinite(ht.seconds):
+            self._hops.setdefault((ht.src, ht.dst), deque(maxlen=self.keep)).append(ht.seconds)
+
+    def measured(self) -> Measured:
+        """The means so far (:class:`Measured`)."""
+        return Measured({d: sum(v) / len(v) for d, v in self._stage.items() if v},
+                        sum(self._head) / len(self._head) if self._head else None,
+                        {k: sum(v) / len(v) for k, v in self._hops.items() if v})

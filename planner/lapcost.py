@@ -144,11 +144,19 @@ class LapCost:
     def hops_s(self, host: str, chain: Sequence[str]) -> float:
         """Seconds of every hand-off of one lap through ``chain`` (device ids in order)
         from and back to ``host``, by ``return_path``."""
-        path = [host] + list(chain)
-        if self.return_path == "via_stages":
-            back = path[::-1]
-            hops = list(zip(path, path[1:])) + list(zip(back, back[1:]))
-        else:
-            ring = path + [host]
-            hops = list(zip(ring, ring[1:]))
-        return sum(self.hop_s(a, b) for a, b in hops if a != b)
+        return sum(self.hop_s(a, b) for a, b in lap_hops(host, chain, self.return_path))
+
+
+def lap_hops(host: str, chain: Sequence[str], return_path: str = "direct") -> list[tuple[str, str]]:
+    """The links ``(src, dst)`` one lap crosses through ``chain`` (device ids in order)
+    from and back to ``host``: host -> first, stage to stage, then the last stage -> host
+    (``direct``) or back through every stage to the host (``via_stages``); a device's
+    hand-off to itself is no hop."""
+    path = [host] + list(chain)
+    if return_path == "via_stages":
+        back = path[::-1]
+        hops = list(zip(path, path[1:])) + list(zip(back, back[1:]))
+    else:
+        ring = path + [host]
+        hops = list(zip(ring, ring[1:]))
+    return [(a, b) for a, b in hops if a != b]

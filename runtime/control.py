@@ -509,17 +509,21 @@ class NodeConfig(BaseModel):
         """The host's rule for a device that came back (planner.chain.RejoinRule): the
         room's first chain (:attr:`stages`, the planner's deal) with the ranges of the
         devices still lost merged into their neighbours, checked against what each
-        device lends when :attr:`usable_bytes` is given. Raises DealError when it does
-        not fit (the scheduler then leaves the device out, with the reason)."""
-        from planner.chain import check_lent, merge_lost
+        device lends when :attr:`usable_bytes` is given, and taken only when it is
+        measured faster than the chain now (:func:`planner.chain.measured_faster` past
+        :data:`planner.chain.REJOIN_MARGIN`, on the seconds per layer each device was
+        timed at in this room; a hop the room did not time counts 0). Returns None (the
+        device stays out of the chain) when it is not; raises DealError when it does not
+        fit (the scheduler then leaves the device out, with the reason)."""
+        from planner.chain import check_lent, measured_faster, merge_lost
 
-        def rule(current: Deal, lost: frozenset[str]) -> Deal:
+        def rule(current: Deal, lost: frozenset[str], measured) -> Deal | None:
             first = self.deal()
             gone = lost & {s.device for s in first.stages}
             new = merge_lost(first, frozenset(gone)) if gone else first
             if self.usable_bytes and len(self.layer_bytes) >= new.stages[-1].end:
                 check_lent(new, self.usable_bytes, self.layer_bytes, self.host_extra_bytes, current)
-            return new
+            return new if measured_faster(current, new, measured, None, self.scheduler.return_path) else None
         return rule
 
     def deal(self) -> Deal:

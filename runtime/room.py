@@ -354,9 +354,14 @@ class Node:
                 self._hop(self.hops.sent(src, peer, lap, t))
 
     def _hop(self, hop) -> None:
+        """A hop and the workers' lap times the host's meter paired: to the room's
+        measured speeds (planner.hops.StageSpeeds: the rejoin rule's) and the observers."""
+        speeds = self.chain.speeds
         if hop is not None:
+            speeds.hop(hop)
             self._notify(hop)
         for st in self.hops.take_stages():  # a worker's stamps of one lap: its time with it
+            speeds.timed(st)
             self._notify(st)
 
     def _stamp(self, src: str, dst: str, lap_id: int) -> None:
@@ -565,6 +570,8 @@ class Node:
                 ref = c.draft_id if type(c) is Draft else c.lap_id
                 done = Computed(self.cfg.device, type(c).__name__, ref, time.perf_counter() - t0)
                 self.trace.append((self.clock(), done))
+                if self.is_host:
+                    self.chain.speeds.computed(done)  # its stage and head, timed for the rejoin rule
                 self._notify(done)
             if event is not None:
                 self.handle(event)

@@ -45,9 +45,10 @@ import numpy as np
 from planner.deal import Deal, deal_for
 from planner.frames import FrameHeader, frame_bytes
 from planner.metrics import Accumulator
-from planner.protocol import (AnswerDone, ChainReady, DeviceBack, DeviceLost, Draft, DraftReady, DropFrame, EmitToken, FrameArrived,
-                              HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage,
+from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceBack, DeviceLost, Draft, DraftReady, DropFrame,
+                              EmitToken, FrameArrived, HeadFinished, QuestionAsked, Redeal, Refuse, ReturnPath, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
+from planner.hops import StageTimed
 from planner.liveness import rejoin_time, stall_loss
 from planner.room import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S, Scenario
 from planner.chain import Chain, copy_plan, redeal_rule_for, rejoin_rule_for
@@ -222,6 +223,8 @@ class Simulation:
         self.chain = Chain(self.deal, self.config,
                            redeal=redeal_rule_for(scn) if scn.faults or self._stall_lost else None,
                            rejoin=rejoin_rule_for(scn, self.deal) if self._stall_lost else None)
+        #: stages and heads timed for the rejoin rule's measured speeds (a room that can lose a worker to a stall)
+        self._timing = bool(self._stall_lost)
         self._drops: dict[str, list[float]] = {}  # device -> when the heartbeat rule lost it, each time
         self.driver = Driver(self.chain, self, self._record)
         self.dead = self.driver.dead  # devices killed by a scenario fault
@@ -290,7 +293,17 @@ class Simulation:
             self._lap_span[c.lap_id] = (c.first_pos, c.tokens)
         done = StageFinished(c.device, c.lap_id)
         start = self._start_s(c.device)
-        self._occupy(c.device, start + self._stage_s(c, start), done)
+        run_s = self._stage_s(c, start)
+        self._occupy(c.device, start + run_s, done)
+        if self._timing:  # what the real room times (planner.hops.StageSpeeds), known when the stage ends
+            seconds = run_s if c.device == self.deal.host else start + run_s - self.loop.now
+            self.loop.at(start + run_s, self._timed, StageTimed(c.device, c.lap_id, seconds))
+
+    def _timed(self, st: StageTimed) -> None:
+        """A stage's time as the real room measures it, given to the room's speeds when
+        the stage ends: the model host's compute of its RunStage, a worker's time with
+        the lap from its frame's arrival until it hands the lap on (queue wait included)."""
+        self.chain.speeds.timed(st)
 
     def send_frame(self, c: SendFrame) -> None:
         if self.ahead and c.src == self.deal.host and c.dst in self.chain.workers:
@@ -305,7 +318,10 @@ class Simulation:
         host = self.deal.host
         first_pos, n = self._lap_span.pop(c.lap_id)
         done = HeadFinished(c.lap_id, synthetic_head(truth, first_pos, n, c.rows))
-        self._occupy(host, self._start_s(host) + self._head_s(self.devices[host], c.rows), done)
+        start, head_s = self._start_s(host), self._head_s(self.devices[host], c.rows)
+        self._occupy(host, start + head_s, done)
+        if self._timing:
+            self.loop.at(start + head_s, self.chain.speeds.computed, Computed(host, "RunHead", c.lap_id, head_s))
 
     def draft(self, c: Draft) -> None:
         host = self.deal.host

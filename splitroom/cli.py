@@ -945,6 +945,8 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
                                          "left to come back (Host reconnecting) before the room is over."),
          rejoin_live: float = typer.Option(10.0, "--rejoin-live", help="Seconds a lost peer is waited for on the "
                                            "live connection before a new one is made through the relay."),
+         slowdown: float = typer.Option(1.0, "--slowdown", help="Pad this device's compute to this many times "
+                                        "its time (1: none): one machine playing a slower device."),
          queue: Optional[str] = typer.Option(None, "--queue", help="Host: keep the questions in this file; a host "
                                              "started again with it asks first those that never ended."),
          scenario: Optional[str] = typer.Option(None, "--scenario", help="Host: decode as this scenario's "
@@ -968,13 +970,15 @@ def join(room_url: str = typer.Argument(..., help="ws://RELAY:PORT/room/NAME (st
         fail(f"--rejoin-live {rejoin_live}: expected seconds from 0 to 600")
     if not 0.1 <= heartbeat_timeout <= 600:  # NaN fails too
         fail(f"--heartbeat-timeout {heartbeat_timeout}: expected seconds from 0.1 to 600")
+    if not 1 <= slowdown <= 100:  # NaN fails too
+        fail(f"--slowdown {slowdown}: expected a factor from 1 to 100")
     from splitroom.join_cmd import JoinError, JoinOptions, run_join
     opts = JoinOptions(room_url=room_url, device=device, layers=layers, lends=lends, host=host,
                        peers=[p for p in peers.split(",") if p.strip()], asks=list(ask or []),
                        max_new_tokens=max_tokens, backend=backend, addresses=list(address or []),
                        ice_servers=list(ice_server or []), ice_relay_only=ice_relay_only,
                        ice_from_relay=ice_from_relay, heartbeat_timeout_s=heartbeat_timeout, timeout_s=timeout, answers_json=answers_json, serve_port=serve, serve_bind=serve_bind,
-                       host_wait_s=host_wait, rejoin_live_s=rejoin_live, queue_file=queue,
+                       host_wait_s=host_wait, rejoin_live_s=rejoin_live, slowdown=slowdown, queue_file=queue,
                        scenario=scenario, draft_tokens=draft_tokens, drafter=drafter, temperature=temperature,
                        top_p=top_p, top_k=top_k, seed=seed, model=model)
     try:

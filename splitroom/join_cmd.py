@@ -465,6 +465,9 @@ class JoinOptions:
     #: seconds a lost peer is waited for on the live connection before a new one is
     #: made through the relay (runtime.control.REJOIN_LIVE_S; 0: at once)
     rejoin_live_s: float = 10.0
+    #: this device's compute padded to this many times its time (runtime.node's
+    #: ``slowdown``, a scenario's ``emulate: {slowdown}``): one machine playing a slower one
+    slowdown: float = 1.0
     #: the host's question queue on disk (splitroom/host_queue.py): questions a host
     #: that died never ended are asked first when it comes back with the same file
     queue_file: Optional[str] = None
@@ -853,7 +856,7 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                              model_dir=str(model_dir), backend=opts.backend, prompts=list(opts.asks) if is_host else [],
                              max_new_tokens=plan.max_new_tokens, peers=[m for m in members if m != opts.device],
                              host_wait_s=opts.host_wait_s, rejoin_live_s=opts.rejoin_live_s,
-                             weights_from_peer=True, room_key=key,
+                             slowdown=opts.slowdown, weights_from_peer=True, room_key=key,
                              heartbeat_timeout_s=opts.heartbeat_timeout_s,
                              drafter=spec.drafter if spec is not None else "ngram")
             if is_host:

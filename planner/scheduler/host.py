@@ -79,6 +79,7 @@ from typing import Callable, Sequence
 from planner.deal import Deal
 from planner.draft_policy import DraftState
 from planner.frames import MAX_SLOTS, FrameHeader, FrameKind
+from planner.hops import Measured, StageSpeeds
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, Command, DeviceBack, DeviceLost, Draft, DraftReady, DriverError,
                               EmitToken, Event, FrameArrived, HeadFinished, IgnoreReason, LapEnded, LapFailed, LapKind,
                               QuestionAsked, QuestionWithdrawn, Redeal, Refuse, RollbackKV, RunHead, RunStage,
@@ -230,21 +231,24 @@ class HostScheduler:
     and stops, with the reason.
 
     Rejoin: :class:`DeviceBack` takes a lost device out of :attr:`lost`. With ``rejoin``
-    (``(deal, devices still lost) -> the deal to move to, or None to stay``; see
-    :func:`planner.chain.rejoin_rule`) the host then re-deals it back into the chain
-    through the same path as a loss (:class:`Redeal` with ``back`` set and ``lost``
+    (``(deal, devices still lost, what the room measured) -> the deal to move to, or None
+    to stay``; see :func:`planner.chain.rejoin_rule`; the measurements are ``speeds``'
+    :meth:`planner.hops.StageSpeeds.measured`, none without it) the host then re-deals it
+    back into the chain through the same path as a loss (:class:`Redeal` with ``back`` set and ``lost``
     empty, then ChainReady and the replay), when the rule says so; otherwise the device
     waits outside the chain. A room that has stopped stays stopped (Ignored, stale).
     """
 
     def __init__(self, deal: Deal, config: SchedulerConfig,
                  redeal: Callable[[Deal, frozenset[str]], Deal] | None = None, ignored: list | None = None,
-                 rejoin: Callable[[Deal, frozenset[str]], Deal | None] | None = None):
+                 rejoin: Callable[[Deal, frozenset[str], Measured], Deal | None] | None = None,
+                 speeds: StageSpeeds | None = None):
         self.config = config
         self.ignored: list = [] if ignored is None else ignored
         self.host = deal.host
         self.redeal = redeal
         self.rejoin = rejoin
+        self.speeds = speeds
         self.lost: set[str] = set()
         self._state = IDLE
         self._stop_reason = ""
@@ -460,6 +464,8 @@ class HostScheduler:
         lap = self.laps.get(ev.lap_id) if ev.device == self.host else None
         if lap is None:
             return self._miss_stage(ev)
+        if self._state is STOPPED:  # its question was refused: nothing goes on to the chain, the lap is over
+            return self._end_lap(lap, stale=True)
         lap.sent = True
         cmds: list = []
         if self.workers:
@@ -727,7 +733,7 @@ class HostScheduler:
             return []
         still = frozenset(self.lost)
         try:
-            new = self.rejoin(self.deal, still)
+            new = self.rejoin(self.deal, still, self.speeds.measured() if self.speeds is not None else Measured({}))
             if new is not None:
                 self._check_redeal(new, still)
         except ValueError as e:

@@ -1,10 +1,13 @@
 """A joined worker whose connection is gone comes back through the relay (real
-`splitroom join` processes on loopback): the host serves the API (``--serve``), the
-worker is frozen (SIGSTOP) until the host has lost it and re-dealt its layers, then
-thawed. The live-connection window is 0 (``--rejoin-live 0``), so the host closes the
-old connection at the loss and both meet at the relay for a new one; the worker says
-hello over it, the host takes it back after the rejoin hold and deals it back its
-layers. Every step waits for what the host's /health says, never for a time.
+`splitroom join` processes on loopback): the host serves the API (``--serve``) with its
+compute padded 4x (``--slowdown 4``: a slower machine), a first answer lets the host
+time both devices (the room page's ``layer_ms``), then the worker is frozen (SIGSTOP)
+until the host has lost it and re-dealt its layers, then thawed. The live-connection
+window is 0 (``--rejoin-live 0``), so the host closes the old connection at the loss and
+both meet at the relay for a new one; the worker says hello over it, the host takes it
+back after the rejoin hold and, the first deal being measured faster than the host alone
+(planner.chain.measured_faster), deals it back its layers. Every step waits for what the
+host's /health or /api/room says, never for a time.
 """
 
 from __future__ import annotations
@@ -56,6 +59,15 @@ def _until(api: str, what: str, ok, procs) -> dict:
         time.sleep(0.2)
 
 
+def _timed(api: str) -> dict:
+    """Device -> its ms per layer on the room page (None until the host timed it)."""
+    try:
+        with urllib.request.urlopen(api + "/api/room", timeout=10) as r:
+            return {d["id"]: d.get("layer_ms") for d in json.loads(r.read())["devices"]}
+    except (urllib.error.URLError, ConnectionError, KeyError, ValueError):
+        return {}
+
+
 def _stages(body: dict) -> list:
     return [(s["device"], s["shown"]) for s in body.get("stages", [])]
 
@@ -67,7 +79,7 @@ def test_a_frozen_worker_whose_connection_is_gone_comes_back_through_the_relay(g
         api = f"http://127.0.0.1:{port}"
         common = ["--address", "127.0.0.1", "--timeout", "500", "--rejoin-live", "0"]
         host = subprocess.Popen(SPLITROOM + ["join", url, "--device", "h", "--host", "--layers", "1-15", "--peers",
-                                             "w", "--serve", str(port)] + common,
+                                             "w", "--serve", str(port), "--slowdown", "4"] + common,
                                 env=env, stdout=subprocess.DEVNULL, stderr=hl, text=True)
         procs.append(host)
         worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h"]
@@ -76,6 +88,12 @@ def test_a_frozen_worker_whose_connection_is_gone_comes_back_through_the_relay(g
         both = [(host, host_log), (worker, worker_log)]
         first = _until(api, "the room ready", lambda b: b.get("ready"), both)
         assert _stages(first) == [("h", "1-15"), ("w", "16-30")]
+        r = client(api).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": FRANCE}])
+        assert r.choices[0].message.content == greedy.tok.decode(greedy(FRANCE))
+        end = time.monotonic() + STEP_S
+        while None in (_timed(api).get("h"), _timed(api).get("w")):  # both timed on decode steps
+            assert time.monotonic() < end, f"the devices not timed: {_timed(api)}"
+            time.sleep(0.2)
 
         worker.send_signal(signal.SIGSTOP)  # frozen: no heartbeat, nothing read
         try:

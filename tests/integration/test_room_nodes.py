@@ -439,19 +439,22 @@ def test_a_compute_failure_on_the_host_ends_that_question_with_a_reason_not_a_ha
 
 def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_back(model_dir, tokenizer,
                                                                                   reference):
-    """host 1-20, w1 21-30; after 4 answer tokens w1 is cut off both ways (a Wi-Fi drop)
-    until the host has lost it and one more second: the host re-deals to 1-30 and answers
-    on. w1, having lost the host by its own rule, says Hello again over the same connection
-    (runtime.node.worker_rounds: hello_again, its weights kept); the host takes it back
-    after the rejoin hold (DeviceBack) and re-deals it back to the first chain, 1-20 /
-    21-30, which answers the second question with w1: both answers are greedy. serve's
-    RoomServer, fed the host's events, lists w1 lost, then nothing lost and the room ready."""
+    """host 1-10, w1 11-30, the host's compute padded 4x (a slower machine): once the host
+    has timed w1 and itself on decode steps (planner.hops.StageSpeeds) and 4 answer tokens
+    are out, w1 is cut off both ways (a Wi-Fi drop) until the host has lost it and one more
+    second: the host re-deals to 1-30 and answers on. w1, having lost the host by its own
+    rule, says Hello again over the same connection (runtime.node.worker_rounds:
+    hello_again, its weights kept); the host takes it back after the rejoin hold
+    (DeviceBack) and, the first chain being measured faster (20 of its 30 layers at w1's
+    measured speed, not the host's 4x), re-deals it back to 1-10 / 11-30, which answers
+    the second question with w1: both answers are greedy. serve's RoomServer, fed the
+    host's events, lists w1 lost, then nothing lost and the room ready."""
     from runtime.node import worker_rounds
-    chain = [["host", 0, 20], ["w1", 20, 30]]
+    chain = [["host", 0, 10], ["w1", 10, 30]]
     hub = Hub()
     host, w1 = _nodes(model_dir, tokenizer, chain, hub, heartbeat_timeout_s=2.0, recover=True)
     host.keep_open = True
-    host.cfg = host.cfg.model_copy(update={"prompts": []})
+    host.cfg = host.cfg.model_copy(update={"prompts": [], "slowdown": 4.0})
     w_cfg, w_stage = w1.cfg, w1.stage
     hub.handlers.pop("w1", None)  # the worker runs its own rounds (a fresh Node each round)
     records = []
@@ -467,7 +470,7 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
                                                      (w_stage, None, None), live_s=30.0))
         await asyncio.sleep(0.5)
         q0 = host.ask(tokenizer.encode_chat(PROMPTS[0]), MAX_NEW, "host")
-        while host.emitted < 4:
+        while host.emitted < 4 or {"host", "w1"} - set(host.chain.speeds.measured().s_per_layer):
             await asyncio.sleep(0.005)
         hub.dead.add("w1")
         while "w1" not in host.lost_peers:
@@ -496,7 +499,7 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
     assert host.ended[q0] == host.ended[q1] == "answered"
     redeals = [o for _, o in host.trace if type(o).__name__ == "Redeal"]
     assert [(r.lost, r.back, [tuple(s) for s in r.stages]) for r in redeals] == [
-        ("w1", None, [("host", 0, 30)]), ("", "w1", [("host", 0, 20), ("w1", 20, 30)])]
+        ("w1", None, [("host", 0, 30)]), ("", "w1", [("host", 0, 10), ("w1", 10, 30)])]
     backs = [o for _, o in host.trace if type(o).__name__ == "DeviceBack"]
     assert [b.device for b in backs] == ["w1"]
     assert records[0] > 0  # the second answer's frames went through w1 again

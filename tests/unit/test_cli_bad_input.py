@@ -357,10 +357,11 @@ def test_a_killed_device_is_reported_as_killed_not_by_its_stale_log_line():
     assert ended_how(1, "") == "status 1"
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", "601"])
-def test_join_rejoin_live_out_of_range_is_one_line(value):
-    r = invoke("join", "ws://127.0.0.1:9/room/x", "--device", "a", "--peers", "b", "--rejoin-live", value)
+@pytest.mark.parametrize("flag,value,expected", [("--rejoin-live", v, "0 to 600") for v in ("-1", "nan", "601")]
+                         + [("--slowdown", v, "1 to 100") for v in ("0.5", "nan", "101")])
+def test_join_rejoin_live_and_slowdown_out_of_range_are_one_line(flag, value, expected):
+    r = invoke("join", "ws://127.0.0.1:9/room/x", "--device", "a", "--peers", "b", flag, value)
     assert r.exit_code == 2
     err = [x for x in r.stderr.splitlines() if x.startswith("error:")]
-    assert len(err) == 1 and f"--rejoin-live {value}" in err[0] and "0 to 600" in err[0], r.stderr
+    assert len(err) == 1 and f"{flag} {value}" in err[0] and expected in err[0], r.stderr
     assert "Traceback" not in r.stderr

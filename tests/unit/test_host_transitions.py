@@ -147,7 +147,7 @@ EXPECTED = {
     },
     STOPPED: {
         "QuestionAsked": (STOPPED, ["Refuse"]),
-        "StageFinished": (STOPPED, ["SendFrame"]),  # lap 0, stale, still leaves the host's stage
+        "StageFinished": (STOPPED, ["LapEnded"]),  # lap 0, stale, ends at the host's stage: no frame goes on
         "FrameArrived": (STOPPED, ["LapEnded"]),
         "HeadFinished": RAISES,
         "DraftReady": RAISES,

@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.chain import merge_lost, rejoin_rule
+from planner.chain import measured_faster, measured_lap_s, merge_lost, rejoin_rule
 from planner.deal import Deal, Stage
+from planner.hops import HopTimed, Measured, StageSpeeds, StageTimed
 from planner.liveness import SILENT, Liveness, rejoin_hold_s
-from planner.protocol import ChainReady, DeviceBack, DeviceLost, IgnoreReason, QuestionAsked, Redeal
-from planner.room import Network
+from planner.protocol import ChainReady, Computed, DeviceBack, DeviceLost, IgnoreReason, QuestionAsked, Redeal, RunStage
 from planner.scheduler import HostScheduler, HostState, SchedulerConfig
 from splitroom.scenario import load
 from tests.harness import Harness, truth
@@ -102,7 +102,7 @@ MERGED = Deal(host="h", split="pinned", stages=(Stage("h", 0, 2),), guests=(), f
 
 def test_device_back_re_deals_it_into_the_chain_and_the_answer_is_the_greedy_one():
     h = Harness(DEAL, SchedulerConfig(hidden=4, prefill_chunk=2), redeal=merge_lost,
-                rejoin=lambda current, lost: DEAL)
+                rejoin=lambda current, lost, measured: DEAL)
     h.ask(0, "h", 5, 30)
     for _ in range(40):
         h.step()
@@ -126,7 +126,7 @@ def test_device_back_re_deals_it_into_the_chain_and_the_answer_is_the_greedy_one
 
 def test_device_back_without_a_faster_deal_only_takes_it_out_of_lost():
     s = HostScheduler(DEAL, SchedulerConfig(hidden=4), redeal=lambda d, lost: MERGED,
-                      rejoin=lambda current, lost: None)
+                      rejoin=lambda current, lost, measured: None)
     s.handle(QuestionAsked(0, "h", (7, 8), 3), 0.0)
     out = s.handle(DeviceLost("w"), 0.0)
     s.handle(ChainReady(out[-1].first_lap), 0.0)
@@ -138,7 +138,7 @@ def test_device_back_without_a_faster_deal_only_takes_it_out_of_lost():
 
 
 def test_device_back_that_was_never_lost_or_in_a_stopped_room_is_ignored_with_the_reason():
-    s = HostScheduler(DEAL, SchedulerConfig(hidden=4), rejoin=lambda current, lost: DEAL)
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4), rejoin=lambda current, lost, measured: DEAL)
     assert s.handle(DeviceBack("w"), 0.0) == []
     assert [(i.reason, i.detail) for i in s.ignored] == [(IgnoreReason.REPEATED, "w was not lost")]
     s.handle(DeviceLost("w"), 0.0)  # no re-deal rule: the room stops
@@ -147,47 +147,60 @@ def test_device_back_that_was_never_lost_or_in_a_stopped_room_is_ignored_with_th
     assert s.ignored[-1].reason == IgnoreReason.STALE and s.state == HostState.STOPPED
 
 
-# -- the rule -----------------------------------------------------------------------
+# -- the rule: measured faster, never declared faster -----------------------------
 
 PINNED = ["stages=[{device: desktop, layers: '1-20'}, {device: laptop, layers: '21-30'}]",
           "devices[0].lends=1 GB"]
+FIRST = Deal.pinned("desktop", (("desktop", 0, 20), ("laptop", 20, 30)))
+ALONE = merge_lost(FIRST, frozenset({"laptop"}))
+#: home.yaml's hop by the lap model (a hop the room did not time): half the 4 ms round
+#: trip + 0.5 ms overhead + 2,336 B (32 B header + 576 x 4 B) at 200 Mbit/s (0.09344 ms)
+HOME_HOP_S = 0.002 + 0.0005 + 2336 / 25e6
 
 
-def rule_with(desktop_s: float, laptop_s: float):
-    """home.yaml's desktop 1-20 / laptop 21-30, each with a measured seconds per layer."""
-    scn = load("scenarios/home.yaml", PINNED)
-    speed = {"desktop": desktop_s, "laptop": laptop_s}
-    devices = [replace(d, s_per_layer=speed.get(d.id)) for d in scn.devices]
-    first = Deal.pinned("desktop", (("desktop", 0, 20), ("laptop", 20, 30)))
-    return rejoin_rule(devices, scn.model, first, scn.options, scn.network, scn.decoding.return_path), first
+def rule_with(declared: dict | None = None, lends: list | None = None, margin: float | None = None):
+    """home.yaml's desktop 1-20 / laptop 21-30 (the first deal), each device's declared
+    seconds per layer from ``declared`` (what a calibration would say: the rule must not
+    use it)."""
+    scn = load("scenarios/home.yaml", PINNED + (lends or []))
+    devices = [replace(d, s_per_layer=(declared or {}).get(d.id)) for d in scn.devices]
+    kw = {} if margin is None else {"margin": margin}
+    return rejoin_rule(devices, scn.model, FIRST, scn.options, scn.network, scn.decoding.return_path, **kw)
 
 
-def test_the_rule_deals_the_device_back_when_the_deal_with_it_is_faster_past_the_margin():
-    # desktop 10 ms a layer, laptop 0.1 ms: alone the desktop's lap is head + 300 ms; with
-    # the laptop head + 200 + 1 ms + two hops (a few ms): over 1.2x faster for any head under 0.2 s
-    rule, first = rule_with(0.010, 0.0001)
-    alone = merge_lost(first, frozenset({"laptop"}))
-    assert [(s.device, s.start, s.end) for s in alone.stages] == [("desktop", 0, 30)]
-    back = rule(alone, frozenset())
-    assert back is not None and back.stages == first.stages
-    assert rule(alone, frozenset({"laptop"})) is None  # still lost: the same deal, nothing to do
+def test_the_rule_deals_the_device_back_when_it_is_measured_faster():
+    # measured: desktop 10 ms a layer, laptop 4 ms, head not timed (0 both ways), hops not
+    # timed (the lap model's 2.59344 ms). Alone 30 x 10 = 300 ms; with the laptop 20 x 10
+    # + 10 x 4 + 2 x 2.59344 = 245.187 ms: 1.2236x, past the 1.2x margin
+    assert [(s.device, s.start, s.end) for s in ALONE.stages] == [("desktop", 0, 30)]
+    measured = Measured({"desktop": 0.010, "laptop": 0.004})
+    assert measured_lap_s("desktop", [("desktop", 0, 30)], measured) == pytest.approx(0.300)
+    assert measured_lap_s("desktop", [("desktop", 0, 20), ("laptop", 20, 30)], measured,
+                          lambda a, b: HOME_HOP_S) == pytest.approx(0.240 + 2 * HOME_HOP_S)
+    back = rule_with()(ALONE, frozenset(), measured)
+    assert back is not None and back.stages == FIRST.stages
+    assert rule_with()(ALONE, frozenset({"laptop"}), measured) is None  # still lost: the same deal
 
 
-def test_the_rule_stays_when_the_device_is_not_faster_past_the_margin():
-    # desktop 10 ms, laptop 8 ms: head + 300 ms alone against head + 280 ms + hops: under 1.08x
-    rule, first = rule_with(0.010, 0.008)
-    alone = merge_lost(first, frozenset({"laptop"}))
-    assert rule(alone, frozenset()) is None
+def test_the_rule_stays_when_the_device_is_measured_slower_whatever_it_declares():
+    # laptop measured 6 ms a layer: 200 + 60 + 5.187 = 265.187 ms against 300: 1.131x, under
+    # the margin, though its declared 0.1 ms a layer would make the deal with it 3.5x faster
+    measured = Measured({"desktop": 0.010, "laptop": 0.006})
+    assert rule_with({"desktop": 0.010, "laptop": 0.0001})(ALONE, frozenset(), measured) is None
+
+
+def test_the_rule_stays_when_the_device_was_never_measured():
+    # the laptop came back before the room timed it: only its declared speed says it is
+    # fast (0.1 ms a layer), and a declared speed never re-deals
+    measured = Measured({"desktop": 0.010})
+    assert rule_with({"desktop": 0.010, "laptop": 0.0001})(ALONE, frozenset(), measured) is None
+    assert rule_with()(ALONE, frozenset(), Measured({})) is None
 
 
 def test_the_rule_stays_when_the_deal_with_it_does_not_fit_what_it_lends():
-    scn = load("scenarios/home.yaml", PINNED + ["devices[1].lends=20 MB"])
-    speed = {"desktop": 0.010, "laptop": 0.0001}
-    devices = [replace(d, s_per_layer=speed.get(d.id)) for d in scn.devices]
-    first = Deal.pinned("desktop", (("desktop", 0, 20), ("laptop", 20, 30)))
-    rule = rejoin_rule(devices, scn.model, first, scn.options, Network(), scn.decoding.return_path)
-    alone = merge_lost(first, frozenset({"laptop"}))
-    assert rule(alone, frozenset()) is None  # 10 layers of 14 MB in 20 MB less headroom: check_lent refuses
+    measured = Measured({"desktop": 0.010, "laptop": 0.0001})
+    # 10 layers of 14 MB in 20 MB less headroom: check_lent refuses, however fast it was
+    assert rule_with(lends=["devices[1].lends=20 MB"])(ALONE, frozenset(), measured) is None
 
 
 def test_the_margin_is_the_slower_than_optimal_ratio():
@@ -196,21 +209,76 @@ def test_the_margin_is_the_slower_than_optimal_ratio():
     assert REJOIN_MARGIN == SLOWER_THAN_OPTIMAL_RATIO
 
 
-def test_the_margin_decides_between_a_faster_deal_and_staying():
-    # desktop 10 ms a layer, laptop 8 ms, by hand: the desktop's head is the tied embedding,
-    # 113,246,208 B / 14,160,384 B a layer = 7.9974 layers at 10 ms + 0.1 ms sampling =
-    # 80.074 ms. Alone: 80.074 + 30 x 10 = 380.074 ms. With the laptop: 80.074 + 20 x 10
-    # + 10 x 8 + two hops of 2 ms (half the 4 ms RTT) + 0.5 ms overhead + 2,336 B at
-    # 200 Mbit/s (0.093 ms) = 365.261 ms: 1.0406x faster. Taken past a 1.03 margin, not 1.05.
-    scn = load("scenarios/home.yaml", PINNED)
-    speed = {"desktop": 0.010, "laptop": 0.008}
-    devices = [replace(d, s_per_layer=speed.get(d.id)) for d in scn.devices]
-    first = Deal.pinned("desktop", (("desktop", 0, 20), ("laptop", 20, 30)))
-    alone = merge_lost(first, frozenset({"laptop"}))
+def test_the_margin_decides_on_the_measured_head_and_hops():
+    # measured: desktop 10 ms a layer, laptop 8 ms, head 80 ms, hops desktop -> laptop 2 ms
+    # and back 3 ms. Alone 80 + 300 = 380 ms; with the laptop 80 + 200 + 80 + 2 + 3 =
+    # 365 ms: 1.04110x, taken past a 1.041 margin, not past 1.045. The hops not timed (the
+    # lap model's 2 x 2.59344 ms): 365.187 ms, 1.04056x, not past 1.041 but past 1.04
+    timed = Measured({"desktop": 0.010, "laptop": 0.008}, 0.080,
+                     {("desktop", "laptop"): 0.002, ("laptop", "desktop"): 0.003})
+    untimed = Measured({"desktop": 0.010, "laptop": 0.008}, 0.080)
+    assert rule_with(margin=1.041)(ALONE, frozenset(), timed).stages == FIRST.stages
+    assert rule_with(margin=1.045)(ALONE, frozenset(), timed) is None
+    assert rule_with(margin=1.041)(ALONE, frozenset(), untimed) is None
+    assert rule_with(margin=1.04)(ALONE, frozenset(), untimed).stages == FIRST.stages
 
-    def rule(margin):
-        return rejoin_rule(devices, scn.model, first, scn.options, scn.network, scn.decoding.return_path,
-                           margin=margin)
-    back = rule(1.03)(alone, frozenset())
-    assert back is not None and back.stages == first.stages
-    assert rule(1.05)(alone, frozenset()) is None
+
+def test_a_measured_lap_by_hand_returning_through_the_stages():
+    # h (0 layers: nothing to time) -> a (2 layers at 1 ms) -> b (3 at 2 ms) and back through
+    # b -> a -> h: head 0.5 ms; hops h>a 1, a>b 2, b>a 3 (timed), a>h by the model's 4 ms:
+    # 0.5 + 2 + 6 + 1 + 2 + 3 + 4 = 18.5 ms
+    m = Measured({"a": 0.001, "b": 0.002}, 0.0005, {("h", "a"): 0.001, ("a", "b"): 0.002, ("b", "a"): 0.003})
+    rows = [("h", 0, 0), ("a", 0, 2), ("b", 2, 5)]
+    assert measured_lap_s("h", rows, m, lambda x, y: 0.004, "via_stages") == pytest.approx(0.0185)
+    assert measured_lap_s("h", rows, m, None, "via_stages") == pytest.approx(0.0145)  # a>h untimed, no model: 0
+    assert measured_lap_s("h", rows + [("c", 5, 6)], m) is None  # c never timed
+    assert not measured_faster(Deal.pinned("h", rows), Deal.pinned("a", [("a", 0, 5)]), m, margin=0.0)  # another host
+
+
+def test_the_room_times_one_position_laps_per_layer_it_held():
+    # lap 3 (one position): h held 20 layers, w 10; lap 4 a 9-position prefill chunk
+    sp = StageSpeeds()
+    layers = {"h": 20, "w": 10}
+    sp.lap(3, 1, layers)
+    sp.lap(4, 9, layers)
+    sp.lap(5, 1, {"h": 30})
+    sp.timed(StageTimed("w", 3, 0.05))  # 5 ms a layer
+    sp.timed(StageTimed("w", 4, 9.0))  # a prefill chunk: not a decode step's time
+    sp.timed(StageTimed("w", 5, 1.0))  # w held no layers in lap 5
+    sp.timed(StageTimed("w", 77, 1.0))  # a lap it was not told of
+    sp.computed(Computed("h", "RunStage", 3, 0.2))  # 10 ms a layer
+    sp.computed(Computed("h", "RunStage", 5, 0.6))  # 20 ms a layer
+    sp.computed(Computed("h", "RunHead", 3, 0.004))
+    sp.computed(Computed("h", "Draft", 3, 5.0))
+    sp.hop(HopTimed("h", "w", 3, 0.002, 0.0))
+    sp.hop(HopTimed("h", "w", 4, 0.5, 0.0))  # the prefill's frame
+    m = sp.measured()
+    assert m.s_per_layer == pytest.approx({"w": 0.005, "h": 0.015})
+    assert m.head_s == pytest.approx(0.004) and m.hop_s == pytest.approx({("h", "w"): 0.002})
+    few = StageSpeeds(keep=2)
+    few.lap(0, 1, {"w": 1})
+    for s in (9.0, 1.0, 3.0):
+        few.timed(StageTimed("w", 0, s))
+    assert few.measured().s_per_layer == {"w": 2.0}  # the latest 2
+
+
+def test_the_chain_hands_the_rule_what_the_room_timed():
+    # a room with a rejoin rule: the chain tells its speeds each lap the host begins; the
+    # driver's times of w's decode laps (10 ms over its layer) and the host's (4 ms over
+    # its) reach the rule when w comes back, with the chain as it is then
+    seen = []
+    h = Harness(DEAL, SchedulerConfig(hidden=4, prefill_chunk=2), redeal=merge_lost,
+                rejoin=lambda current, lost, measured: seen.append((current.stages, lost, measured)))
+    h.ask(0, "h", 4, 6)
+    h.run()
+    decode = [c.lap_id for c in h.log if isinstance(c, RunStage) and c.device == "h" and c.tokens == 1]
+    assert len(decode) == 5  # the prompt in 2 chunks of 2; 6 tokens: the prompt's head gives the first
+    for lap in decode:
+        h.chain.speeds.timed(StageTimed("w", lap, 0.010))
+        h.chain.speeds.computed(Computed("h", "RunStage", lap, 0.004))
+    h.lose("w")
+    h.run()
+    h.back("w")
+    ((stages, lost, measured),) = seen
+    assert stages == MERGED.stages and lost == frozenset()
+    assert measured.s_per_layer == pytest.approx({"w": 0.010, "h": 0.004})

@@ -394,6 +394,20 @@ def test_a_stopped_room_ends_each_lap_in_flight_as_stale():
     assert out == [Refuse(0, "g1", why), LapEnded(1, 0, LapKind.DECODE, 0, 0, True)]
 
 
+def test_a_stopped_rooms_prefill_chunk_ends_at_the_hosts_stage_and_sends_no_frame():
+    """Prompt chunks of 1: lap 0 (the first chunk, not the last: it does not return) is on
+    the host's stage when w is lost with no re-deal rule. The room stops and refuses the
+    question; when the host's stage finishes lap 0, the lap ends there (stale) and no frame
+    goes on to w, the lost device (before: a SendFrame to w)."""
+    from planner.protocol import LapEnded, LapKind, Refuse
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, prefill_chunk=1))
+    s.handle(QuestionAsked(0, "g1", (7, 8, 9), 3), 0.0)
+    assert s.handle(DeviceLost("w"), 0.0) == [Refuse(0, "g1", "w left the room; the model must be re-dealt")]
+    assert s.handle(StageFinished("h", 0), 0.0) == [LapEnded(0, 0, LapKind.PREFILL, 0, 0, True)]
+    assert s.laps == {} and s.handle(StageFinished("h", 0), 0.0) == []  # over: a repeat is stale
+    assert [(x.event, x.reason) for x in s.ignored] == [("StageFinished", "stale")]
+
+
 def test_a_worker_lost_for_good_is_remembered_after_its_re_deal_failed():
     s = HostScheduler(DEAL, SchedulerConfig(hidden=4), redeal=lambda d, lost: DEAL)  # keeps w: refused
     s.handle(DeviceLost("w"), 0.0)
@@ -425,7 +439,7 @@ def test_a_device_that_comes_back_to_a_chain_of_fewer_kv_caches_is_named_in_the_
     merged = replace(pinned3(("h", 0, 1), ("w", 1, 3)), kv_caches=2)
     again = replace(DEAL3, kv_caches=1)
     s = HostScheduler(DEAL3, SchedulerConfig(hidden=4, questions_in_flight=2), redeal=lambda d, lost: merged,
-                      rejoin=lambda d, still: again)
+                      rejoin=lambda d, still, measured: again)
     s.handle(QuestionAsked(0, "g1", (7, 8), 3), 0.0)
     s.handle(QuestionAsked(1, "g2", (9,), 3), 0.0)
     first = [c for c in s.handle(DeviceLost("v"), 0.0) if isinstance(c, Redeal)][0]
@@ -458,7 +472,7 @@ def test_a_rejoin_into_a_chain_that_held_no_layers_is_refused_with_the_counts():
     before, and the DeviceBack is recorded with why."""
     from planner.protocol import DeviceBack
     empty = Deal(host="h", split="pinned", stages=(), guests=("g",), fits=True, notes=())
-    s = HostScheduler(empty, SchedulerConfig(hidden=4), rejoin=lambda d, still: pinned3(("h", 0, 2)))
+    s = HostScheduler(empty, SchedulerConfig(hidden=4), rejoin=lambda d, still, measured: pinned3(("h", 0, 2)))
     s.handle(DeviceLost("g"), 0.0)
     assert s.handle(DeviceBack("g"), 0.0) == []
     assert [(x.event, x.reason, x.detail) for x in s.ignored] == [

@@ -152,3 +152,33 @@ def test_a_worker_back_but_not_faster_stays_out_of_the_chain():
     assert names[:4] == ["DeviceLost", "Redeal", "DeviceBack", "DeviceLost"]  # lost again outside the chain
     assert names.count("Redeal") == 1  # the loss's only: never dealt back
     assert res.metrics["answered"] == 4
+
+
+def test_a_worker_back_is_dealt_back_on_its_measured_speed_not_its_declared_one():
+    # as the test above but the laptop's engine reaches 5% of its roofline (efficiency
+    # 0.05): it declares 102 GB/s, which the lap model (roofline: 0.139 ms a layer) would
+    # find 1.3x faster, but the room times it at 14,160,384 B / (102 GB/s x 0.05) =
+    # 2.777 ms a layer (the KV read adds under 1%), as slow as the desktop's 2.83: the
+    # deal with it is not measured faster, so each time it comes back it stays out
+    scn = load("scenarios/home.yaml", ROOM + SLOW_DESKTOP + ["devices[1].efficiency=0.05"])
+    sim = Simulation(scn, deal(scn.devices, scn.model, scn.options))
+    res = sim.run()
+    assert sim.chain.speeds.measured().s_per_layer["laptop"] == pytest.approx(14_160_384 / (102e9 * 0.05), rel=0.01)
+    names = [type(o).__name__ for _, o in res.trace if type(o).__name__ in ("DeviceLost", "DeviceBack", "Redeal")]
+    assert names[:5] == ["DeviceLost", "Redeal", "DeviceBack", "DeviceLost", "DeviceBack"]
+    assert names.count("Redeal") == 1 and res.metrics["answered"] == 4  # the loss's only: never dealt back
+
+
+def test_a_worker_lost_before_the_room_timed_it_stays_out_when_it_comes_back():
+    # the measured rule with nothing measured of the laptop (its times forgotten, as for a
+    # worker lost before its first decode step): its declared speed (1.3x, the test above
+    # the last) does not deal it back
+    scn = load("scenarios/home.yaml", ROOM + SLOW_DESKTOP)
+    sim = Simulation(scn, deal(scn.devices, scn.model, scn.options))
+    speeds = sim.chain.speeds
+    timed = speeds.timed
+    speeds.timed = lambda st: None if st.device == "laptop" else timed(st)
+    res = sim.run()
+    assert "laptop" not in speeds.measured().s_per_layer
+    names = [type(o).__name__ for _, o in res.trace if type(o).__name__ in ("DeviceLost", "DeviceBack", "Redeal")]
+    assert names[:3] == ["DeviceLost", "Redeal", "DeviceBack"] and names.count("Redeal") == 1
