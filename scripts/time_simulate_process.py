@@ -1,9 +1,12 @@
 """Time whole ``splitroom simulate`` processes of the simulator benchmark's WAN room
-(docs/benchmarks.md): wall seconds and CPU seconds (user + sys of the child, from
-``os.wait4``), each run holding ``/tmp/splitroom-timing.lock`` (as ``flock`` does) so two timings never
-overlap; prints every run, then median and min-max, and the machine's load.
+(docs/benchmarks.md): wall seconds and CPU seconds (user + sys of the child and the
+children it waited for, from ``os.wait4``), each run holding ``/tmp/splitroom-test.lock``
+and then ``/tmp/splitroom-timing.lock`` (as ``flock`` does) so that no test run and no
+other timing overlaps it; prints every run, then median and min-max, and the machine's
+load. ``--before DIR``: also time the same command in another checkout (the code before
+a change), run by run interleaved with this one.
 
-    PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py [--runs 5] [-- EXTRA SIMULATE ARGS]
+    PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py [--runs 5] [--before DIR] [-- EXTRA ARGS]
     PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py --command "plan tests/data/room12_80.yaml"
 """
 
@@ -25,20 +28,21 @@ sys.path.insert(0, str(ROOT))
 from scripts.record_simulate_process import BENCH_SETS, ENTRY, _sets  # noqa: E402
 
 TOKENS = 10_000
-LOCK = "/tmp/splitroom-timing.lock"
+LOCKS = ("/tmp/splitroom-test.lock", "/tmp/splitroom-timing.lock")  # in this order, as the brief's flocks
 
 
-def one_run(extra: list[str], command: str | None = None) -> tuple[float, float]:
-    """(wall s, user+sys CPU s) of one whole process, under the timing lock: the
-    benchmark's simulate with ``extra`` arguments, or ``splitroom COMMAND``."""
+def one_run(extra: list[str], command: str | None = None, root: Path = ROOT) -> tuple[float, float]:
+    """(wall s, user+sys CPU s) of one whole process in checkout ``root``, under both
+    locks: the benchmark's simulate with ``extra`` arguments, or ``splitroom COMMAND``."""
     args = shlex.split(command) if command else ["simulate", "scenarios/wan_glm.yaml", *_sets(BENCH_SETS),
                                                  "--json", *extra]
     argv = [sys.executable, "-c", ENTRY, *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # as flock(1) does; the clock starts once it is held
+    env = dict(os.environ, PYTHONPATH=str(root))
+    with open(LOCKS[0], "a") as tests, open(LOCKS[1], "a") as timing:
+        fcntl.flock(tests, fcntl.LOCK_EX)  # as flock(1) does; the clock starts once both are held
+        fcntl.flock(timing, fcntl.LOCK_EX)
         t0 = time.perf_counter()
-        p = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
@@ -50,20 +54,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--command", help="time `splitroom COMMAND` instead (e.g. 'plan tests/data/room12_80.yaml')")
+    ap.add_argument("--before", type=Path, help="another checkout to time too, interleaved (the code before)")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
-    walls, cpus = [], []
-    print("load before:", os.getloadavg())
+    trees = {"after": ROOT} if a.before is None else {"before": a.before.resolve(), "after": ROOT}
+    walls: dict[str, list[float]] = {k: [] for k in trees}
+    cpus: dict[str, list[float]] = {k: [] for k in trees}
+    print("load before:", os.getloadavg(), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     for i in range(a.runs):
-        w, c = one_run(a.extra, a.command)
-        walls.append(w)
-        cpus.append(c)
-        print(f"run {i + 1}: wall {w:.3f} s, cpu {c:.3f} s, load {os.getloadavg()[0]:.2f}", flush=True)
-    mw, mc = statistics.median(walls), statistics.median(cpus)
-    rate = "" if a.command else f" -> {TOKENS / mw:,.0f} answer tokens/s"
-    print(f"wall median {mw:.3f} s [{min(walls):.3f}-{max(walls):.3f}]{rate}")
-    rate = "" if a.command else f" -> {TOKENS / mc:,.0f} answer tokens/CPU s"
-    print(f"cpu  median {mc:.3f} s [{min(cpus):.3f}-{max(cpus):.3f}]{rate}")
+        for name, root in trees.items():
+            w, c = one_run(a.extra, a.command, root)
+            walls[name].append(w)
+            cpus[name].append(c)
+            print(f"run {i + 1} {name}: wall {w:.3f} s, cpu {c:.3f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+    for name in trees:
+        mw, mc = statistics.median(walls[name]), statistics.median(cpus[name])
+        ws, cs = walls[name], cpus[name]
+        rate = "" if a.command else f" -> {TOKENS / mw:,.0f} answer tokens/s"
+        print(f"{name}: wall median {mw:.3f} s [{min(ws):.3f}-{max(ws):.3f}]{rate}")
+        rate = "" if a.command else f" -> {TOKENS / mc:,.0f} answer tokens/CPU s"
+        print(f"{name}: cpu  median {mc:.3f} s [{min(cs):.3f}-{max(cs):.3f}]{rate}")
     print("load after:", os.getloadavg(), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
 
 

@@ -6,6 +6,14 @@ sizes (``96 GiB``, ``4 GB``, ``512 MiB``, ``10 KB``), times (``20 ms``, ``1.5 s`
 ``250 us``), rates (``273 GB/s``, ``1 Gbit/s``), compute (``100 TFLOPS``) and prices
 (``1.20 USD/h``). Decimal prefixes are powers of 1000, binary ones (Ki, Mi, Gi, Ti)
 powers of 1024, as in IEC 80000-13.
+
+The plain forms people write almost always (a number, a space, one unit of the kind:
+``24 GiB``, ``20 ms``, ``273 GB/s``, ``100 TFLOPS``, ``1.20 USD/h``) are read by
+:func:`_plain` with the same arithmetic pint does (the number times the unit's factor,
+as an int while both are ints) and give the same float bit for bit
+(tests/unit/test_units_plain.py checks them against pint); anything else goes to pint.
+So a process whose scenario holds only plain forms never imports pint (about 0.1 s of
+start-up: it imports numpy and scipy too).
 """
 
 from __future__ import annotations
@@ -14,8 +22,10 @@ import functools
 import math
 import re
 import reprlib
+from typing import TYPE_CHECKING
 
-import pint
+if TYPE_CHECKING:  # pint is imported where a value is not a plain form (module doc)
+    import pint
 
 _DEFINITIONS = """
 second = [time] = s = sec
@@ -45,7 +55,8 @@ class QuantityError(ValueError):
 
 @functools.lru_cache(maxsize=1)
 def registry() -> pint.UnitRegistry:
-    """The unit registry (built once; about 0.1 s)."""
+    """The unit registry (built once; about 0.1 s with pint's import)."""
+    import pint
     ureg = pint.UnitRegistry(None, autoconvert_offset_to_baseunit=False)
     for line in _DEFINITIONS:
         ureg.define(line)
@@ -73,6 +84,48 @@ _KINDS = {
     "compute": ("FLOPS", "compute like '100 TFLOPS'"),
     "price": ("USD / hour", "a price like '1.20 USD/h'"),
 }
+
+
+#: a number (no sign, no leading zero, Python's literal forms), spaces, one unit word
+_PLAIN = re.compile(r"\s*((?:0|[1-9]\d*)(\.\d*)?([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?) *([A-Za-zµ]+(/[A-Za-z]+)?)\s*")
+
+
+def _plain_factors() -> dict[str, dict[str, int | float]]:
+    """kind -> {unit as written: its factor to the kind's base unit, as pint's registry
+    above has it (ints where the definitions are ints, floats otherwise)}."""
+    sizes: dict[str, int | float] = {"B": 1, "byte": 1, "bit": 0.125, "b": 0.125}
+    flops: dict[str, int | float] = {"FLOPS": 1}
+    for p, f in _PREFIXES.items():
+        if p in ("n", "u", "µ", "m"):
+            continue
+        sizes[f"{p}B"] = f
+        sizes[f"{p}bit"] = f * 0.125
+        flops[f"{p}FLOPS"] = f
+    times: dict[str, int | float] = {"s": 1, "sec": 1, "second": 1, "min": 60, "minute": 60, "h": 3600, "hr": 3600,
+                                     "hour": 3600}
+    for p in ("n", "u", "µ", "m"):
+        times[f"{p}s"] = _PREFIXES[p]
+    return {"size": sizes, "time": times, "compute": flops,
+            "rate": {f"{u}/s": float(f) for u, f in sizes.items()},
+            "price": {"USD/h": 1.0, "USD/hr": 1.0, "USD/hour": 1.0}}
+
+
+_PLAIN_FACTORS = _plain_factors()
+
+
+def _plain(value: str, kind: str) -> float | None:
+    """``value`` in the kind's base units when it is a plain form (module doc), computed
+    as pint computes it; None for any other form (pint then reads it)."""
+    m = _PLAIN.fullmatch(value)
+    if m is None:
+        return None
+    number, point, exp, _, unit, per = m.groups()
+    factor = _PLAIN_FACTORS[kind].get(unit)
+    if factor is None:
+        return None
+    # pint keeps a whole number of one unit an int; a quotient of units makes it a float
+    n = int(number) if point is None and exp is None and per is None and number[0] != "." else float(number)
+    return float(n * factor)
 
 
 _SHOW = reprlib.Repr()
@@ -111,6 +164,20 @@ def parse(value: object, kind: str) -> float:
         raise QuantityError(f"expected {example}, got {show(value)}")
     if not _NUMBER_THEN_UNIT.match(value):  # "GiB" alone is not 1 GiB; "nan GiB" is no size
         raise QuantityError(f"expected {example}, got {show(value)}")
+    x = _plain(value, kind)
+    if x is None:
+        x = _with_pint(value, unit, example)
+    if not math.isfinite(x):
+        raise QuantityError(f"expected {example} that is finite, got {show(value)}")
+    if x < 0:
+        raise QuantityError(f"expected {example} that is not negative, got {show(value)}")
+    return x
+
+
+def _with_pint(value: str, unit: str, example: str) -> float:
+    """``value`` converted to ``unit`` by pint's registry; QuantityError when it is not
+    a quantity of that dimension."""
+    import pint
     ureg = registry()
     try:
         q = ureg.Quantity(value.strip())
@@ -122,8 +189,4 @@ def parse(value: object, kind: str) -> float:
         x = float(q.to(unit).magnitude)
     except pint.errors.DimensionalityError:
         raise QuantityError(f"expected {example}, got {show(value)}") from None
-    if not math.isfinite(x):
-        raise QuantityError(f"expected {example} that is finite, got {show(value)}")
-    if x < 0:
-        raise QuantityError(f"expected {example} that is not negative, got {show(value)}")
     return x
