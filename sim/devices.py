@@ -403,16 +403,11 @@ class DeviceModel:
         per_tokens, bw, kvb = self._per_tokens, self.bandwidth_Bps, self.model.kv_bytes_per_token
         slowdown = self.slowdown
         att = 4.0 * self.model.attn_width / self.compute_flops  # attention_flops over compute, per position pair
-        if self.measured:
+        measured = self.measured
+        if measured:  # pass_s's two cases, without its call: s_per_layer scaled by the roofline
             spl, one = self.device.s_per_layer, self._one_s
-
-            def finish(s: float) -> float:
-                return (spl * layers * (s / layers) / one if s > 0 else s) * slowdown
-        else:
+        else:  # the roofline over the efficiency plus the engine overheads
             eff, po, lo = self.efficiency, self.pass_overhead_s, self.layer_overhead_s
-
-            def finish(s: float) -> float:
-                return (s / eff + po + layers * lo if s > 0 else s) * slowdown
 
         def timer(tokens: int, ctx: int, start: float, decode: bool) -> float:
             if tokens <= 0 or ctx < 0:
@@ -423,7 +418,10 @@ class DeviceModel:
                 per = per_tokens[tokens]
             mem = (per[0] + ctx * kvb) / bw
             flops = per[1] + att * (tokens * ctx + tokens * (tokens + 1) / 2) if att else per[1]
-            s = finish(layers * (mem if mem > flops else flops))
+            s = layers * (mem if mem > flops else flops)
+            if s > 0:
+                s = spl * layers * (s / layers) / one if measured else s / eff + po + layers * lo
+            s *= slowdown
             end = start + s
             if end > self._busy_end_s:
                 self._busy_end_s = end

@@ -54,6 +54,7 @@ from planner.room import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S, Scenario
 from planner.chain import Chain, copy_plan, redeal_rule_for, rejoin_rule_for
 from planner.drive import Driver, synthetic_draft, synthetic_head
 from planner.scheduler import SchedulerConfig
+from planner.scheduler.worker import ROLLBACK_RUN, RUN
 from sim.acceptance import make_acceptance
 from sim.devices import DECODE_MAX_TOKENS, DeviceModel, device_model
 from sim.draft_costs import draft_policy
@@ -441,7 +442,7 @@ class Simulation:
             hp.fired = fire
             hop_s[(hp.src, hp.dst, lap)] = fire - t
             verdict, reason = worker.accept(h)
-            if not verdict.is_run:  # dropped (a stale lap) or not for a worker
+            if verdict is not RUN and verdict is not ROLLBACK_RUN:  # dropped (a stale lap) or not for a worker
                 if raw is not None:
                     raw.append((fire, _Step(hp.src, hp.dst, h, worker.commands_for(h, verdict, reason), None, ())))
                 t = fire
