@@ -270,6 +270,22 @@ def _draft_tokens(v: Any) -> Any:
     raise ValueError(f"expected a whole number 1-64 or auto, got {units.show(str(v))}")
 
 
+def _model_json_schema(checkpoints: bool):
+    """The JSON Schema of a model key (``model``, ``decoding.speculative.draft_model``)
+    for docs/scenario.schema.json: a catalog id or an inline mapping
+    (:class:`InlineModelIn`, its MoE keys included), and for ``model`` also
+    ``{gguf: PATH}`` / ``{safetensors: DIR}``. The key itself is validated by
+    :func:`_model_spec` (its one-line errors), not by pydantic; this only describes it."""
+    def fill(schema: dict) -> None:
+        forms = [{"type": "string", "description": "a catalog id (planner/model.py; docs/scenario.md, top level)"},
+                 InlineModelIn.model_json_schema(mode="validation")]
+        if checkpoints:
+            forms += [{"type": "object", "properties": {k: {"type": "string"}}, "required": [k],
+                       "additionalProperties": False, "title": f"{k} checkpoint"} for k in ("gguf", "safetensors")]
+        schema["anyOf"] = forms
+    return fill
+
+
 class SpeculativeIn(_Strict):
     # planner.room.DRAFTERS: a drafter the simulator has no cost model for is an error
     drafter: Literal[DRAFTERS] = "draft_layer"
@@ -281,7 +297,7 @@ class SpeculativeIn(_Strict):
     draft_cost: Time | None = None
     # a separate draft model (drafter: model): catalog id or inline mapping, where it
     # runs, its engine, and whether the engine runs k or k + 1 passes of it a round
-    draft_model: Any = None
+    draft_model: Any = Field(default=None, json_schema_extra=_model_json_schema(checkpoints=False))
     draft_device: str | None = None
     draft_engine: Literal[tuple(ENGINES)] | None = None
     draft_passes: Literal["k", "k+1"] = "k"
@@ -405,7 +421,8 @@ _AT_TOKEN = re.compile(r"^\s*token\s+(\d+)\s*$")
 class ScenarioIn(_Strict):
     name: str = ""
     seed: int = Field(default=1, ge=0, le=2**64 - 1)
-    model: Any = catalog_mod.BUNDLED_MODEL_ID  # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
+    # catalog id | inline mapping | {gguf: PATH} | {safetensors: DIR}
+    model: Any = Field(default=catalog_mod.BUNDLED_MODEL_ID, json_schema_extra=_model_json_schema(checkpoints=True))
     context: int = Field(default=8192, ge=1, le=MAX_CONTEXT)
     kv_cache: Literal["f32", "f16", "q8"] = "f16"
     weights: Literal["f32", "f16", "q8", "gguf"] | None = None  # weight storage; None: the model's own; gguf: as the file stores it
