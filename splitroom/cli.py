@@ -184,6 +184,26 @@ def simulated(scn, d, source: str, **kw):
     return result
 
 
+def plain_prediction(child, scn, d, source: str) -> dict:
+    """The metrics of ``scn`` predicted plain with deal ``d`` (speculation_check): the
+    forked ``child``'s (splitroom/forked.py; the same numbers, computed beside the
+    speculative run), or computed here when there is none or it failed, so that any
+    error is the one :func:`simulated` gives."""
+    from splitroom.speculation_check import plain_scenario
+    if child is not None:
+        from splitroom.forked import ChildFailed
+        from splitroom.report import NOT_FINITE, finite_metrics
+        try:
+            m = child.result()
+        except ChildFailed:
+            m = None
+        if m is not None:
+            if not finite_metrics(m):
+                fail(f"{source}: {NOT_FINITE}")
+            return m
+    return simulated(plain_scenario(scn), d, source, show_progress=False, keep_trace=False).metrics
+
+
 def deal_scenario(scn, source: str):
     """Deal a scenario's room or exit 2 naming the problem. When the deal is predicted
     more than 1.2x slower than ``split: optimal``'s, one line on stderr says so, with
@@ -374,64 +394,75 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         except DealError as e:
             fail(f"{scenario}: {e}")
     from splitroom.ranges import REPLICAS, acceptance_source, default_jobs, start_range
-    # the range's replicas run in other processes (where there are CPUs) while this one simulates the point
-    with start_range(scn, d, REPLICAS if ranged else 0, default_jobs()) as pending:
-        # the bar only on a terminal: a transient bar on a log or a pipe leaves an empty line
-        result = simulated(scn, d, scenario, show_progress=progress and not as_json and err.is_terminal,
-                           console=err, keep_trace=bool(trace or plot))
-        check_answered(result.metrics, scenario, result.refusals)
-        result.metrics["range"] = pending.result(result.metrics)
-    source = acceptance_source(scn)
-    if source:
-        result.metrics["acceptance_from"] = source
-    privacy = None
-    if scn.ends_local is not None:
-        from splitroom.privacy_run import privacy_summary
-        plain = simulated(plain_scn, plain_deal, scenario, show_progress=False, keep_trace=False)
-        privacy = privacy_summary(scn, result.metrics, plain.metrics)
-    if scn.decoding.speculative is not None:  # does it pay? the same room predicted plain, warned on stderr
-        from splitroom.speculation_check import plain_scenario, speculation_summary, warning_line
-        plain = simulated(plain_scenario(scn), d, scenario, show_progress=False, keep_trace=False)
-        result.metrics["speculation"] = speculation_summary(scn, result.metrics["tokens_per_s"],
-                                                            plain.metrics["tokens_per_s"])
-        warning = warning_line(result.metrics["speculation"])
-        if warning:
-            err.print(f"{scenario}: {warning}", highlight=False, soft_wrap=True, markup=False)
+    plain_child = None
     try:
-        if trace:
-            from splitroom.report import write_trace
-            write_trace(trace, result.trace)
+        # the range's replicas run in other processes (where there are CPUs) while this one simulates the point
+        with start_range(scn, d, REPLICAS if ranged else 0, default_jobs()) as pending:
+            if scn.decoding.speculative is not None and not pending.processes:
+                # the plain prediction beside it (below) in a child, on a CPU idle now (splitroom/forked.py)
+                from splitroom.forked import idle_cpus, start as start_child
+                if idle_cpus() >= 1:
+                    from splitroom.speculation_check import plain_metrics
+                    plain_child = start_child(plain_metrics, scn, d)
+            # the bar only on a terminal: a transient bar on a log or a pipe leaves an empty line
+            result = simulated(scn, d, scenario, show_progress=progress and not as_json and err.is_terminal,
+                               console=err, keep_trace=bool(trace or plot))
+            check_answered(result.metrics, scenario, result.refusals)
+            result.metrics["range"] = pending.result(result.metrics)
+        source = acceptance_source(scn)
+        if source:
+            result.metrics["acceptance_from"] = source
+        privacy = None
+        if scn.ends_local is not None:
+            from splitroom.privacy_run import privacy_summary
+            plain = simulated(plain_scn, plain_deal, scenario, show_progress=False, keep_trace=False)
+            privacy = privacy_summary(scn, result.metrics, plain.metrics)
+        if scn.decoding.speculative is not None:  # does it pay? the same room predicted plain, warned on stderr
+            from splitroom.speculation_check import speculation_summary, warning_line
+            plain_m = plain_prediction(plain_child, scn, d, scenario)
+            result.metrics["speculation"] = speculation_summary(scn, result.metrics["tokens_per_s"],
+                                                                plain_m["tokens_per_s"])
+            warning = warning_line(result.metrics["speculation"])
+            if warning:
+                err.print(f"{scenario}: {warning}", highlight=False, soft_wrap=True, markup=False)
+        try:
+            if trace:
+                from splitroom.report import write_trace
+                write_trace(trace, result.trace)
+            if plot:
+                from splitroom.plots import plot_run
+                plot_run(result, plot, title=f"{scn.name or scenario}: {scn.model.name}")
+        except OSError as e:
+            fail(f"{e.filename or trace or plot}: cannot write ({e.strerror or e})")
+        from splitroom.costing import has_prices, room_cost
+        cost = room_cost(scn, d, result.metrics) if has_prices(scn) else None
+        if as_json:
+            m = {k: v for k, v in result.metrics.items()}
+            if round_s(m) is not None:
+                m["round_s"] = round_s(m)
+            print(json.dumps({"plan": d.to_json(), "metrics": m, **({"cost": cost} if cost else {}),
+                              **({"privacy": privacy} if privacy else {})}, indent=2))
+            return
+        out.print(deal_table(d, scn))
+        out.print(metrics_table(result.metrics))
+        out.print(range_line(result.metrics["range"]), highlight=False)
+        if source:
+            out.print(f"acceptance from: {source}", highlight=False)
+        out.print(breakdown_table(result.metrics))
+        from splitroom.report import recovery_lines
+        for line in recovery_lines(result.metrics):  # scenario faults: the predicted recovery, part by part
+            out.print(line, highlight=False)
+        if cost:
+            out.print(cost_table(cost))
+        if privacy:
+            out.print(f"privacy ends_local (first {privacy['ends_local']['first']}, last {privacy['ends_local']['last']}): "
+                      f"{privacy['tokens_per_s']:.2f} tok/s against {privacy['plain_tokens_per_s']:.2f} for the plain "
+                      f"deal ({privacy['change_pct']:+.1f}%)", highlight=False)
         if plot:
-            from splitroom.plots import plot_run
-            plot_run(result, plot, title=f"{scn.name or scenario}: {scn.model.name}")
-    except OSError as e:
-        fail(f"{e.filename or trace or plot}: cannot write ({e.strerror or e})")
-    from splitroom.costing import has_prices, room_cost
-    cost = room_cost(scn, d, result.metrics) if has_prices(scn) else None
-    if as_json:
-        m = {k: v for k, v in result.metrics.items()}
-        if round_s(m) is not None:
-            m["round_s"] = round_s(m)
-        print(json.dumps({"plan": d.to_json(), "metrics": m, **({"cost": cost} if cost else {}),
-                          **({"privacy": privacy} if privacy else {})}, indent=2))
-        return
-    out.print(deal_table(d, scn))
-    out.print(metrics_table(result.metrics))
-    out.print(range_line(result.metrics["range"]), highlight=False)
-    if source:
-        out.print(f"acceptance from: {source}", highlight=False)
-    out.print(breakdown_table(result.metrics))
-    from splitroom.report import recovery_lines
-    for line in recovery_lines(result.metrics):  # scenario faults: the predicted recovery, part by part
-        out.print(line, highlight=False)
-    if cost:
-        out.print(cost_table(cost))
-    if privacy:
-        out.print(f"privacy ends_local (first {privacy['ends_local']['first']}, last {privacy['ends_local']['last']}): "
-                  f"{privacy['tokens_per_s']:.2f} tok/s against {privacy['plain_tokens_per_s']:.2f} for the plain "
-                  f"deal ({privacy['change_pct']:+.1f}%)", highlight=False)
-    if plot:
-        out.print(f"picture written to {plot}")
+            out.print(f"picture written to {plot}")
+    finally:  # a plain prediction still running in a child (an error above) is ended
+        if plain_child is not None:
+            plain_child.close()
 
 
 def cost_table(cost: dict) -> Table:

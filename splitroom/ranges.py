@@ -211,6 +211,11 @@ class PendingRange:
         return {"tokens_per_s": _pct(tps), "ttft_s": _pct(ttft), "replicas": len(tps), "sources": self.sources,
                 "skipped": False}
 
+    @property
+    def processes(self) -> int:
+        """Worker processes running the replicas (0: they run in :meth:`result`)."""
+        return 0 if self._pool is None else len(self._pool._pool)
+
     def close(self) -> None:
         """End the worker processes (those still running a replica too)."""
         pool, self._pool = self._pool, None

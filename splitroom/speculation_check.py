@@ -18,12 +18,20 @@ from dataclasses import replace
 
 from planner.room import Scenario
 
-__all__ = ["plain_scenario", "speculation_summary", "warning_line"]
+__all__ = ["plain_metrics", "plain_scenario", "speculation_summary", "warning_line"]
 
 
 def plain_scenario(scn: Scenario) -> Scenario:
     """``scn`` with speculation off (every other setting, laps in flight included, kept)."""
     return replace(scn, decoding=replace(scn.decoding, speculative=None))
+
+
+def plain_metrics(scn: Scenario, deal) -> dict:
+    """The metrics of ``scn`` predicted plain (:func:`plain_scenario`) with ``deal``,
+    without a trace (what ``simulate`` runs in a forked child beside the speculative
+    prediction: splitroom/forked.py). Raises what the simulation raises."""
+    from splitroom.report import run_simulation
+    return run_simulation(plain_scenario(scn), deal, show_progress=False, keep_trace=False).metrics
 
 
 def speculation_summary(scn: Scenario, tokens_per_s: float, plain_tokens_per_s: float) -> dict:

@@ -1,0 +1,89 @@
+"""splitroom.forked runs one function in a forked child: its value comes back as this
+process would compute it, a failure comes back as ChildFailed, and a child still
+running is killed on close. ``simulate`` of a speculating room runs its plain
+prediction there when a CPU is idle; its output is the same either way, and the same
+as the record of whole processes made before the child existed
+(tests/data/simulate_process_oracle.json, case gb10_m5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from splitroom import forked
+from splitroom.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+ORACLE = json.loads((ROOT / "tests" / "data" / "simulate_process_oracle.json").read_text())
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="processes are forked on Linux only")
+
+
+def _boom(message: str) -> None:
+    raise ValueError(message)
+
+
+def test_value_comes_back():
+    """A value built in the child (a dict of floats and lists) is the one built here."""
+    def build(n: int) -> dict:
+        return {"squares": [i * i / 7 for i in range(n)], "pid_differs": os.getpid()}
+    with forked.start(build, 50) as child:
+        got = child.result()
+    assert got["squares"] == [i * i / 7 for i in range(50)]
+    assert got["pid_differs"] != os.getpid()
+
+
+def test_child_failure_is_childfailed():
+    with forked.start(_boom, "no such room") as child:
+        with pytest.raises(forked.ChildFailed, match="ValueError: no such room"):
+            child.result()
+
+
+def test_close_kills_a_running_child():
+    child = forked.start(time.sleep, 60)
+    pid = child.pid
+    t0 = time.monotonic()
+    child.close()
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(ChildProcessError):  # reaped: no longer this process's child
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_result_twice_is_refused():
+    child = forked.start(int, "7")
+    assert child.result() == 7
+    with pytest.raises(forked.ChildFailed):
+        child.result()
+
+
+def _simulate(monkeypatch, idle: int) -> tuple[dict, int]:
+    starts = []
+    real_start = forked.start
+
+    def counting_start(fn, *args):
+        starts.append(fn.__name__)
+        return real_start(fn, *args)
+    monkeypatch.setattr(forked, "idle_cpus", lambda: idle)
+    monkeypatch.setattr(forked, "start", counting_start)
+    r = CliRunner().invoke(app, ["simulate", "scenarios/gb10_m5.yaml", "--json", "--no-range"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout), len(starts)
+
+
+def test_simulate_plain_prediction_in_a_child_is_the_same(monkeypatch):
+    """With an idle CPU the plain prediction runs in a child (one start), without one
+    here (none); the printed JSON is the same, and its speculation object is the
+    recorded one of gb10_m5 (made before the child existed; the range does not touch it)."""
+    monkeypatch.chdir(ROOT)
+    in_child, started = _simulate(monkeypatch, idle=1)
+    assert started == 1
+    here, started = _simulate(monkeypatch, idle=0)
+    assert started == 0
+    assert in_child == here
+    assert in_child["metrics"]["speculation"] == ORACLE["gb10_m5"]["stdout"]["metrics"]["speculation"]
