@@ -3,8 +3,8 @@
 children it waited for, from ``os.wait4``), each run holding ``/tmp/splitroom-test.lock``
 and then ``/tmp/splitroom-timing.lock`` (as ``flock`` does) so that no test run and no
 other timing overlaps it; prints every run, then median and min-max, and the machine's
-load. ``--before DIR``: also time the same command in another checkout (the code before
-a change), run by run interleaved with this one.
+load. ``--before DIR`` (repeatable): also time the same command in other checkouts (the
+code before a change, or before each step of it), run by run interleaved with this one.
 
     PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py [--runs 5] [--before DIR] [-- EXTRA ARGS]
     PYTHONPATH=. .venv/bin/python scripts/time_simulate_process.py --command "plan tests/data/room12_80.yaml"
@@ -54,10 +54,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--command", help="time `splitroom COMMAND` instead (e.g. 'plan tests/data/room12_80.yaml')")
-    ap.add_argument("--before", type=Path, help="another checkout to time too, interleaved (the code before)")
+    ap.add_argument("--before", type=Path, action="append", default=[],
+                    help="another checkout to time too, interleaved (the code before); repeatable")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
-    trees = {"after": ROOT} if a.before is None else {"before": a.before.resolve(), "after": ROOT}
+    trees = {str(b): b.resolve() for b in a.before}
+    trees["this checkout"] = ROOT
     walls: dict[str, list[float]] = {k: [] for k in trees}
     cpus: dict[str, list[float]] = {k: [] for k in trees}
     print("load before:", os.getloadavg(), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
