@@ -106,6 +106,8 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
     out: dict = {"format": fmt, "init_s": time.perf_counter() - t0, "fast_kernels": st.fast,
                  "mv_shape": list(getattr(st, "mv", ())), "weight_bytes_per_token": weight_bytes(CFG, fmt),
                  "gpu_weight_buffer_bytes": st.bytes_weights}
+    if st.fast:  # each weight format's one-token kernel form (rows a workgroup and a subgroup, loads, pieces, words)
+        out["kernel_forms"] = {str(f): st.kernel_form(f) for f in sorted(st.formats or {fmt}, key=str)}
     P = len(prompt)
     st.rollback(0)
     h = st.embed_forward(prompt, 0)
@@ -425,9 +427,15 @@ def main(argv=None) -> None:
                     help="model shape (random weights); GGUF formats in --formats (q4_k, q4_k_m, q8_0, ...) are "
                          "random checkpoints of that shape written by scripts/make_gguf.py")
     ap.add_argument("--gguf-dir", default="/tmp/splitroom-gguf", help="where the random GGUFs are written")
-    ap.add_argument("--numpy-ref", choices=("all", "gguf", "none"), default="all",
-                    help="which formats get the numpy reference logits (gguf: only the block formats; large shapes)")
+    ap.add_argument("--numpy-ref", default="all",
+                    help="which formats get the numpy reference logits: all, gguf (only the block formats; large shapes), "
+                         "none, or a list such as q4_k,q4_k_m")
+    ap.add_argument("--torch-dtypes", default="f16,f32", help="torch CUDA-graph loops to time ('' for none; the "
+                    "bandwidth is still measured)")
+    ap.add_argument("--stop-after-s", type=float, default=0.0,
+                    help="start no further variant after this many seconds of the run (0: no limit); those left are listed")
     a = ap.parse_args(argv)
+    T0 = time.perf_counter()
     global CFG
     CFG = SHAPES[a.shape]
     a.per_submit = [int(v) for v in a.per_submit.split(",")]
@@ -452,7 +460,9 @@ def main(argv=None) -> None:
     # numpy references (CPU) for the logits after the prompt, per format (same stored values)
     refs = {}
     for fmt in fmts:
-        if a.numpy_ref == "none" or (a.numpy_ref == "gguf" and fmt not in GGUF_MIXES):
+        named = a.numpy_ref not in ("all", "gguf", "none")
+        if (a.numpy_ref == "none" or (a.numpy_ref == "gguf" and fmt not in GGUF_MIXES)
+                or (named and fmt not in a.numpy_ref.split(","))):
             refs[fmt] = None
             continue
         t0 = time.perf_counter()
@@ -491,6 +501,10 @@ def main(argv=None) -> None:
         res["wgpu"].append(r)
         save()
     for var in filter(None, a.variants.split(";")):
+        if a.stop_after_s and time.perf_counter() - T0 > a.stop_after_s:
+            res.setdefault("variants_not_run", []).append(var)
+            print("wgpu variant", var, "not run: --stop-after-s", flush=True)
+            continue
         vfmt, _, sets = var.rpartition("@")
         vfmt = vfmt or "f16"
         olds = {}
@@ -515,7 +529,7 @@ def main(argv=None) -> None:
                 os.environ[k] = old_v
     res["torch"] = []
     if have_cuda:
-        for dt in ("f16", "f32"):
+        for dt in filter(None, a.torch_dtypes.split(",")):
             try:
                 r = bench_torch(dt, w, a, prompt)
             except Exception as e:

@@ -166,11 +166,9 @@ def adapter_summary() -> str:
     return get_device()[0].summary
 
 
-def wide_settings(text: str) -> dict[str, int]:
-    """``SPLITROOM_WGPU_WIDE``: which weight formats the one-token products read in 16-byte pieces
-    (:func:`wgsl.matvec_src` ``wide``), and at most how many pieces a lane has in flight:
-    ``"q4_k:8"`` (the default: Q4_K only, measured faster on the H200; f16 was not), ``"f16:8,q4_k:8"``,
-    ``"8"`` (every format that has the form), ``"0"`` (none). Raises ValueError on other text."""
+def format_counts(text: str, var: str, every) -> dict[str, int]:
+    """A ``FORMAT:N[,FORMAT:N]`` or ``N`` setting (environment variable ``var``) as ``{format: N}``;
+    a bare ``N`` applies to every format in ``every``. Raises ValueError (naming ``var``) on other text."""
     out: dict[str, int] = {}
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -178,10 +176,36 @@ def wide_settings(text: str) -> dict[str, int]:
                 f, n = part.split(":", 1)
                 out[f.strip()] = int(n)
             else:
-                out.update({f: int(part) for f in wgsl.WIDE_FORMATS})
+                out.update({f: int(part) for f in every})
     except ValueError:
-        raise ValueError(f"SPLITROOM_WGPU_WIDE={text!r}: expected FORMAT:N[,FORMAT:N] or N") from None
+        raise ValueError(f"{var}={text!r}: expected FORMAT:N[,FORMAT:N] or N") from None
     return out
+
+
+def wide_settings(text: str) -> dict[str, int]:
+    """``SPLITROOM_WGPU_WIDE``: which weight formats the one-token products read in 16-byte pieces
+    (:func:`wgsl.matvec_src` ``wide``), and at most how many pieces a lane has in flight:
+    ``"q4_k:8"`` (the default: Q4_K only, measured faster on the H200; f16 was not), ``"f16:8,q4_k:8"``,
+    ``"8"`` (every format that has the form), ``"0"`` (none). Raises ValueError on other text."""
+    return format_counts(text, "SPLITROOM_WGPU_WIDE", wgsl.WIDE_FORMATS)
+
+
+def rows_settings(text: str) -> dict[str, int]:
+    """``SPLITROOM_WGPU_RS``: rows each subgroup of a one-token product computes at once
+    (:func:`wgsl.matvec_src` ``rs``; they share the lane's x loads): ``"f16:2,q4_k:4"``, ``"2"``
+    (every format), ``"1"`` (one row at a time). Raises ValueError on other text or N < 1."""
+    out = format_counts(text, "SPLITROOM_WGPU_RS", wgsl.WEIGHT_FORMATS)
+    if any(n < 1 for n in out.values()):
+        raise ValueError(f"SPLITROOM_WGPU_RS={text!r}: rows per subgroup must be at least 1")
+    return out
+
+
+def words_settings(text: str) -> dict[str, int]:
+    """``SPLITROOM_WGPU_WORDS``: formats whose one-token products read u32 code words, lanes on
+    consecutive words (:func:`wgsl.matvec_src` ``words``; Q4_K only), and how many words a lane has
+    in flight per row: ``"q4_k:4"``, ``"4"``, ``"0"`` (none: the pieces or the vec4 loader).
+    Raises ValueError on other text."""
+    return format_counts(text, "SPLITROOM_WGPU_WORDS", ("q4_k",))
 
 
 class WideOf(dict):
@@ -189,6 +213,13 @@ class WideOf(dict):
 
     def __missing__(self, key):
         return 0
+
+
+class RowsOf(dict):
+    """``{format: rows per subgroup}`` that answers 1 for formats not named (a tuple of parts included)."""
+
+    def __missing__(self, key):
+        return 1
 
 
 def _mv_shape(name: str, default: tuple[int, int]) -> tuple[int, int]:
@@ -316,14 +347,25 @@ class WgpuStage(Stage):
         if self.fast:
             un = int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))
             self.wide = wide_settings(os.environ.get("SPLITROOM_WGPU_WIDE", "q4_k:8"))
-            wide_n = WideOf(self.wide)
+            self.rows_sg = rows_settings(os.environ.get("SPLITROOM_WGPU_RS", "1"))
+            self.words = words_settings(os.environ.get("SPLITROOM_WGPU_WORDS", "0"))
+            wide_n, rs_n, words_n = WideOf(self.wide), RowsOf(self.rows_sg), WideOf(self.words)
+            rows_qkv = self.qkv_w if c.qk_norm else self.qkv_w // 2  # rows (or RoPE pairs) of the QKV product
+
+            def form(f, ns=(rows_qkv, H, F), rows=rr, unroll=un):
+                """This format's kernel form: rows per workgroup (``rows`` times the rows per subgroup,
+                which fall back to 1 where they do not divide every product's rows ``ns``), loads."""
+                k = rs_n[f] if all(n % (rows * rs_n[f]) == 0 for n in ns) else 1
+                return {"R": rows * k, "rs": k, "U": max(1, unroll // k), "wide": wide_n[f], "words": words_n[f]}
+
+            self.kernel_form = form
             if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n[f]))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, WGS=wgs, fmt=f, norm=True, eps=c.rms_eps, bias=c.qkv_bias, **form(f)))  # noqa: E731
             else:
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, rr, wgs, f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, U=un, bias=c.qkv_bias, wide=wide_n[f]))  # noqa: E731
-            f_o = lambda f: mk(wgsl.matvec_src(QD, H, rr, wgs, f, add=True, U=un, bias=c.o_bias, wide=wide_n[f]))  # noqa: E731
-            f_gu = lambda f: mk(wgsl.matvec_src(H, F, rr, wgs, f, norm=True, swiglu=True, eps=c.rms_eps, U=un, wide=wide_n[f]))  # noqa: E731
-            f_d = lambda f: mk(wgsl.matvec_src(F, H, rr, wgs, f, add=True, U=un, wide=wide_n[f]))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, WGS=wgs, fmt=f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, bias=c.qkv_bias, **form(f)))  # noqa: E731
+            f_o = lambda f: mk(wgsl.matvec_src(QD, H, WGS=wgs, fmt=f, add=True, bias=c.o_bias, **form(f)))  # noqa: E731
+            f_gu = lambda f: mk(wgsl.matvec_src(H, F, WGS=wgs, fmt=f, norm=True, swiglu=True, eps=c.rms_eps, **form(f)))  # noqa: E731
+            f_d = lambda f: mk(wgsl.matvec_src(F, H, WGS=wgs, fmt=f, add=True, **form(f)))  # noqa: E731
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
             aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
             aw = max(1, aw // (D // 4)) * (D // 4)
@@ -367,19 +409,20 @@ class WgpuStage(Stage):
             self.layers.append(L)
             if self.fast:
                 fq_, fo_, fg_, fd_ = f_qkv(fq), f_o(fo), f_gu(fg), f_d(fd)
+                R_ = {f: self.kernel_form(f)["R"] for f in (fq, fo, fg, fd)}  # rows per workgroup of each format
                 if c.qk_norm:
                     self.plan1 += [
-                        ("qkv", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // rr),
+                        ("qkv", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // R_[fq]),
                         ("qk_norm_rope", self.p_rope, L["rope"], (NH + 2 * KV, 1)),
                     ]
                 else:
                     self.plan1.append(("qkv_rope", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1,
-                                                                          6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // rr))
+                                                                          6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // R_[fq]))
                 self.plan1 += [
                     ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH),
-                    ("o_add", fo_, self._bind(fo_, {0: self.att, 1: wo, 2: self.x, **ob}), H // rr),
-                    ("gate_up", fg_, self._bind(fg_, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // rr),
-                    ("down_add", fd_, self._bind(fd_, {0: self.act, 1: wd, 2: self.x}), H // rr),
+                    ("o_add", fo_, self._bind(fo_, {0: self.att, 1: wo, 2: self.x, **ob}), H // R_[fo]),
+                    ("gate_up", fg_, self._bind(fg_, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // R_[fg]),
+                    ("down_add", fd_, self._bind(fd_, {0: self.act, 1: wd, 2: self.x}), H // R_[fd]),
                 ]
 
         if spec.host:
@@ -400,8 +443,9 @@ class WgpuStage(Stage):
                 hw, hr = _mv_shape("HEAD", (256, 8))
                 while V % hr:
                     hr //= 2
-                f_head = mk(wgsl.matvec_src(H, V, hr, hw, fh, norm=True, eps=c.rms_eps, U=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8")),
-                                               wide=wide_n[fh]))
+                fm = self.kernel_form(fh, ns=(V,), rows=hr, unroll=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8")))
+                hr = fm["R"]
+                f_head = mk(wgsl.matvec_src(H, V, WGS=hw, fmt=fh, norm=True, eps=c.rms_eps, **fm))
                 f_arg = mk(wgsl.argmax_embed_src(V, H, fe))
                 # head on the uploaded residual (hx) or on the residual left in x by the last step
                 self.fhead_hx = ("head", f_head, self._bind(f_head, {0: self.hx, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)

@@ -437,7 +437,7 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
 
 def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = False, add: bool = False,
                swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8,
-               bias: bool = False, wide: int = 0) -> str:
+               bias: bool = False, wide: int = 0, rs: int = 1, words: int = 0) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
     Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
@@ -457,11 +457,24 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     ``wide`` > 0 with a format of :func:`wide_ok` reads the weights in 16-byte pieces instead
     (:func:`_wide_loop`): at most ``wide`` pieces per lane in flight, balanced so that a row takes
     as few rounds as possible; ``U`` is then unused. Same bindings and dispatch.
+
+    ``rs`` > 1: each subgroup computes ``rs`` rows (row pairs with ``rope``) at once, so each lane
+    loads its x (and norm weight) vec4s once for ``rs`` rows; ``R`` must be a multiple of ``rs``
+    (rows per workgroup, not per subgroup: give ``R = rs * subgroups`` to keep every subgroup
+    busy). ``words`` > 0 with a format of :func:`words_ok` (Q4_K) reads the blocks as u32 code words
+    instead, lanes on consecutive words (:func:`_words_loop`), ``words`` of them per lane and row
+    in flight; the pieces (``wide``) are then unused, and so they are with ``rs`` > 1 (the
+    format's vec4 loader, ``U`` loads per lane and row). Both take the loop of :func:`_rows_main`.
     """
-    assert K % 4 == 0 and N % R == 0 and not (swiglu and rope)
+    assert K % 4 == 0 and N % R == 0 and not (swiglu and rope) and rs >= 1 and R % rs == 0
     K4 = K // 4
-    wide = wide if (wide > 0 and wide_ok(fmt, K)) else 0
+    words = words if (words > 0 and words_ok(fmt, K)) else 0
+    wide = wide if (wide > 0 and wide_ok(fmt, K) and not words and rs == 1) else 0
     decls = _product_decls(fmt, norm, swiglu, bias)
+    if words:
+        decls = decls.replace(weight_decl("W", 1, fmt), _words_decl("W", 1))
+        if swiglu:
+            decls = decls.replace(weight_decl("W2", 5, fmt), _words_decl("W2", 5))
     if wide:
         decls = decls.replace(weight_decl("W", 1, fmt), _wide_decl("W", 1, fmt))
         if swiglu:
@@ -477,6 +490,8 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
                  f"const KVD: u32 = {KV * D}u;\n")
     s.append(f"const K4: u32 = {K4}u;\nconst R: u32 = {R}u;\nconst U: u32 = {U}u;\nconst EPS: f32 = {_f(eps)};\n")
     two = swiglu or rope
+    if rs > 1 or words:
+        return "".join(s) + _rows_main(K, WGS, rs, U, words, norm, add, swiglu, bool(rope), bias)
     body = [f"""
 @compute @workgroup_size({WGS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
@@ -505,7 +520,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
         body.append("\n    ss = subgroupAdd(ss);")
     body.append("\n    if (lane == 0u) {")
     if norm:
-        body.append("\n      let sc = 1.0 / sqrt(ss / f32(K4 * 4u) + EPS);\n      a = a * sc;")
+        body.append("\n      let sc = 1.0 / sqrt(ss / f32(K4 * 4u) + EPS);")
+    body += _epilogue(norm, two, bias, swiglu, bool(rope), add)
+    body.append("\n    }\n  }\n}\n")
+    return "".join(s) + "".join(body)
+
+
+def _epilogue(norm: bool, two: bool, bias: bool, swiglu: bool, rope: bool, add: bool) -> list[str]:
+    """Lane 0's end of one row of :func:`matvec_src`: with ``a`` (and ``b``: SwiGLU's second matrix or
+    RoPE's partner row) summed over the subgroup and ``sc`` the RMSNorm scale (``norm``): scale,
+    bias, then SwiGLU, RoPE with the K/V cache writes, residual add or a plain store of ``Y[row]``."""
+    body: list[str] = []
+    if norm:
+        body.append("\n      a = a * sc;")
         if two:
             body.append("\n      b = b * sc;")
     if bias:
@@ -539,8 +566,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
         body.append("\n      Y[row] = Y[row] + a;")
     else:
         body.append("\n      Y[row] = a;")
-    body.append("\n    }\n  }\n}\n")
-    return "".join(s) + "".join(body)
+    return body
 
 
 def _plain_loop(K4: int, U: int, norm: bool, swiglu: bool, rope: bool) -> str:
@@ -602,11 +628,7 @@ fn q4k_{name}(w: vec4<u32>, h: vec4<u32>, t: u32, l0: vec4<f32>, l1: vec4<f32>, 
               g0: vec4<f32>, g1: vec4<f32>, g2: vec4<f32>, g3: vec4<f32>) -> f32 {{
   let dm = unpack2x16float(h.x);
   let ch = t >> 1u;
-  let first = ch < 2u;
-  let scw = select((h.w & 0x0F0F0F0Fu) | ((h.y >> 2u) & 0x30303030u), h.y & 0x3F3F3F3Fu, first);
-  let mnw = select(((h.w >> 4u) & 0x0F0F0F0Fu) | ((h.z >> 2u) & 0x30303030u), h.z & 0x3F3F3F3Fu, first);
-  let sh = (ch & 1u) * 16u;
-  let sc0 = f32((scw >> sh) & 255u);
+{_q4k_scales("ch")}  let sc0 = f32((scw >> sh) & 255u);
   let sc1 = f32((scw >> (sh + 8u)) & 255u);
   let mn0 = f32((mnw >> sh) & 255u);
   let mn1 = f32((mnw >> (sh + 8u)) & 255u);
@@ -673,6 +695,154 @@ def _wide_loop(fmt: str, K: int, UMAX: int, norm: bool, swiglu: bool, rope: bool
                 body.append(f"\n      {acc} += (dot(vec4<f32>(unpack2x16float({v}{u}.x), unpack2x16float({v}{u}.y)), {xs[0]})"
                             f" + dot(vec4<f32>(unpack2x16float({v}{u}.z), unpack2x16float({v}{u}.w)), {xs[1]})){m};")
     body.append("\n    }")
+    return "".join(body)
+
+
+def words_ok(fmt, K: int) -> bool:
+    """Whether :func:`matvec_src` can read ``fmt`` rows of ``K`` weights as u32 code words
+    (:func:`_words_loop`): Q4_K with K a multiple of 256."""
+    return fmt == "q4_k" and K % 256 == 0
+
+
+def _q4k_scales(c: str) -> str:
+    """WGSL lines unpacking sub-blocks ``2c`` and ``2c + 1``'s 6-bit scales and mins of a Q4_K
+    header ``h`` (vec4 0 of a block) as ggml's ``get_scale_min_k4``, four bytes at a time:
+    ``scw`` (scales) and ``mnw`` (mins) hold sub-blocks ``4 * (c / 2) .. + 3``, byte ``2 * (c % 2)``
+    onwards; ``sh`` is that byte's bit offset. ``c`` is the 64-weight chunk (0..3)."""
+    return f"""  let first = {c} < 2u;
+  let scw = select((h.w & 0x0F0F0F0Fu) | ((h.y >> 2u) & 0x30303030u), h.y & 0x3F3F3F3Fu, first);
+  let mnw = select(((h.w >> 4u) & 0x0F0F0F0Fu) | ((h.z >> 2u) & 0x30303030u), h.z & 0x3F3F3F3Fu, first);
+  let sh = ({c} & 1u) * 16u;
+"""
+
+
+def _words_decl(name: str, binding: int) -> str:
+    """Q4_K matrix ``name`` as ``array<vec4<u32>>`` (the buffer of :func:`weight_decl`; a block is 9
+    vec4s, :func:`_wide_decl`) and ``q4kw_<name>(word, header, c, xl, xh, tl, th)``: the 8 products
+    of one u32 code word. Word ``w`` (0..31) of a block is bytes ``qs[4w .. 4w + 3]``, chunk
+    ``c = w / 8``, ``m = w % 8``: its low nibbles are weights ``64c + 4m + 0..3`` (sub-block ``2c``,
+    x vec4 ``xl``), its high nibbles weights ``64c + 32 + 4m + 0..3`` (sub-block ``2c + 1``, ``xh``);
+    ``tl``, ``th`` are the sums of ``xl``, ``xh`` (for the mins). Codes and 6-bit scales become
+    floats exactly as ``bitcast<f32>(0x4B000000 | c) - 2^23`` (:func:`_wide_decl`)."""
+    return f"""@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<u32>>;
+fn nibw_{name}(v: u32) -> vec4<f32> {{
+  let c = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+  return bitcast<vec4<f32>>(c | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
+}}
+fn q4kw_{name}(q: u32, h: vec4<u32>, c: u32, xl: vec4<f32>, xh: vec4<f32>, tl: f32, th: f32) -> f32 {{
+  let dm = unpack2x16float(h.x);
+{_q4k_scales("c")}  let s = bitcast<vec4<f32>>(((vec4<u32>(scw, scw, mnw, mnw) >> vec4<u32>(sh, sh + 8u, sh, sh + 8u)) & vec4<u32>(255u))
+                           | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
+  return dm.x * (s.x * dot(nibw_{name}(q), xl) + s.y * dot(nibw_{name}(q >> 4u), xh)) - dm.y * (s.z * tl + s.w * th);
+}}
+"""
+
+
+def _row_mats(rs: int, swiglu: bool, rope: bool) -> list[tuple[str, str, str]]:
+    """``(accumulator, matrix, row)`` of every matrix row a subgroup of :func:`_rows_main` sums:
+    ``rs`` rows of W, each with SwiGLU's W2 row or RoPE's partner row of W."""
+    mats = []
+    for i in range(rs):
+        mats.append((f"a{i}", "W", f"row{i}"))
+        if swiglu:
+            mats.append((f"b{i}", "W2", f"row{i}"))
+        if rope:
+            mats.append((f"b{i}", "W", f"row2_{i}"))
+    return mats
+
+
+def _rows_loop(K4: int, U: int, norm: bool, mats: list[tuple[str, str, str]]) -> str:
+    """The K loop of :func:`_rows_main` over ``ld_<matrix>`` vec4s: as :func:`_plain_loop`, but each
+    x vec4 (and norm weight) a lane loads serves every row in ``mats``."""
+    body = [f"\n    for (var k0 = lane; k0 < {K4}u; k0 += sgs * {U}u) {{"]
+    for u in range(U):
+        idx = "k0" if u == 0 else f"min(k0 + {u}u * sgs, {K4 - 1}u)"
+        body.append(f"\n      let i{u} = {idx};\n      var x{u} = X[i{u}];")
+        for m, (_, W, r) in enumerate(mats):
+            body.append(f"\n      let w{u}_{m} = ld_{W}({r} * {K4}u + i{u});")
+    for u in range(U):
+        m_ = "" if u == 0 else f" * select(0.0, 1.0, k0 + {u}u * sgs < {K4}u)"
+        if norm:
+            body.append(f"\n      ss += dot(x{u}, x{u}){m_};\n      x{u} = x{u} * NW[i{u}];")
+        for m, (acc, _, _) in enumerate(mats):
+            body.append(f"\n      {acc} += dot(w{u}_{m}, x{u}){m_};")
+    body.append("\n    }")
+    return "".join(body)
+
+
+def _words_loop(K: int, U: int, norm: bool, mats: list[tuple[str, str, str]]) -> str:
+    """The K loop of :func:`_rows_main` over Q4_K code words (:func:`_words_decl`).
+
+    A row of ``K / 256`` blocks has ``NQ = K / 8`` code words; lane ``lane`` takes words
+    ``q0 + u * sgs`` (u < ``U``), so the lanes of a subgroup read consecutive words of a block
+    (one 128-byte line per 32 lanes) and, for chunk ``c``, consecutive x vec4s ``16c + m`` and
+    ``16c + 8 + m`` (4 lines per 32 lanes, every byte used). The block header (vec4 0) is one
+    address for all lanes of the block. Each lane loads x once for every row in ``mats``; words
+    past the row are clamped and masked to 0.
+    """
+    nbr, NQ = K // 256, K // 8
+    body = [f"\n    for (var q0 = lane; q0 < {NQ}u; q0 += sgs * {U}u) {{"]
+    for u in range(U):
+        idx = "q0" if u == 0 else f"min(q0 + {u}u * sgs, {NQ - 1}u)"
+        body.append(f"\n      let q{u} = {idx};\n      let bk{u} = q{u} >> 5u;\n      let c{u} = (q{u} >> 3u) & 3u;"
+                    f"\n      let xi{u} = bk{u} * 64u + c{u} * 16u + (q{u} & 7u);"
+                    f"\n      var xl{u} = X[xi{u}];\n      var xh{u} = X[xi{u} + 8u];")
+        for m, (_, W, r) in enumerate(mats):
+            body.append(f"\n      let vb{u}_{m} = ({r} * {nbr}u + bk{u}) * 9u;"
+                        f"\n      let h{u}_{m} = {W}[vb{u}_{m}];"
+                        f"\n      let w{u}_{m} = {W}[vb{u}_{m} + 1u + ((q{u} >> 2u) & 7u)][q{u} & 3u];")
+    for u in range(U):
+        m_ = "" if u == 0 else f" * select(0.0, 1.0, q0 + {u}u * sgs < {NQ}u)"
+        if norm:
+            body.append(f"\n      ss += (dot(xl{u}, xl{u}) + dot(xh{u}, xh{u})){m_};"
+                        f"\n      xl{u} = xl{u} * NW[xi{u}];\n      xh{u} = xh{u} * NW[xi{u} + 8u];")
+        body.append(f"\n      let tl{u} = dot(xl{u}, vec4<f32>(1.0));\n      let th{u} = dot(xh{u}, vec4<f32>(1.0));")
+        for m, (acc, W, _) in enumerate(mats):
+            body.append(f"\n      {acc} += q4kw_{W}(w{u}_{m}, h{u}_{m}, c{u}, xl{u}, xh{u}, tl{u}, th{u}){m_};")
+    body.append("\n    }")
+    return "".join(body)
+
+
+def _rows_main(K: int, WGS: int, rs: int, U: int, words: int, norm: bool, add: bool, swiglu: bool, rope: bool,
+               bias: bool) -> str:
+    """``main`` of :func:`matvec_src` with ``rs`` rows (or RoPE row pairs) per subgroup at once:
+    subgroup ``sg`` takes rows ``r .. r + rs - 1`` for ``r = sg * rs, (sg + nsg) * rs, ...``, sums
+    them in one loop (:func:`_words_loop` for Q4_K words, else :func:`_rows_loop` with ``U``
+    loads per lane and row in flight, ``U = words`` for words), then lane 0 finishes each row
+    as :func:`_epilogue` does."""
+    two = swiglu or rope
+    mats = _row_mats(rs, swiglu, rope)
+    body = [f"""
+@compute @workgroup_size({WGS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
+  for (var r = sg * {rs}u; r < R; r += nsg * {rs}u) {{"""]
+    for i in range(rs):
+        body.append(f"\n    let u{i} = wid.x * R + r + {i}u;")
+        if rope:
+            body.append(f"\n    let head{i} = u{i} / HALF;\n    let j{i} = u{i} % HALF;\n    let row{i} = head{i} * D + j{i};"
+                        f"\n    let row2_{i} = row{i} + HALF;")
+        else:
+            body.append(f"\n    let row{i} = u{i};")
+        body.append(f"\n    var a{i} = 0.0;\n    var b{i} = 0.0;")
+    body.append("\n    var ss = 0.0;")
+    body.append(_words_loop(K, words, norm, mats) if words else _rows_loop(K // 4, U, norm, mats))
+    for i in range(rs):
+        body.append(f"\n    a{i} = subgroupAdd(a{i});")
+        if two:
+            body.append(f"\n    b{i} = subgroupAdd(b{i});")
+    if norm:
+        body.append("\n    ss = subgroupAdd(ss);")
+    body.append("\n    if (lane == 0u) {")
+    if norm:
+        body.append("\n      let sc = 1.0 / sqrt(ss / f32(K4 * 4u) + EPS);")
+    for i in range(rs):
+        names = f"\n      let row = row{i};\n      var a = a{i};\n      var b = b{i};"
+        if rope:
+            names += f"\n      let head = head{i};\n      let j = j{i};\n      let row2 = row2_{i};"
+        body.append("\n      {" + names.replace("\n      ", "\n        "))
+        body.append("".join(_epilogue(norm, two, bias, swiglu, rope, add)).replace("\n      ", "\n        "))
+        body.append("\n      }")
+    body.append("\n    }\n  }\n}\n")
     return "".join(body)
 
 

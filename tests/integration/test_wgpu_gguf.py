@@ -81,17 +81,25 @@ def test_wgsl_loader_of_mixed_parts(device):
     np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
 
 
-# SPLITROOM_WGPU_WIDE only changes the one-token (subgroup) kernels: the batch kernels
-# (fast "0") have no 16-byte-piece form, so Q4_K's vec4 loader ("0") is paired with fast "1" only
-STAGE_CASES = [(mix, "8", fast) for mix in ("q4_k_m", "q4_1", "q8_0", "q4_0", "q4_k") for fast in ("1", "0")]
-STAGE_CASES.append(("q4_k", "0", "1"))
+# SPLITROOM_WGPU_WIDE, _WORDS and _RS only change the one-token (subgroup) kernels: the batch
+# kernels (fast "0") have no such forms, so the other forms are paired with fast "1" only
+STAGE_CASES = [(mix, "WIDE=8", fast) for mix in ("q4_k_m", "q4_1", "q8_0", "q4_0", "q4_k") for fast in ("1", "0")]
+STAGE_CASES += [("q4_k", "WIDE=0", "1"),
+                # Q4_K as u32 code words, 2/4/8 words a lane in flight (8 masks words past the row
+                # on 8-lane subgroups), 1/2/4 rows a subgroup
+                ("q4_k", "WORDS=4", "1"), ("q4_k", "WORDS=2+RS=2", "1"), ("q4_k", "WORDS=8+RS=4", "1"),
+                # several rows a subgroup with the vec4 loaders (Q4_K_M: Q6_K alone, the QKV of
+                # mixed parts stays one row a subgroup), and words beside them
+                ("q4_k_m", "WORDS=4+RS=2", "1"), ("q8_0", "RS=2", "1"), ("q4_1", "RS=4", "1"), ("q4_0", "RS=2", "1")]
 
 
-@pytest.mark.parametrize("mix,wide,fast", STAGE_CASES)
-def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, wide, fast):
+@pytest.mark.parametrize("mix,settings,fast", STAGE_CASES)
+def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings, fast):
     monkeypatch.setenv("SPLITROOM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
-    monkeypatch.setenv("SPLITROOM_WGPU_WIDE", wide)  # Q4_K one-token products: 16-byte pieces (8) or the vec4 loader (0)
+    for kv in settings.split("+"):  # e.g. WIDE=0: Q4_K one-token products with the vec4 loader
+        k, v = kv.split("=")
+        monkeypatch.setenv(f"SPLITROOM_WGPU_{k}", v)
     path = tmp_path / f"tiny-{mix}.gguf"
     make_gguf.write(path, "tiny", mix, seed=5)
     d = prepare_native(path, progress=None)
@@ -103,6 +111,10 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, wide, fa
     gpu = wgpu_backend.WgpuStage(cfg, spec, ws, max_ctx=64, precision=GGUF)
     if fast == "1" and not gpu.fast:
         pytest.skip("adapter without subgroup operations")
+    env = dict(kv.split("=") for kv in settings.split("+"))
+    if fast == "1" and mix != "q4_k_m":  # the form asked for is the one built (rows divide: tiny's 256 pair rows)
+        form = gpu.kernel_form(mix)
+        assert form["rs"] == int(env.get("RS", "1")) and form["words"] == int(env.get("WORDS", "0"))
     rope_bytes = 64 * cfg.head_dim * 4  # the cos | sin table, [max_ctx, head_dim] float32
     assert file_bytes <= gpu.bytes_weights - rope_bytes <= file_bytes + 8 * (7 * cfg.n_layers + 1)
     ids = [3, 17, 250, 9, 400, 1, 2, 3, 4, 5]
@@ -123,3 +135,10 @@ def test_wide_settings_parse_and_refuse():
     assert of["q4_k"] == 8 and of["f16"] == 0 and of[(("q4_k", 64), ("q6_k", 64))] == 0
     with pytest.raises(ValueError, match="SPLITROOM_WGPU_WIDE"):
         wgpu_backend.wide_settings("q4_k:many")
+    assert wgpu_backend.words_settings("4") == {"q4_k": 4}
+    assert wgpu_backend.rows_settings("f16:2, q4_k:4") == {"f16": 2, "q4_k": 4}
+    assert wgpu_backend.rows_settings("2")["q6_k"] == 2 and wgpu_backend.RowsOf({})[("q4_k", 8)] == 1
+    with pytest.raises(ValueError, match="SPLITROOM_WGPU_RS"):
+        wgpu_backend.rows_settings("q4_k:0")
+    with pytest.raises(ValueError, match="SPLITROOM_WGPU_WORDS"):
+        wgpu_backend.words_settings("q4_k=4")
