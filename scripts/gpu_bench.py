@@ -44,9 +44,11 @@ from runtime.config import ModelConfig  # noqa: E402
 from runtime.precision import Precision  # noqa: E402
 
 CFG = SMOLLM2_135M
-#: ``--shape`` choices: SmolLM2-135M, and Llama-3.2-1B/3B's shapes (scripts/make_gguf.py SHAPES)
+#: ``--shape`` choices: SmolLM2-135M, Llama-3.2-1B/3B's shapes and tiny (scripts/make_gguf.py SHAPES)
 SHAPES = {
     "smollm2": SMOLLM2_135M,
+    "tiny": ModelConfig(n_layers=3, hidden=256, n_heads=4, n_kv_heads=2, ffn=512, vocab=512, rope_theta=10000.0,
+                        rms_eps=1e-5),  # make_gguf's tiny: a lavapipe check of the block formats' runs
     "llama-1b": ModelConfig(n_layers=16, hidden=2048, n_heads=32, n_kv_heads=8, ffn=8192, vocab=128256,
                             rope_theta=500000.0, rms_eps=1e-5),
     "llama-3b": ModelConfig(n_layers=28, hidden=3072, n_heads=24, n_kv_heads=8, ffn=8192, vocab=128256,

@@ -349,6 +349,9 @@ class WgpuStage(Stage):
             self.wide = wide_settings(os.environ.get("SPLITROOM_WGPU_WIDE", "q4_k:8"))
             self.rows_sg = rows_settings(os.environ.get("SPLITROOM_WGPU_RS", "1"))
             self.words = words_settings(os.environ.get("SPLITROOM_WGPU_WORDS", "0"))
+            lane_words = os.environ.get("SPLITROOM_WGPU_LANE_WORDS", "1")
+            if lane_words not in ("1", "2", "4"):
+                raise ValueError(f"SPLITROOM_WGPU_LANE_WORDS={lane_words!r}: expected 1, 2 or 4 (Q4_K code words a lane)")
             wide_n, rs_n, words_n = WideOf(self.wide), RowsOf(self.rows_sg), WideOf(self.words)
             rows_qkv = self.qkv_w if c.qk_norm else self.qkv_w // 2  # rows (or RoPE pairs) of the QKV product
 
@@ -356,7 +359,8 @@ class WgpuStage(Stage):
                 """This format's kernel form: rows per workgroup (``rows`` times the rows per subgroup,
                 which fall back to 1 where they do not divide every product's rows ``ns``), loads."""
                 k = rs_n[f] if all(n % (rows * rs_n[f]) == 0 for n in ns) else 1
-                return {"R": rows * k, "rs": k, "U": max(1, unroll // k), "wide": wide_n[f], "words": words_n[f]}
+                return {"R": rows * k, "rs": k, "U": max(1, unroll // k), "wide": wide_n[f], "words": words_n[f],
+                        "lane_words": int(lane_words)}
 
             self.kernel_form = form
             if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass

@@ -437,7 +437,7 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
 
 def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = False, add: bool = False,
                swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8,
-               bias: bool = False, wide: int = 0, rs: int = 1, words: int = 0) -> str:
+               bias: bool = False, wide: int = 0, rs: int = 1, words: int = 0, lane_words: int = 1) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
     Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
@@ -463,18 +463,19 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     (rows per workgroup, not per subgroup: give ``R = rs * subgroups`` to keep every subgroup
     busy). ``words`` > 0 with a format of :func:`words_ok` (Q4_K) reads the blocks as u32 code words
     instead, lanes on consecutive words (:func:`_words_loop`), ``words`` of them per lane and row
-    in flight; the pieces (``wide``) are then unused, and so they are with ``rs`` > 1 (the
-    format's vec4 loader, ``U`` loads per lane and row). Both take the loop of :func:`_rows_main`.
+    in flight, ``lane_words`` (1, 2 or 4) consecutive words a lane; the pieces (``wide``) are then
+    unused. With ``rs`` > 1 the pieces (``wide``) serve
+    ``rs`` rows too, else the format's vec4 loader, ``U`` loads per lane and row. Both take the loop of :func:`_rows_main`.
     """
     assert K % 4 == 0 and N % R == 0 and not (swiglu and rope) and rs >= 1 and R % rs == 0
     K4 = K // 4
     words = words if (words > 0 and words_ok(fmt, K)) else 0
-    wide = wide if (wide > 0 and wide_ok(fmt, K) and not words and rs == 1) else 0
+    wide = wide if (wide > 0 and wide_ok(fmt, K) and not words) else 0
     decls = _product_decls(fmt, norm, swiglu, bias)
     if words:
-        decls = decls.replace(weight_decl("W", 1, fmt), _words_decl("W", 1))
+        decls = decls.replace(weight_decl("W", 1, fmt), _words_decl("W", 1, lane_words))
         if swiglu:
-            decls = decls.replace(weight_decl("W2", 5, fmt), _words_decl("W2", 5))
+            decls = decls.replace(weight_decl("W2", 5, fmt), _words_decl("W2", 5, lane_words))
     if wide:
         decls = decls.replace(weight_decl("W", 1, fmt), _wide_decl("W", 1, fmt))
         if swiglu:
@@ -491,7 +492,7 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     s.append(f"const K4: u32 = {K4}u;\nconst R: u32 = {R}u;\nconst U: u32 = {U}u;\nconst EPS: f32 = {_f(eps)};\n")
     two = swiglu or rope
     if rs > 1 or words:
-        return "".join(s) + _rows_main(K, WGS, rs, U, words, norm, add, swiglu, bool(rope), bias)
+        return "".join(s) + _rows_main(fmt, K, WGS, rs, U, words, wide, norm, add, swiglu, bool(rope), bias, lane_words)
     body = [f"""
 @compute @workgroup_size({WGS})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
@@ -510,7 +511,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
     var b = 0.0;
     var ss = 0.0;""")
     if wide:
-        body.append(_wide_loop(fmt, K, wide, norm, swiglu, bool(rope)))
+        mats = [("a", "W", "row")] + ([("b", "W2", "row")] if swiglu else []) + ([("b", "W", "row2")] if rope else [])
+        body.append(_wide_loop(fmt, K, wide, norm, mats))
     else:
         body.append(_plain_loop(K4, U, norm, swiglu, bool(rope)))
     body.append("\n    a = subgroupAdd(a);")
@@ -642,8 +644,10 @@ fn q4k_{name}(w: vec4<u32>, h: vec4<u32>, t: u32, l0: vec4<f32>, l1: vec4<f32>, 
     return s
 
 
-def _wide_loop(fmt: str, K: int, UMAX: int, norm: bool, swiglu: bool, rope: bool) -> str:
-    """The K loop of :func:`matvec_src` over 16-byte pieces of each row (``NP`` pieces).
+def _wide_loop(fmt: str, K: int, UMAX: int, norm: bool, mats: list[tuple[str, str, str]]) -> str:
+    """The K loop of :func:`matvec_src` over 16-byte pieces of each row (``NP`` pieces), summing
+    every matrix row of ``mats`` (``(accumulator, matrix, row)``, :func:`_row_mats`) against the
+    same x pieces.
 
     Lane ``lane`` takes pieces ``p0 + u * sgs`` (u < ``U``); ``U`` is the fewest loads per lane
     (at most ``UMAX``) that cover a row in the fewest rounds of a 32-lane subgroup, so rows of
@@ -659,41 +663,39 @@ def _wide_loop(fmt: str, K: int, UMAX: int, norm: bool, swiglu: bool, rope: bool
     rounds = math.ceil(NP / (32 * UMAX))
     U = max(1, min(UMAX, math.ceil(NP / (32 * rounds))))
     q4k = fmt == "q4_k"
-    two = swiglu or rope
     nx = 8 if q4k else 2  # vec4s of x per piece
     body = [f"\n    for (var p0 = lane; p0 < {NP}u; p0 += sgs * {U}u) {{"]
     for u in range(U):
         idx = "p0" if u == 0 else f"min(p0 + {u}u * sgs, {NP - 1}u)"
         body.append(f"\n      let p{u} = {idx};")
-        mats = [("w", "W", "row")] + ([("v", "W2", "row")] if swiglu else []) + ([("v", "W", "row2")] if rope else [])
         if q4k:
             body.append(f"\n      let t{u} = p{u} & 7u;")
-            for v, W, r in mats:
-                body.append(f"\n      let {v}b{u} = ({r} * {K // 256}u + (p{u} >> 3u)) * 9u;"
-                            f"\n      let {v}{u} = {W}[{v}b{u} + 1u + t{u}];\n      let {v}h{u} = {W}[{v}b{u}];")
+            for m, (_, W, r) in enumerate(mats):
+                body.append(f"\n      let wb{u}_{m} = ({r} * {K // 256}u + (p{u} >> 3u)) * 9u;"
+                            f"\n      let w{u}_{m} = {W}[wb{u}_{m} + 1u + t{u}];\n      let h{u}_{m} = {W}[wb{u}_{m}];")
             body.append(f"\n      let xb{u} = (p{u} >> 3u) * 64u + (t{u} >> 1u) * 16u + (t{u} & 1u) * 4u;")
             offs = [0, 1, 2, 3, 8, 9, 10, 11]
         else:
-            for v, W, r in mats:
-                body.append(f"\n      let {v}{u} = {W}[{r} * {NP}u + p{u}];")
+            for m, (_, W, r) in enumerate(mats):
+                body.append(f"\n      let w{u}_{m} = {W}[{r} * {NP}u + p{u}];")
             body.append(f"\n      let xb{u} = p{u} * 2u;")
             offs = [0, 1]
         for e, o in enumerate(offs):
             body.append(f"\n      var x{u}_{e} = X[xb{u} + {o}u];")
     for u in range(U):
-        m = "" if u == 0 else f" * select(0.0, 1.0, p0 + {u}u * sgs < {NP}u)"
+        mk = "" if u == 0 else f" * select(0.0, 1.0, p0 + {u}u * sgs < {NP}u)"
         xs = [f"x{u}_{e}" for e in range(nx)]
         if norm:
-            body.append(f"\n      ss += ({' + '.join(f'dot({x}, {x})' for x in xs)}){m};")
+            body.append(f"\n      ss += ({' + '.join(f'dot({x}, {x})' for x in xs)}){mk};")
             for e, o in enumerate(offs):
                 body.append(f"\n      x{u}_{e} = x{u}_{e} * NW[xb{u} + {o}u];")
-        mats2 = [("w", "W")] + ([("v", "W2" if swiglu else "W")] if two else [])
-        for (v, W), acc in zip(mats2, ("a", "b")):
+        for m, (acc, W, _) in enumerate(mats):
+            v = f"w{u}_{m}"
             if q4k:
-                body.append(f"\n      {acc} += q4k_{W}({v}{u}, {v}h{u}, t{u}, {', '.join(xs)}){m};")
+                body.append(f"\n      {acc} += q4k_{W}({v}, h{u}_{m}, t{u}, {', '.join(xs)}){mk};")
             else:
-                body.append(f"\n      {acc} += (dot(vec4<f32>(unpack2x16float({v}{u}.x), unpack2x16float({v}{u}.y)), {xs[0]})"
-                            f" + dot(vec4<f32>(unpack2x16float({v}{u}.z), unpack2x16float({v}{u}.w)), {xs[1]})){m};")
+                body.append(f"\n      {acc} += (dot(vec4<f32>(unpack2x16float({v}.x), unpack2x16float({v}.y)), {xs[0]})"
+                            f" + dot(vec4<f32>(unpack2x16float({v}.z), unpack2x16float({v}.w)), {xs[1]})){mk};")
     body.append("\n    }")
     return "".join(body)
 
@@ -716,24 +718,32 @@ def _q4k_scales(c: str) -> str:
 """
 
 
-def _words_decl(name: str, binding: int) -> str:
+def _words_decl(name: str, binding: int, G: int = 1) -> str:
     """Q4_K matrix ``name`` as ``array<vec4<u32>>`` (the buffer of :func:`weight_decl`; a block is 9
-    vec4s, :func:`_wide_decl`) and ``q4kw_<name>(word, header, c, xl, xh, tl, th)``: the 8 products
-    of one u32 code word. Word ``w`` (0..31) of a block is bytes ``qs[4w .. 4w + 3]``, chunk
-    ``c = w / 8``, ``m = w % 8``: its low nibbles are weights ``64c + 4m + 0..3`` (sub-block ``2c``,
-    x vec4 ``xl``), its high nibbles weights ``64c + 32 + 4m + 0..3`` (sub-block ``2c + 1``, ``xh``);
-    ``tl``, ``th`` are the sums of ``xl``, ``xh`` (for the mins). Codes and 6-bit scales become
-    floats exactly as ``bitcast<f32>(0x4B000000 | c) - 2^23`` (:func:`_wide_decl`)."""
+    vec4s, :func:`_wide_decl`) and ``q4kw_<name>(q, header, c, xl, xh, tl, th)``: the ``8 G``
+    products of ``G`` consecutive u32 code words ``q`` (``G`` = 1, 2 or 4). Word ``w`` (0..31) of a
+    block is bytes ``qs[4w .. 4w + 3]``, chunk ``c = w / 8``, ``m = w % 8``: its low nibbles are
+    weights ``64c + 4m + 0..3`` (sub-block ``2c``, x vec4 ``xl[e]`` for word ``e`` of the group),
+    its high nibbles weights ``64c + 32 + 4m + 0..3`` (sub-block ``2c + 1``, ``xh[e]``); ``tl``,
+    ``th`` are the sums of the ``xl``, ``xh`` (for the mins). Codes and 6-bit scales become floats
+    exactly as ``bitcast<f32>(0x4B000000 | c) - 2^23`` (:func:`_wide_decl`)."""
+    assert G in (1, 2, 4)
+    qv = "u32" if G == 1 else f"vec{G}<u32>"
+    xv = "vec4<f32>" if G == 1 else f"array<vec4<f32>, {G}>"
+    one = lambda e: "q" if G == 1 else f"q[{e}]"  # noqa: E731
+    xe = lambda x, e: x if G == 1 else f"{x}[{e}]"  # noqa: E731
+    lo = " + ".join(f"dot(nibw_{name}({one(e)}), {xe('xl', e)})" for e in range(G))
+    hi = " + ".join(f"dot(nibw_{name}({one(e)} >> 4u), {xe('xh', e)})" for e in range(G))
     return f"""@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<u32>>;
 fn nibw_{name}(v: u32) -> vec4<f32> {{
   let c = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
   return bitcast<vec4<f32>>(c | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
 }}
-fn q4kw_{name}(q: u32, h: vec4<u32>, c: u32, xl: vec4<f32>, xh: vec4<f32>, tl: f32, th: f32) -> f32 {{
+fn q4kw_{name}(q: {qv}, h: vec4<u32>, c: u32, xl: {xv}, xh: {xv}, tl: f32, th: f32) -> f32 {{
   let dm = unpack2x16float(h.x);
 {_q4k_scales("c")}  let s = bitcast<vec4<f32>>(((vec4<u32>(scw, scw, mnw, mnw) >> vec4<u32>(sh, sh + 8u, sh, sh + 8u)) & vec4<u32>(255u))
                            | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
-  return dm.x * (s.x * dot(nibw_{name}(q), xl) + s.y * dot(nibw_{name}(q >> 4u), xh)) - dm.y * (s.z * tl + s.w * th);
+  return dm.x * (s.x * ({lo}) + s.y * ({hi})) - dm.y * (s.z * tl + s.w * th);
 }}
 """
 
@@ -770,46 +780,62 @@ def _rows_loop(K4: int, U: int, norm: bool, mats: list[tuple[str, str, str]]) ->
     return "".join(body)
 
 
-def _words_loop(K: int, U: int, norm: bool, mats: list[tuple[str, str, str]]) -> str:
-    """The K loop of :func:`_rows_main` over Q4_K code words (:func:`_words_decl`).
+def _words_loop(K: int, UMAX: int, norm: bool, mats: list[tuple[str, str, str]], G: int = 1) -> str:
+    """The K loop of :func:`_rows_main` over Q4_K code words (:func:`_words_decl`), ``G`` words a lane.
 
-    A row of ``K / 256`` blocks has ``NQ = K / 8`` code words; lane ``lane`` takes words
-    ``q0 + u * sgs`` (u < ``U``), so the lanes of a subgroup read consecutive words of a block
-    (one 128-byte line per 32 lanes) and, for chunk ``c``, consecutive x vec4s ``16c + m`` and
-    ``16c + 8 + m`` (4 lines per 32 lanes, every byte used). The block header (vec4 0) is one
-    address for all lanes of the block. Each lane loads x once for every row in ``mats``; words
-    past the row are clamped and masked to 0.
+    A row of ``K / 256`` blocks has ``NQ = K / 8`` code words in ``NQ / G`` groups of ``G``;
+    lane ``lane`` takes groups ``g0 + u * sgs`` (u < ``U``, ``U`` at most ``UMAX`` and balanced
+    as in :func:`_wide_loop`), so the lanes of a subgroup read consecutive words of a block (with
+    ``G = 1``, one 128-byte line per 32 lanes) and consecutive x vec4s ``16c + m`` and
+    ``16c + 8 + m`` of chunk ``c`` (``G = 1``: 4 lines per 32 lanes, every byte used; ``G``
+    vec4s a lane otherwise). The block header (vec4 0) is one address for all lanes of the block.
+    Each lane loads x once for every row in ``mats``; groups past the row are clamped and masked.
     """
-    nbr, NQ = K // 256, K // 8
-    body = [f"\n    for (var q0 = lane; q0 < {NQ}u; q0 += sgs * {U}u) {{"]
+    import math
+
+    nbr, NG = K // 256, K // 8 // G
+    rounds = math.ceil(NG / (32 * UMAX))
+    U = max(1, min(UMAX, math.ceil(NG / (32 * rounds))))
+    body = [f"\n    for (var g0 = lane; g0 < {NG}u; g0 += sgs * {U}u) {{"]
     for u in range(U):
-        idx = "q0" if u == 0 else f"min(q0 + {u}u * sgs, {NQ - 1}u)"
-        body.append(f"\n      let q{u} = {idx};\n      let bk{u} = q{u} >> 5u;\n      let c{u} = (q{u} >> 3u) & 3u;"
-                    f"\n      let xi{u} = bk{u} * 64u + c{u} * 16u + (q{u} & 7u);"
-                    f"\n      var xl{u} = X[xi{u}];\n      var xh{u} = X[xi{u} + 8u];")
+        idx = "g0" if u == 0 else f"min(g0 + {u}u * sgs, {NG - 1}u)"
+        body.append(f"\n      let q{u} = {idx} * {G}u;\n      let bk{u} = q{u} >> 5u;\n      let c{u} = (q{u} >> 3u) & 3u;"
+                    f"\n      let xi{u} = bk{u} * 64u + c{u} * 16u + (q{u} & 7u);")
+        for e in range(G):
+            body.append(f"\n      var xl{u}_{e} = X[xi{u} + {e}u];\n      var xh{u}_{e} = X[xi{u} + {8 + e}u];")
         for m, (_, W, r) in enumerate(mats):
-            body.append(f"\n      let vb{u}_{m} = ({r} * {nbr}u + bk{u}) * 9u;"
-                        f"\n      let h{u}_{m} = {W}[vb{u}_{m}];"
-                        f"\n      let w{u}_{m} = {W}[vb{u}_{m} + 1u + ((q{u} >> 2u) & 7u)][q{u} & 3u];")
+            body.append(f"\n      let vb{u}_{m} = ({r} * {nbr}u + bk{u}) * 9u + 1u + ((q{u} >> 2u) & 7u);"
+                        f"\n      let h{u}_{m} = {W}[({r} * {nbr}u + bk{u}) * 9u];")
+            if G == 4:
+                body.append(f"\n      let w{u}_{m} = {W}[vb{u}_{m}];")
+            elif G == 2:
+                body.append(f"\n      let w{u}_{m} = select({W}[vb{u}_{m}].zw, {W}[vb{u}_{m}].xy, (q{u} & 2u) == 0u);")
+            else:
+                body.append(f"\n      let w{u}_{m} = {W}[vb{u}_{m}][q{u} & 3u];")
     for u in range(U):
-        m_ = "" if u == 0 else f" * select(0.0, 1.0, q0 + {u}u * sgs < {NQ}u)"
+        mk = "" if u == 0 else f" * select(0.0, 1.0, g0 + {u}u * sgs < {NG}u)"
+        xl = [f"xl{u}_{e}" for e in range(G)]
+        xh = [f"xh{u}_{e}" for e in range(G)]
         if norm:
-            body.append(f"\n      ss += (dot(xl{u}, xl{u}) + dot(xh{u}, xh{u})){m_};"
-                        f"\n      xl{u} = xl{u} * NW[xi{u}];\n      xh{u} = xh{u} * NW[xi{u} + 8u];")
-        body.append(f"\n      let tl{u} = dot(xl{u}, vec4<f32>(1.0));\n      let th{u} = dot(xh{u}, vec4<f32>(1.0));")
+            body.append(f"\n      ss += ({' + '.join(f'dot({x}, {x})' for x in xl + xh)}){mk};")
+            for e in range(G):
+                body.append(f"\n      xl{u}_{e} = xl{u}_{e} * NW[xi{u} + {e}u];\n      xh{u}_{e} = xh{u}_{e} * NW[xi{u} + {8 + e}u];")
+        body.append(f"\n      let tl{u} = dot({' + '.join(xl)}, vec4<f32>(1.0));\n      let th{u} = dot({' + '.join(xh)}, vec4<f32>(1.0));")
+        xa = (xl[0], xh[0]) if G == 1 else (f"array<vec4<f32>, {G}>({', '.join(xl)})", f"array<vec4<f32>, {G}>({', '.join(xh)})")
         for m, (acc, W, _) in enumerate(mats):
-            body.append(f"\n      {acc} += q4kw_{W}(w{u}_{m}, h{u}_{m}, c{u}, xl{u}, xh{u}, tl{u}, th{u}){m_};")
+            body.append(f"\n      {acc} += q4kw_{W}(w{u}_{m}, h{u}_{m}, c{u}, {xa[0]}, {xa[1]}, tl{u}, th{u}){mk};")
     body.append("\n    }")
     return "".join(body)
 
 
-def _rows_main(K: int, WGS: int, rs: int, U: int, words: int, norm: bool, add: bool, swiglu: bool, rope: bool,
-               bias: bool) -> str:
+def _rows_main(fmt: str, K: int, WGS: int, rs: int, U: int, words: int, wide: int, norm: bool, add: bool, swiglu: bool,
+               rope: bool, bias: bool, lane_words: int = 1) -> str:
     """``main`` of :func:`matvec_src` with ``rs`` rows (or RoPE row pairs) per subgroup at once:
     subgroup ``sg`` takes rows ``r .. r + rs - 1`` for ``r = sg * rs, (sg + nsg) * rs, ...``, sums
-    them in one loop (:func:`_words_loop` for Q4_K words, else :func:`_rows_loop` with ``U``
-    loads per lane and row in flight, ``U = words`` for words), then lane 0 finishes each row
-    as :func:`_epilogue` does."""
+    them in one loop (:func:`_words_loop` for Q4_K words, ``words`` groups of ``lane_words`` a
+    lane and row in flight;
+    :func:`_wide_loop` for 16-byte pieces, at most ``wide``; else :func:`_rows_loop` with ``U``),
+    then lane 0 finishes each row as :func:`_epilogue` does."""
     two = swiglu or rope
     mats = _row_mats(rs, swiglu, rope)
     body = [f"""
@@ -825,7 +851,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
             body.append(f"\n    let row{i} = u{i};")
         body.append(f"\n    var a{i} = 0.0;\n    var b{i} = 0.0;")
     body.append("\n    var ss = 0.0;")
-    body.append(_words_loop(K, words, norm, mats) if words else _rows_loop(K // 4, U, norm, mats))
+    if words:
+        body.append(_words_loop(K, words, norm, mats, lane_words))
+    elif wide:
+        body.append(_wide_loop(fmt, K, wide, norm, mats))
+    else:
+        body.append(_rows_loop(K // 4, U, norm, mats))
     for i in range(rs):
         body.append(f"\n    a{i} = subgroupAdd(a{i});")
         if two:

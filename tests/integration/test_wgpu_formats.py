@@ -28,7 +28,7 @@ def weights(seed: int) -> dict[str, np.ndarray]:
 
 # (format, subgroup kernels, SPLITROOM_WGPU_WIDE, SPLITROOM_WGPU_RS: rows a subgroup computes at once)
 PAIRS = [(f, k, "8", "1") for f in ("f32", "f16", "q8") for k in ("1", "0")]
-PAIRS += [("f16", "1", "0", "1"), ("f16", "1", "0", "2"), ("f32", "1", "8", "4"), ("q8", "1", "8", "2")]
+PAIRS += [("f16", "1", "0", "1"), ("f16", "1", "0", "2"), ("f16", "1", "8", "2"), ("f32", "1", "8", "4"), ("q8", "1", "8", "2")]
 
 
 @pytest.fixture(scope="module", params=PAIRS,

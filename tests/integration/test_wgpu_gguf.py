@@ -81,13 +81,58 @@ def test_wgsl_loader_of_mixed_parts(device):
     np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
 
 
+def run_matvec(device, q, x: np.ndarray, g: np.ndarray, **form) -> np.ndarray:
+    """``Y = rmsnorm(x, g) @ W.T`` by one :func:`wgsl.matvec_src` (``norm``, no fusion else) on the
+    Q4_K matrix ``q`` held as stored; ``form``: R, WGS, rs, words, lane_words, wide."""
+    import wgpu
+
+    N, K = q.shape
+    R, WGS = form.pop("R"), form.pop("WGS")
+    src = wgsl.matvec_src(K, N, R, WGS, "q4_k", norm=True, eps=1e-5, **form)
+    U = wgpu.BufferUsage
+    pipe = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
+    raw = np.concatenate([q.data.reshape(-1), np.zeros(4 + (-q.data.size) % 4, np.uint8)])
+    y = device.create_buffer(size=N * 4, usage=U.STORAGE | U.COPY_SRC)
+    bufs = {0: device.create_buffer_with_data(data=x.astype(np.float32), usage=U.STORAGE),
+            1: device.create_buffer_with_data(data=raw, usage=U.STORAGE), 2: y,
+            4: device.create_buffer_with_data(data=g.astype(np.float32), usage=U.STORAGE)}
+    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                                  entries=[{"binding": k, "resource": {"buffer": b}} for k, b in bufs.items()])
+    enc = device.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(N // R)
+    cp.end()
+    device.queue.submit([enc.finish()])
+    return np.frombuffer(device.queue.read_buffer(y), np.float32)
+
+
+# Q4_K one-token forms: (words in flight, words a lane, rows a subgroup, pieces); rows of 5 blocks
+# (160 words) leave the last round part-filled on 8-lane subgroups, so clamped words are masked
+MATVEC_FORMS = [(4, 1, 1, 0), (3, 2, 2, 0), (2, 4, 4, 0), (0, 1, 2, 1), (0, 1, 1, 8)]
+
+
+@pytest.mark.parametrize("words,lane_words,rs,wide", MATVEC_FORMS)
+def test_q4k_matvec_forms_match_gguf_py(device, words, lane_words, rs, wide):
+    rng = np.random.default_rng(13)
+    q = rand_q("q4_k", 16, 1280, rng)
+    x, g = rng.standard_normal(1280), rng.uniform(0.5, 1.5, 1280)
+    xn = (x / np.sqrt(np.mean(x * x) + 1e-5)) * g
+    want = ref(q).astype(np.float64) @ xn  # gguf-py's dequantized rows, products in float64
+    got = run_matvec(device, q, x, g, R=4 * rs, WGS=64, rs=rs, words=words, lane_words=lane_words, wide=wide)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
 # SPLITROOM_WGPU_WIDE, _WORDS and _RS only change the one-token (subgroup) kernels: the batch
 # kernels (fast "0") have no such forms, so the other forms are paired with fast "1" only
 STAGE_CASES = [(mix, "WIDE=8", fast) for mix in ("q4_k_m", "q4_1", "q8_0", "q4_0", "q4_k") for fast in ("1", "0")]
 STAGE_CASES += [("q4_k", "WIDE=0", "1"),
-                # Q4_K as u32 code words, 2/4/8 words a lane in flight (8 masks words past the row
-                # on 8-lane subgroups), 1/2/4 rows a subgroup
+                # Q4_K as u32 code words: 2/4/8 in flight, 1/2/4 words a lane, 1/2/4 rows a subgroup
                 ("q4_k", "WORDS=4", "1"), ("q4_k", "WORDS=2+RS=2", "1"), ("q4_k", "WORDS=8+RS=4", "1"),
+                ("q4_k", "WORDS=4+LANE_WORDS=2+RS=2", "1"), ("q4_k", "WORDS=2+LANE_WORDS=4", "1"),
+                # the 16-byte pieces with 2 and 4 rows a subgroup
+                ("q4_k", "WIDE=2+RS=2", "1"), ("q4_k", "WIDE=1+RS=4", "1"),
                 # several rows a subgroup with the vec4 loaders (Q4_K_M: Q6_K alone, the QKV of
                 # mixed parts stays one row a subgroup), and words beside them
                 ("q4_k_m", "WORDS=4+RS=2", "1"), ("q8_0", "RS=2", "1"), ("q4_1", "RS=4", "1"), ("q4_0", "RS=2", "1")]
@@ -115,6 +160,7 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings
     if fast == "1" and mix != "q4_k_m":  # the form asked for is the one built (rows divide: tiny's 256 pair rows)
         form = gpu.kernel_form(mix)
         assert form["rs"] == int(env.get("RS", "1")) and form["words"] == int(env.get("WORDS", "0"))
+        assert form["lane_words"] == int(env.get("LANE_WORDS", "1"))
     rope_bytes = 64 * cfg.head_dim * 4  # the cos | sin table, [max_ctx, head_dim] float32
     assert file_bytes <= gpu.bytes_weights - rope_bytes <= file_bytes + 8 * (7 * cfg.n_layers + 1)
     ids = [3, 17, 250, 9, 400, 1, 2, 3, 4, 5]

@@ -1,0 +1,44 @@
+#!/bin/bash
+# The GPU decode benchmark of issue 21 in one device call (docs/benchmarks.md, "NVIDIA H200"):
+# the Llama-3B shape (f16, Q4_K, Q4_K_M and the kernel variants in VARIANTS_3B, side by side in
+# one run), then the SmolLM2 shape (f16, Q8_0, Q4_1 and VARIANTS_SMOL, torch's f16 CUDA graph).
+#
+#   bash scripts/gpu_bench_device.sh CARRIED OUT BUDGET_S
+#
+# CARRIED: a folder holding .whl/ (wgpu 0.32.0, cffi 2.1.1, pycparser 3.12, rendercanvas 2.7.2,
+# gguf 0.19.0: what the machine lacks) and .gl/ (the Vulkan loader debs, unpacked into /).
+# OUT: where the JSON files and the log go. BUDGET_S: seconds from the start; the Llama-3B run
+# starts no variant after BUDGET_S - 150 s (those left are listed in its JSON) and the SmolLM2 run
+# is stopped at BUDGET_S.
+set -u
+C=$1
+OUT=$2
+BUDGET_S=$3
+T0=$(date +%s)
+say() { echo "$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
+for f in "$C"/.gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/.whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1 WGPU_BACKEND_TYPE=Vulkan
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+say "set up; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader)"
+W=SPLITROOM_WGPU
+# the kernel forms of docs/runtime.md's knobs, most wanted first (a run out of time drops the last)
+V3_DEFAULT=""
+for v in q4_k@WORDS=4+RS=2 q4_k@WORDS=2+LANE_WORDS=2+RS=4 q4_k@WIDE=2+RS=2 q4_k@WORDS=4+LANE_WORDS=2+RS=2 \
+         q4_k@WORDS=2+RS=4 q4_k@WIDE=1+RS=4 q4_k@WORDS=4 f16@RS=2 q4_k@WORDS=8+RS=2 q4_k_m@WORDS=4+LANE_WORDS=2+RS=2 \
+         q4_k@WORDS=2+LANE_WORDS=4+RS=2 f16@WIDE=f16:4+RS=2 q4_k@WORDS=4+LANE_WORDS=2+RS=2+MV=256,8 f16@RS=4; do
+  V3_DEFAULT+="${v%%@*}@$(echo "${v#*@}" | sed "s/\([A-Z_]*\)=/$W""_\1=/g");"
+done
+V3=${VARIANTS_3B:-$V3_DEFAULT}
+VS=${VARIANTS_SMOL:-"f16@$W""_RS=2;q8_0@$W""_RS=2;q4_1@$W""_RS=2"}
+say "variants: $V3"
+python3 scripts/gpu_bench.py --shape llama-3b --formats f16,q4_k,q4_k_m --reps 3 --steps 64 --per-submit 1,4 \
+  --numpy-ref q4_k --torch-dtypes "" --stop-after-s $(( BUDGET_S - 150 )) --variants "$V3" \
+  --out "$OUT"/gpu-bench-llama3b.json
+say "llama-3b done (rc $?)"
+rm -rf /tmp/splitroom-gguf
+LEFT=$(( BUDGET_S - ($(date +%s) - T0) ))
+timeout $(( LEFT > 10 ? LEFT : 10 )) python3 scripts/gpu_bench.py --shape smollm2 --formats f16,q8_0,q4_1 --reps 3 \
+  --per-submit 1,4 --numpy-ref none --torch-dtypes f16 --variants "$VS" --out "$OUT"/gpu-bench-smollm2.json
+say "smollm2 done (rc $?)"
