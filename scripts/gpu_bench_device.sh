@@ -8,8 +8,8 @@
 # CARRIED: a folder holding .whl/ (wgpu 0.32.0, cffi 2.1.1, pycparser 3.12, rendercanvas 2.7.2,
 # gguf 0.19.0: what the machine lacks) and .gl/ (the Vulkan loader debs, unpacked into /).
 # OUT: where the JSON files and the log go. BUDGET_S: seconds from the start; the Llama-3B run
-# starts no variant after BUDGET_S - 150 s (those left are listed in its JSON) and the SmolLM2 run
-# is stopped at BUDGET_S.
+# starts no variant after BUDGET_S - 170 s (those left are listed in its JSON); the SmolLM2 run
+# starts none within 50 s of BUDGET_S (its torch loop comes after them) and is stopped at BUDGET_S.
 set -u
 C=$1
 OUT=$2
@@ -34,11 +34,12 @@ V3=${VARIANTS_3B:-$V3_DEFAULT}
 VS=${VARIANTS_SMOL:-"f16@$W""_RS=2;q8_0@$W""_RS=2;q4_1@$W""_RS=2"}
 say "variants: $V3"
 python3 scripts/gpu_bench.py --shape llama-3b --formats f16,q4_k,q4_k_m --reps 3 --steps 64 --per-submit 1,4 \
-  --numpy-ref q4_k --torch-dtypes "" --stop-after-s $(( BUDGET_S - 150 )) --variants "$V3" \
+  --numpy-ref q4_k --torch-dtypes "" --stop-after-s $(( BUDGET_S - 170 )) --variants "$V3" \
   --out "$OUT"/gpu-bench-llama3b.json
 say "llama-3b done (rc $?)"
 rm -rf /tmp/splitroom-gguf
 LEFT=$(( BUDGET_S - ($(date +%s) - T0) ))
 timeout $(( LEFT > 10 ? LEFT : 10 )) python3 scripts/gpu_bench.py --shape smollm2 --formats f16,q8_0,q4_1 --reps 3 \
-  --per-submit 1,4 --numpy-ref none --torch-dtypes f16 --variants "$VS" --out "$OUT"/gpu-bench-smollm2.json
+  --per-submit 1,4 --numpy-ref none --torch-dtypes f16 --stop-after-s $(( LEFT > 80 ? LEFT - 50 : 30 )) \
+  --variants "$VS" --out "$OUT"/gpu-bench-smollm2.json
 say "smollm2 done (rc $?)"
