@@ -11,10 +11,7 @@
 # starts no variant after BUDGET_S - 170 s (those left are listed in its JSON); the SmolLM2 run
 # starts none within 50 s of BUDGET_S (its torch loop comes after them) and is stopped at BUDGET_S.
 set -u
-C=$1
-OUT=$2
-BUDGET_S=$3
-T0=$(date +%s)
+C=$1 OUT=$2 BUDGET_S=$3 T0=$(date +%s)
 say() { echo "$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*"; }
 for f in "$C"/.gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -23,11 +20,11 @@ export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1 WGPU_BACKEND_TYPE=Vulkan
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 say "set up; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader)"
 W=SPLITROOM_WGPU
-# the kernel forms of docs/runtime.md's knobs, most wanted first (a run out of time drops the last)
+# the kernel forms of docs/runtime.md's knobs beside the defaults, most wanted first (a run out of
+# time drops the last): the 16-byte pieces of before 2026-12-02, the pieces with 2 rows a subgroup,
+# code words with one row, Q4_K_M as before, f16 pieces with 2 rows
 V3_DEFAULT=""
-for v in q4_k@WORDS=4+RS=2 q4_k@WORDS=2+LANE_WORDS=2+RS=4 q4_k@WIDE=2+RS=2 q4_k@WORDS=4+LANE_WORDS=2+RS=2 \
-         q4_k@WORDS=2+RS=4 q4_k@WIDE=1+RS=4 q4_k@WORDS=4 f16@RS=2 q4_k@WORDS=8+RS=2 q4_k_m@WORDS=4+LANE_WORDS=2+RS=2 \
-         q4_k@WORDS=2+LANE_WORDS=4+RS=2 f16@WIDE=f16:4+RS=2 q4_k@WORDS=4+LANE_WORDS=2+RS=2+MV=256,8 f16@RS=4; do
+for v in q4_k@WORDS=0+RS=1 q4_k@WORDS=0+WIDE=2+RS=2 q4_k@RS=1 q4_k_m@WORDS=0+RS=1 f16@WIDE=f16:4+RS=2; do
   V3_DEFAULT+="${v%%@*}@$(echo "${v#*@}" | sed "s/\([A-Z_]*\)=/$W""_\1=/g");"
 done
 V3=${VARIANTS_3B:-$V3_DEFAULT}

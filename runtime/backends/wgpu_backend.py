@@ -185,14 +185,16 @@ def format_counts(text: str, var: str, every) -> dict[str, int]:
 def wide_settings(text: str) -> dict[str, int]:
     """``SPLITROOM_WGPU_WIDE``: which weight formats the one-token products read in 16-byte pieces
     (:func:`wgsl.matvec_src` ``wide``), and at most how many pieces a lane has in flight:
-    ``"q4_k:8"`` (the default: Q4_K only, measured faster on the H200; f16 was not), ``"f16:8,q4_k:8"``,
-    ``"8"`` (every format that has the form), ``"0"`` (none). Raises ValueError on other text."""
+    ``"q4_k:8"`` (the default: Q4_K only, measured faster on the H200; f16 was not; Q4_K reads code
+    words instead unless ``SPLITROOM_WGPU_WORDS=0``), ``"f16:8,q4_k:8"``, ``"8"`` (every format that
+    has the form), ``"0"`` (none). Raises ValueError on other text."""
     return format_counts(text, "SPLITROOM_WGPU_WIDE", wgsl.WIDE_FORMATS)
 
 
 def rows_settings(text: str) -> dict[str, int]:
     """``SPLITROOM_WGPU_RS``: rows each subgroup of a one-token product computes at once
-    (:func:`wgsl.matvec_src` ``rs``; they share the lane's x loads): ``"f16:2,q4_k:4"``, ``"2"``
+    (:func:`wgsl.matvec_src` ``rs``; they share the lane's x loads): ``"q4_k:2,q6_k:2"`` (the
+    default: faster on the H200 for Q4_K and Q4_K_M; f16, Q8_0 and Q4_1 were slower so), ``"2"``
     (every format), ``"1"`` (one row at a time). Raises ValueError on other text or N < 1."""
     out = format_counts(text, "SPLITROOM_WGPU_RS", wgsl.WEIGHT_FORMATS)
     if any(n < 1 for n in out.values()):
@@ -202,9 +204,10 @@ def rows_settings(text: str) -> dict[str, int]:
 
 def words_settings(text: str) -> dict[str, int]:
     """``SPLITROOM_WGPU_WORDS``: formats whose one-token products read u32 code words, lanes on
-    consecutive words (:func:`wgsl.matvec_src` ``words``; Q4_K only), and how many words a lane has
-    in flight per row: ``"q4_k:4"``, ``"4"``, ``"0"`` (none: the pieces or the vec4 loader).
-    Raises ValueError on other text."""
+    consecutive words (:func:`wgsl.matvec_src` ``words``; Q4_K only), and how many groups of words
+    (``SPLITROOM_WGPU_LANE_WORDS`` consecutive words, default 2) a lane has in flight per row:
+    ``"q4_k:4"`` (the default), ``"4"``, ``"0"`` (none: the 16-byte pieces of ``SPLITROOM_WGPU_WIDE``
+    or the vec4 loader). Raises ValueError on other text."""
     return format_counts(text, "SPLITROOM_WGPU_WORDS", ("q4_k",))
 
 
@@ -347,9 +350,11 @@ class WgpuStage(Stage):
         if self.fast:
             un = int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8"))
             self.wide = wide_settings(os.environ.get("SPLITROOM_WGPU_WIDE", "q4_k:8"))
-            self.rows_sg = rows_settings(os.environ.get("SPLITROOM_WGPU_RS", "1"))
-            self.words = words_settings(os.environ.get("SPLITROOM_WGPU_WORDS", "0"))
-            lane_words = os.environ.get("SPLITROOM_WGPU_LANE_WORDS", "1")
+            # defaults measured on the H200 at the Llama-3B shape, 2026-12-02 (docs/benchmarks.md):
+            # Q4_K as code words, 4 groups of 2 a lane in flight, Q4_K and Q6_K rows 2 a subgroup
+            self.rows_sg = rows_settings(os.environ.get("SPLITROOM_WGPU_RS", "q4_k:2,q6_k:2"))
+            self.words = words_settings(os.environ.get("SPLITROOM_WGPU_WORDS", "q4_k:4"))
+            lane_words = os.environ.get("SPLITROOM_WGPU_LANE_WORDS", "2")
             if lane_words not in ("1", "2", "4"):
                 raise ValueError(f"SPLITROOM_WGPU_LANE_WORDS={lane_words!r}: expected 1, 2 or 4 (Q4_K code words a lane)")
             wide_n, rs_n, words_n = WideOf(self.wide), RowsOf(self.rows_sg), WideOf(self.words)
@@ -360,7 +365,7 @@ class WgpuStage(Stage):
                 which fall back to 1 where they do not divide every product's rows ``ns``), loads."""
                 k = rs_n[f] if all(n % (rows * rs_n[f]) == 0 for n in ns) else 1
                 return {"R": rows * k, "rs": k, "U": max(1, unroll // k), "wide": wide_n[f], "words": words_n[f],
-                        "lane_words": int(lane_words)}
+                        "lane_words": int(lane_words) if words_n[f] else 1}
 
             self.kernel_form = form
             if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass

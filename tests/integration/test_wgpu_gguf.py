@@ -124,26 +124,32 @@ def test_q4k_matvec_forms_match_gguf_py(device, words, lane_words, rs, wide):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
-# SPLITROOM_WGPU_WIDE, _WORDS and _RS only change the one-token (subgroup) kernels: the batch
-# kernels (fast "0") have no such forms, so the other forms are paired with fast "1" only
-STAGE_CASES = [(mix, "WIDE=8", fast) for mix in ("q4_k_m", "q4_1", "q8_0", "q4_0", "q4_k") for fast in ("1", "0")]
-STAGE_CASES += [("q4_k", "WIDE=0", "1"),
+# SPLITROOM_WGPU_WIDE, _WORDS, _LANE_WORDS and _RS only change the one-token (subgroup) kernels:
+# the batch kernels (fast "0") have no such forms, so the other forms are paired with fast "1" only.
+# "" is the defaults (docs/runtime.md): Q4_K as code words, 4 groups of 2 a lane, Q4_K and Q6_K
+# rows 2 a subgroup; WORDS=0 gives the 16-byte pieces (WIDE=8) or the vec4 loader (WIDE=0)
+STAGE_CASES = [(mix, "", fast) for mix in ("q4_k_m", "q4_1", "q8_0", "q4_0", "q4_k") for fast in ("1", "0")]
+STAGE_CASES += [("q4_k", "WORDS=0+RS=1", "1"), ("q4_k", "WORDS=0+WIDE=0+RS=1", "1"),
                 # Q4_K as u32 code words: 2/4/8 in flight, 1/2/4 words a lane, 1/2/4 rows a subgroup
-                ("q4_k", "WORDS=4", "1"), ("q4_k", "WORDS=2+RS=2", "1"), ("q4_k", "WORDS=8+RS=4", "1"),
-                ("q4_k", "WORDS=4+LANE_WORDS=2+RS=2", "1"), ("q4_k", "WORDS=2+LANE_WORDS=4", "1"),
+                ("q4_k", "WORDS=4+LANE_WORDS=1+RS=1", "1"), ("q4_k", "WORDS=2+LANE_WORDS=1", "1"),
+                ("q4_k", "WORDS=8+LANE_WORDS=1+RS=4", "1"), ("q4_k", "WORDS=2+LANE_WORDS=4", "1"),
                 # the 16-byte pieces with 2 and 4 rows a subgroup
-                ("q4_k", "WIDE=2+RS=2", "1"), ("q4_k", "WIDE=1+RS=4", "1"),
-                # several rows a subgroup with the vec4 loaders (Q4_K_M: Q6_K alone, the QKV of
-                # mixed parts stays one row a subgroup), and words beside them
-                ("q4_k_m", "WORDS=4+RS=2", "1"), ("q8_0", "RS=2", "1"), ("q4_1", "RS=4", "1"), ("q4_0", "RS=2", "1")]
+                ("q4_k", "WORDS=0+WIDE=2+RS=2", "1"), ("q4_k", "WORDS=0+WIDE=1+RS=4", "1"),
+                # several rows a subgroup with the vec4 loaders (Q4_K_M: Q6_K, the QKV of mixed
+                # parts stays one row a subgroup)
+                ("q4_k_m", "RS=1", "1"), ("q8_0", "RS=2", "1"), ("q4_1", "RS=4", "1"), ("q4_0", "RS=2", "1")]
+#: the one-token forms when nothing is set (docs/runtime.md, measured on the H200 2026-12-02)
+DEFAULT_FORM = {"q4_k": {"WORDS": "4", "LANE_WORDS": "2", "RS": "2"}, "q6_k": {"WORDS": "0", "RS": "2"}}
 
 
 @pytest.mark.parametrize("mix,settings,fast", STAGE_CASES)
 def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings, fast):
     monkeypatch.setenv("SPLITROOM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
-    for kv in settings.split("+"):  # e.g. WIDE=0: Q4_K one-token products with the vec4 loader
-        k, v = kv.split("=")
+    for k in ("WIDE", "WORDS", "LANE_WORDS", "RS"):
+        monkeypatch.delenv(f"SPLITROOM_WGPU_{k}", raising=False)
+    env = dict(kv.split("=") for kv in filter(None, settings.split("+")))
+    for k, v in env.items():  # e.g. WORDS=0+WIDE=0: Q4_K one-token products with the vec4 loader
         monkeypatch.setenv(f"SPLITROOM_WGPU_{k}", v)
     path = tmp_path / f"tiny-{mix}.gguf"
     make_gguf.write(path, "tiny", mix, seed=5)
@@ -156,11 +162,13 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings
     gpu = wgpu_backend.WgpuStage(cfg, spec, ws, max_ctx=64, precision=GGUF)
     if fast == "1" and not gpu.fast:
         pytest.skip("adapter without subgroup operations")
-    env = dict(kv.split("=") for kv in settings.split("+"))
-    if fast == "1" and mix != "q4_k_m":  # the form asked for is the one built (rows divide: tiny's 256 pair rows)
-        form = gpu.kernel_form(mix)
-        assert form["rs"] == int(env.get("RS", "1")) and form["words"] == int(env.get("WORDS", "0"))
-        assert form["lane_words"] == int(env.get("LANE_WORDS", "1"))
+    if fast == "1":  # the form asked for is the one built (rows divide: tiny's 256 pair rows)
+        for f in ({"q4_k_m": ("q4_k", "q6_k")}.get(mix, (mix,))):
+            want = {**DEFAULT_FORM.get(f, {}), **env}
+            form = gpu.kernel_form(f)
+            assert form["rs"] == int(want.get("RS", "1"))
+            assert form["words"] == (int(want.get("WORDS", "0")) if f == "q4_k" else 0)
+            assert form["lane_words"] == (int(want.get("LANE_WORDS", "1")) if form["words"] else 1)
     rope_bytes = 64 * cfg.head_dim * 4  # the cos | sin table, [max_ctx, head_dim] float32
     assert file_bytes <= gpu.bytes_weights - rope_bytes <= file_bytes + 8 * (7 * cfg.n_layers + 1)
     ids = [3, 17, 250, 9, 400, 1, 2, 3, 4, 5]
