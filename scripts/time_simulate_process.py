@@ -32,19 +32,16 @@ LOCKS = ("/tmp/splitroom-test.lock", "/tmp/splitroom-timing.lock")  # in this or
 
 
 def one_run(extra: list[str], command: str | None = None, root: Path = ROOT) -> tuple[float, float]:
-    """(wall s, user+sys CPU s) of one whole process in checkout ``root``, under both
-    locks: the benchmark's simulate with ``extra`` arguments, or ``splitroom COMMAND``."""
+    """(wall s, user+sys CPU s) of one whole process in checkout ``root`` (the caller
+    holds the locks): the benchmark's simulate with ``extra`` arguments, or ``splitroom COMMAND``."""
     args = shlex.split(command) if command else ["simulate", "scenarios/wan_glm.yaml", *_sets(BENCH_SETS),
                                                  "--json", *extra]
     argv = [sys.executable, "-c", ENTRY, *args]
     env = dict(os.environ, PYTHONPATH=str(root))
-    with open(LOCKS[0], "a") as tests, open(LOCKS[1], "a") as timing:
-        fcntl.flock(tests, fcntl.LOCK_EX)  # as flock(1) does; the clock starts once both are held
-        fcntl.flock(timing, fcntl.LOCK_EX)
-        t0 = time.perf_counter()
-        p = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"run failed: exit {os.waitstatus_to_exitcode(status)}")
     return wall, ru.ru_utime + ru.ru_stime
@@ -62,6 +59,9 @@ def main() -> None:
     trees["this checkout"] = ROOT
     walls: dict[str, list[float]] = {k: [] for k in trees}
     cpus: dict[str, list[float]] = {k: [] for k in trees}
+    tests, timing = open(LOCKS[0], "a"), open(LOCKS[1], "a")
+    fcntl.flock(tests, fcntl.LOCK_EX)  # as flock(1) does; the runs start once both are held
+    fcntl.flock(timing, fcntl.LOCK_EX)
     print("load before:", os.getloadavg(), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     for i in range(a.runs):
         for name, root in trees.items():
@@ -69,6 +69,9 @@ def main() -> None:
             walls[name].append(w)
             cpus[name].append(c)
             print(f"run {i + 1} {name}: wall {w:.3f} s, cpu {c:.3f} s, load {os.getloadavg()[0]:.2f}", flush=True)
+    print("load after:", os.getloadavg(), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    timing.close()
+    tests.close()
     for name in trees:
         mw, mc = statistics.median(walls[name]), statistics.median(cpus[name])
         ws, cs = walls[name], cpus[name]
@@ -76,7 +79,6 @@ def main() -> None:
         print(f"{name}: wall median {mw:.3f} s [{min(ws):.3f}-{max(ws):.3f}]{rate}")
         rate = "" if a.command else f" -> {TOKENS / mc:,.0f} answer tokens/CPU s"
         print(f"{name}: cpu  median {mc:.3f} s [{min(cs):.3f}-{max(cs):.3f}]{rate}")
-    print("load after:", os.getloadavg(), time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
 
 
 if __name__ == "__main__":
