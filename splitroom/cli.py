@@ -400,8 +400,8 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
         with start_range(scn, d, REPLICAS if ranged else 0, default_jobs()) as pending:
             if scn.decoding.speculative is not None and not pending.processes:
                 # the plain prediction beside it (below) in a child, on a CPU idle now (splitroom/forked.py)
-                from splitroom.forked import idle_cpus, start as start_child
-                if idle_cpus() >= 1:
+                from splitroom.forked import may_fork, start as start_child
+                if may_fork():
                     from splitroom.speculation_check import plain_metrics
                     plain_child = start_child(plain_metrics, scn, d)
             # the bar only on a terminal: a transient bar on a log or a pipe leaves an empty line

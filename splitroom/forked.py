@@ -17,9 +17,10 @@ import os
 import pickle
 import signal
 import sys
+import threading
 from typing import Any, Callable
 
-__all__ = ["ChildFailed", "Forked", "idle_cpus", "start"]
+__all__ = ["ChildFailed", "Forked", "idle_cpus", "may_fork", "start"]
 
 
 class ChildFailed(RuntimeError):
@@ -111,6 +112,15 @@ def idle_cpus() -> int:
     except (OSError, ValueError, IndexError, AttributeError):  # pragma: no cover
         return 0
     return max(cpus - runnable, 0)
+
+
+def may_fork() -> bool:
+    """Whether a caller that can compute the value itself should fork for it now: a CPU is
+    idle (:func:`idle_cpus`) and this process runs no other thread. A child forked while
+    another thread holds a lock (logging's, the import lock, a C library's) inherits the
+    lock held by a thread that does not exist there, and waits for it for ever; a
+    command-line process is single-threaded here, a test process or a server may not be."""
+    return threading.active_count() == 1 and idle_cpus() >= 1
 
 
 def start(fn: Callable[..., Any], *args: Any) -> Forked | None:

@@ -69,7 +69,7 @@ def _simulate(monkeypatch, idle: int) -> tuple[dict, int]:
     def counting_start(fn, *args):
         starts.append(fn.__name__)
         return real_start(fn, *args)
-    monkeypatch.setattr(forked, "idle_cpus", lambda: idle)
+    monkeypatch.setattr(forked, "may_fork", lambda: idle >= 1)
     monkeypatch.setattr(forked, "start", counting_start)
     r = CliRunner().invoke(app, ["simulate", "scenarios/gb10_m5.yaml", "--json", "--no-range"])
     assert r.exit_code == 0, r.output
@@ -87,3 +87,16 @@ def test_simulate_plain_prediction_in_a_child_is_the_same(monkeypatch):
     assert started == 0
     assert in_child == here
     assert in_child["metrics"]["speculation"] == ORACLE["gb10_m5"]["stdout"]["metrics"]["speculation"]
+
+
+def test_no_fork_while_another_thread_runs(monkeypatch):
+    """A CPU idle but a second thread alive (it could hold a lock the child would wait
+    for): no fork; with the thread gone and a CPU idle: fork."""
+    import threading
+    monkeypatch.setattr(forked, "idle_cpus", lambda: 1)
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    assert forked.may_fork() is False
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    assert forked.may_fork() is True
+    monkeypatch.setattr(forked, "idle_cpus", lambda: 0)
+    assert forked.may_fork() is False
