@@ -107,3 +107,15 @@ def test_join_auto_warns_once_when_the_memory_deal_costs_hops(caplog):
     assert [d for d, _, _ in chain] == ["a", "b", "c"]
     lines = [r.getMessage() for r in caplog.records if "slower than split: optimal" in r.getMessage()]
     assert len(lines) == 1 and "(a hosts: a 1-30)" in lines[0] and "--layers" in lines[0]
+
+
+def test_run_real_and_serve_print_the_warning_once_too(tmp_path):
+    # the same room on the real commands: the deal is made (and warned about) before any
+    # device starts; here the toy model has no weights, so each then refuses in one line
+    f = tmp_path / "slow.yaml"
+    f.write_text(SCENARIO)
+    for args in (["run", str(f), "--real", "--loopback", "--timeout", "20"], ["serve", str(f), "--port", "0"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and "'toy' has no weights here" in r.stderr, (args, r.stderr)
+        lines = [x for x in r.stderr.splitlines() if "slower than split: optimal" in x]
+        assert len(lines) == 1 and "laptop hosts: laptop 1-10" in lines[0], r.stderr
