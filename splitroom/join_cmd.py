@@ -789,6 +789,9 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     mux = _Mux(transport, key)
     if opts.host:
         mux.host = opts.device
+    tab_weights = None
+    if api is not None and key is None:  # a tab's range over its weights channel (TabRoom.serve); no tab
+        tab_weights = api[0].tab_room.serve(transport)  # speaks a room key, so none is served then
     stop = stop_on_signals()
     kept = None  # a worker's ((start, end), loaded) kept while the host was away
     host = None
@@ -918,6 +921,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
     finally:
         if desk is not None:
             await desk.close()
+        if tab_weights is not None:
+            tab_weights.close()
         await transport.close()
         if api is not None:
             api[2].cancel()

@@ -8,9 +8,12 @@ fused RMSNorm + QKV product, RoPE into the KV cache, attention over the cache, o
 product + residual, fused RMSNorm + SwiGLU gate/up, down product + residual. One-token
 steps use the ``TB = 1`` variants, batches ``TB = 8``, as the wgpu backend's batch path.
 
-:func:`stage_weights` packs a range's float32 tensors in the order the bundle's
-``tensors`` list gives (byte offsets and shapes there), with the RoPE table
-``[max_ctx, head_dim]`` (cos then sin halves per position, as the wgpu backend uploads it).
+The tab lays the range's float32 tensors out in one buffer as the bundle's ``tensors``
+list says (byte offsets, shapes, the model's tensors each concatenates), with the RoPE
+table ``[max_ctx, head_dim]`` that the bundle carries (:func:`rope_table`). The tensors
+themselves come over the tab's ``weights`` data channel from the model host
+(:meth:`TabRoom.serve`, runtime/weights_share's protocol), checked against the manifest
+sha256 the bundle gives.
 
 Only float32 weights and a model without q/k norms, biases or a sliding window are
 offered (SmolLM2's kind); :func:`stage_bundle` raises ValueError for the rest.
@@ -106,78 +109,23 @@ def _cols(c: ModelConfig, part: str) -> int:
             "mlp.gate_proj.weight": c.hidden, "mlp.up_proj.weight": c.hidden, "mlp.down_proj.weight": c.ffn}[part]
 
 
-def stage_weights(cfg: ModelConfig, weights: dict[str, np.ndarray], start: int, end: int) -> bytes:
-    """The packed float32 bytes of layers ``[start, end)`` and the RoPE table, laid out as
-    :func:`stage_bundle`'s ``tensors`` and ``rope`` say. ``weights``: ``{hf_name: float32
-    array}`` (runtime.weights.load_range). Raises KeyError for a missing tensor and
-    ValueError for a shape that is not the configuration's."""
-    bundle = stage_bundle(cfg, start, end)
-    out = bytearray(bundle["bytes"])
-    by = {(t["layer"], t["name"]): t for t in bundle["tensors"]}
-    for i in range(start, end):
-        for name, parts in _LAYER_TENSORS:
-            a = np.concatenate([np.asarray(weights[f"model.layers.{i}.{p}"], np.float32) for p in parts])
-            t = by[(i, name)]
-            if list(a.shape) != t["shape"]:
-                raise ValueError(f"layer {i} {name}: shape {list(a.shape)}, the configuration says {t['shape']}")
-            out[t["offset"]:t["offset"] + a.nbytes] = np.ascontiguousarray(a).tobytes()
+def rope_table(cfg: ModelConfig) -> bytes:
+    """The RoPE table a tab uploads, float32 ``[MAX_CTX, head_dim]`` (cos then sin halves
+    per position, as the wgpu backend uploads it; runtime.backends.numpy_backend.rope_tables)."""
     cos, sin = rope_tables(cfg, MAX_CTX)
-    rope = np.ascontiguousarray(np.concatenate([cos, sin], axis=1), np.float32)
-    out[bundle["rope"]["offset"]:bundle["rope"]["offset"] + rope.nbytes] = rope.tobytes()
-    return bytes(out)
-
-
-TAB_PAGE = """<!doctype html>
-<meta charset="utf-8"><title>splitroom tab stage</title>
-<p id="status">Loading</p>
-<script type="module">
-import { TabStage } from "/static/tab_stage.js";
-window.tab = { ready: false, error: null };
-(async () => {
-  const bundle = await (await fetch("/tab/bundle.json")).json();
-  const weights = await (await fetch("/tab/weights.bin")).arrayBuffer();
-  window.tab.stage = await TabStage.create(bundle, weights);
-  window.tab.ready = true;
-  document.getElementById("status").textContent =
-    `Serving · Layers ${bundle.start + 1}-${bundle.end} · ${(weights.byteLength / 1e6).toFixed(0)} MB`;
-})().catch((e) => { window.tab.error = String(e); document.getElementById("status").textContent = String(e); });
-</script>
-"""
-
-
-def make_app(bundle: dict, weights: bytes):
-    """An aiohttp application serving a tab stage: ``/tab.html`` (loads ``bundle`` and
-    ``weights`` into :class:`TabStage` and sets ``window.tab.ready``, or ``.error``),
-    ``/static/tab_stage.js``, ``/tab/bundle.json`` and ``/tab/weights.bin``."""
-    from pathlib import Path
-
-    from aiohttp import web
-
-    static = Path(__file__).parent / "static"
-
-    async def page(_r):
-        return web.Response(text=TAB_PAGE, content_type="text/html")
-
-    async def script(_r):
-        return web.FileResponse(static / "tab_stage.js", headers={"Content-Type": "text/javascript"})
-
-    async def bundle_json(_r):
-        return web.json_response(bundle)
-
-    async def weights_bin(_r):
-        return web.Response(body=weights, content_type="application/octet-stream")
-
-    app = web.Application()
-    app.router.add_get("/tab.html", page)
-    app.router.add_get("/static/tab_stage.js", script)
-    app.router.add_get("/tab/bundle.json", bundle_json)
-    app.router.add_get("/tab/weights.bin", weights_bin)
-    return app
+    return np.ascontiguousarray(np.concatenate([cos, sin], axis=1), np.float32).tobytes()
 
 
 class TabRoom:
     """What a served room tells a tab that joins it as a worker (``share.html?layers=A-B``):
-    where the devices meet, and the model directory its range's weights come from.
+    where the devices meet, the bundle of its range, and the weights of that range over
+    the tab's ``weights`` data channel (:meth:`serve`).
+
+    A tab names its device id and range when it asks for its bundle (``/tab/bundle.json
+    ?layers=A-B&device=ID``); from then on that device may take that range's tensors, and
+    only those, from the host's weights server (:meth:`grant`). The bundle carries the
+    range's manifest sha256, which the tab checks the manifest it receives over the
+    channel against (the value does not come from the channel).
 
     Args:
         relay: the relay's ``ws://ADDR:PORT``; ``room``: the room's name; ``host``: the
@@ -193,7 +141,9 @@ class TabRoom:
         self.ice_servers, self.relay_only = list(ice_servers), bool(relay_only)
         self.host_wait_s = float(host_wait_s)
         self._cfg = None
-        self._cache: dict = {}  # the last range asked for: (start, end) -> (bundle, weights, manifest)
+        self._cache: dict = {}  # the last range asked for: (start, end) -> bundle
+        #: device id -> (start, end) 0-based half-open: the range its bundle was asked for
+        self.tabs: dict[str, tuple[int, int]] = {}
 
     def info(self) -> dict:
         """What the page reads from ``/api/room`` (``tab``): relay, room, host, ICE servers,
@@ -209,26 +159,49 @@ class TabRoom:
             self._cfg = ModelConfig.load(self.model_dir)
         return parse_layers(text, self._cfg.n_layers)
 
-    def served(self, start: int, end: int) -> tuple[dict, bytes, dict]:
-        """``(bundle, packed weights, manifest)`` of layers ``[start, end)``, the last range kept."""
-        from ..weights import load_range
+    def served(self, start: int, end: int) -> dict:
+        """The bundle of layers ``[start, end)`` (:func:`stage_bundle`) with
+        ``manifest_sha256`` (runtime.weights_share.make_manifest of the range, no embedding
+        or head) and the RoPE table base64-encoded under ``rope.b64`` (:func:`rope_table`);
+        the last range kept. Raises ValueError as :func:`stage_bundle`, WeightsError when
+        the model directory lacks the range."""
+        import base64
+
         from ..weights_share import make_manifest
         key = (start, end)
         if key not in self._cache:
             cfg = self._cfg or ModelConfig.load(self.model_dir)
             bundle = stage_bundle(cfg, start, end)
-            weights = stage_weights(cfg, load_range(self.model_dir, start, end, False, False), start, end)
-            self._cache = {key: (bundle, weights, make_manifest(self.model_dir, start, end, False, False))}
+            bundle["manifest_sha256"] = make_manifest(self.model_dir, start, end, False, False)["sha256"]
+            bundle["rope"]["b64"] = base64.b64encode(rope_table(cfg)).decode()
+            self._cache = {key: bundle}
         return self._cache[key]
+
+    def grant(self, peer: str) -> tuple[int, int, bool, bool] | None:
+        """The range ``peer`` may copy from the host, ``(start, end, False, False)``, or
+        None when it asked for no bundle (not a tab): a ``grant`` for
+        :func:`runtime.weights_share.serve_weights`."""
+        r = self.tabs.get(peer)
+        return None if r is None else (r[0], r[1], False, False)
+
+    def serve(self, transport):
+        """Answer the tabs' weights requests on ``transport`` (the host's room transport,
+        after the handler that gets its other messages is installed): a
+        :class:`runtime.weights_share.WeightsServer` of the model directory with
+        :meth:`grant`; requests from other peers pass on. ``close()`` it at the end."""
+        from ..weights_share import serve_weights
+        return serve_weights(transport, self.model_dir, grant=self.grant)
 
 
 def add_tab_routes(app, server) -> None:
     """Routes for a tab that holds layers, on a room server's application: the scripts
-    ``/tab_worker.js`` and ``/static/tab_stage.js``, and per range ``/tab/bundle.json``,
-    ``/tab/weights.bin`` and ``/tab/manifest.json`` (``?layers=A-B``, 1-based inclusive).
-    ``server.tab_room`` (a :class:`TabRoom`, or None: 503) says where they come from.
-    A bad ``layers`` is a 400 naming it; a model the tab cannot compute, a 400 saying why."""
+    ``/tab_worker.js`` and ``/static/tab_stage.js``, and ``/tab/bundle.json?layers=A-B
+    &device=ID`` (1-based inclusive; the device id the tab joins the room as), which also
+    grants that device the range's weights (:meth:`TabRoom.grant`). ``server.tab_room``
+    (a :class:`TabRoom`, or None: 503) says where they come from. A bad ``layers`` or
+    ``device`` is a 400 naming it; a model the tab cannot compute, a 400 saying why."""
     import asyncio
+    import re
     from pathlib import Path
 
     from aiohttp import web
@@ -240,22 +213,22 @@ def add_tab_routes(app, server) -> None:
             return web.Response(body=(static / name).read_bytes(), content_type="text/javascript", charset="utf-8")
         return handler
 
-    def ranged(pick):
-        async def handler(request):
-            tab = getattr(server, "tab_room", None)
-            if tab is None:
-                return web.json_response({"error": "this room takes no tabs that hold layers"}, status=503)
-            try:
-                start, end = tab.range_of(request.query.get("layers", ""))
-                got = await asyncio.get_running_loop().run_in_executor(None, tab.served, start, end)
-            except ValueError as e:
-                return web.json_response({"error": f"layers: {e}"}, status=400)
-            return pick(got)
-        return handler
+    async def bundle_json(request):
+        tab = getattr(server, "tab_room", None)
+        if tab is None:
+            return web.json_response({"error": "this room takes no tabs that hold layers"}, status=503)
+        device = request.query.get("device", "")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", device):
+            return web.json_response({"error": "device: 1-64 letters, digits, . _ - (the id the tab joins as)"},
+                                     status=400)
+        try:
+            start, end = tab.range_of(request.query.get("layers", ""))
+            got = await asyncio.get_running_loop().run_in_executor(None, tab.served, start, end)
+        except ValueError as e:
+            return web.json_response({"error": f"layers: {e}"}, status=400)
+        tab.tabs[device] = (start, end)
+        return web.json_response(got)
 
     app.router.add_get("/tab_worker.js", script("tab_worker.js"))
     app.router.add_get("/static/tab_stage.js", script("tab_stage.js"))
-    app.router.add_get("/tab/bundle.json", ranged(lambda g: web.json_response(g[0])))
-    app.router.add_get("/tab/weights.bin", ranged(lambda g: web.Response(body=g[1],
-                                                                         content_type="application/octet-stream")))
-    app.router.add_get("/tab/manifest.json", ranged(lambda g: web.json_response(g[2])))
+    app.router.add_get("/tab/bundle.json", bundle_json)

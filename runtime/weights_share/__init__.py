@@ -7,7 +7,7 @@ receives is checked against a sha256 manifest before a single byte is written.
 API::
 
     m = make_manifest(model_dir, start, end, with_embedding, with_head)   # dict, see below
-    server = serve_weights(transport, model_dir, holds=None)              # answers requests
+    server = serve_weights(transport, model_dir, holds=None, grant=None)  # answers requests
     path = await fetch_range(transport, peer, start, end, with_embedding, with_head,
                              dest_dir, expected_manifest)                 # -> dest_dir/model.safetensors
     load_range(dest_dir, start, end, with_embedding, with_head)           # runtime.weights, as is
@@ -42,8 +42,15 @@ Requests carry no payload: ``{"id": N, "op": "manifest", "start", "end", "embedd
 reply's ``form`` (``packed`` or ``raw``) and ``total`` (bytes of that form) say which.
 A reply's header is ``{"id", "ok": true, ...}`` followed by the bytes (manifest JSON,
 tensor slice, file), or ``{"id", "ok": false, "error": "..."}``. A server refuses (``ok: false``) any tensor
-or range it does not hold, malformed requests, and files other than the model
-directory's config and tokenizer files.
+or range it does not hold (or, with a ``grant``, that the asking peer is not granted),
+malformed requests, and files other than the model directory's config and tokenizer
+files. Replies to one peer may come in another order than its requests: match them by
+``id``.
+
+Speakers: :func:`fetch_range` here, and a browser tab that holds layers
+(runtime/serve/static/tab_worker.js ``fetchRange``: the same requests, the packed form
+unpacked in JavaScript, each tensor's sha256 checked with WebCrypto), served by the model
+host's :class:`runtime.serve.tab_stage.TabRoom` with a ``grant`` of the tab's range.
 
 Packed copies exist because the transport is CPU-bound (aiortc's SCTP in Python,
 about 2 MB/s here, docs/transport.md): a recovering device's 14.2 MB layer takes 7 s

@@ -49,6 +49,10 @@ class WeightsServer:
     Attributes:
         model_dir: the directory served.
         held: tensor names this server gives out.
+        grant: None (every peer may take all of ``held``), or ``peer -> (start, end,
+            with_embedding, with_head)``: the range (0-based, half-open) that peer may
+            take, or None for a peer this server does not answer (its requests pass on
+            to the wrapped handler, e.g. another server).
         stats: ``requests``, ``refused``, ``bytes`` (payload bytes sent).
         refusals: ``(peer, reason)`` of each refused request.
     """
@@ -58,13 +62,16 @@ class WeightsServer:
     held: frozenset
     tf: _TensorFile
     prev: Optional[Callable]
+    grant: Optional[Callable[[str], Optional[tuple]]] = None
     stats: dict = field(default_factory=lambda: {"requests": 0, "refused": 0, "bytes": 0})
     refusals: list = field(default_factory=list)
     _tasks: set = field(default_factory=set)
     _packs: dict = field(default_factory=dict)  # tensor name -> packed bytes or None
+    _granted: dict = field(default_factory=dict)  # a granted range -> the tensor names of it held
 
     def _on_message(self, src: str, channel: str, data: bytes) -> None:
-        if channel != CHANNEL or not data or data[0] != _REQ:
+        if channel != CHANNEL or not data or data[0] != _REQ \
+                or (self.grant is not None and self.grant(src) is None):
             _forward(self.prev, src, channel, data)
             return
         t = asyncio.ensure_future(self._answer(src, data))
@@ -79,6 +86,19 @@ class WeightsServer:
         log.info("%s: refused a weights request from %s: %s", getattr(self.transport, "device", "?"), src, why)
         return encode(_REP, {"id": rid, "ok": False, "error": why})
 
+    def _held_for(self, src: str) -> tuple[frozenset, str]:
+        """The tensor names ``src`` may take, and how a refusal words their bound."""
+        if self.grant is None:
+            return self.held, ""
+        g = self.grant(src)
+        if g is None:  # the grant was withdrawn since the request came
+            return frozenset(), f" (nothing is granted to {src})"
+        g = tuple(g)
+        if g not in self._granted:
+            cfg = ModelConfig.load(self.model_dir)
+            self._granted[g] = self.held & frozenset(_weights.range_tensor_names(cfg, *g))
+        return self._granted[g], f" (granted to {src}: layers [{g[0]}, {g[1]}))"
+
     def _reply(self, src: str, data: bytes) -> bytes:
         self.stats["requests"] += 1
         try:
@@ -88,6 +108,7 @@ class WeightsServer:
         rid = req.get("id")
         op = req.get("op")
         try:
+            held, bound = self._held_for(src)
             if op == "manifest":
                 start, end = _req_int(req, "start"), _req_int(req, "end")
                 host = bool(req.get("host", False))
@@ -95,18 +116,18 @@ class WeightsServer:
                 head = bool(req.get("head", host))
                 cfg = ModelConfig.load(self.model_dir)
                 names = _weights.range_tensor_names(cfg, start, end, emb, head)
-                lacking = [n for n in names if n not in self.held]
+                lacking = [n for n in names if n not in held]
                 if lacking:
                     return self._refuse(src, rid, f"does not hold layers [{start}, {end})"
                                         f"{' with embedding' if emb else ''}{' with head' if head else ''}: "
-                                        f"{len(lacking)} tensors missing, e.g. {lacking[0]}")
+                                        f"{len(lacking)} tensors missing, e.g. {lacking[0]}{bound}")
                 m = _manifest_from(self.tf, self.model_dir, start, end, emb, head)
                 return encode(_REP, {"id": rid, "ok": True, "op": "manifest"}, _canonical(m))
             if op == "tensor":
                 name = str(req["name"])
                 off, length = _req_int(req, "offset"), _req_int(req, "length")
-                if name not in self.held:
-                    return self._refuse(src, rid, f"does not hold tensor {name[:100]}")
+                if name not in held:
+                    return self._refuse(src, rid, f"does not hold tensor {name[:100]}{bound}")
                 packed = self._packed(name) if req.get("form") == "packed" else None
                 if packed is not None:  # a slice of the packed form (runtime.weights_codec)
                     if off < 0 or length <= 0 or length > MAX_PART_BYTES or off >= len(packed):
@@ -194,7 +215,8 @@ class WeightsServer:
 
 
 def serve_weights(transport, model_dir: Path | str,
-                  holds: Optional[tuple[int, int, bool, bool]] = None) -> WeightsServer:
+                  holds: Optional[tuple[int, int, bool, bool]] = None,
+                  grant: Optional[Callable[[str], Optional[tuple[int, int, bool, bool]]]] = None) -> WeightsServer:
     """Answer weights requests arriving on ``transport``'s ``weights`` channel.
 
     Serves the tensors of ``model_dir/model.safetensors`` (a full model directory or a
@@ -202,6 +224,11 @@ def serve_weights(transport, model_dir: Path | str,
     with_embedding, with_head)`` (0-based, half-open) when given. Requests for anything
     else are refused with a reason. Messages on other channels, and replies, go to the
     handler installed before this call.
+
+    ``grant``, when given, bounds each peer: ``grant(peer)`` is the range ``(start, end,
+    with_embedding, with_head)`` that peer may take (its requests for anything else are
+    refused), or None for a peer this server leaves to the wrapped handler (its requests
+    pass on). A browser tab's range is served so (runtime.serve.tab_stage.TabRoom).
 
     Returns a :class:`WeightsServer`; ``close()`` stops it. Raises WeightsError when the
     directory cannot be read, ValueError for a ``holds`` outside the model.
@@ -212,7 +239,7 @@ def serve_weights(transport, model_dir: Path | str,
     if holds is not None:
         cfg = ModelConfig.load(mdir)
         held &= set(_weights.range_tensor_names(cfg, *holds))
-    srv = WeightsServer(transport, mdir, frozenset(held), tf, _chain(transport))
+    srv = WeightsServer(transport, mdir, frozenset(held), tf, _chain(transport), grant)
     transport.set_handler(srv._on_message)
     return srv
 

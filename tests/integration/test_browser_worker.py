@@ -5,9 +5,13 @@ SwiftShader WebGPU adapter on http://127.0.0.1 (``--enable-unsafe-webgpu``), ope
 
 The tab speaks the room's wire from JavaScript (static/tab_worker.js): the relay's
 signalling, three negotiated data channels, the framing, hello/plan/heartbeat/bye, and
-residual frames; it takes its range's weights over the host's HTTP, each tensor checked
-against the weights manifest's sha256 in the tab, and runs them with the wgpu backend's
-own WGSL kernels (runtime/serve/tab_stage.py generates them with runtime/backends/wgsl.py).
+residual frames; it takes its range's weights from the host over its weights data channel
+(runtime/weights_share's requests, packed tensors unpacked in the tab), the manifest checked
+against the sha256 the host's bundle gives and each tensor against the manifest, and runs
+them with the wgpu backend's own WGSL kernels (runtime/serve/tab_stage.py generates them
+with runtime/backends/wgsl.py). Over that channel the host refuses the tab a tensor or a
+manifest outside its range; after the room is over, a manifest whose sha256 is not the
+bundle's makes the tab's loading fail with the reason on its screen ("Room over").
 The room's answer is token for token the single-process greedy answer. The device screen
 (product page 001) is checked on both sides: the host's page says "Loading N%" for the tab
 while it loads (its Progress messages), then each device's tokens handled (the prompt's
@@ -91,6 +95,35 @@ window.tabWorker.sendRaw("host", "reply", "a text message");
 return out.length + 1;
 """
 
+
+#: over the tab's weights channel while the room runs: its range's manifest (kept for
+#: PROBE_JS), a tensor and a manifest outside its range (refused: the reasons)
+WEIGHTS_JS = """
+const done = arguments[arguments.length - 1], w = window.tabWorker;
+(async () => {
+  const out = {};
+  window.manifestReply = await w.askWeights({ op: "manifest", start: w.bundle.start, end: w.bundle.end,
+                                              embedding: false, head: false });
+  out.manifest_sha = JSON.parse(new TextDecoder().decode(window.manifestReply[1])).sha256;
+  for (const [k, req] of [["outside", { op: "tensor", name: "model.layers.3.mlp.down_proj.weight", offset: 0, length: 16 }],
+                          ["wider", { op: "manifest", start: 0, end: 30, embedding: false, head: false }]]) {
+    try { await w.askWeights(req); out[k] = "given"; } catch (e) { out[k] = e.message; }
+  }
+  done(out);
+})().catch((e) => done({ error: String(e) }));
+"""
+#: after the room is over: a worker on the page's own screen loads with a bundle whose
+#: manifest sha256 is not the one of the manifest the host sent (WEIGHTS_JS kept it)
+PROBE_JS = """
+const done = arguments[arguments.length - 1], w = window.tabWorker;
+import("/tab_worker.js").then(async (m) => {
+  const v = new m.TabWorker({ ...w.o, show: w.show });
+  v.askWeights = async () => window.manifestReply;
+  try { await v.loadWeights({ ...w.bundle, manifest_sha256: "0".repeat(64) }); } catch (e) { v.fail(e); }
+  done([v.status, document.getElementById("tab-status").innerText,
+        document.querySelector("#tab-screen .detail").innerText]);
+}).catch((e) => done(["import failed", String(e)]));
+"""
 
 #: run before the page's scripts: the Battery Status API says 12 %, not charging, and the
 #: Screen Wake Lock API refuses the lock (as a browser does for a page it does not allow)
@@ -252,6 +285,18 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
                 time.sleep(2.5)  # the page's next snapshot (every 2 s) carries the tab's hop
                 drv.save_screenshot(os.environ["SPLITROOM_SCREENSHOT"])
 
+            # the weights channel: the range's manifest is the one the bundle pins; the host
+            # refuses the tab anything outside its range
+            with urllib.request.urlopen(api + f"/tab/bundle.json?layers={TAB_LAYERS[0] + 1}-{TAB_LAYERS[1]}"
+                                        "&device=tab", timeout=30) as r:
+                pinned = json.loads(r.read())["manifest_sha256"]
+            got = drv.execute_async_script(WEIGHTS_JS)
+            assert got == {"manifest_sha": pinned,
+                           "outside": "host refused a weights request: does not hold tensor "
+                                      "model.layers.3.mlp.down_proj.weight (granted to tab: layers [25, 30))",
+                           "wider": got.get("wider")} and got["wider"].startswith(
+                "host refused a weights request: does not hold layers [0, 30): "), got
+
             sent = drv.execute_script(GARBAGE_JS)
             assert sent > 50
             time.sleep(1.0)
@@ -307,6 +352,10 @@ def test_a_tab_joins_the_room_holds_layers_26_30_and_answers_like_one_process(gr
                 time.sleep(0.2)
             st = _tab(drv)
             assert st["status"] == "Room over" and "the host is done" in " ".join(st["log"]), st
+            shown = drv.execute_async_script(PROBE_JS)
+            reason = (f"weights manifest sha256 {pinned[:12]}... is not the {'0' * 12}... the host's bundle "
+                      "gives: these weights are not loaded")
+            assert shown == ["Room over", "Room over", reason], shown
     finally:
         drv.quit()
         for f in logs:

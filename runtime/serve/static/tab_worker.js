@@ -17,11 +17,13 @@
 //   payload [tokens, hidden]); a frame runs the tab's layers (TabStage, static/tab_stage.js)
 //   and goes on to the next stage, or back to the model host as a RESULT when it returns.
 //
-// Weights: over the room's HTTP (/tab/weights.bin?layers=A-B, packed float32 as
-// runtime/serve/tab_stage.py lays them out), each part checked in the tab with SHA-256
-// (WebCrypto) against the range's weights manifest (/tab/manifest.json, whose own sha256
-// the tab recomputes over its canonical JSON) before a byte reaches the GPU. The RoPE
-// table in the same download is the host's, not in the manifest.
+// Weights: over the tab's "weights" data channel from the model host, in the protocol of
+// runtime/weights_share (its module doc is where that protocol is written down; this file
+// speaks it: 'Q' requests, 'R' replies with a JSON header, op manifest then tensor slices of
+// at most 1 MiB in the packed form of runtime/weights_codec.py, unpacked here). The
+// manifest's sha256 must be the one the host's bundle gives (/tab/bundle.json, not the
+// channel), and each tensor's bytes, unpacked, must match the manifest's sha256 (WebCrypto)
+// before any byte reaches the GPU. The RoPE table comes in the bundle.
 //
 // Host gone (runtime/node.py's await_host): when nothing has come from the model host for
 // HOST_SILENT_S, or its connection failed, the tab says "Host reconnecting", keeps its
@@ -48,6 +50,7 @@ const RATE_WINDOW_S = 10;  // a device's tok/s, as runtime/serve/page.py counts 
 // wire message from it (it sends a heartbeat every 0.25 s); a host heard again on the same
 // connection is back
 const HOST_SILENT_S = 3;
+const WEIGHTS_WAIT_MS = 30000;  // for each weights reply (peers.py fetch_range's timeout_s)
 const HOST_WAIT_S = 60;  // a room that does not say its host_wait_s (runtime/control.py's HOST_WAIT_S)
 const clockS = () => performance.now() / 1000;  // this tab's monotonic stamp clock, seconds
 
@@ -169,47 +172,158 @@ function canonical(v) {
   return JSON.stringify(v);
 }
 
-async function tabGet(what, layers) {
-  const r = await fetch(`/tab/${what}?layers=${encodeURIComponent(layers)}`);
+async function tabGet(what, layers, device) {
+  const r = await fetch(`/tab/${what}?layers=${encodeURIComponent(layers)}&device=${encodeURIComponent(device)}`);
   if (!r.ok) throw new Error(`${what}: HTTP ${r.status}: ${(await r.json().catch(() => ({}))).error || r.statusText}`);
   return r;
 }
 
-// The weights of `bundle`'s range, each part's SHA-256 checked against the manifest.
-async function fetchChecked(layers, bundle, progress) {
+// The weights channel's messages (runtime/weights_share/wire.py): kind u8 ('Q' request,
+// 'R' reply) | header_len u32 LE | header JSON | payload.
+export const WEIGHTS_Q = 0x51, WEIGHTS_R = 0x52;
+export const PART_BYTES = 1 << 20;  // a slice asked at a time (peers.py PART_BYTES)
+const WINDOW = 4;  // tensors in flight at once (peers.py WINDOW)
+export function encodeWeights(kind, header, payload = new Uint8Array(0)) {
+  const h = new TextEncoder().encode(JSON.stringify(header));
+  const u8 = new Uint8Array(5 + h.length + payload.length);
+  u8[0] = kind;
+  new DataView(u8.buffer).setUint32(1, h.length, true);
+  u8.set(h, 5);
+  u8.set(payload, 5 + h.length);
+  return u8;
+}
+// -> {kind, header, payload}; throws an Error when malformed
+export function decodeWeights(u8) {
+  if (u8.length < 5) throw new Error("weights message shorter than its header");
+  const n = new DataView(u8.buffer, u8.byteOffset, u8.byteLength).getUint32(1, true);
+  if ((u8[0] !== WEIGHTS_Q && u8[0] !== WEIGHTS_R) || 5 + n > u8.length) throw new Error("bad kind or header length");
+  let header;
+  try { header = JSON.parse(new TextDecoder().decode(u8.subarray(5, 5 + n))); } catch { throw new Error("header is not JSON"); }
+  if (!header || typeof header !== "object" || Array.isArray(header)) throw new Error("header is not a JSON object");
+  return { kind: u8[0], header, payload: u8.subarray(5 + n) };
+}
+
+// The float32 bytes (Uint8Array, 4 * nValues) of a tensor in runtime/weights_codec.py's
+// packed form: magic "SRA4" | u32 version 1 | u64 n_values | u64 n_blocks | u64 n_raw |
+// raw-block bitmap | d f32[packed] | m f32[packed] | codes, 2 a byte, low nibble first |
+// raw blocks f32[n_raw * 32] | tail f32. A packed value is float32(d * q) + m rounded to
+// float32, as numpy computes it (each step rounded once: a double holds d * q exactly and
+// the sum's rounding to float32 through a double is the float32 sum's). Throws an Error
+// when malformed; the caller checks the result's sha256.
+export function unpackWeights(u8, nValues) {
+  const B = 32, HEAD = 32;
+  if (u8.length < HEAD) throw new Error("shorter than a packed header");
+  const dv = new DataView(u8.buffer, u8.byteOffset, u8.byteLength);
+  if (u8[0] !== 0x53 || u8[1] !== 0x52 || u8[2] !== 0x41 || u8[3] !== 0x34 || dv.getUint32(4, true) !== 1) {
+    throw new Error("not a packed tensor (magic or version)");
+  }
+  const n = Number(dv.getBigUint64(8, true)), nb = Number(dv.getBigUint64(16, true)), nRaw = Number(dv.getBigUint64(24, true));
+  if (n !== nValues || nb !== Math.floor(n / B) || nRaw > nb) throw new Error(`header says ${n} values in ${nb} blocks (${nRaw} raw); expected ${nValues}`);
+  const np = nb - nRaw, bitmapLen = Math.ceil(nb / 8);
+  const want = HEAD + bitmapLen + np * (8 + B / 2) + nRaw * B * 4 + (n - nb * B) * 4;
+  if (u8.length !== want) throw new Error(`${u8.length} bytes where the header implies ${want}`);
+  const out = new Float32Array(n), outB = new Uint8Array(out.buffer);
+  let oD = HEAD + bitmapLen, oM = oD + 4 * np, oQ = oM + 4 * np, oR = oQ + np * B / 2, raws = 0;
+  for (let i = 0; i < nb; i++) {
+    const base = i * B;
+    if ((u8[HEAD + (i >> 3)] >> (i & 7)) & 1) {
+      outB.set(u8.subarray(oR, oR + B * 4), base * 4);
+      oR += B * 4;
+      raws++;
+      continue;
+    }
+    const d = dv.getFloat32(oD, true), m = dv.getFloat32(oM, true);
+    oD += 4; oM += 4;
+    for (let j = 0; j < B / 2; j++) {
+      const c = u8[oQ + j];
+      out[base + 2 * j] = Math.fround(d * (c & 15)) + m;
+      out[base + 2 * j + 1] = Math.fround(d * (c >> 4)) + m;
+    }
+    oQ += B / 2;
+  }
+  if (raws !== nRaw) throw new Error("the raw-block bitmap does not match its count");
+  outB.set(u8.subarray(oR, oR + (n - nb * B) * 4), nb * B * 4);
+  return outB;
+}
+
+// The weights of `bundle`'s range over the weights channel, in the buffer layout the bundle
+// gives (its tensors, then the RoPE table it carries): the manifest asked for with
+// ask({op: "manifest", ...}) -> [header, payload], its sha256 checked against
+// bundle.manifest_sha256, then each tensor in slices, packed where the host has that form,
+// its sha256 checked. progress(fraction of the tensors' stored bytes). Throws an Error
+// naming what failed; nothing is returned unchecked.
+export async function fetchRange(ask, bundle, progress = () => {}) {
   if (!crypto.subtle) throw new Error("no WebCrypto here (a page on http:// other than 127.0.0.1 or localhost is not a secure context)");
-  const get = (what) => tabGet(what, layers);
-  const manifest = await (await get("manifest.json")).json();
+  const want = bundle.manifest_sha256;
+  if (typeof want !== "string" || !/^[0-9a-f]{64}$/.test(want)) throw new Error("the bundle gives no manifest sha256 to check the weights against");
+  const [, mbytes] = await ask({ op: "manifest", start: bundle.start, end: bundle.end, embedding: false, head: false });
+  let manifest;
+  try { manifest = JSON.parse(new TextDecoder().decode(mbytes)); } catch { throw new Error("the weights manifest from the host is not JSON"); }
+  if (!manifest || typeof manifest.tensors !== "object") throw new Error("the weights manifest from the host is malformed");
   const body = Object.fromEntries(Object.entries(manifest).filter(([k]) => k !== "sha256"));
   const msha = hex(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(canonical(body))));
   if (msha !== manifest.sha256) throw new Error("the weights manifest does not match its own sha256");
+  if (msha !== want) throw new Error(`weights manifest sha256 ${msha.slice(0, 12)}... is not the ${want.slice(0, 12)}... the host's bundle gives: these weights are not loaded`);
   if (manifest.start !== bundle.start || manifest.end !== bundle.end) throw new Error("the manifest is of another range");
-  const r = await get("weights.bin");
-  const total = Number(r.headers.get("Content-Length")) || bundle.bytes;
-  if (total !== bundle.bytes) throw new Error(`weights of ${total} bytes, the bundle says ${bundle.bytes}`);
-  const buf = new Uint8Array(total);
-  const reader = r.body.getReader();
-  let got = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    if (got + value.length > total) throw new Error("more weight bytes than announced");
-    buf.set(value, got);
-    got += value.length;
-    progress(got / total);
-  }
-  if (got !== total) throw new Error(`weights: ${got} of ${total} bytes arrived`);
+  const buf = new Uint8Array(bundle.bytes), jobs = [];
   for (const t of bundle.tensors) {
     let off = t.offset;
     for (const name of t.parts) {
       const m = manifest.tensors[name];
-      if (!m || m.dtype !== "F32") throw new Error(`${name}: not a float32 tensor of the manifest`);
-      const sha = hex(await crypto.subtle.digest("SHA-256", buf.subarray(off, off + m.nbytes)));
-      if (sha !== m.sha256) throw new Error(`${name}: its bytes do not match the manifest's sha256`);
+      if (!m || m.dtype !== "F32" || !Number.isInteger(m.nbytes)) throw new Error(`${name}: not a float32 tensor of the manifest`);
+      jobs.push([name, m, off]);
       off += m.nbytes;
     }
     if (off !== t.offset + t.shape.reduce((a, c) => a * c, 1) * 4) throw new Error(`${t.name} of layer ${t.layer}: parts do not fill it`);
   }
+  const rope = Uint8Array.from(atob(bundle.rope.b64), (c) => c.charCodeAt(0));
+  if (rope.length !== bundle.rope.shape[0] * bundle.rope.shape[1] * 4) throw new Error("the bundle's RoPE table has the wrong size");
+  buf.set(rope, bundle.rope.offset);
+  const total = jobs.reduce((n, [, m]) => n + m.nbytes, 0);
+  let got = 0;
+  const one = async ([name, m, off]) => {
+    const ask1 = async (offset, length, form) => {
+      const req = { op: "tensor", name, offset, length };
+      const [h, p] = await ask(form === "raw" ? req : { ...req, form: "packed" });
+      if (h.name !== name || h.offset !== offset || (form && h.form !== form)) throw new Error(`${name}: wrong slice in the host's reply`);
+      return [h, p];
+    };
+    const [h, p0] = await ask1(0, Math.min(PART_BYTES, m.nbytes), null);
+    const form = h.form, size = h.total;
+    if (!["raw", "packed"].includes(form) || !Number.isInteger(size) || size <= 0 || size > m.nbytes
+        || (form === "raw" && size !== m.nbytes) || p0.length !== Math.min(PART_BYTES, size)) {
+      throw new Error(`${name}: wrong slice in the host's reply`);
+    }
+    const wire = new Uint8Array(size);
+    const take = (p, offset) => {
+      if (offset + p.length > size) throw new Error(`${name}: more bytes than the host announced`);
+      wire.set(p, offset);
+      got += p.length * m.nbytes / size;  // progress in stored bytes
+      progress(got / total);
+    };
+    take(p0, 0);
+    for (let o = PART_BYTES; o < size; o += PART_BYTES) {
+      const [, p] = await ask1(o, Math.min(PART_BYTES, size - o), form);
+      if (p.length !== Math.min(PART_BYTES, size - o)) throw new Error(`${name}: wrong slice in the host's reply`);
+      take(p, o);
+    }
+    let raw = wire;
+    if (form === "packed") {
+      try { raw = unpackWeights(wire, m.nbytes / 4); } catch (e) { throw new Error(`${name}: malformed packed form: ${e.message}`); }
+    }
+    if (hex(await crypto.subtle.digest("SHA-256", raw)) !== m.sha256) throw new Error(`${name}: its bytes do not match the manifest's sha256`);
+    buf.set(raw, off);
+  };
+  const queue = jobs.slice();
+  let failed = false;
+  await Promise.all(Array.from({ length: WINDOW }, async () => {
+    try {
+      while (queue.length && !failed) await one(queue.shift());
+    } catch (e) {
+      failed = true;  // the others ask nothing more
+      throw e;
+    }
+  }));
   return buf.buffer;
 }
 
@@ -254,6 +368,8 @@ export class TabWorker {
     this.stampsIn = []; this.stampsOut = [];  // [lap, peer, t] for the host's hop times
     this.passTimes = [];  // [t, positions] of the latest passes (tok/s)
     this.told = -1;  // the last percent told the host
+    this.weightsId = 0;
+    this.weightsWaiting = new Map();  // request id -> (error, [header, payload]) => void
   }
 
   // this tab's tok/s: the positions of its passes of the last RATE_WINDOW_S, the first left out, over their span
@@ -293,19 +409,13 @@ export class TabWorker {
     const o = this.o;
     if (!/^[A-Za-z0-9_.-]{1,64}$/.test(o.device)) throw new Error(`device id ${JSON.stringify(o.device)}: 1-64 letters, digits, . _ -`);
     this.say("Standing by", `joining room ${o.room} as ${o.device}`);
-    const bundle = await (await tabGet("bundle.json", o.layers)).json();  // the host checks the range
+    const bundle = await (await tabGet("bundle.json", o.layers, o.device)).json();  // the host checks the range
     this.range = [bundle.start, bundle.end];
     this.shown = `${bundle.start + 1}-${bundle.end}`;
     await this.connect();
     this.beat = setInterval(() => this.heartbeats(), HEARTBEAT_MS);
     this.broadcast({ type: "hello", device: o.device, host: false, layers: this.range, lends: 0 });
-    this.say("Loading 0%", `layers ${this.shown}`);
-    this.progress(0);
-    const weights = await fetchChecked(o.layers, bundle, (f) => {  // 100% only once the GPU holds them
-      const percent = Math.min(99, Math.floor(f * 100));
-      this.say(`Loading ${percent}%`, `layers ${this.shown}`);
-      this.progress(percent);
-    });
+    const weights = await this.loadWeights(bundle);
     this.stage = await TabStage.create(bundle, weights);
     this.progress(100);
     this.bundle = bundle;
@@ -314,6 +424,23 @@ export class TabWorker {
     this.loaded = true;
     this.serving();
     for (const [src, u8] of this.waiting.splice(0)) this.onResidual(src, u8);
+  }
+
+  // The weights of the bundle's range from the model host (fetchRange over the weights
+  // channel), "Loading N%" on the screen and to the host as they arrive (99% at most: 100%
+  // once the GPU holds them). Throws fetchRange's Error when a check fails.
+  async loadWeights(bundle) {
+    const shown = `${bundle.start + 1}-${bundle.end}`;
+    let last = -1;
+    this.say("Loading 0%", `layers ${shown} from ${this.o.host}`);
+    this.progress(0);
+    return fetchRange((req) => this.askWeights(req), bundle, (f) => {
+      const percent = Math.min(99, Math.floor(f * 100));
+      if (percent === last) return;
+      last = percent;
+      this.say(`Loading ${percent}%`, `layers ${shown} from ${this.o.host}`);
+      this.progress(percent);
+    });
   }
 
   serving() {
@@ -434,9 +561,32 @@ export class TabWorker {
     }
     if (msg === null) return;
     if (channel === "reply") this.onControl(src, msg);
+    else if (channel === "weights") this.onWeights(src, msg);
     else if (channel === "residual") {
       if (!this.loaded) this.waiting.push([src, msg]); else this.onResidual(src, msg);
     }
+  }
+
+  // One weights request to the model host -> [reply header, payload]; rejects with the
+  // host's reason when it refuses, or when no reply comes within `ms`.
+  askWeights(req, ms = WEIGHTS_WAIT_MS) {
+    const h = this.o.host, id = ++this.weightsId;
+    return new Promise((ok, no) => {
+      const timer = setTimeout(() => { this.weightsWaiting.delete(id); no(new Error(`${h} did not answer a weights ${req.op} request within ${ms / 1000} s`)); }, ms);
+      this.weightsWaiting.set(id, (err, r) => { clearTimeout(timer); if (err) no(err); else ok(r); });
+      this.send(h, "weights", encodeWeights(WEIGHTS_Q, { ...req, id }));
+    });
+  }
+
+  onWeights(src, u8) {
+    let m;
+    try { m = decodeWeights(u8); } catch (e) { this.note(`a weights message from ${src} dropped: ${e.message}`); return; }
+    if (m.kind !== WEIGHTS_R) { this.note(`a weights request from ${src} ignored: a tab serves no weights`); return; }
+    const done = src === this.o.host ? this.weightsWaiting.get(m.header.id) : undefined;
+    if (!done) { this.note(`a weights reply from ${src} ignored: no request of id ${String(m.header.id).slice(0, 20)} waits`); return; }
+    this.weightsWaiting.delete(m.header.id);
+    if (m.header.ok === true) done(null, [m.header, m.payload]);
+    else done(new Error(`${src} refused a weights request: ${String(m.header.error).slice(0, 300)}`));
   }
 
   onControl(src, bytes) {
