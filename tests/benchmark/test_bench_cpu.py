@@ -3,6 +3,7 @@
 Run: ``make bench`` or ``.venv/bin/python -m pytest tests/benchmark/test_bench_cpu.py --benchmark-enable``.
 Without ``--benchmark-enable`` each body runs once, untimed, as a smoke test (and the
 limit's matrix is small). ``extra_info`` carries the ratios; docs/benchmarks.md records a run.
+``make test`` leaves this file out (speed only: tests/benchmark/conftest.py).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 Run: ``.venv/bin/python -m pytest tests/benchmark/test_bench_model.py --benchmark-enable``.
 Without ``--benchmark-enable`` (the default addopts) each body runs once, as a smoke test.
 ``extra_info`` carries the derived numbers (tok/s, ms/layer); docs/benchmarks.md records them.
+``make test`` leaves this file out (speed only: tests/benchmark/conftest.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ against sampling (temperature, top-k, top-p). Logits are random normal x 3, flat
 a language model's, so top-p's nucleus is wide: a pessimistic case.
 
 Run: ``.venv/bin/python -m pytest tests/benchmark/test_bench_sampling.py --benchmark-enable``;
-docs/benchmarks.md records the figures.
+docs/benchmarks.md records the figures. ``make test`` leaves this file out (speed only:
+tests/benchmark/conftest.py).
 """
 
 from __future__ import annotations
