@@ -13,6 +13,16 @@ tests instead of a full property run, and two runs judge a mutant alike. A test'
 ``@settings(max_examples=N)`` wins over a hypothesis profile, so the cap is applied to
 each collected test's settings (hypothesis keeps them on the test function).
 
+One BLAS thread: pytest computes too (rooms of nodes in this one process, each node with
+a compute thread; references; tiny models doing thousands of small products), so it asks
+its BLAS for one thread as every device process does (runtime.threads, set before numpy
+loads; a count already in the environment is kept). A pool of two threads on two cores
+waits for its second thread whenever another thread or process holds a core: with one
+other busy process here, test_sampled_room's chi-square test took 36.7 s instead of
+8.7 s, and 9.9 s with one BLAS thread; a fresh clone lost 2.5 minutes so on that one test
+(162 s). On a quiet machine one thread costs a little: test_local_room, test_room_nodes,
+test_sampled_room and test_drafters took 127.7 s against 123.4 s with two (2026-12-02).
+
 Memory: a room a test built is often a reference cycle (tests.local_room.LocalRoom and
 its Driver point at each other; so do nodes and their transports), so its stages'
 weights (about 540 MB for the whole float32 SmolLM2) stay until Python's cyclic
@@ -25,11 +35,15 @@ collection, :func:`gc.collect` frees such rooms; reading the size is one small r
 
 from __future__ import annotations
 
-import gc
-import os
+from runtime.threads import pin_one_blas_thread
 
-import pytest
-from hypothesis import settings as _hsettings
+pin_one_blas_thread()  # before anything imports numpy (module doc)
+
+import gc  # noqa: E402
+import os  # noqa: E402
+
+import pytest  # noqa: E402
+from hypothesis import settings as _hsettings  # noqa: E402
 
 
 def mutation_run() -> bool:
