@@ -12,7 +12,8 @@ Everything a prediction needs, measured without running any scenario's workload:
   (:func:`measure_head`);
 * each drafter (:func:`measure_drafters`): a greedy speculative walk over a small
   calibration prompt set (:data:`CALIBRATION_PROMPTS`, not any scenario's prompts):
-  at each step the drafter proposes ``k`` tokens after the answer so far, the number
+  from the answer's second token on (the first is the prefill's, as in a room), at
+  each step the drafter proposes ``k`` tokens after the answer so far, the number
   that match the model's own greedy answer is recorded, and the walk moves on by that
   many plus one, as a verify lap does; each call is timed; the walk is made once per
   workload kind (chat: :data:`CALIBRATION_PROMPTS`; grounded, copying a given passage:
@@ -241,7 +242,10 @@ def measure_drafters(model_dir: str, answers: Sequence[tuple[list[int], list[int
                      kinds: Sequence[str] = RUNTIME_DRAFTERS, ks: Sequence[int] = DRAFT_KS,
                      log: Log = lambda s: None) -> dict[str, DrafterProfile]:
     """Each drafter's seconds per call (by k) and accepted lengths (by k) over the
-    greedy ``answers`` (see :func:`speculative_walk`)."""
+    greedy ``answers`` (see :func:`speculative_walk`), each walked from its second token:
+    the first comes from the prefill's head in a room, so no lap drafts it (walking it
+    too counted a lap, the one drafted from the prompt alone and seldom right, that no
+    room runs: on short copied answers it took a fifth of the laps)."""
     from runtime.drafters import make_drafter
     out = {}
     for kind in kinds:
@@ -253,7 +257,9 @@ def measure_drafters(model_dir: str, answers: Sequence[tuple[list[int], list[int
             per: list[tuple[int, ...]] = []
             secs: list[float] = []
             for prompt, answer in answers:
-                a, s = speculative_walk(drafter, prompt, answer, k)
+                # a room's first answer token comes from the prefill's head, not from a lap:
+                # the walk begins after it, that token in the context (as the first verify lap)
+                a, s = speculative_walk(drafter, list(prompt) + list(answer[:1]), answer[1:], k)
                 per.append(tuple(a))
                 secs += s
             walks[k] = tuple(per)

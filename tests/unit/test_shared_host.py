@@ -254,3 +254,22 @@ def test_on_one_host_gives_a_layer_drafter_the_per_pass_excess_once_a_drafted_to
     assert three.drafters["ngram"].call_s == call and "model drafter's too" in line
     two, line = prof.on_one_host(2)  # two processes: no per-pass excess measured (0 s)
     assert two.drafters["model"].draft_s(4) == pytest.approx(0.300) and prof.drafters["model"].call_s == call
+
+
+def test_a_walk_begins_after_the_first_answer_token_which_the_prefill_gives():
+    """Prompt lookup on a hand-built answer that copies the prompt's tail. The room's
+    first answer token (11) comes from the prefill, so the first lap drafts after
+    prompt + [11]: the suffix [11] occurs at index 1 of the prompt, the drafts are
+    12 13 14 15, all right against the rest of the answer, and the lap's own token
+    (99) ends it: one lap, 4 accepted. Walking from the first token as well would add
+    a lap drafted from the prompt alone (15 15 15 15 against 11: 0 accepted) that no
+    room runs."""
+    import runtime.calibrate as rc
+    prompt, answer = [10, 11, 12, 13, 14, 15], [11, 12, 13, 14, 15, 99]
+    out = rc.measure_drafters("unused", [(prompt, answer)], kinds=("ngram",), ks=(1, 4))
+    assert out["ngram"].accepted[4] == (4,)
+    # k=1: lap 1 drafts 12 (right; the lap's own token 13), lap 2 drafts 14 after the
+    # suffix 11 12 13 (right; its token 15), lap 3 drafts 11 (what follows 13 14 15 in
+    # the prompt) against 99 (wrong): 1, 1, 0
+    assert out["ngram"].accepted[1] == (1, 1, 0)
+    assert out["ngram"].walks["chat"][4] == ((4,),)
