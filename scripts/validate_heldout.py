@@ -245,7 +245,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="real runs per configuration (median and spread)")
     ap.add_argument("--small", action="store_true", help="quick profile and two configurations (CI)")
     ap.add_argument("--only", help="run only the configurations whose name contains one of these texts "
-                    "(comma-separated; with --resume, run in the order of the texts)")
+                    "(comma-separated, or ';'-separated when a text holds a comma; with --resume, run in the order of "
+                    "the texts)")
     ap.add_argument("--markdown", help="also write the table as Markdown here")
     ap.add_argument("--table", help="only print the table of a finished run's JSON (its --out)")
     ap.add_argument("--predict-only", action="store_true", help="write the predictions to --out and stop")
@@ -274,7 +275,8 @@ def main() -> int:
     from splitroom.scenario import load
     from runtime.weights import ensure_safetensors
 
-    only = [x.strip() for x in (a.only or "").split(",") if x.strip()]
+    # names hold commas: with a ';' in --only, the texts are ';'-separated
+    only = [x.strip() for x in (a.only or "").split(";" if ";" in (a.only or "") else ",") if x.strip()]
     if a.resume:
         if not a.profile:
             print("error: --resume needs --profile (the profile its predictions came from)", file=sys.stderr)
