@@ -136,8 +136,40 @@ def _replica(seed: int, picks: list[int] | None, factor: float = 1.0) -> tuple[b
 
 
 def _use(scn: Scenario, deal: Deal) -> None:
+    """A worker process's start: the job, and SIGTERM and SIGINT back to their defaults, so
+    that :meth:`PendingRange.close` (the pool's SIGTERM) ends it even when the process it
+    was forked from had a Python handler for them (a room's stop_on_signals, a server): a
+    Python handler runs between bytecodes, and a worker waiting for a task never gets there."""
     global _JOB
+    _reset_signals()
     _JOB = (scn, deal)
+
+
+def _reset_signals() -> None:
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _fork_pool(jobs: int, scn: Scenario, deal: Deal):
+    """A fork Pool of ``jobs`` workers whose SIGTERM is the default action from the fork
+    on (see :func:`_use`): where this is the main thread the handlers are set to the
+    default around the fork and put back, so no SIGTERM between the fork and the
+    initializer is caught either."""
+    import multiprocessing
+    import signal
+    import threading
+    ctx = multiprocessing.get_context("fork")
+    if threading.current_thread() is not threading.main_thread():
+        return ctx.Pool(jobs, initializer=_use, initargs=(scn, deal))
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _reset_signals()
+        # fork: the workers inherit the scenario (set before they start) instead of pickling it
+        return ctx.Pool(jobs, initializer=_use, initargs=(scn, deal))
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def default_jobs() -> int:
@@ -184,9 +216,7 @@ class PendingRange:
             args = [a + (f,) for a, f in zip(args, compute_factors(noise, n, nrng))]
         jobs = min(jobs, n)
         if jobs > 1:
-            import multiprocessing
-            # fork: the workers inherit the scenario (set before they start) instead of pickling it
-            self._pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_use, initargs=(scn, deal))
+            self._pool = _fork_pool(jobs, scn, deal)
             self._runs = [self._pool.apply_async(_replica, a) for a in args]
         else:
             self._runs = args

@@ -43,6 +43,38 @@ def test_a_range_closed_before_its_result_ends_its_workers():
     assert not multiprocessing.active_children()
 
 
+def test_a_range_closed_ends_its_workers_though_this_process_catches_sigterm():
+    """A process with a Python SIGTERM handler (a room's stop_on_signals, a server) forks
+    the workers: close's SIGTERM still ends them, and the handler here is kept. (Before:
+    the workers inherited the handler, caught the pool's SIGTERM, and close waited for ever;
+    here the close runs in a thread so that such a hang fails the test instead.)"""
+    import signal
+    import threading
+    caught = []
+
+    def handler(signum, frame):
+        caught.append(signum)
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        scn = _room("workload.answer_tokens=2000")
+        pending = start_range(scn, deal_for(scn), 6, jobs=2)
+        assert signal.getsignal(signal.SIGTERM) is handler
+        workers = multiprocessing.active_children()
+        assert len(workers) == 2
+        closer = threading.Thread(target=pending.close, daemon=True)
+        closer.start()
+        closer.join(60)
+        hung = closer.is_alive()
+        for p in workers:  # never leave a worker behind, whatever happened
+            if p.is_alive():
+                p.kill()
+        assert not hung, "close() did not end the workers"
+        assert not multiprocessing.active_children()
+        assert caught == []
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_a_range_with_nothing_to_vary_starts_no_process():
     scn = _room("network.jitter={distribution: none}")
     point = {"tokens_per_s": 3.0, "ttft_s": 0.5}
