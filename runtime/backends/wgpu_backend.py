@@ -168,7 +168,8 @@ def adapter_summary() -> str:
 
 def format_counts(text: str, var: str, every) -> dict[str, int]:
     """A ``FORMAT:N[,FORMAT:N]`` or ``N`` setting (environment variable ``var``) as ``{format: N}``;
-    a bare ``N`` applies to every format in ``every``. Raises ValueError (naming ``var``) on other text."""
+    a bare ``N`` applies to every format in ``every``. Raises ValueError (naming ``var``) on other text
+    or a negative ``N``."""
     out: dict[str, int] = {}
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -179,6 +180,8 @@ def format_counts(text: str, var: str, every) -> dict[str, int]:
                 out.update({f: int(part) for f in every})
     except ValueError:
         raise ValueError(f"{var}={text!r}: expected FORMAT:N[,FORMAT:N] or N") from None
+    if any(n < 0 for n in out.values()):
+        raise ValueError(f"{var}={text!r}: a count cannot be negative")
     return out
 
 

@@ -189,6 +189,11 @@ def test_wide_settings_parse_and_refuse():
     assert of["q4_k"] == 8 and of["f16"] == 0 and of[(("q4_k", 64), ("q6_k", 64))] == 0
     with pytest.raises(ValueError, match="SPLITROOM_WGPU_WIDE"):
         wgpu_backend.wide_settings("q4_k:many")
+    for parse, var in ((wgpu_backend.wide_settings, "SPLITROOM_WGPU_WIDE"),
+                       (wgpu_backend.words_settings, "SPLITROOM_WGPU_WORDS"),
+                       (wgpu_backend.rows_settings, "SPLITROOM_WGPU_RS")):
+        with pytest.raises(ValueError, match=f"{var}.*negative"):
+            parse("q4_k:-1")
     assert wgpu_backend.words_settings("4") == {"q4_k": 4}
     assert wgpu_backend.rows_settings("f16:2, q4_k:4") == {"f16": 2, "q4_k": 4}
     assert wgpu_backend.rows_settings("2")["q6_k"] == 2 and wgpu_backend.RowsOf({})[("q4_k", 8)] == 1
