@@ -78,13 +78,15 @@ from typing import Any, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from .signalling import (BAD_PROOF, DEVICE_ID_RE, NONCE_SHAPE, AskNonce, Forwarded, IceServers, Nonce, Peers,
+                         RelayHello, RelayMessage, SignalError, encode, parse_client)
+
 log = logging.getLogger("splitroom.relay")
 
 #: Largest message accepted from a client, bytes (text frame payload).
 MAX_MESSAGE_BYTES = 64 * 1024
 #: Longest device or room id, characters.
 MAX_ID_CHARS = 64
-_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: The largest SDP forwarded, characters, and its most lines and candidates: a data
 #: channel offer from aiortc or a browser is 1-3 KB, some 20 lines, a few candidates.
 MAX_SDP_CHARS = 16 * 1024
@@ -231,7 +233,7 @@ def relay_hello(key: str, room: str, device: str, nonce: str) -> dict:
     ``nonce``: its ``room_tag`` and the Ed25519 signature (128 hex) of the room, the
     device id and the nonce."""
     sig = _signing_key(key, room).sign(_signed(room, device, nonce)).hex()
-    return {"type": "hello", "device": device, "room_tag": room_tag(key, room), "proof": sig}
+    return RelayHello(device, room_tag(key, room), sig).wire()
 
 
 def check_relay_hello(room: str, device: str, nonce: str, tag: str, proof: str) -> bool:
@@ -245,10 +247,6 @@ def check_relay_hello(room: str, device: str, nonce: str, tag: str, proof: str) 
     except (InvalidSignature, ValueError):
         return False
     return True
-
-
-_TAG_RE = re.compile(r"^[0-9a-f]{64}$")
-_PROOF_RE = re.compile(r"^[0-9a-f]{128}$")
 
 
 @dataclass
@@ -347,16 +345,16 @@ class Relay:
         self._keep(self.audit, {"t": time.time(), "room": room, "direction": direction, "device": device,
                                 "message": message})
 
-    async def _send(self, room: str, client: _Client, message: dict) -> None:
-        self._record(room, "out", client.device, message)
+    async def _send(self, room: str, client: _Client, message: RelayMessage) -> None:
+        self._record(room, "out", client.device, message.wire())
         try:
-            await client.ws.send_str(json.dumps(message))
+            await client.ws.send_str(encode(message))
         except (ConnectionError, RuntimeError) as e:  # client went away meanwhile
             self._log(logging.INFO, "relay: room %s: could not send to %s: %s", room, client.device, e)
 
     async def _announce(self, room: str) -> None:
         clients = self.rooms.get(room, {})
-        msg = {"type": "peers", "devices": sorted(clients)}
+        msg = Peers(tuple(sorted(clients)))
         for c in list(clients.values()):
             await self._send(room, c, msg)
 
@@ -384,7 +382,7 @@ class Relay:
         room = request.match_info["room"]
         ws = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, heartbeat=None, autoping=True)
         await ws.prepare(request)
-        if not _ID_RE.match(room):
+        if not DEVICE_ID_RE.match(room):  # a room id is written as a device id
             await self._reject(ws, room[:64], None, RelayReject("bad room id"))
             return ws
         me: _Client | None = None
@@ -416,29 +414,26 @@ class Relay:
                 if not isinstance(obj, dict):
                     raise RelayReject("message is not a JSON object")
                 kind = obj.get("type")
-                if kind == "nonce":
-                    if me is not None or set(obj) != {"type"}:
-                        raise RelayReject("a nonce is asked for once, before hello, as {type}")
+                if kind == "nonce" and me is not None:  # the socket's state first, then the shape
+                    raise RelayReject(NONCE_SHAPE)
+                if kind == "hello" and me is not None:
+                    raise RelayReject("second hello")
+                if kind == "signal" and me is None:
+                    raise RelayReject("signal before hello")
+                try:
+                    said = parse_client(obj)
+                except SignalError as e:
+                    raise RelayReject(e.reason) from None
+                if isinstance(said, AskNonce):
                     nonce = nonce or secrets.token_hex(16)
-                    await ws.send_str(json.dumps({"type": "nonce", "nonce": nonce}))
-                elif kind == "hello":
-                    if me is not None:
-                        raise RelayReject("second hello")
-                    device = obj.get("device")
-                    fields = set(obj) - {"ice"}
-                    keyed = fields == {"type", "device", "room_tag", "proof"}
-                    if not (keyed or fields == {"type", "device"}) or not isinstance(device, str) \
-                            or not _ID_RE.match(device):
-                        raise RelayReject("hello must be {type, device[, ice][, room_tag, proof]} with a device id "
-                                          "of [A-Za-z0-9_.:-]{1,64}")
-                    if keyed:
-                        tag, proof = obj["room_tag"], obj["proof"]
-                        if nonce is None or not isinstance(tag, str) or not isinstance(proof, str) \
-                                or not _TAG_RE.match(tag) or not _PROOF_RE.match(proof) \
-                                or not check_relay_hello(name, device, nonce, tag, proof):
-                            raise RelayReject("the hello's proof of the room key does not check out")
-                        room = f"{name}#{tag}"
-                    ice_msg = self._ice_message(name, device, obj["ice"]) if "ice" in obj else None
+                    await ws.send_str(encode(Nonce(nonce)))
+                elif isinstance(said, RelayHello):
+                    device = said.device
+                    if said.keyed:
+                        if nonce is None or not check_relay_hello(name, device, nonce, said.room_tag, said.proof):
+                            raise RelayReject(BAD_PROOF)
+                        room = f"{name}#{said.room_tag}"
+                    ice_msg = self._ice_message(name, device, said.ice_key) if said.asks_ice else None
                     clients = self.rooms.setdefault(room, {})
                     if device in clients:
                         raise RelayReject(f"device {device!r} is already in room {room!r}")
@@ -451,26 +446,19 @@ class Relay:
                     if ice_msg is not None:
                         await self._send(room, me, ice_msg)
                     await self._announce(room)
-                elif kind == "signal":
-                    if me is None:
-                        raise RelayReject("signal before hello")
-                    if set(obj) != {"type", "to", "data"}:
-                        raise RelayReject("signal must be {type, to, data}")
+                else:  # a Signal
                     now = self.clock()
                     tokens, filled = min(float(self.signal_burst), tokens + (now - filled) * self.signals_per_s), now
                     if tokens < 1:
                         raise RelayReject(f"over {self.signal_burst} signals at once or {self.signals_per_s:g} a second")
                     tokens -= 1
-                    data = check_sdp(obj["data"])
-                    to = obj["to"]
-                    target = self.rooms.get(room, {}).get(to) if isinstance(to, str) else None
+                    data = check_sdp(said.data)
+                    target = self.rooms.get(room, {}).get(said.to) if said.to is not None else None
                     if target is None:
                         self._log(logging.INFO, "relay: room %s: signal from %s to absent device %r dropped", room,
-                                  me.device, str(to)[:64])
+                                  me.device, str(obj["to"])[:64])
                         continue
-                    await self._send(room, target, {"type": "signal", "from": me.device, "data": data})
-                else:
-                    raise RelayReject(f"message type {str(kind)[:20]!r} is not allowed (hello/signal only)")
+                    await self._send(room, target, Forwarded(me.device, data))
         except RelayReject as e:
             await self._reject(ws, room, me.device if me else None, e)
         finally:
@@ -485,15 +473,15 @@ class Relay:
             await ws.close()
         return ws
 
-    def _ice_message(self, room: str, device: str, key: Any) -> dict:
+    def _ice_message(self, room: str, device: str, key: Any) -> IceServers:
         """The ``ice`` answer to a hello that asked (module doc). Raises RelayReject for a
         key that is not a P-256 public key in base64url."""
         if self.turn is None:
-            return {"type": "ice", "servers": []}
+            return IceServers([])
         if not isinstance(key, str):
             raise RelayReject("hello's ice must be a P-256 public key in base64url")
         try:
-            return self.turn.message(room, device, key, self.clock())
+            return IceServers(self.turn.message(room, device, key, self.clock())["servers"])
         except ValueError as e:
             raise RelayReject(f"hello's ice: {e}") from None
 

@@ -37,6 +37,8 @@ import logging
 import re
 from typing import Optional
 
+from ..signalling import Forwarded, RelayHello, Sdp, Signal, SignalError, encode, parse_relay
+
 log = logging.getLogger("splitroom.guest")
 
 GUEST_ID = re.compile(r"^guest-[a-z0-9]{4,32}$")
@@ -97,7 +99,7 @@ class GuestDesk:
         try:
             self._ws = await self._session.ws_connect(f"{self.relay_url}/room/{self.room}", max_msg_size=64 * 1024,
                                                       heartbeat=None, timeout=aiohttp.ClientWSTimeout(ws_close=5.0))
-            await self._ws.send_str(json.dumps({"type": "hello", "device": self.desk_id}))
+            await self._ws.send_str(encode(RelayHello(self.desk_id)))
         except Exception:
             await self._session.close()
             raise
@@ -114,17 +116,16 @@ class GuestDesk:
             if msg.type != aiohttp.WSMsgType.TEXT:
                 break
             try:
-                obj = json.loads(msg.data)
-            except ValueError:
+                said = parse_relay(msg.data)
+            except SignalError:
                 continue
-            frm = obj.get("from")
-            data = obj.get("data")
-            if (obj.get("type") == "signal" and isinstance(frm, str) and GUEST_ID.match(frm)
-                    and isinstance(data, dict) and data.get("type") == "offer" and isinstance(data.get("sdp"), str)):
-                if frm in self.pcs or len(self.pcs) >= self.max_guests:
-                    log.warning("guest %s ignored: %s", frm, "already connected" if frm in self.pcs else "desk full")
+            offer = Sdp.parse(said.data, "offer") if isinstance(said, Forwarded) else None
+            if offer is not None and GUEST_ID.match(said.sender):
+                if said.sender in self.pcs or len(self.pcs) >= self.max_guests:
+                    log.warning("guest %s ignored: %s", said.sender,
+                                "already connected" if said.sender in self.pcs else "desk full")
                     continue
-                self._spawn(self._accept(frm, data["sdp"]))
+                self._spawn(self._accept(said.sender, offer.sdp))
         log.warning("guest desk: the relay closed the connection; no new guests can join")
 
     async def _accept(self, guest: str, sdp: str) -> None:
@@ -153,8 +154,7 @@ class GuestDesk:
             offer = sdp if self.keep_mdns else strip_mdns_candidates(sdp)
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
-            await self._ws.send_str(json.dumps({"type": "signal", "to": guest, "data": {
-                "type": "answer", "sdp": pc.localDescription.sdp}}))
+            await self._ws.send_str(encode(Signal(guest, Sdp("answer", pc.localDescription.sdp).wire())))
             await asyncio.wait_for(opened, self.open_timeout_s)
             from ..transport.ice import chosen_pair
             pair = chosen_pair(pc)

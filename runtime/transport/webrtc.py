@@ -14,10 +14,13 @@ why in one line (:func:`~runtime.transport.ice.no_path_hint`).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
+from dataclasses import replace
 from typing import Optional, Sequence
+
+from ..signalling import (AskNonce, Forwarded, IceServers, Nonce, Peers, RelayHello, Sdp, Signal, SignalError, encode,
+                          parse_client, parse_relay)
 
 from .base import Transport, TransportError
 from .delay import DelayLine, DelayStats
@@ -341,23 +344,23 @@ class _Signalling:
         except Exception as e:
             await self.session.close()
             raise TransportError(f"{self.device}: cannot reach the relay at {url}: {_why(e)}") from e
-        hello = {"type": "hello", "device": self.device}
+        hello = RelayHello(self.device)
         if self.room_key is not None:  # the relay seats this device in the room of the key's tag
             from ..relay import relay_hello
-            await self.ws.send_str(json.dumps({"type": "nonce"}))
+            await self.ws.send_str(encode(AskNonce()))
             try:
                 msg = await self.ws.receive(timeout=10.0)
-                nonce = json.loads(msg.data)["nonce"] if msg.type == aiohttp.WSMsgType.TEXT else None
-            except (asyncio.TimeoutError, ValueError, KeyError, TypeError):
-                nonce = None
-            if not isinstance(nonce, str):
+                said = parse_relay(msg.data) if msg.type == aiohttp.WSMsgType.TEXT else None
+            except (asyncio.TimeoutError, SignalError):
+                said = None
+            if not isinstance(said, Nonce):
                 await self.close()
                 raise TransportError(f"{self.device}: the relay at {url} gave no nonce for a room with a key")
-            hello = relay_hello(self.room_key, room, self.device, nonce)
+            hello = parse_client(relay_hello(self.room_key, room, self.device, said.nonce))
         if ice:
             self.ice_key = CredentialKey()
-            hello["ice"] = self.ice_key.public
-        await self.ws.send_str(json.dumps(hello))
+            hello = replace(hello, asks_ice=True, ice_key=self.ice_key.public)
+        await self.ws.send_str(encode(hello))
         self.reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -367,20 +370,20 @@ class _Signalling:
             if msg.type != aiohttp.WSMsgType.TEXT:
                 break
             try:
-                obj = json.loads(msg.data)
-            except ValueError:
-                log.warning("%s: relay sent a non-JSON message; ignored", self.device)
+                said = parse_relay(msg.data)
+            except SignalError as e:
+                log.warning("%s: %s; ignored", self.device, e)
                 continue
-            if obj.get("type") == "peers":
-                self.present = set(obj.get("devices", []))
+            if isinstance(said, Peers):
+                self.present = set(said.devices)
                 self.changed.set()
-            elif obj.get("type") == "ice" and self.ice_key is not None and self.ice_message is None:
-                self.ice_message = obj
+            elif isinstance(said, IceServers) and self.ice_key is not None and self.ice_message is None:
+                self.ice_message = said.wire()
                 self.ice_arrived.set()
-            elif obj.get("type") == "signal" and obj.get("from") in self.inbox:
-                self.inbox[obj["from"]].put_nowait(obj.get("data"))
+            elif isinstance(said, Forwarded) and said.sender in self.inbox:
+                self.inbox[said.sender].put_nowait(said.data)
             else:
-                log.info("%s: relay message %r ignored", self.device, str(obj.get("type"))[:20])
+                log.info("%s: relay message %r ignored", self.device, said.wire()["type"])
         self.closed_reason = f"relay closed the connection ({self.ws.close_code})"
         self.changed.set()
         self.ice_arrived.set()
@@ -395,8 +398,7 @@ class _Signalling:
             await self.changed.wait()
 
     async def signal(self, peer: str, desc) -> None:
-        await self.ws.send_str(json.dumps({"type": "signal", "to": peer,
-                                           "data": {"type": desc.type, "sdp": desc.sdp}}))
+        await self.ws.send_str(encode(Signal(peer, Sdp(desc.type, desc.sdp).wire())))
 
     async def receive(self, peer: str, kind: str):
         from aiortc import RTCSessionDescription
@@ -404,9 +406,10 @@ class _Signalling:
         data = await self.inbox[peer].get()
         if data is None:
             raise TransportError(f"{self.device}: waiting for {kind} from {peer!r}: {self.closed_reason}")
-        if not isinstance(data, dict) or data.get("type") != kind or not isinstance(data.get("sdp"), str):
+        sdp = Sdp.parse(data, kind)
+        if sdp is None:
             raise TransportError(f"{self.device}: expected an SDP {kind} from {peer!r}")
-        return RTCSessionDescription(sdp=data["sdp"], type=kind)
+        return RTCSessionDescription(sdp=sdp.sdp, type=kind)
 
     async def close(self) -> None:
         if self.ws is not None:

@@ -157,6 +157,30 @@ def test_a_socket_that_never_says_hello_is_closed():
     run(main())
 
 
+def test_the_sockets_state_is_judged_before_the_messages_shape():
+    """A second hello is refused as such even when malformed, a signal before hello as
+    such, a nonce after hello as a nonce; each closes that socket with 1008."""
+    async def main():
+        relay = Relay()
+        runner, url = await run_relay("127.0.0.1", 0, relay)
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.ws_connect(f"{url}/room/r") as w:
+                    await w.send_json({"type": "signal", "to": "x"})
+                    assert await closed_within(w, 5) == 1008
+                for late in ({"type": "hello", "device": "a b"}, {"type": "nonce"}):
+                    async with s.ws_connect(f"{url}/room/r") as w:
+                        await w.send_json({"type": "hello", "device": "a"})
+                        await w.receive_json()
+                        await w.send_json(late)
+                        assert await closed_within(w, 5) == 1008
+        finally:
+            await runner.cleanup()
+        reasons = [r["reason"] for r in relay.rejections]
+        assert reasons == ["signal before hello", "second hello", "a nonce is asked for once, before hello, as {type}"]
+    run(main())
+
+
 def test_clients_are_capped_per_address_and_per_room():
     async def main():
         relay = Relay(max_clients_per_address=3, max_room_clients=2)
