@@ -273,16 +273,18 @@ SIGNALS_PER_S = 2.0
 
 class _LogBudget:
     """At most ``per_s`` log lines a second; the rest are counted and reported in one
-    line when the budget returns, so a flood of bad clients cannot flood the log."""
+    line when the budget returns, so a flood of bad clients cannot flood the log.
+    ``clock``: seconds (a window is one whole second of it)."""
 
-    def __init__(self, per_s: int):
+    def __init__(self, per_s: int, clock: Callable[[], float] = time.monotonic):
         self.per_s = per_s
+        self.clock = clock
         self.window = 0
         self.used = 0
         self.suppressed = 0
 
     def __call__(self, level: int, fmt: str, *args) -> None:
-        now = int(time.monotonic())
+        now = int(self.clock())
         if now != self.window:
             if self.suppressed:
                 log.warning("relay: %d log lines suppressed (over %d a second)", self.suppressed, self.per_s)
@@ -309,7 +311,7 @@ class Relay:
     full room is refused), ``max_clients_per_address`` (more websockets from one address
     get HTTP 429 before any upgrade), ``max_audit``, ``log_lines_per_s``,
     ``signal_burst`` and ``signals_per_s`` (a socket's signals, a token bucket), ``clock``
-    (seconds, for the bucket). ``rooms`` is keyed by the room's name, or for a keyed
+    (seconds, for the bucket and the log budget's one-second windows). ``rooms`` is keyed by the room's name, or for a keyed
     room ``NAME#TAG`` (its :func:`room_tag`).
     """
 
@@ -332,7 +334,7 @@ class Relay:
     clock: Any = time.time
 
     def __post_init__(self) -> None:
-        self._log = _LogBudget(self.log_lines_per_s)
+        self._log = _LogBudget(self.log_lines_per_s, self.clock)
 
     def _keep(self, entries: list, entry: dict) -> None:
         entries.append(entry)
