@@ -78,10 +78,11 @@ def test_the_worker_that_takes_a_lost_range_copies_it_from_the_host():
 # France?" ends after 7 tokens, which a quick run finishes before 1 s, and the fault
 # timer is cancelled with the answer.
 LONG_PROMPT = "Explain in detail how a car engine works."
-#: the timed-fault tests' answer length. A room of these devices makes at most ~15 tokens
+#: the two-kills test's answer length. A room of these devices makes at most ~15 tokens
 #: in its first second (prefill and ~10 tok/s measured here), and none while a worker it
-#: waits on is dead, so faults at 1 s and 1.75 s fire well inside the answer; after
-#: them the rest of the answer is made by the devices left.
+#: waits on is dead, so faults at 1 s and 1.75 s fire well inside the answer (a margin on
+#: this machine's speed; the single timed fault below has a floor instead); after them
+#: the rest of the answer is made by the devices left.
 LONG_TOKENS = 80
 
 
@@ -93,17 +94,35 @@ def long_greedy() -> list[int]:
     return list(generate_greedy([make_stage("numpy", md, StageSpec(0, 30, True))], ids, LONG_TOKENS).ids)
 
 
+#: the timed-fault test's answer length and emulated round trip. Every device process
+#: holds what it sends for half the round trip (in-process delay), and each answer token
+#: is one lap host -> laptop -> host, so the answer takes at least TIMED_TOKENS x 200 ms
+#: = 4.8 s after the host's start on any machine, however fast: the fault at 1 s fires
+#: while it runs (a floor set by the emulated delay, not a margin on this machine's speed).
+TIMED_TOKENS, TIMED_RTT_MS = 24, 200
+
+
 def test_a_fault_at_a_time_kills_the_worker_that_long_after_the_start():
-    want = long_greedy()
-    assert len(want) == LONG_TOKENS and 2 not in want  # the answer cannot end before the fault
+    want = long_greedy()[:TIMED_TOKENS]  # the greedy answer's first 24 tokens: greedy decoding is a prefix
+    assert 2 not in want  # the answer cannot end before the fault
+    md = ensure_safetensors()
+    n_prompt = len(ChatTokenizer.from_dir(md).encode_chat(LONG_PROMPT))
     sets = [s for s in SETS if not s.startswith(("workload.answer_tokens", "workload.prompts"))] + [
-        f"workload.answer_tokens={LONG_TOKENS}", f"workload.prompts=['{LONG_PROMPT}']"]
+        f"workload.answer_tokens={TIMED_TOKENS}", f"workload.prompts=['{LONG_PROMPT}']",
+        f"network.rtt={TIMED_RTT_MS} ms", "network.jitter={distribution: none}"]
     scn = load("scenarios/home.yaml", sets + ["faults=[{device: laptop, at: 1 s}]"])
-    res = run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=120, log=lambda s: None)
+    res = run_real(scn, deal(scn.devices, scn.model, scn.options), netns=False, timeout_s=120, log=lambda s: None,
+                   in_process_delay=True)
     assert res.answers[0]["token_ids"] == want and res.answers[0]["ended"] == "answered"
+    assert res.calibration["in_process_delay"], res.network  # the delay that sets the floor was applied
     (m,) = res.measured["recovery"]
     (p,) = res.predicted["recovery"]
     assert m["device"] == p["device"] == "laptop"
+    assert [d for d, _ in res.losses] == ["laptop"] and res.losses[0][1].startswith("no heartbeat for")
+    # order and counts: the fault came inside the answer (the tokens replayed are the prompt
+    # and fewer than the whole answer), and the answer went on to its end after it
+    assert n_prompt <= m["replay_tokens"] < n_prompt + TIMED_TOKENS, (m["replay_tokens"], n_prompt)
+    assert m["next_token_at_s"] is not None and m["next_token_at_s"] > m["ready_at_s"] >= m["detected_at_s"]
     assert p["into_run_s"] == pytest.approx(1.0)  # the simulator's clock starts at the first question
     # the host tells laptop to crash 1 s after its start (its first record, the first
     # question): noticed after 1 s of silence, which began at the crash or before it
