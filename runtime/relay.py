@@ -311,7 +311,8 @@ class Relay:
     full room is refused), ``max_clients_per_address`` (more websockets from one address
     get HTTP 429 before any upgrade), ``max_audit``, ``log_lines_per_s``,
     ``signal_burst`` and ``signals_per_s`` (a socket's signals, a token bucket), ``clock``
-    (seconds, for the bucket and the log budget's one-second windows). ``rooms`` is keyed by the room's name, or for a keyed
+    (monotonic seconds, for the bucket and the log budget's one-second windows), ``unix_clock``
+    (Unix seconds, for TURN credentials' expiry). ``rooms`` is keyed by the room's name, or for a keyed
     room ``NAME#TAG`` (its :func:`room_tag`).
     """
 
@@ -331,7 +332,7 @@ class Relay:
     #: hands out ICE servers to a hello that asks (runtime.transport.ice.TurnIssuer; None: none)
     turn: Any = None
     #: the Unix time, seconds (TURN credentials' expiry counts from it)
-    clock: Any = time.time
+    unix_clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
         self._log = _LogBudget(self.log_lines_per_s, self.clock)
@@ -483,7 +484,7 @@ class Relay:
         if not isinstance(key, str):
             raise RelayReject("hello's ice must be a P-256 public key in base64url")
         try:
-            return IceServers(self.turn.message(room, device, key, self.clock())["servers"])
+            return IceServers(self.turn.message(room, device, key, self.unix_clock())["servers"])
         except ValueError as e:
             raise RelayReject(f"hello's ice: {e}") from None
 

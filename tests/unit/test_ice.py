@@ -134,7 +134,7 @@ def test_the_relay_hands_out_turn_credentials_sealed_never_in_clear(caplog):
     want_pw = _openssl_turn_password(secret, want_user)
 
     async def main():
-        runner, url = await run_relay("127.0.0.1", 0, Relay(turn=issuer, clock=lambda: 1_700_000_000.0))
+        runner, url = await run_relay("127.0.0.1", 0, Relay(turn=issuer, unix_clock=lambda: 1_700_000_000.0))
         try:
             async with aiohttp.ClientSession() as s:
                 key = CredentialKey()
