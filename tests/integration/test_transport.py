@@ -198,20 +198,39 @@ def test_over_cap_message_dropped_connection_stays_up():
 
 
 def test_residual_not_queued_behind_weights():
-    """A residual sent while 4 MiB of weights stream arrives long before they end."""
+    """A residual sent while 4 MiB of weights stream arrives before they end. Order and
+    counts, not time: the residual is sent once b has got the weights' first piece (so
+    they are in flight, however fast or loaded the machine), and b must get it while
+    pieces of the weights are still to come, and deliver it first."""
 
     async def main():
         runner, _, ts = await room(["a", "b"])
         try:
             a, b = ts["a"], ts["b"]
-            when = {}
-            b.set_handler(lambda s, c, d: when.setdefault(c, time.perf_counter()))
+            got = []
+            b.set_handler(lambda s, c, d: got.append(c))
+            pieces = {"weights": 0}
+            weights_seen_at_residual = []
+            first_piece = asyncio.Event()
+            on_wire = b._on_wire
+
+            def counting(src, channel, wire):
+                if channel == "weights":
+                    pieces["weights"] += 1
+                    first_piece.set()
+                elif channel == "residual":
+                    weights_seen_at_residual.append(pieces["weights"])
+                on_wire(src, channel, wire)
+
+            b._on_wire = counting
             bulk = asyncio.ensure_future(a.send("b", "weights", bytes(4 << 20)))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(first_piece.wait(), 30)
             await a.send("b", "residual", frame())
             await bulk
-            await wait_for(lambda: "weights" in when, 30)
-            assert when["residual"] < when["weights"]
+            await wait_for(lambda: len(got) == 2, 30)
+            assert got == ["residual", "weights"]
+            (seen,) = weights_seen_at_residual  # the residual is one piece
+            assert 1 <= seen < pieces["weights"], (seen, pieces["weights"])
         finally:
             await close_room(runner, ts)
 
