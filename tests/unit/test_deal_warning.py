@@ -12,6 +12,8 @@ bandwidth plus 0.1 ms sampling): desktop alone 10 x 0.1 s + 0.1 ms = 1.0001 s a 
 
 from __future__ import annotations
 
+import json
+
 from typer.testing import CliRunner
 
 from planner.deal import deal
@@ -119,3 +121,39 @@ def test_run_real_and_serve_print_the_warning_once_too(tmp_path):
         assert r.exit_code == 2 and "'toy' has no weights here" in r.stderr, (args, r.stderr)
         lines = [x for x in r.stderr.splitlines() if "slower than split: optimal" in x]
         assert len(lines) == 1 and "laptop hosts: laptop 1-10" in lines[0], r.stderr
+
+
+MEASURED_SCENARIO = """\
+name: measured slow host
+model: {name: toy, layers: 10, hidden: 64, kv_bytes_per_token: 0 B, layer_bytes: 1 GB, head_bytes: 5 GB}
+devices:
+  - {id: desktop, lends: 100 GB, memory_bandwidth: 10 GB/s, compute: 1000 TFLOPS}
+  - {id: laptop, lends: 40 GB, memory_bandwidth: 10 GB/s, compute: 1000 TFLOPS}
+measured: {ms_per_layer: {desktop: 100 ms, laptop: 20 ms}}
+workload: {questions: 1, prompt_tokens: 4, answer_tokens: 3}
+"""
+
+
+def test_plan_redeal_that_keeps_the_slow_host_prints_the_warning_once(tmp_path):
+    # Declared, both devices are alike (1 GB / 10 GB/s = 0.1 s a layer, the 5 GB head
+    # 0.5 s): desktop alone 10 x 0.1 + 0.5 + 0.1 ms = 1.5001 s a lap, the laptop alone the
+    # same, so plain `plan` (desktop hosts: it lends the most) warns of nothing. Measured,
+    # the laptop takes 20 ms a layer (the head scales with it, planner/lapcost.py: 0.5 x
+    # 0.02 / 0.1 = 0.1 s). `plan --redeal` keeps the desktop hosting with its layer 1 and
+    # puts 2-10 on the laptop: 0.1 + 9 x 0.02 + 0.5001 + two hops of 0.5 ms (Network's 1 ms
+    # round trip; the 160-byte frame, a 32-byte header and 2 x 64, adds 1.3 us each at
+    # 125 MB/s) = 0.7811 s, 1.3 tok/s; the laptop alone: 10 x 0.02 + 0.1001 = 0.3001 s,
+    # 3.3 tok/s; 0.7811 / 0.3001 = 2.60x.
+    f = tmp_path / "measured.yaml"
+    f.write_text(MEASURED_SCENARIO)
+    r = CliRunner().invoke(app, ["plan", str(f)])
+    assert r.exit_code == 0 and "slower than split: optimal" not in r.stderr, r.stderr
+    r = CliRunner().invoke(app, ["plan", str(f), "--redeal", "--json"])
+    assert r.exit_code == 0, (r.stdout, r.stderr)
+    d = json.loads(r.stdout)
+    assert d["host"] == "desktop"
+    assert [(s["device"], s["start"], s["end"]) for s in d["stages"]] == [("desktop", 0, 1), ("laptop", 1, 10)]
+    lines = [x for x in r.stderr.splitlines() if "slower than split: optimal" in x]
+    assert len(lines) == 1, r.stderr
+    assert "(speed) is predicted at 1.3 tok/s, 2.60x slower than split: optimal's 3.3 tok/s" in lines[0]
+    assert "(laptop hosts: laptop 1-10)" in lines[0]
