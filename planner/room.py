@@ -222,7 +222,10 @@ class Workload:
     checked on): ``splitroom calibrate`` then measures acceptance on them and a
     prediction draws from that (:attr:`acceptance_workload`). ``clients`` people ask
     at once: each asks its next question when its answer ends (1: one question after
-    another)."""
+    another). ``warm_up_tokens`` W > 0: before the workload the room answers one
+    question of ``prompt_tokens`` tokens alone, cut at W answer tokens, and every figure
+    and the trace leave it out (a room measured after a warm-up question, as
+    scripts/serve_load.py measures one: its links' congestion windows have grown)."""
 
     questions: int = 1
     prompt_tokens: int = 128
@@ -232,6 +235,7 @@ class Workload:
     kind: str = "chat"
     clients: int = 1
     sample: tuple[str, ...] = ()
+    warm_up_tokens: int = 0
 
     @property
     def acceptance_workload(self) -> str:

@@ -60,6 +60,11 @@ PROMPTS = ["Write a short story about a dragon.", "Describe the water cycle.", "
            "Describe a busy city market.", "Write a letter to a friend about your summer."]
 
 
+#: answer tokens of the unmeasured warm-up question a room is asked before it is measured;
+#: the prediction simulates the same (``workload.warm_up_tokens``: the room measured is warm)
+WARM_UP_TOKENS = 8
+
+
 def _pcts(xs: list[float]) -> dict:
     if not xs:
         return {"p50": None, "p99": None}
@@ -71,7 +76,9 @@ def predict(scenario: str, sets: list[str], calibration: str | None, clients: in
             prompt_tokens: int, answer_tokens: int, separate: bool = False) -> dict:
     """The simulator's aggregate tokens/s, inter-token and time-to-first-token (from asked).
 
-    The network is the real room's (:func:`splitroom.real.real_run_network`). The profile
+    The room is predicted warm: it first answers one question of :data:`WARM_UP_TOKENS`
+    alone, left out of the figures (``workload.warm_up_tokens``), as the measurement asks
+    one before its rounds. The network is the real room's (:func:`splitroom.real.real_run_network`). The profile
     is applied as for ``run --real`` (:func:`splitroom.real.on_this_host`): serve's device
     processes all run on this machine, so a profile holding a measured shared-core room
     (``shared_host``) has it applied, unless ``separate``; ``shared_core`` says what was."""
@@ -82,7 +89,8 @@ def predict(scenario: str, sets: list[str], calibration: str | None, clients: in
     from splitroom.scenario import load
     from sim.driver import simulate
     scn = load(scenario, sets + [f"workload.clients={clients}", f"workload.questions={questions}",
-                                 f"workload.prompt_tokens={prompt_tokens}", f"workload.answer_tokens={answer_tokens}"])
+                                 f"workload.prompt_tokens={prompt_tokens}", f"workload.answer_tokens={answer_tokens}",
+                                 f"workload.warm_up_tokens={WARM_UP_TOKENS}"])
     scn = dataclasses.replace(scn, network=real_run_network(scn, scn.network.rtt_s))
     line = "separate machines: the profile's shared-core room not applied" if separate else ""
     if calibration:
@@ -379,7 +387,7 @@ def main() -> None:
         try:
             srv.wait_ready()
             pinned = pin_room(srv.proc.pid, a.pin) if a.pin > 0 else None
-            asyncio.run(_round(srv.url, 1, 1, 8))  # warm-up, not counted
+            asyncio.run(_round(srv.url, 1, 1, WARM_UP_TOKENS))  # warm-up, not counted (predicted so too)
             for c in clients:
                 load0 = os.getloadavg()[0]
                 runs = [asyncio.run(_round(srv.url, c, a.per_client, a.max_tokens)) for _ in range(a.repeats)]

@@ -28,7 +28,11 @@ scheduler therefore judges drafts exactly as it does with a real model.
 
 Questions are asked one after another (the next when the previous one ends), by the
 devices in ``workload.asked_by`` in turn (the host when empty); with ``workload.clients``
-C > 1, C clients ask at once, each its next question when its answer ends.
+C > 1, C clients ask at once, each its next question when its answer ends. With
+``workload.warm_up_tokens`` W > 0 the host first asks one question alone (the workload's
+prompt length, W answer tokens); when it ends, the metrics and the trace start afresh
+and the workload begins, so only what the room carries over (links' grown congestion
+windows) remains of it.
 """
 
 from __future__ import annotations
@@ -261,6 +265,8 @@ class Simulation:
         self._hops: list[_Hop] | None = None  # the chain run ahead (built on first use)
         self._t_ahead = -math.inf  # latest record time made ahead of the clock
         self.reordered = False  # a run ahead met frames out of order and ran again event by event
+        #: the warm-up question's id (workload.warm_up_tokens; None: no warm-up)
+        self._warm_qid: int | None = scn.workload.questions if scn.workload.warm_up_tokens else None
 
     def _can_run_ahead(self) -> bool:
         """Whether workers may run ahead (module doc): no faults, results return
@@ -344,6 +350,9 @@ class Simulation:
             self.progress(self.tokens_done, self.tokens_total)
 
     def question_ended(self, c: AnswerDone | Refuse) -> None:
+        if c.question_id == self._warm_qid:
+            self._warmed()
+            return
         if type(c) is Refuse:
             self.refusals.append(c)
         self._ended += 1
@@ -514,6 +523,29 @@ class Simulation:
         self._prompt_len[qid] = len(prompt)
         self.dispatch(QuestionAsked(qid, who, prompt, w.answer_tokens))
 
+    def _warm_up(self) -> None:
+        """The host asks the warm-up question (``workload.warm_up_tokens`` answer tokens,
+        the workload's prompt length; id :attr:`_warm_qid`, which no workload question has)."""
+        w = self.scn.workload
+        prompt = tuple(truth(p) for p in range(w.prompt_tokens))
+        self._prompt_len[self._warm_qid] = len(prompt)
+        self.dispatch(QuestionAsked(self._warm_qid, self.deal.host, prompt, w.warm_up_tokens))
+
+    def _warmed(self) -> None:
+        """The warm-up question ended: the metrics, the trace, the refusals and the token
+        count start afresh, and the workload's clients ask."""
+        self.acc = Accumulator()
+        if self.raw is not None:
+            self.raw = []
+        self.refusals = []
+        self.tokens_done = 0
+        self._t_ahead = -math.inf
+        self._ask_all()
+
+    def _ask_all(self) -> None:
+        for client in range(self.scn.workload.clients):
+            self._start(lambda client=client: self._ask_next(client))
+
     # -- faults ---------------------------------------------------------------------
 
     def _kill(self, f) -> None:
@@ -633,8 +665,10 @@ class Simulation:
         the loss to the next answer token, planner.metrics) and ``metrics["recovery_s"]``
         is the longest."""
         loop = self.loop
-        for client in range(self.scn.workload.clients):
-            self._start(lambda client=client: self._ask_next(client))
+        if self._warm_qid is not None:
+            self._start(self._warm_up)
+        else:
+            self._ask_all()
         for f in self.scn.faults:
             if f.at_s is not None:  # a process that waits at_s, then kills
                 loop.at(0.0, lambda _a, f=f: loop.at(f.at_s, lambda _b: self._kill(f)), priority=_URGENT)

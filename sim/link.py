@@ -54,9 +54,6 @@ if TYPE_CHECKING:  # the links need only an object with .now (the driver's queue
 __all__ = ["LOOPBACK", "Link", "Links", "ResolvedLink", "Uplinks", "resolve_link"]
 
 
-#: RFC 4960 section 7.2.1: after an idle retransmission timeout (at least RTO.Min = 1 s)
-#: the congestion window shrinks; modelled as a reset to the initial window.
-WINDOW_IDLE_RESET_S = 1.0
 #: Cap on the grown window (aiortc's receive window is 128 KiB).
 WINDOW_MAX_BYTES = 131072
 
@@ -121,7 +118,7 @@ class Link:
     """
 
     __slots__ = ("env", "uplinks", "src", "dst", "spec", "episodes", "_jitter", "_half_rtt", "_overhead",
-                 "_inv_bw", "_clock", "_last", "frames", "bytes", "_cwnd", "_last_sent", "_per_byte", "_free_at")
+                 "_inv_bw", "_clock", "_last", "frames", "bytes", "_cwnd", "_per_byte", "_free_at")
 
     def __init__(
         self,
@@ -151,7 +148,6 @@ class Link:
         self._clock = episodes if (episodes is not None and episodes.stall_fraction > 0) else None
         self._last = -math.inf
         self._cwnd = spec.window_bytes
-        self._last_sent = -math.inf
         self.frames = 0  #: frames sent so far
         self.bytes = 0  #: bytes sent so far
 
@@ -184,7 +180,7 @@ class Link:
         if clock is not None:
             delay += 0.5 * clock.extra_rtt_s(left)
         if self._cwnd is not None:
-            delay += self._window_rounds(frame_bytes, left) * 2 * self._half_rtt
+            delay += self._window_rounds(frame_bytes) * 2 * self._half_rtt
         arrive = left + delay + self._overhead + frame_bytes * self._per_byte
         if arrive < self._last:  # ordered channel: never overtake an earlier frame
             arrive = self._last
@@ -205,22 +201,20 @@ class Link:
         or None (see :meth:`sim.episodes.EpisodeClock.next_window`)."""
         return self._clock.next_window(t_s) if self._clock is not None else None
 
-    def _window_rounds(self, frame_bytes: int, now_s: float) -> int:
+    def _window_rounds(self, frame_bytes: int) -> int:
         """Extra round trips a frame needs under slow start (RFC 4960 section 7.2.1,
         as SCTP and TCP do it): the sender may have ``cwnd`` bytes in flight; each
         round trip that fills the window doubles it. The window grown by one frame
-        carries over to the next; after WINDOW_IDLE_RESET_S without sending it falls
-        back to the initial window. A frame that fits the window pays nothing.
+        carries over to the next however long the link was idle: aiortc 1.16, the
+        real room's transport, shrinks its window only on a loss or a retransmission
+        timeout (``rtcsctptransport.py``), never after idle time, and the simulated
+        links have no loss. A frame that fits the window pays nothing.
 
         With the link's ``burst_bytes`` cap, the first flight is at most that many bytes
         however large the window has grown: the sender sends one burst and the rest only
         when the first acknowledgement comes back (aiortc's ``_transmit`` as tuned by
         runtime.transport.tune_sctp: 32 chunks of 1160 bytes). Later flights are clocked
         by the acknowledgements and limited by the window alone."""
-        initial = self.spec.window_bytes
-        if now_s - self._last_sent > WINDOW_IDLE_RESET_S:
-            self._cwnd = initial
-        self._last_sent = now_s
         cwnd = self._cwnd
         burst = self.spec.burst_bytes
         sent = cwnd if burst is None else min(cwnd, burst)

@@ -106,8 +106,14 @@ def real_model_dir(scn: Scenario) -> Path:
 
 
 def node_configs(scn: Scenario, deal: Deal, model_dir: str, workdir: Path, backend: str) -> list:
-    """One runtime.room.NodeConfig per device that holds layers or hosts."""
+    """One runtime.room.NodeConfig per device that holds layers or hosts. Raises
+    RealRunError (one line) for what a real room cannot run: a drafter or KV storage the
+    runtime lacks, a warm-up question (``workload.warm_up_tokens``, which only the
+    simulator asks)."""
     from runtime.room import NodeConfig
+    if scn.workload.warm_up_tokens:
+        raise RealRunError("workload.warm_up_tokens: a real room asks no warm-up question; it is for predicting "
+                           "a room measured after one (scripts/serve_load.py)")
     spec = scn.decoding.speculative
     if spec is not None and spec.drafter not in RUNTIME_DRAFTERS:
         raise RealRunError(f"drafter {spec.drafter!r} is not available in real runs; use ngram, early_exit or model")

@@ -259,6 +259,9 @@ class WorkloadIn(_Strict):
     # prompts like the workload's, for calibrate to measure acceptance on: a list, or a
     # file (one prompt a line; .json/.yaml/.yml: a list of text), relative to the scenario
     sample: list[str] | str | None = None
+    # answer tokens of one question the room answers alone before the workload (0: none),
+    # left out of every figure and of the trace
+    warm_up_tokens: int = Field(default=0, ge=0, le=MAX_CONTEXT)
 
 
 def _draft_tokens(v: Any) -> Any:
@@ -688,7 +691,10 @@ def _to_scenario(s: ScenarioIn, base: Path | None = None) -> Scenario:
     w = s.workload
     workload = Workload(questions=w.questions, prompt_tokens=w.prompt_tokens, answer_tokens=w.answer_tokens,
                         prompts=tuple(w.prompts), asked_by=tuple(w.asked_by), kind=w.kind,
-                        clients=w.clients, sample=_sample_prompts(w.sample, base))
+                        clients=w.clients, sample=_sample_prompts(w.sample, base), warm_up_tokens=w.warm_up_tokens)
+    if w.warm_up_tokens and s.faults:
+        raise _KeyProblem("workload.warm_up_tokens", "a warm-up question cannot go with faults (their times and "
+                                                     "tokens count from the workload's start)")
     sp = s.decoding.speculative
     spec = None
     if sp is not None:

@@ -1,0 +1,78 @@
+"""A room measured after a warm-up question is warm (``workload.warm_up_tokens``): the
+simulator answers one question alone first, leaves it out of every figure and of the
+trace, and keeps what it leaves behind, the links' grown congestion windows.
+
+By hand. A host (the desktop, layers 1-20) and a worker (the laptop, 21-30), 40 ms apart,
+no jitter, no stall episodes, no hand-off overhead, 100 Gbit/s. Prompts of 16 tokens: one
+prefill chunk, a frame of 16 x 576 x 4 + 32 = 36,896 B each way (SmolLM2's hidden size,
+float32, the 32-byte header), answers of 4 tokens (one-token frames of 2,336 B).
+
+* With an initial window of 11,600 B the first flight carries 11,600 B, the second 23,200
+  (34,800 in all, short of 36,896) and the third 46,400: the frame pays 2 extra round trips,
+  80 ms, on each of the two hops. The room's first question gets its first token 160 ms
+  later than in the same room without a window; the window has grown to 46,400 B >= 36,896,
+  so the second question pays nothing.
+* After a warm-up question the first question finds the grown window too: both questions
+  get their first token as in the room without a window, and since the warm room then runs
+  exactly as that room, shifted by the warm-up's length, its figures are that room's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.driver import simulate
+from splitroom.scenario import ScenarioError, load
+
+ROOM = ["devices[0].lends=1 GB", "stages=[{device: desktop, layers: '1-20'}, {device: laptop, layers: '21-30'}]",
+        "network.rtt=40 ms", "network.jitter={distribution: none}", "network.episodes=null",
+        "network.bandwidth=100 Gbit/s", "network.hop_overhead=0 s",
+        "workload.questions=2", "workload.prompt_tokens=16", "workload.answer_tokens=4"]
+WINDOW = ["network.window=11600 B"]
+EXTRA_RTT_S = 2 * 2 * 0.040  # two hops, two extra round trips each
+
+
+def run(extra):
+    return simulate(load("scenarios/home.yaml", ROOM + extra))
+
+
+def test_a_cold_room_pays_slow_start_on_its_first_question_only():
+    base = run([]).metrics["ttft_each_s"]
+    assert base[0] == pytest.approx(base[1], abs=1e-9)
+    cold = run(WINDOW).metrics["ttft_each_s"]
+    assert cold[0] == pytest.approx(base[0] + EXTRA_RTT_S, abs=1e-9)
+    assert cold[1] == pytest.approx(base[1], abs=1e-9)
+
+
+def test_after_a_warm_up_question_the_room_is_the_windowless_room_and_the_warm_up_is_left_out():
+    base = run([]).metrics
+    res = run(WINDOW + ["workload.warm_up_tokens=2"])
+    warm = res.metrics
+    assert warm["ttft_each_s"] == pytest.approx(base["ttft_each_s"], abs=1e-9)
+    for k in ("questions", "answered", "refused", "tokens", "laps"):
+        assert warm[k] == base[k]
+    assert (warm["questions"], warm["tokens"]) == (2, 8)  # the warm-up's question and 2 tokens not counted
+    for k in ("aggregate_tokens_per_s", "tokens_per_s", "duration_s", "ttft_s"):
+        assert warm[k] == pytest.approx(base[k], rel=1e-9)
+    assert warm["inter_token_s"] == pytest.approx(base["inter_token_s"], abs=1e-9)
+    # the trace holds the workload's two questions and starts when the warm-up ended
+    asked = [(t, o.question_id) for t, o in res.trace if type(o).__name__ == "QuestionAsked"]
+    assert [q for _, q in asked] == [0, 1]
+    assert {o.question_id for _, o in res.trace if hasattr(o, "question_id")} == {0, 1}
+    assert res.trace[0][0] == asked[0][0] > 0.0
+
+
+def test_warm_up_tokens_bad_input_is_one_line_naming_the_key():
+    with pytest.raises(ScenarioError, match=r"workload\.warm_up_tokens") as e:
+        load("scenarios/home.yaml", ["workload.warm_up_tokens=-1"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ScenarioError, match=r"workload\.warm_up_tokens: a warm-up question cannot go with faults"):
+        load("scenarios/home.yaml", ["workload.warm_up_tokens=8", "faults=[{device: phone, at: token 5}]"])
+
+
+def test_a_real_room_refuses_a_warm_up_question():
+    from planner.deal import deal_for
+    from splitroom.real import RealRunError, node_configs
+    scn = load("scenarios/home.yaml", ["workload.warm_up_tokens=8"])
+    with pytest.raises(RealRunError, match=r"^workload\.warm_up_tokens: a real room asks no warm-up question"):
+        node_configs(scn, deal_for(scn), "unused", None, "numpy")
