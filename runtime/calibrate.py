@@ -520,7 +520,8 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
     cells = ", ".join(f"{int(b)} B {s * 1e3:.2f} ms" for b, s in zip(transport.one_way_s.xs, transport.one_way_s.ys))
     log(f"transport: one-way {cells}")
     if weights == "gguf":
-        log("transport: a peer's copy of a layer not measured (peers serve float32 safetensors, not blocks)")
+        log("transport: a peer's copy of a layer not measured with weights gguf (the copy carries the GGUF's "
+            "blocks; its rate is measured on float32 checkpoints only)")
     else:
         weights_Bps = measure_weights_copy(model_dir, layers=(3,) if quick else (3, 17, 26))
         transport = dataclasses.replace(transport, weights_Bps=weights_Bps)

@@ -585,7 +585,13 @@ class Node:
 
     def _manifest_sha(self, start: int, end: int) -> str:
         from .weights_share import make_manifest, manifest_sha256
-        return manifest_sha256(make_manifest(self.cfg.model_dir, start, end, False, False))
+        return manifest_sha256(make_manifest(self.cfg.model_dir, start, end, False, False, blocks=self._blocks))
+
+    @property
+    def _blocks(self) -> bool:
+        """Whether this room holds the GGUF's blocks as stored (``weights: gguf``): then peer
+        copies carry those blocks (runtime.weights_share, ``blocks``), not float32."""
+        return self.cfg.weights == "gguf"
 
     async def _take_range(self, stages, first_lap: int, manifest_sha: str | None = None,
                           copy_range: tuple[int, int] | None = None) -> None:
@@ -675,7 +681,7 @@ class Node:
         md = self.cfg.model_dir
         for source, ra, rb in got:  # bytes as stored, the sizes the manifest gives them
             self.trace.append((self.clock(), WeightsCopied(self.cfg.device, first_lap, source, ra, rb,
-                                                           range_nbytes(md, ra, rb), seconds)))
+                                                           range_nbytes(md, ra, rb, self._blocks), seconds)))
 
     def _planned(self, a: int, b: int) -> CopyPlan:
         """This device's part of the re-deal's copy plan (planner.chain.copy_plan) for its
@@ -691,14 +697,16 @@ class Node:
         if copied is None:
             return self._load(a, b)
         from .backends import StageSpec, make_stage
-        from .weights import load_range
+        from .weights import load_range, load_range_native
+        # weights gguf: the GGUF's blocks, from the copy's blocks file and this device's GGUF
+        read = load_range_native if self._blocks else load_range
         md, host = self.cfg.model_dir, self.is_host
-        w: dict = load_range(md, 0, 0, host, host)  # the host's embedding and head (none for a worker)
+        w: dict = read(md, 0, 0, host, host)  # the host's embedding and head (none for a worker)
         if a < ga:
-            w.update(load_range(md, a, ga, False, False))
-        w.update(load_range(copied, ga, gb, False, False))
+            w.update(read(md, a, ga, False, False))
+        w.update(read(copied, ga, gb, False, False))
         if gb < b:
-            w.update(load_range(md, gb, b, False, False))
+            w.update(read(md, gb, b, False, False))
         return make_stage(self.cfg.backend, md, StageSpec(a, b, host=host),
                           max_ctx=getattr(self.stage, "max_ctx", 2048), precision=self.cfg.precision(), weights=w)
 
@@ -909,7 +917,7 @@ class Node:
             self._tasks.append(asyncio.ensure_future(self._heartbeats()))
         if self.is_host and self.cfg.recover and self.cfg.weights_from_peer:
             from .weights_share import serve_weights
-            self._weights_server = serve_weights(self.transport, self.cfg.model_dir)
+            self._weights_server = serve_weights(self.transport, self.cfg.model_dir, blocks=self._blocks)
         if self.is_host:
             loop = asyncio.get_running_loop()
             for dev, at_s in self.cfg.crash_at_s:  # fault injection by time (run --real with faults:)

@@ -52,6 +52,13 @@ Speakers: :func:`fetch_range` here, and a browser tab that holds layers
 unpacked in JavaScript, each tensor's sha256 checked with WebCrypto), served by the model
 host's :class:`runtime.serve.tab_stage.TabRoom` with a ``grant`` of the tab's range.
 
+A room holding a GGUF's blocks as stored (``weights: gguf``) passes ``blocks=True`` to
+:func:`make_manifest`, :func:`serve_weights` and :func:`range_nbytes`: the tensors are
+then the GGUF file's own bytes (GGML types such as ``Q4_K``, shapes ``[out, in]``, each
+entry naming its GGUF tensor; :mod:`runtime.weights_share.manifest`), and
+:func:`fetch_range` writes them as ``dest_dir/blocks.gguf-data`` with the table
+``dest_dir/gguf.json``, which ``runtime.weights.load_range_native`` reads.
+
 Packed copies exist because the transport is CPU-bound (aiortc's SCTP in Python,
 about 2 MB/s here, docs/transport.md): a recovering device's 14.2 MB layer takes 7 s
 raw and 1.4 s packed.

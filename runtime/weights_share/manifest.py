@@ -5,6 +5,14 @@ Reads the safetensors file memory-mapped (8-byte little-endian header length, JS
 header with ``dtype``, ``shape``, ``data_offsets`` relative to the end of the header,
 then the data: https://github.com/huggingface/safetensors, README, "Format"); a
 manifest from a peer is checked here before anything is fetched or written.
+
+With ``blocks=True`` (a room whose weights are ``gguf``, held as stored) the tensors are
+the GGUF's own bytes instead, mapped from the file the model directory was prepared from
+(:func:`runtime.weights.gguf_source`): each entry's ``dtype`` is the GGML type (``F32``,
+``F16``, or a block format of :data:`runtime.gguf_blocks.FORMATS` in capitals, e.g.
+``Q4_K``), its ``shape`` the GGUF's ``[out, in]`` (outermost first), ``nbytes`` its stored
+bytes (``out * row_bytes(format, in)`` for blocks) and ``gguf`` its name in the file (Q
+and K rows as the file orders them; the reader un-permutes them as it does for the file).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import gguf_blocks as _gb
 from .. import weights as _weights
 from ..config import ModelConfig
 
@@ -30,6 +39,10 @@ HOST_FILES = ("tokenizer.json", "tokenizer_config.json")
 # safetensors dtype -> numpy dtype (little endian); bf16 has no numpy type and is refused
 _NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
               "I8": "|i1", "U8": "|u1", "BOOL": "|b1"}
+#: a blocks manifest's dtype -> GGML type id (F32, F16 and the block formats held as stored)
+GGML_DTYPES = {"F32": _gb.GGML_F32, "F16": _gb.GGML_F16,
+               **{f.upper(): tid for f, (tid, _, _) in _gb.FORMATS.items()}}
+_GGML_NAMES = {tid: name for name, tid in GGML_DTYPES.items()}
 
 
 class WeightsError(_weights.WeightsError):
@@ -47,6 +60,8 @@ class _TensorFile:
     mm: mmap.mmap
     entries: dict[str, tuple[str, list[int], int, int]]
     key: tuple
+    #: blocks (a GGUF mapped): tensor name -> its name in the GGUF; empty for safetensors
+    gguf: dict[str, str] | None = None
 
     @classmethod
     def open(cls, path: Path) -> "_TensorFile":
@@ -71,6 +86,39 @@ class _TensorFile:
             a, b = v["data_offsets"]
             entries[name] = (v["dtype"], list(v["shape"]), base + a, base + b)
         return cls(path, mm, entries, (str(path), st.st_mtime_ns, st.st_size))
+
+    @classmethod
+    def open_gguf(cls, mdir: Path) -> "_TensorFile":
+        """Map the GGUF that model directory ``mdir`` was prepared from (``weights: gguf``):
+        its tensors by Hugging Face name, as stored (see the module doc). Tensors of a type
+        not held as stored are left out (a manifest of their range then says it lacks them).
+        Raises WeightsError when the directory has no GGUF, or the GGUF is gone, changed,
+        unreadable or shorter than its tensor table says."""
+        try:
+            src, table = _weights.gguf_source(mdir, with_table=True)
+            if table is None:  # a folder prepared without the table
+                import gguf
+                table = _gb.tensor_table(gguf.GGUFReader(str(src)))
+            arch = ModelConfig.load(mdir).arch
+            st = src.stat()
+            with open(src, "rb") as f:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except _weights.WeightsError as e:
+            raise WeightsError(str(e)) from None
+        except (OSError, ValueError) as e:
+            raise WeightsError(f"cannot read the GGUF of {mdir}: {e}") from e
+        entries, names = {}, {}
+        for gname, t in table.items():
+            dtype = _GGML_NAMES.get(t.ggml_type)
+            if gname == _weights.ROPE_FREQS_GGUF or dtype is None:
+                continue
+            if t.offset < 0 or t.offset + t.nbytes > len(mm):
+                mm.close()
+                raise WeightsError(f"{src}: {gname}: the file ends inside this tensor (truncated GGUF)")
+            name = _weights.hf_name(gname, arch)
+            entries[name] = (dtype, list(t.shape), t.offset, t.offset + t.nbytes)
+            names[name] = gname
+        return cls(src, mm, entries, (str(src), st.st_mtime_ns, st.st_size), names)
 
     def view(self, name: str) -> memoryview:
         _, _, a, b = self.entries[name]
@@ -103,6 +151,12 @@ def _model_dir(model_dir: Path | str) -> Path:
     return p.parent if p.is_file() else p
 
 
+def open_store(mdir: Path, blocks: bool = False) -> _TensorFile:
+    """The tensors a model directory serves: ``model.safetensors``, or with ``blocks`` its
+    GGUF's blocks as stored (:meth:`_TensorFile.open_gguf`). Raises WeightsError."""
+    return _TensorFile.open_gguf(mdir) if blocks else _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
+
+
 def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
@@ -127,6 +181,8 @@ def _manifest_from(tf: _TensorFile, mdir: Path, start: int, end: int, with_embed
     for n in names:
         dtype, shape, a, b = tf.entries[n]
         tensors[n] = {"sha256": _tensor_sha(tf, n), "dtype": dtype, "shape": shape, "nbytes": b - a}
+        if tf.gguf:
+            tensors[n]["gguf"] = tf.gguf[n]
     files = {}
     for fn in _range_files(with_embedding):
         p = mdir / fn
@@ -140,10 +196,12 @@ def _manifest_from(tf: _TensorFile, mdir: Path, start: int, end: int, with_embed
     return m
 
 
-def make_manifest(model_dir: Path | str, start: int, end: int, with_embedding: bool, with_head: bool) -> dict:
+def make_manifest(model_dir: Path | str, start: int, end: int, with_embedding: bool, with_head: bool,
+                  blocks: bool = False) -> dict:
     """The sha256 manifest of layers ``[start, end)`` (0-based, half-open) of a model
     directory (``model.safetensors`` + ``config.json``; a range directory written by
-    :func:`fetch_range` works too), plus the embedding and/or head when asked.
+    :func:`fetch_range` works too), plus the embedding and/or head when asked; with
+    ``blocks``, of the GGUF's tensors as stored (module doc).
 
     Hashes the tensors' stored bytes (about 0.3 s per 100 MB; cached per file and
     mtime). See the module doc for the layout.
@@ -153,22 +211,22 @@ def make_manifest(model_dir: Path | str, start: int, end: int, with_embedding: b
         WeightsError: the file is missing, unreadable, or lacks a tensor or file of the range.
     """
     mdir = _model_dir(model_dir)
-    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
+    tf = open_store(mdir, blocks)
     try:
         return _manifest_from(tf, mdir, start, end, with_embedding, with_head)
     finally:
         tf.close()
 
 
-def range_nbytes(model_dir: Path | str, start: int, end: int) -> int:
+def range_nbytes(model_dir: Path | str, start: int, end: int, blocks: bool = False) -> int:
     """Stored bytes of layers ``[start, end)`` (0-based, half-open) of a model directory:
-    the sum of the ``nbytes`` its manifest (:func:`make_manifest`) gives those tensors,
-    read from the safetensors header without hashing. Raises WeightsError as
-    :func:`make_manifest` does."""
+    the sum of the ``nbytes`` its manifest (:func:`make_manifest`, ``blocks`` as there)
+    gives those tensors, read from the safetensors header (or the GGUF's tensor table)
+    without hashing. Raises WeightsError as :func:`make_manifest` does."""
     if end <= start:
         return 0
     mdir = _model_dir(model_dir)
-    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
+    tf = open_store(mdir, blocks)
     try:
         names = _weights.range_tensor_names(ModelConfig.load(mdir), start, end, False, False)
         missing = [n for n in names if n not in tf.entries]
@@ -195,6 +253,12 @@ def _is_int(v: Any) -> bool:
 
 def _is_sha(v: Any) -> bool:
     return isinstance(v, str) and len(v) == 64 and set(v) <= _HEX64
+
+
+def is_blocks(m: dict) -> bool:
+    """Whether manifest ``m`` lists GGUF blocks as stored (its tensors name their GGUF
+    tensor, module doc) rather than safetensors tensors."""
+    return any(isinstance(e, dict) and "gguf" in e for e in m.get("tensors", {}).values())
 
 
 def expected_sha256(expected: Any) -> str:
@@ -240,10 +304,16 @@ def _check_manifest(m: Any, start: int, end: int, emb: bool, head: bool, expecte
     if len(m["tensors"]) > MAX_TENSORS:
         raise WeightsError(f"the manifest lists over {MAX_TENSORS} tensors")
     total = 0
+    blocks = is_blocks(m)
     for n, e in m["tensors"].items():
         if not isinstance(n, str) or not n or len(n) > 256 or not isinstance(e, dict):
             raise WeightsError(f"the manifest has a malformed tensor entry {str(n)[:60]!r}")
-        if not isinstance(e.get("dtype"), str) or e["dtype"] not in _NP_DTYPES:
+        if blocks != ("gguf" in e):
+            raise WeightsError(f"tensor {n}: some tensors of the manifest are GGUF blocks and some are not")
+        if blocks and (not isinstance(e["gguf"], str) or not 0 < len(e["gguf"]) <= 256 or "/" in e["gguf"]):
+            raise WeightsError(f"tensor {n}: its GGUF name {str(e['gguf'])[:60]!r} is malformed")
+        known = GGML_DTYPES if blocks else _NP_DTYPES
+        if not isinstance(e.get("dtype"), str) or e["dtype"] not in known:
             raise WeightsError(f"tensor {n} has an unsupported dtype {str(e.get('dtype'))[:20]!r}")
         shape = e.get("shape")
         if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(d) and d >= 0 for d in shape):
@@ -252,7 +322,14 @@ def _check_manifest(m: Any, start: int, end: int, emb: bool, head: bool, expecte
         count = 1
         for d in shape:
             count *= d  # Python ints: no overflow
-        want_n = count * np.dtype(_NP_DTYPES[e["dtype"]]).itemsize
+        if e["dtype"] in _NP_DTYPES:
+            want_n = count * np.dtype(_NP_DTYPES[e["dtype"]]).itemsize
+        else:  # GGUF blocks: whole rows of blocks of a matrix [out, in]
+            fmt = e["dtype"].lower()
+            if len(shape) != 2 or shape[1] % _gb.FORMATS[fmt][1]:
+                raise WeightsError(f"tensor {n}: {e['dtype']} blocks need a matrix of rows of whole blocks, "
+                                   f"got shape {shape}")
+            want_n = shape[0] * _gb.row_bytes(fmt, shape[1])
         if want_n > MAX_TENSOR_BYTES:
             raise WeightsError(f"tensor {n}: shape {shape} is {want_n} bytes, over {MAX_TENSOR_BYTES}")
         if not _is_int(e.get("nbytes")) or want_n != e["nbytes"]:

@@ -20,8 +20,8 @@ import numpy as np
 from .. import weights as _weights
 from .. import weights_codec as _codec
 from ..config import ModelConfig
-from .manifest import (_NP_DTYPES, CONFIG_FILES, HOST_FILES, WeightsError, _canonical, _check_manifest, _is_int,
-                       _manifest_from, _model_dir, _TensorFile, expected_sha256)
+from .manifest import (_NP_DTYPES, CONFIG_FILES, GGML_DTYPES, HOST_FILES, WeightsError, _canonical, _check_manifest, _is_int,
+                       _manifest_from, _model_dir, _TensorFile, expected_sha256, is_blocks, open_store)
 from .wire import _REP, _REQ, CHANNEL, MAX_PART_BYTES, _req_int, decode, encode
 
 log = logging.getLogger("splitroom.weights_share")
@@ -216,11 +216,14 @@ class WeightsServer:
 
 def serve_weights(transport, model_dir: Path | str,
                   holds: Optional[tuple[int, int, bool, bool]] = None,
-                  grant: Optional[Callable[[str], Optional[tuple[int, int, bool, bool]]]] = None) -> WeightsServer:
+                  grant: Optional[Callable[[str], Optional[tuple[int, int, bool, bool]]]] = None,
+                  blocks: bool = False) -> WeightsServer:
     """Answer weights requests arriving on ``transport``'s ``weights`` channel.
 
     Serves the tensors of ``model_dir/model.safetensors`` (a full model directory or a
-    range directory written by :func:`fetch_range`), limited to ``holds = (start, end,
+    range directory written by :func:`fetch_range`), or with ``blocks`` the blocks of the
+    GGUF it was prepared from as stored (``weights: gguf``;
+    :mod:`runtime.weights_share.manifest`), limited to ``holds = (start, end,
     with_embedding, with_head)`` (0-based, half-open) when given. Requests for anything
     else are refused with a reason. Messages on other channels, and replies, go to the
     handler installed before this call.
@@ -234,7 +237,7 @@ def serve_weights(transport, model_dir: Path | str,
     directory cannot be read, ValueError for a ``holds`` outside the model.
     """
     mdir = _model_dir(model_dir)
-    tf = _TensorFile.open(mdir / _weights.SAFETENSORS_NAME)
+    tf = open_store(mdir, blocks)
     held = set(tf.entries)
     if holds is not None:
         cfg = ModelConfig.load(mdir)
@@ -307,6 +310,33 @@ def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
         raise
 
 
+#: the file of a blocks copy's tensors, as stored (:func:`fetch_range`)
+BLOCKS_NAME = "blocks.gguf-data"
+
+
+def _write_blocks(dest: Path, m: dict, tensors: dict[str, bytes]) -> Path:
+    """Write a checked blocks manifest's tensors to ``dest/BLOCKS_NAME`` (each at a multiple
+    of 32 bytes) and the table ``dest/gguf.json`` naming it (runtime.weights.GGUF_SOURCE,
+    what :func:`runtime.weights.load_range_native` reads), the table last."""
+    table, pos = {}, 0
+    for n, e in m["tensors"].items():
+        pos += -pos % 32
+        table[e["gguf"]] = [GGML_DTYPES[e["dtype"]], list(e["shape"]), pos, e["nbytes"]]
+        pos += e["nbytes"]
+    out = dest / BLOCKS_NAME
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            for n, e in m["tensors"].items():
+                f.seek(table[e["gguf"]][2])
+                f.write(tensors[n])
+            f.truncate(pos)
+    _atomic_write(out, write)
+    rec = {"path": str(out.resolve()), "identity": _weights.file_identity(out), "tensors": table}
+    _atomic_write(dest / _weights.GGUF_SOURCE, lambda tmp: Path(tmp).write_text(json.dumps(rec)))
+    return out
+
+
 async def fetch_range(transport, peer: str, start: int, end: int, with_embedding: bool, with_head: bool,
                       dest_dir: Path | str, expected_manifest: Any, *, timeout_s: float = 30.0,
                       part_bytes: int = PART_BYTES, window: int = WINDOW,
@@ -326,13 +356,19 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
     directory for that range: ``runtime.weights.load_range(dest_dir, ...)`` and
     ``runtime.backends.make_stage(backend, dest_dir, spec)`` read it.
 
+    A manifest of GGUF blocks (a peer serving with ``blocks``) is written as stored
+    instead: ``dest_dir/blocks.gguf-data`` (the tensors' bytes, each at a multiple of 32)
+    and ``dest_dir/gguf.json`` (runtime.weights.GGUF_SOURCE: that file and its tensor
+    table under the GGUF names), so ``runtime.weights.load_range_native(dest_dir, ...)``
+    reads the range's blocks as it reads them from the GGUF.
+
     Args:
         transport: a :class:`runtime.transport.Transport` connected to ``peer``.
         timeout_s: seconds to wait for each reply.
         progress: called ``(bytes received, bytes in all)`` of the tensors after each
             slice (an exception it raises is logged, never stops the copy).
     Returns:
-        The path of the written ``model.safetensors``.
+        The path of the written ``model.safetensors`` (or ``blocks.gguf-data``).
     Raises:
         WeightsError: no expected hash, refused, timed out, malformed, or a sha256
             mismatch; nothing is written then. ValueError: bad ``part_bytes`` or ``window``.
@@ -351,6 +387,7 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
         except (ValueError, RecursionError) as e:
             raise WeightsError(f"the manifest from {peer} is not JSON: {str(e)[:200]}") from None
         m = _check_manifest(m, start, end, emb, head, expected_manifest)
+        blocks = is_blocks(m)
 
         files: dict[str, bytes] = {}
         for fn, e in m["files"].items():
@@ -393,7 +430,7 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
                 if hashlib.sha256(data).hexdigest() != e["sha256"]:
                     raise WeightsError(f"tensor {n} from {peer}: sha256 mismatch")  # stop early
                 del bufs[n]
-                tensors[n] = np.frombuffer(data, dtype=_NP_DTYPES[e["dtype"]]).reshape(e["shape"])
+                tensors[n] = data if blocks else np.frombuffer(data, dtype=_NP_DTYPES[e["dtype"]]).reshape(e["shape"])
 
         async def first(n: str) -> None:
             packable = m["tensors"][n]["dtype"] == "F32"
@@ -447,9 +484,12 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
     for fn, data in files.items():
         _atomic_write(dest / fn, lambda tmp, d=data: Path(tmp).write_bytes(d))
     _atomic_write(dest / "weights-manifest.json", lambda tmp: Path(tmp).write_text(json.dumps(m, indent=1)))
-    out = dest / _weights.SAFETENSORS_NAME
-    meta = {"format": "pt", "splitroom_range": f"{start}-{end}", "manifest_sha256": m["sha256"], "source": peer}
-    _atomic_write(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    if blocks:
+        out = _write_blocks(dest, m, tensors)
+    else:
+        out = dest / _weights.SAFETENSORS_NAME
+        meta = {"format": "pt", "splitroom_range": f"{start}-{end}", "manifest_sha256": m["sha256"], "source": peer}
+        _atomic_write(out, lambda tmp: save_file(tensors, tmp, metadata=meta))
     log.info("%s: copied layers [%d, %d) from %s (%d tensors, manifest %s)", getattr(transport, "device", "?"),
              start, end, peer, len(tensors), m["sha256"][:12])
     return out
