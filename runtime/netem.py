@@ -97,6 +97,10 @@ DEVICE_NAME_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_]|-(?!-)){0,31}$")
 PREFIX_RE = re.compile(r"^[a-z0-9]{1,8}$")
 #: Most packets one helper holds at once; the kernel drops arrivals beyond it.
 QUEUE_MAX_LEN = 16384
+#: The most, in seconds, a helper releases a packet before its time: it aims early by
+#: the lateness of its timer wake-ups it has seen, capped at this. So a round trip
+#: through two helpers is never shorter than the pair's RTT less twice this.
+EARLY_MAX_S = 1e-3
 #: The NFQUEUE number used inside every device namespace (queues are per namespace).
 QUEUE_NUM = 0
 #: Last part of the bridge namespace's name; no device may have this name.
@@ -403,6 +407,7 @@ class EmulatedNetwork:
         self._created_ns: list[str] = []
         self._helpers: dict[str, subprocess.Popen] = {}
         self._helper_cpu_s: dict[str, float] = {}
+        self._helper_holds: dict[str, dict[str, dict[str, float]]] = {}
         self._children: list[subprocess.Popen] = []
         self._state_file = STATE_DIR / f"{self.prefix}-{self.run_id}.json"
         self._entered = False
@@ -463,6 +468,18 @@ class EmulatedNetwork:
             if c is not None:
                 out[d] = c
         return out
+
+    def helper_holds(self) -> dict[str, dict[str, dict[str, float]]]:
+        """What each device's delay helper held, known after :meth:`close`.
+
+        ``{device: {source device: {"packets": n, "min_s": s, "max_s": s}}}``: the IPv4
+        packets from that source the helper held, and the shortest and longest hold it
+        planned (seconds from the kernel's arrival stamp to the planned release: the
+        pair's one-way delay plus jitter, or later to keep order). A source it held
+        nothing from is absent. Empty before close, when the netem qdisc does the delay,
+        or for a helper that had to be killed (it writes its record on a clean exit).
+        """
+        return {d: {src: dict(h) for src, h in by_src.items()} for d, by_src in self._helper_holds.items()}
 
     def __enter__(self) -> EmulatedNetwork:
         if self._entered:
@@ -617,6 +634,13 @@ class EmulatedNetwork:
                     p.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=2.0)
+        device_of = {a: d for d, a in self._addr.items()}
+        for d, p in self._helpers.items():
+            with contextlib.suppress(Exception):  # its last line, written on a clean exit
+                if p.poll() is not None:
+                    last = json.loads(p.stdout.read().splitlines()[-1])
+                    self._helper_holds[d] = {device_of[src]: dict(zip(("packets", "min_s", "max_s"), h))
+                                             for src, h in last["held"].items()}
         for p in self._helpers.values():
             for f in (p.stdout, p.stderr):
                 with contextlib.suppress(Exception):
@@ -641,7 +665,9 @@ def _helper_main(cfg: dict) -> int:
     ``cfg``: ``links`` (source IPv4 -> [one-way delay s, jitter sigma s]), ``queue``,
     ``reorder``, ``seed``, ``max_lifetime_s``, ``parent`` (pid). Packets from sources not
     in ``links`` pass at once. Prints ``ready`` once bound; exits 0 when the parent is
-    gone, the lifetime is over, or on SIGTERM (held packets are then accepted).
+    gone, the lifetime is over, or on SIGTERM (held packets are then accepted), after a
+    last line ``{"held": {source IPv4: [packets, shortest hold s, longest hold s]}}``
+    (read by :meth:`EmulatedNetwork.helper_holds`).
     """
     from netfilterqueue import COPY_PACKET, NetfilterQueue
 
@@ -652,6 +678,7 @@ def _helper_main(cfg: dict) -> int:
     deadline = time.monotonic() + float(cfg["max_lifetime_s"])
     heap: list[tuple[float, int, object]] = []
     last: dict[bytes, float] = {}
+    held: dict[bytes, list[float]] = {}  # source -> [packets, shortest hold, longest hold]
     seq = 0
     stop = False
 
@@ -685,6 +712,9 @@ def _helper_main(cfg: dict) -> int:
         if not reorder:
             t = max(t, last.get(src, 0.0))
             last[src] = t
+        h = held.setdefault(src, [0, math.inf, 0.0])
+        h[0] += 1
+        h[1], h[2] = min(h[1], t - now), max(h[2], t - now)
         seq += 1
         heapq.heappush(heap, (t, seq, pkt))
 
@@ -721,12 +751,15 @@ def _helper_main(cfg: dict) -> int:
                 nfq.run(block=False)
             elif heap and timeout < 0.25:
                 late = time.monotonic() - (now + timeout)
-                early = min(1e-3, max(0.0, 0.9 * early + 0.1 * late))
+                early = min(EARLY_MAX_S, max(0.0, 0.9 * early + 0.1 * late))
     finally:
         while heap:
             with contextlib.suppress(Exception):
                 heapq.heappop(heap)[2].accept()
         nfq.unbind()
+        record = {str(ipaddress.IPv4Address(src)): h for src, h in held.items()}
+        sys.stdout.write(json.dumps({"held": record}) + "\n")
+        sys.stdout.flush()
     return 0
 
 

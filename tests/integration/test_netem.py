@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.netem import EmulatedNetwork, NetemError, available, cleanup_stale
+from runtime.netem import EARLY_MAX_S, EmulatedNetwork, NetemError, available, cleanup_stale
 
 OK, WHY = available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"network emulation unavailable: {WHY}")
@@ -142,8 +142,26 @@ def _no_leftovers():
     assert _ours() == [], "namespaces left behind"
 
 
-@pytest.mark.parametrize("rtt_ms,tol_ms", [(20.0, 2.0), (80.0, 3.0)])
-def test_rtt_applied(rtt_ms, tol_ms):
+def _held_once_each_way(net: EmulatedNetwork, pairs: dict[tuple[str, str], tuple[int, float]]) -> None:
+    """Each (receiver, sender) pair's packets were held by the receiver's helper, each
+    exactly its one-way delay (the RTT's half: no jitter, and pings one at a time never
+    wait for the one ahead), and no other pair's packets were held. Counts and the
+    helper's planned holds, not times measured on a machine that may be loaded."""
+    if net.method != "nfqueue":  # the kernel's netem qdisc delays: no helper, no record
+        return
+    holds = net.helper_holds()
+    got = {(d, src): (h["packets"], h["min_s"], h["max_s"]) for d, by in holds.items() for src, h in by.items()}
+    assert set(got) == set(pairs), holds
+    for key, (packets, one_way_s) in pairs.items():
+        assert got[key] == (packets, pytest.approx(one_way_s, abs=1e-9), pytest.approx(one_way_s, abs=1e-9)), key
+
+
+@pytest.mark.parametrize("rtt_ms", [20.0, 80.0])
+def test_rtt_applied(rtt_ms):
+    """n pings one at a time: each helper held the other's n packets rtt/2 each, and no
+    round trip was shorter than the RTT less what the two helpers may release early
+    (EARLY_MAX_S each). A loaded machine only makes a round trip longer, so no upper
+    bound is asserted; the measured figures are printed."""
     with EmulatedNetwork(["a", "b"], rtt_s=rtt_ms / 1e3, name_prefix=PREFIX) as net:
         assert set(_ours()) == {net.namespace("a"), net.namespace("b"), net.bridge_ns}
         n = 50 if rtt_ms < 50 else 25
@@ -151,9 +169,10 @@ def test_rtt_applied(rtt_ms, tol_ms):
         cpu = net.helper_cpu_s()
     assert len(rtts) == n
     mean, p50, p99 = _stats_ms(rtts)
-    print(f"rtt {rtt_ms} ms via {net.method}: mean {mean:.2f} p50 {p50:.2f} p99 {p99:.2f} ms; helper cpu {cpu}")
-    assert abs(mean - rtt_ms) <= tol_ms, (mean, p50, p99)
-    assert abs(p50 - rtt_ms) <= tol_ms, (mean, p50, p99)
+    print(f"rtt {rtt_ms} ms via {net.method}: min {min(rtts) * 1e3:.2f} mean {mean:.2f} p50 {p50:.2f} "
+          f"p99 {p99:.2f} ms; helper cpu {cpu}")
+    assert min(rtts) >= rtt_ms / 1e3 - 2 * EARLY_MAX_S, (min(rtts), mean, p50, p99)
+    _held_once_each_way(net, {("a", "b"): (n, rtt_ms / 2e3), ("b", "a"): (n, rtt_ms / 2e3)})
 
 
 def test_order_kept_with_jitter():
@@ -167,17 +186,21 @@ def test_per_pair_rtt_and_three_devices():
     rtt = {frozenset(("a", "b")): 0.030, frozenset(("a", "c")): 0.006, frozenset(("b", "c")): 0.012}
     with EmulatedNetwork(["a", "b", "c"], rtt_s=rtt, name_prefix=PREFIX) as net:
         assert len({net.address(d) for d in "abc"}) == 3
-        ab = _stats_ms(_exchange(net, 20, "pingpong", port=47002))[1]
+        ab = _exchange(net, 20, "pingpong", port=47002)
         # c pings a: reuse the helpers with c as the client
         server = net.address("a")
         echo = net.run_in("a", [sys.executable, "-c", ECHO, server, "47003", "20"], stdout=subprocess.PIPE, text=True)
         assert echo.stdout.readline().strip() == "listening"
         out = subprocess.run(["ip", "netns", "exec", net.namespace("c"), sys.executable, "-c", PING, server,
                               "47003", "20", "pingpong"], capture_output=True, text=True, timeout=30, check=True)
-        ac = _stats_ms(json.loads(out.stdout))[1]
+        ac = json.loads(out.stdout)
         echo.wait(timeout=15)
-    assert abs(ab - 30.0) <= 2.0, ab
-    assert abs(ac - 6.0) <= 2.0, ac
+    print(f"p50 a-b {_stats_ms(ab)[1]:.2f} ms (30), a-c {_stats_ms(ac)[1]:.2f} ms (6)")
+    assert len(ab) == len(ac) == 20
+    assert min(ab) >= 0.030 - 2 * EARLY_MAX_S and min(ac) >= 0.006 - 2 * EARLY_MAX_S, (min(ab), min(ac))
+    # a holds b's packets 15 ms and c's 3 ms; b and c hold a's; b and c never spoke
+    _held_once_each_way(net, {("a", "b"): (20, 0.015), ("b", "a"): (20, 0.015),
+                              ("a", "c"): (20, 0.003), ("c", "a"): (20, 0.003)})
 
 
 def test_cleanup_on_exception_and_stale():

@@ -18,6 +18,11 @@ simulates again and compares:
 The expected values are recorded output of the earlier code, not of the code under test:
 a change that moves any prediction fails here. One that is meant to (a better model)
 re-records the file with the script and says so in its commit.
+
+A regression pin, not validation: it pins a wrong model as firmly as a right one. The
+figures it pins are checked independently elsewhere (docs/testing.md): lap arithmetic by
+hand (tests/unit/test_sim_*.py, test_lapcost*.py), the published rows
+(tests/integration/test_published.py) and held-out measurement (docs/validation.md).
 """
 
 from __future__ import annotations
