@@ -44,6 +44,10 @@ hello over it. The host takes it back after the rejoin hold (planner/liveness.py
 its rejoin rule may deal it back into the chain (a Replan); the worker keeps its weights
 and its plan.
 
+This module is the IO (the API, the connections, the control queue, the device loop);
+the options are checked in :mod:`splitroom.join_options` and the handshake judged, with no
+IO, in :mod:`splitroom.join_handshake`.
+
 Exit status: 0 done, 2 bad arguments or a room that cannot be planned, 3 could not
 join the room (or a peer was lost before the plan), 4 timed out, 5 room over (lost the
 model host, which did not come back), 6 the host: a question was refused or not
@@ -61,226 +65,24 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from typing import Optional, Sequence, TextIO  # noqa: E402
-from urllib.parse import urlsplit  # noqa: E402
 
-from planner.deal import LayerRangeError, parse_layers as parse_range, shown_layers as shown  # noqa: E402
+from planner.deal import shown_layers as shown  # noqa: E402
 from planner.model import BUNDLED_MODEL_ID, lookup  # noqa: E402
-from planner.room import RUNTIME_DRAFTERS  # noqa: E402
+# the options check and the sans-IO handshake; their names stay importable from here (the CLI, the tests)
+from splitroom.join_handshake import HostRound, Wait, from_host, model_spec, plan_room, scheduler_settings  # noqa: E402,F401
+from splitroom.join_options import (  # noqa: E402,F401
+    JoinError, JoinOptions, JoinSetup, check_options, parse_lends, parse_layers, parse_room_key, parse_room_url,
+    room_decoding)
 
 log = logging.getLogger("splitroom.join")
 
 REFUSED = 6  # exit status of a host with a question not answered
 
 CONTROL = "reply"  # the hello/plan/bye messages travel on the reply channel
-RESIDUAL = "residual"
 
 
-class JoinError(RuntimeError):
-    """The device cannot take part: bad arguments (status 2), no room (3), a timeout (4),
-    the model host lost (5)."""
-
-    def __init__(self, message: str, status: int = 2):
-        super().__init__(message)
-        self.status = status
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def parse_room_url(url: str) -> tuple[str, str]:
-    """``ws://HOST:PORT/room/NAME`` -> (``ws://HOST:PORT``, ``NAME``).
-
-    Raises JoinError (status 2) for any other form.
-    """
-    u = urlsplit(url)
-    parts = [p for p in u.path.split("/") if p]
-    if u.scheme not in ("ws", "wss") or not u.netloc or len(parts) != 2 or parts[0] != "room":
-        raise JoinError(f"room URL {url!r} must look like ws://HOST:PORT/room/NAME "
-                        "(the address `splitroom relay` prints)")
-    return f"{u.scheme}://{u.netloc}", parts[1]
-
-
-def parse_room_key(url: str) -> Optional[str]:
-    """The room key of a room URL ``ws://HOST:PORT/room/NAME?key=KEY`` (None without
-    one). The key never reaches the relay: it keys the devices' proofs of identity, and the
-    relay seats them by a tag and signature made from it (:func:`runtime.relay.relay_hello`).
-
-    Raises JoinError (status 2) for a key that is not 16-128 letters, digits, ``-`` or ``_``."""
-    from urllib.parse import parse_qs
-    keys = parse_qs(urlsplit(url).query).get("key")
-    if not keys:
-        return None
-    key = keys[-1]
-    if not (16 <= len(key) <= 128) or not all(c.isascii() and (c.isalnum() or c in "-_") for c in key):
-        raise JoinError("the room URL's key must be 16-128 letters, digits, '-' or '_' "
-                        "(as `splitroom relay` prints it)")
-    return key
-
-
-def parse_layers(text: Optional[str], n_layers: int) -> Optional[tuple[int, int]]:
-    """``--layers`` as people write it, 1-based inclusive ``A-B`` (``1-15`` is the first
-    fifteen layers), -> 0-based half-open ``(A - 1, B)``; ``auto`` (or None) -> None.
-
-    Raises JoinError (status 2) when malformed or outside ``1-n_layers``.
-    """
-    if text is None or text.strip().lower() == "auto":
-        return None
-    try:
-        return parse_range(text, n_layers)
-    except LayerRangeError as e:
-        if e.malformed:
-            raise JoinError(f"--layers {text!r}: write A-B, 1-based and inclusive (e.g. 1-15), or auto") from None
-        raise JoinError(f"--layers {text!r}: need 1 <= A <= B <= {n_layers} (1-based, inclusive)") from None
-
-
-def parse_lends(text: Optional[str]) -> int:
-    """``--lends`` (``4 GiB``, ``512MB``) -> bytes; None -> 0 (unknown).
-
-    Raises JoinError (status 2) when it is not a size.
-    """
-    if text is None:
-        return 0
-    from splitroom.units import QuantityError, parse
-    t = text.strip()
-    if t and t[-1:].isalpha() and not any(c == " " for c in t):  # "4GiB" -> "4 GiB"
-        i = next(i for i, c in enumerate(t) if c.isalpha())
-        t = f"{t[:i]} {t[i:]}"
-    try:
-        return int(parse(t, "size"))
-    except QuantityError as e:
-        raise JoinError(f"--lends {text!r}: {e}") from None
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-def plan_room(hellos: dict[str, dict], host: str, n_layers: int, split: str = "memory", spec=None) -> list[list]:
-    """The chain ``[[device, start, end], ...]`` (0-based half-open, host first) from
-    every device's hello (the host's own included).
-
-    Explicit ranges must be given by every device and tile ``[0, n_layers)`` with the
-    host's first. ``auto`` (every device) deals with :func:`planner.deal.deal` over
-    what each lends, the host forced (``DealOptions(host=..., split=split)``); devices
-    dealt no layers are left out of the chain; a deal predicted more than 1.2x slower
-    than ``split: optimal``'s is logged as one warning line
-    (:func:`planner.optimal.slower_than_optimal`). ``spec``: the model's
-    :class:`planner.model.ModelSpec` (default: the bundled smollm2-135m from the catalog).
-
-    Raises JoinError (status 2) naming what is wrong.
-    """
-    autos = sorted(d for d, h in hellos.items() if h.get("layers") is None)
-    if autos and len(autos) != len(hellos):
-        raise JoinError(f"{', '.join(autos)} said --layers auto and the others gave ranges: "
-                        "give every device a range, or every device auto")
-    if autos:
-        from planner.deal import DealError, deal
-        from planner.room import DealOptions, Device
-        devices = [Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items())]
-        try:
-            dl = deal(devices, spec if spec is not None else lookup(BUNDLED_MODEL_ID),
-                      DealOptions(host=host, split=split))
-        except (DealError, ValueError) as e:
-            raise JoinError(f"cannot deal the layers: {e}") from None
-        if not dl.fits:
-            raise JoinError("the room cannot hold the model in what it lends (--lends): "
-                            + "; ".join(dl.notes))
-        from planner.optimal import slower_than_optimal
-        warning = slower_than_optimal(dl, devices, spec if spec is not None else lookup(BUNDLED_MODEL_ID),
-                                      DealOptions(host=host, split=split),
-                                      how="join with those --layers ranges instead of auto")
-        if warning:
-            log.warning("%s", warning)
-        chain = [[s.device, s.start, s.end] for s in dl.stages]
-        if not chain or chain[0][0] != host:
-            raise JoinError(f"the deal does not start at the host {host!r}: {chain}")
-        return chain
-    chain = sorted(([d, *h["layers"]] for d, h in hellos.items()), key=lambda s: (s[1], s[2]))
-    if chain[0][0] != host:
-        raise JoinError(f"the host {host!r} must hold the first layers; layer 1 is held by {chain[0][0]!r}")
-    expect = 0
-    for d, a, b in chain:
-        if a != expect:
-            what = "overlap" if a < expect else "leave a gap"
-            raise JoinError(f"ranges {what} at layer {min(a, expect) + 1}: "
-                            + ", ".join(f"{x} {shown(p, q)}" for x, p, q in chain))
-        expect = b
-    if expect != n_layers:
-        raise JoinError(f"ranges end at layer {expect}, the model has {n_layers}: "
-                        + ", ".join(f"{x} {shown(p, q)}" for x, p, q in chain))
-    return chain
-
-
-def room_decoding(opts: "JoinOptions"):
-    """The host's decoding settings: the ``decoding:`` section of ``opts.scenario`` (the
-    default one without), then ``--draft-tokens`` / ``--drafter`` and the sampling flags
-    over it. A sampled room without a seed (flag, ``decoding.sampling.seed``) takes the
-    scenario's ``seed``, or a fresh one without a scenario. Returns
-    ``(planner.room.Decoding, seed)``.
-
-    Raises JoinError (status 2): an unreadable scenario, a drafter real rooms do not
-    have, a value out of range (naming the flag)."""
-    from dataclasses import replace
-
-    from planner.room import Decoding, Speculative
-    from planner.sampling import MAX_SEED, Sampling
-    dec, seed = Decoding(), None
-    if opts.scenario:
-        from splitroom.scenario import ScenarioError, load
-        try:
-            scn = load(opts.scenario)
-        except (ScenarioError, OSError) as e:
-            raise JoinError(f"--scenario: {e}") from None
-        dec, seed = scn.decoding, scn.seed
-    spec = dec.speculative
-    if opts.draft_tokens is not None:
-        if not 0 <= opts.draft_tokens <= 64:
-            raise JoinError(f"--draft-tokens {opts.draft_tokens}: expected 0 (off) to 64")
-        spec = None if opts.draft_tokens == 0 else replace(spec or Speculative(drafter="ngram"),
-                                                           draft_tokens=opts.draft_tokens)
-    if opts.drafter is not None and spec is not None:
-        spec = replace(spec, drafter=opts.drafter)
-    if spec is not None and spec.drafter not in RUNTIME_DRAFTERS:
-        raise JoinError(f"drafter {spec.drafter!r} is not available in real rooms; use ngram, early_exit or model")
-    s = dec.sampling
-    given = {k: v for k, v in (("temperature", opts.temperature), ("top_p", opts.top_p), ("top_k", opts.top_k),
-                               ("seed", opts.seed)) if v is not None}
-    try:
-        s = Sampling(**(s.to_json() | given))
-    except ValueError as e:
-        raise JoinError(f"--{str(e).split(' ', 1)[0].replace('_', '-')}: {e}") from None
-    if not s.greedy and s.seed is None:
-        import secrets
-        s = s.with_seed(seed if seed is not None else secrets.randbelow(MAX_SEED + 1))
-    return replace(dec, speculative=spec, sampling=s), seed or 0
-
-
-def model_spec(mcfg, model_id: str):
-    """The planner's model of the model on disk (``mcfg``, a runtime ModelConfig), at the
-    runtime's storage, named ``model_id``."""
-    from planner.model import spec_from_architecture
-    return spec_from_architecture(model_id, mcfg.name or model_id, mcfg.architecture())
-
-
-def _scheduler_settings(room: str, hellos: dict[str, dict], mcfg, decoding=None, seed: int = 0,
-                        model_id: str = BUNDLED_MODEL_ID) -> dict:
-    """The room's scheduler settings as JSON, made as every room makes them
-    (:meth:`SchedulerConfig.from_scenario` over a scenario of the joined devices with
-    ``decoding``, :func:`room_decoding`; the default decoding when None), stopping on
-    the model's own eos id (``mcfg.eos_id``) and its other stop ids."""
-    from planner.room import DealOptions, Decoding, Device, Scenario
-    from planner.scheduler import SchedulerConfig
-    from runtime.node import DEFAULT_MAX_CTX
-    devices = tuple(Device(id=d, lends_bytes=int(h.get("lends") or 0)) for d, h in sorted(hellos.items()))
-    # a joined room has no scenario context: every device holds DEFAULT_MAX_CTX (2,048) positions
-    scn = Scenario(name=room, seed=seed, model=model_spec(mcfg, model_id), devices=devices,
-                   decoding=decoding or Decoding(), options=DealOptions(context_tokens=DEFAULT_MAX_CTX))
-    return SchedulerConfig.from_scenario(scn, eos_token=mcfg.eos_id if mcfg.eos_id >= 0 else None,
-                                         stop_tokens=tuple(i for i in mcfg.stop_ids if i >= 0)).to_json()
-
-
-# --------------------------------------------------------------------------- one device
+# --------------------------------------------------------------------------- the IO of one device
 
 
 class _Mux:
@@ -365,9 +167,7 @@ class _Mux:
         """Whether ``msg`` (a Plan, Abort or Bye) may be obeyed: it came over the
         connection of the model host (its id bound to its certificate by its hello's
         proof in a room with a key), and a plan names that host. Anything else is not."""
-        if self.host is None or src != self.host:
-            return False
-        return getattr(msg, "host", src) == src
+        return from_host(self.host, src, msg)
 
     def hello_for(self, peer: str, hello):
         """``hello`` as sent to ``peer``: with the proof of the room key over this side's
@@ -426,95 +226,27 @@ class _Mux:
         await self.t.send(dst, CONTROL, encode_control(msg))
 
 
-@dataclass
-class JoinOptions:
-    """``splitroom join``'s arguments, parsed (see :func:`run_join`)."""
-
-    room_url: str
-    device: str
-    layers: Optional[str] = None
-    lends: Optional[str] = None
-    host: bool = False
-    peers: Sequence[str] = ()
-    asks: Sequence[str] = ()
-    max_new_tokens: int = 128
-    backend: str = "numpy"
-    addresses: Sequence[str] = ()
-    #: STUN/TURN server URLs (runtime/transport/ice.py; none: no server is contacted)
-    ice_servers: Sequence[str] = ()
-    #: offer and accept only TURN relay candidates
-    ice_relay_only: bool = False
-    #: ask the relay for its STUN/TURN servers (``splitroom relay --turn-url``)
-    ice_from_relay: bool = False
-    #: a peer silent this long is lost, seconds (the room's heartbeat rule)
-    heartbeat_timeout_s: float = 1.0
-    timeout_s: float = 600.0
-    split: str = "memory"
-    answers_json: Optional[str] = None
-    model_dir: Optional[str] = None
-    #: a GGUF file or safetensors directory (None: the bundled SmolLM2); every device of
-    #: the room must give the same model
-    model: Optional[str] = None
-    answers: list = field(default_factory=list)
-    #: the host serves the OpenAI-compatible API on this TCP port (runtime/serve/) and
-    #: takes questions from it until Ctrl-C instead of asking ``asks``
-    serve_port: Optional[int] = None
-    serve_bind: str = "127.0.0.1"
-    #: a worker that loses the model host waits this long for it to come back, seconds
-    host_wait_s: float = 60.0
-    #: seconds a lost peer is waited for on the live connection before a new one is
-    #: made through the relay (runtime.control.REJOIN_LIVE_S; 0: at once)
-    rejoin_live_s: float = 10.0
-    #: this device's compute padded to this many times its time (runtime.node's
-    #: ``slowdown``, a scenario's ``emulate: {slowdown}``): one machine playing a slower one
-    slowdown: float = 1.0
-    #: the host's question queue on disk (splitroom/host_queue.py): questions a host
-    #: that died never ended are asked first when it comes back with the same file
-    queue_file: Optional[str] = None
-    #: the host's decoding (:func:`room_decoding`): a scenario's ``decoding:`` section,
-    #: speculation and sampling flags over it (None: as the scenario, or the default)
-    scenario: Optional[str] = None
-    draft_tokens: Optional[int] = None
-    drafter: Optional[str] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    seed: Optional[int] = None
-
 
 async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
                         needed: Sequence[str] = ()) -> tuple:
     """The next control message of a type in ``want`` (runtime.control classes) as
-    ``(src, message)``. Raises JoinError: status 4 at ``deadline`` (time.monotonic), 2
-    when the host aborts the room, 3 when a device in ``needed`` is lost or refused first.
-    A plan, abort or bye from a peer that is not the model host (:meth:`_Mux.from_host`)
-    is logged and ignored; so is an abort received by the host itself."""
-    from runtime.control import Abort, Bye, Plan
+    ``(src, message)``, judged by a :class:`splitroom.join_handshake.Wait`. Raises
+    JoinError: status 4 at ``deadline`` (time.monotonic), 2 when the host aborts the
+    room, 3 when a device in ``needed`` is lost or refused first. A plan, abort or bye
+    from a peer that is not the model host (:meth:`_Mux.from_host`) is logged and
+    ignored; so is an abort received by the host itself."""
+    wait = Wait(want, what, tuple(needed))
     while True:
-        for peer in needed:
-            if peer in mux.refused:
-                raise JoinError(f"refused {peer}: {mux.refused[peer]} (not the device it claims to be, "
-                                "or a device given another room key)", 3)
-            if peer in mux.lost:
-                raise JoinError(f"lost {peer} while waiting for {what}: {mux.lost[peer]}", 3)
+        wait.check_peers(mux.lost, mux.refused)
         left = deadline - time.monotonic()
         if left <= 0:
-            raise JoinError(f"timed out waiting for {what}", 4)
+            raise wait.timed_out()
         try:
             src, msg = await asyncio.wait_for(mux.control.get(), left)
         except asyncio.TimeoutError:
-            raise JoinError(f"timed out waiting for {what}", 4) from None
-        if msg is None:  # a lost marker: checked at the top
-            continue
-        if isinstance(msg, (Abort, Bye, Plan)) and not mux.from_host(src, msg):
-            log.warning("ignored a %s from %s: only the model host (%s) may send one", msg.type, src,
-                        mux.host or "not known yet")
-            continue
-        if isinstance(msg, Abort):
-            raise JoinError(f"{src} stopped the room: {msg.reason}", 2)
-        if isinstance(msg, want):
+            raise wait.timed_out() from None
+        if msg is not None and wait.judge(src, msg, mux.host):  # None: a lost marker, checked at the top
             return src, msg
-        log.info("control message %r from %s ignored while waiting for %s", msg.type, src, what)
 
 
 async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[asyncio.Event], say,
@@ -648,110 +380,38 @@ async def _stream_answers(node, tok, out: TextIO, opts: JoinOptions, queue=None,
         qid += 1
 
 
-async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Take part in the room (see module doc); returns the exit status.
+async def _start_api(opts: JoinOptions, setup: JoinSetup, say):
+    """``--serve``: the API up at once (503 with the reason until the room is ready), a
+    browser tab's way in (TabRoom) and the relay watch. Returns ``(api, runner, watch)``
+    (runtime.serve.host.start_api's pair and the watch's task), or None without ``--serve``.
+    Raises JoinError (status 2) when the port cannot be listened on."""
+    if opts.serve_port is None:
+        return None
+    relay_url, room, peers, ice_servers = setup.relay_url, setup.room, setup.peers, setup.ice_servers
+    model_id, model_dir = setup.model_id, setup.model_dir
+    import socket
+    from runtime.serve.host import start_api
+    try:
+        sock = socket.create_server((opts.serve_bind, opts.serve_port))
+    except OSError as e:
+        raise JoinError(f"--serve {opts.serve_port}: cannot listen on {opts.serve_bind}: {e.strerror or e}") from None
+    api = await start_api(sock, model_id)
+    from runtime.serve.tab_stage import TabRoom  # a browser tab may join as a worker: share.html?layers=A-B
+    api[0].tab_room = TabRoom(relay_url, room, opts.device, str(model_dir),
+                              [s.for_webrtc() for s in ice_servers], opts.ice_relay_only)
+    api[0].set_phase("connecting", f"the room is starting: waiting for {', '.join(peers)}")
+    from runtime.serve.server import watch_relay
+    api = (*api, asyncio.ensure_future(watch_relay(api[0], relay_url)))  # /health: degraded without it
+    say(f"serving the API at http://{opts.serve_bind}:{sock.getsockname()[1]}/v1")
+    return api
 
-    Raises JoinError for bad arguments, a room that cannot be joined or planned, and
-    timeouts (its ``status`` is the exit status).
-    """
-    from runtime.backends import BACKENDS
-    from runtime.config import ModelConfig
-    from runtime.control import Abort, Bye, Hello, NodeConfig, Plan
-    from runtime.node import LOST_HOST, TIMED_OUT, load_device, run_device, stop_on_signals
+
+async def _connect(opts: JoinOptions, setup: JoinSetup, api, say):
+    """Connect to every peer (runtime.transport.connect_room) and say which ICE servers and
+    candidate pairs were used. Returns ``(transport, the ICE servers used)``. Raises
+    JoinError (status 3) when the room cannot be joined (the API, if any, closed)."""
     from runtime.transport import TransportError, connect_room
-    from splitroom.models import ModelError
-    from splitroom.models import model_dir as resolve_model
-
-    from runtime.transport.ice import parse_ice_servers
-
-    relay_url, room = parse_room_url(opts.room_url)
-    key = parse_room_key(opts.room_url)
-    try:
-        ice_servers = parse_ice_servers(opts.ice_servers)
-    except ValueError as e:
-        raise JoinError(f"--ice-server: {e}") from None
-    if opts.ice_relay_only and not opts.ice_from_relay and not any(s.kind == "turn" for s in ice_servers):
-        raise JoinError("--ice-relay-only needs a TURN server: --ice-server turn:USER:PASS@HOST:PORT, "
-                        "or --ice-from-relay")
-    peers = [p for p in dict.fromkeys(p.strip() for p in opts.peers) if p]
-    if not peers:
-        raise JoinError("--peers must name the other devices of the room (comma-separated ids)")
-    if opts.device in peers:
-        raise JoinError(f"--peers must not contain this device ({opts.device!r})")
-    if opts.serve_port is not None and not opts.host:
-        raise JoinError("only the model host (--host) serves the API (--serve PORT)")
-    for i, ask in enumerate(opts.asks):
-        try:
-            ask.encode("utf-8")
-        except UnicodeEncodeError:
-            raise JoinError(f"--ask number {i + 1} is not valid Unicode text (bytes that are not UTF-8?)") from None
-    if opts.queue_file is not None and (not opts.host or opts.serve_port is not None):
-        raise JoinError("--queue keeps the questions of a host that asks them (--host with --ask), "
-                        "not of a worker or of --serve")
-    queue, numbers, pending = None, [], []
-    if opts.queue_file is not None:
-        from splitroom.host_queue import HostQueue, QueueError
-        try:
-            queue = HostQueue.open(opts.queue_file)
-            pending = queue.pending()
-            numbers = pending + [queue.take(p) for p in opts.asks]
-        except QueueError as e:
-            raise JoinError(str(e)) from None
-        opts.asks = [queue.prompts[n] for n in numbers]
-    if opts.host and not opts.asks and opts.serve_port is None:
-        raise JoinError("the host needs at least one --ask \"QUESTION\" (or --serve PORT, or a --queue "
-                        "with questions not yet ended)")
-    if opts.asks and not opts.host:
-        raise JoinError("only the host (--host) asks questions")
-    if opts.backend not in BACKENDS:
-        raise JoinError(f"unknown backend {opts.backend!r}; choose one of {', '.join(BACKENDS)}")
-    if opts.max_new_tokens < 1:
-        raise JoinError("--max-tokens must be at least 1")
-    decoding_flags = [f for f, v in (("--scenario", opts.scenario), ("--draft-tokens", opts.draft_tokens),
-                                     ("--drafter", opts.drafter), ("--temperature", opts.temperature),
-                                     ("--top-p", opts.top_p), ("--top-k", opts.top_k), ("--seed", opts.seed))
-                      if v is not None]
-    if decoding_flags and not opts.host:
-        raise JoinError(f"only the host (--host) decides how the room decodes: {', '.join(decoding_flags)}")
-    decoding, scn_seed = room_decoding(opts) if opts.host else (None, 0)
-    try:
-        model_dir = opts.model_dir or str(resolve_model(opts.model))
-        mcfg = ModelConfig.load(model_dir)
-    except ModelError as e:
-        raise JoinError(f"--model: {e}" if opts.model else f"no model here: {e}") from None
-    except (ValueError, OSError) as e:
-        raise JoinError(f"no model here: {e}") from None
-    bundled = opts.model is None and opts.model_dir is None
-    model_id = BUNDLED_MODEL_ID if bundled else (mcfg.name or BUNDLED_MODEL_ID)
-    mine = parse_layers(opts.layers, mcfg.n_layers)
-    lends = parse_lends(opts.lends)
-    if mine is not None and opts.host and mine[0] != 0:
-        raise JoinError(f"the host holds the first layers: --layers 1-B, not {opts.layers}")
-    deadline = time.monotonic() + opts.timeout_s
-
-    def say(line: str) -> None:
-        print(f"[{opts.device}] {line}", file=err, flush=True)
-
-    say(f"joining room {room!r} at {relay_url} with {', '.join(peers)}")
-    if queue is not None and pending:
-        say(f"resuming {len(pending)} question{'s' if len(pending) != 1 else ''} from the queue {opts.queue_file} "
-            "that never ended")
-    api = None
-    if opts.serve_port is not None:  # up at once: 503 with the reason until the room is ready
-        import socket
-        from runtime.serve.host import start_api
-        try:
-            sock = socket.create_server((opts.serve_bind, opts.serve_port))
-        except OSError as e:
-            raise JoinError(f"--serve {opts.serve_port}: cannot listen on {opts.serve_bind}: {e.strerror or e}") from None
-        api = await start_api(sock, model_id)
-        from runtime.serve.tab_stage import TabRoom  # a browser tab may join as a worker: share.html?layers=A-B
-        api[0].tab_room = TabRoom(relay_url, room, opts.device, str(model_dir),
-                                  [s.for_webrtc() for s in ice_servers], opts.ice_relay_only)
-        api[0].set_phase("connecting", f"the room is starting: waiting for {', '.join(peers)}")
-        from runtime.serve.server import watch_relay
-        api = (*api, asyncio.ensure_future(watch_relay(api[0], relay_url)))  # /health: degraded without it
-        say(f"serving the API at http://{opts.serve_bind}:{sock.getsockname()[1]}/v1")
+    relay_url, room, peers, ice_servers, key = setup.relay_url, setup.room, setup.peers, setup.ice_servers, setup.key
     try:
         transport = await connect_room(relay_url, room, opts.device, peers,
                                        host_addresses=list(opts.addresses) or None,
@@ -773,19 +433,94 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
         pair = getattr(transport, "ice_pair", lambda _p: None)(p)
         if pair is not None:
             say(f"connected to {p} through ICE candidate pair {pair[0]} {pair[1]} -> {pair[2]} {pair[3]}")
-    desk = None
-    if api is not None:  # browser guests (share.html) reach the host through the same relay
-        from runtime.serve.guest import GuestDesk
-        desk = GuestDesk(api[0], relay_url, room, f"{opts.device}.desk", ice_servers=used,
-                         relay_only=opts.ice_relay_only)
-        try:
-            await asyncio.wait_for(desk.start(), 10.0)
-            api[0].guest_info = desk.info()
-            say(f"browser guests: /share.html asks over WebRTC through {relay_url}")
-        except Exception as e:  # the API still serves; only browser guests cannot join
-            say(f"browser guests cannot join: {type(e).__name__}: {e}")
-            await desk.close()
-            desk = None
+    return transport, used
+
+
+async def _open_desk(opts: JoinOptions, setup: JoinSetup, api, used, say):
+    """The desk of browser guests (share.html) on a host serving the API, through the same
+    relay; None without the API or when it cannot start (said; the API still serves)."""
+    if api is None:
+        return None
+    relay_url, room = setup.relay_url, setup.room
+    from runtime.serve.guest import GuestDesk
+    desk = GuestDesk(api[0], relay_url, room, f"{opts.device}.desk", ice_servers=used,
+                     relay_only=opts.ice_relay_only)
+    try:
+        await asyncio.wait_for(desk.start(), 10.0)
+        api[0].guest_info = desk.info()
+        say(f"browser guests: /share.html asks over WebRTC through {relay_url}")
+    except Exception as e:  # the API still serves; only browser guests cannot join
+        say(f"browser guests cannot join: {type(e).__name__}: {e}")
+        await desk.close()
+        desk = None
+    return desk
+
+
+async def _host_round(mux: _Mux, opts: JoinOptions, setup: JoinSetup, deadline: float):
+    """The model host's handshake (:class:`splitroom.join_handshake.HostRound`): every
+    peer's hello, then the Plan (or the Abort) sent to every peer. Returns ``(plan,
+    hellos)``. Raises JoinError (status 2) after sending the Abort; as
+    :func:`_next_control` while waiting."""
+    from runtime.control import Abort, Hello
+    peers = setup.peers
+    rnd = HostRound(opts.device, peers, setup.mine, setup.lends)
+    while not rnd.complete:
+        src, msg = await _next_control(mux, (Hello,), deadline, "the other devices' hellos", peers)
+        abort = rnd.hello(src, msg)
+        if abort is not None:
+            for p in peers:
+                await mux.say(p, abort)
+            raise JoinError(abort.reason)
+    hellos = rnd.hellos
+    plan = rnd.outcome(setup.room, setup.mcfg, opts.split, setup.decoding, setup.scn_seed, setup.model_id,
+                       opts.max_new_tokens)
+    for p in peers:
+        await mux.say(p, plan)
+    if isinstance(plan, Abort):
+        raise JoinError(plan.reason)
+    return plan, hellos
+
+
+def _room_info(api, setup: JoinSetup, hellos: dict, host: str, chain: list) -> None:
+    """What the room page shows (the host's hellos and the plan)."""
+    model_id, mcfg, model_dir, room = setup.model_id, setup.mcfg, setup.model_dir, setup.room
+    api[0].room_info.update({
+        "name": room, "model": {"id": model_id,
+                                "name": (lookup(BUNDLED_MODEL_ID).name if model_id == BUNDLED_MODEL_ID
+                                         else mcfg.name),
+                                "layers": mcfg.n_layers}, "host": host,
+        "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
+                    for d, h in hellos.items()],
+        "stages": [{"device": d, "start": a, "end": b, "shown": shown(a, b)} for d, a, b in chain],
+        "shares": stage_shares(model_dir, chain), "notes": [], "predicted_tokens_per_s": None})
+
+
+async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Take part in the room (see module doc); returns the exit status.
+
+    Raises JoinError for bad arguments, a room that cannot be joined or planned, and
+    timeouts (its ``status`` is the exit status).
+    """
+    from runtime.control import Bye, Hello, NodeConfig, Plan
+    from runtime.node import LOST_HOST, TIMED_OUT, load_device, run_device, stop_on_signals
+    from runtime.transport import TransportError
+
+    setup = check_options(opts)
+    relay_url, room, key, peers = setup.relay_url, setup.room, setup.key, setup.peers
+    queue, numbers, pending = setup.queue, setup.numbers, setup.pending
+    decoding, model_dir, mine, lends = setup.decoding, setup.model_dir, setup.mine, setup.lends
+    deadline = time.monotonic() + opts.timeout_s
+
+    def say(line: str) -> None:
+        print(f"[{opts.device}] {line}", file=err, flush=True)
+
+    say(f"joining room {room!r} at {relay_url} with {', '.join(peers)}")
+    if queue is not None and pending:
+        say(f"resuming {len(pending)} question{'s' if len(pending) != 1 else ''} from the queue {opts.queue_file} "
+            "that never ended")
+    api = await _start_api(opts, setup, say)
+    transport, used = await _connect(opts, setup, api, say)
+    desk = await _open_desk(opts, setup, api, used, say)
     mux = _Mux(transport, key)
     if opts.host:
         mux.host = opts.device
@@ -813,40 +548,13 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             if back is not None:
                 plan, back = back, None
             elif opts.host:
-                hellos = {opts.device: {"layers": list(mine) if mine else None, "lends": lends}}
-                while len(hellos) < len(peers) + 1:
-                    src, msg = await _next_control(mux, (Hello,), deadline, "the other devices' hellos", peers)
-                    if msg.host:
-                        reason = f"{src} and {opts.device} both say --host"
-                        for p in peers:
-                            await mux.say(p, Abort(reason=reason))
-                        raise JoinError(reason)
-                    hellos[src] = {"layers": list(msg.layers) if msg.layers else None, "lends": msg.lends}
-                try:
-                    chain = plan_room(hellos, opts.device, mcfg.n_layers, opts.split, model_spec(mcfg, model_id))
-                    plan = Plan(host=opts.device, stages=chain,
-                                scheduler=_scheduler_settings(room, hellos, mcfg, decoding, scn_seed, model_id),
-                                max_new_tokens=opts.max_new_tokens)
-                except JoinError as e:
-                    for p in peers:
-                        await mux.say(p, Abort(reason=str(e)))
-                    raise
-                for p in peers:
-                    await mux.say(p, plan)
+                plan, hellos = await _host_round(mux, opts, setup, deadline)
             else:
                 _, plan = await _next_control(mux, (Plan,), deadline, "the host's plan", [host] if host else peers)
             chain = [list(s) for s in plan.stages]
             host = plan.host
-            if api is not None:  # what the room page shows (the host's hellos and the plan)
-                api[0].room_info.update({
-                    "name": room, "model": {"id": model_id,
-                                            "name": (lookup(BUNDLED_MODEL_ID).name if model_id == BUNDLED_MODEL_ID
-                                                     else mcfg.name),
-                                            "layers": mcfg.n_layers}, "host": host,
-                    "devices": [{"id": d, "name": d, "kind": "computer", "lends_bytes": (h or {}).get("lends")}
-                                for d, h in hellos.items()],
-                    "stages": [{"device": d, "start": a, "end": b, "shown": shown(a, b)} for d, a, b in chain],
-                    "shares": stage_shares(model_dir, chain), "notes": [], "predicted_tokens_per_s": None})
+            if api is not None:
+                _room_info(api, setup, hellos, host, chain)
             say("plan: " + ", ".join(f"{d} layers {shown(a, b)}{' (host)' if d == host else ''}" for d, a, b in chain))
             members = [s[0] for s in chain]
             if opts.device not in members:
