@@ -10,12 +10,29 @@ with the same numbers:
     lap_s[k] = draft_s(k)                                   (the host's drafter, one call)
              + sum over stages pass_s(layers, k + 1, context) (+ the host's embedding)
              + sum over hops nominal_s(frame of k + 1 positions)
+             + sum over the hops back to the host  rounds(frame) x rtt
              + head_s(k + 1) + sample_s(k + 1)
 
 at ``context`` = the prompt plus half the answer (the mean position of a decode lap);
 hops round the ring by the return path, each with its link's ``rtt/2 + overhead +
 bytes x (1 / bandwidth + per-byte cost)`` and no jitter (jitter and stalls shift every
-``k`` alike). The prior: the conditional acceptance per position
+``k`` alike). ``rounds(frame)``: on a link with a congestion window (a calibrated or
+real room: ``window_bytes``, the tuned SCTP sender's 10 chunks of 1160 bytes), the
+round trips a result frame needs from the *initial* window
+(:func:`sim.link.slow_start_rounds`, RFC 4960 section 7.2.1), on each hop that carries
+a lap's result back towards the host (the ring's last hop, or every return hop with
+``return_path: via_stages``). Why those, and from the initial window: measured in three
+held-out studies on the 2-vCPU VM at 80 ms (W1, the quiet run, S6; their raw records in
+docs/), the return hop of a 9-position lap (k=8, a 20.8 KB frame, over the 11.6 KB
+window) took 31-36 ms longer than that of a 5-position lap (11.6 KB, inside it), the two
+forward hops 1-3 ms longer. The forward hops carry every prefill chunk (``prefill_chunk``
+positions, 16 by default), so their windows grow before the first lap; the way back
+carries only the last chunk's result, whose size depends on the prompt's length. The
+simulator's links let a grown window carry over to the next frame, so they charge the
+way back about once a question; why the rooms keep paying on it was not found. The rule
+takes the case of a window that has not grown, a whole round trip (about twice the
+measured mean); replayed on those studies' measured lap times, its choices keep
+0.97-1.00x of the best fixed k on grounded prompts (docs/benchmarks.md, 2026-12-03). The prior: the conditional acceptance per position
 (:func:`planner.draft_policy.conditional_rates`) of the profile's walk for the
 scenario's workload (its ``workload.sample``, else its kind) at ``max_draft_tokens``
 (a position beyond the longest walk measured gets rate 0: the simulator knows nothing
@@ -33,7 +50,7 @@ from planner.draft_policy import DraftPolicy, conditional_rates
 from planner.frames import DType, frame_bytes
 from planner.room import Scenario
 from sim.devices import device_model
-from sim.link import resolve_link
+from sim.link import resolve_link, slow_start_rounds
 
 __all__ = ["lap_costs", "prior_rates", "prior_by_k", "draft_policy"]
 
@@ -52,11 +69,14 @@ def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
     dtype = DType.FLOAT32 if f32 else DType.FLOAT16
     path = [host] + [s.device for s in deal.stages if s.device != host]
     if scn.decoding.return_path == "via_stages":
-        hops = list(zip(path, path[1:])) + list(zip(path[::-1], path[::-1][1:]))
+        back = list(zip(path[::-1], path[::-1][1:]))
+        hops = list(zip(path, path[1:])) + back
     else:
         ring = path + [host]
         hops = list(zip(ring, ring[1:]))
+        back = hops[-1:]
     links = {(a, b): resolve_link(scn.network, a, b) for a, b in hops if a != b}
+    returns = [links[h] for h in back if h in links and links[h].window_bytes is not None]
     hm = models[host]
     out = []
     for k in range(max_k + 1):
@@ -68,6 +88,7 @@ def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
         t += hm.embed_s(n) + hm.head_s(n) + hm.sample_s(n)
         nbytes = frame_bytes(n, scn.model.hidden, dtype)
         t += sum(link.nominal_s(nbytes) for link in links.values())
+        t += sum(slow_start_rounds(nbytes, link.window_bytes, link.burst_bytes)[0] * link.rtt_s for link in returns)
         out.append(max(t, 1e-9))
     return tuple(out)
 

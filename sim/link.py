@@ -51,11 +51,26 @@ from sim.jitter import make_jitter
 if TYPE_CHECKING:  # the links need only an object with .now (the driver's queue, or a SimPy environment)
     import simpy
 
-__all__ = ["LOOPBACK", "Link", "Links", "ResolvedLink", "Uplinks", "resolve_link"]
+__all__ = ["LOOPBACK", "Link", "Links", "ResolvedLink", "Uplinks", "resolve_link", "slow_start_rounds"]
 
 
 #: Cap on the grown window (aiortc's receive window is 128 KiB).
 WINDOW_MAX_BYTES = 131072
+
+
+def slow_start_rounds(frame_bytes: float, cwnd: float, burst_bytes: float | None = None) -> tuple[int, float]:
+    """Extra round trips one frame of ``frame_bytes`` needs from a congestion window of
+    ``cwnd`` bytes under slow start (RFC 4960 section 7.2.1): the first flight is
+    ``cwnd`` bytes, at most ``burst_bytes`` (None: no cap), and each round trip that fills
+    the window doubles it. Returns ``(rounds, the window after)``; 0 rounds for a frame
+    that fits the first flight. Bytes; ``cwnd`` and ``burst_bytes`` > 0."""
+    sent = cwnd if burst_bytes is None else min(cwnd, burst_bytes)
+    rounds = 0
+    while sent < frame_bytes:
+        cwnd *= 2
+        sent += cwnd
+        rounds += 1
+    return rounds, cwnd
 
 
 class Uplinks:
@@ -215,14 +230,7 @@ class Link:
         when the first acknowledgement comes back (aiortc's ``_transmit`` as tuned by
         runtime.transport.tune_sctp: 32 chunks of 1160 bytes). Later flights are clocked
         by the acknowledgements and limited by the window alone."""
-        cwnd = self._cwnd
-        burst = self.spec.burst_bytes
-        sent = cwnd if burst is None else min(cwnd, burst)
-        rounds = 0
-        while sent < frame_bytes:
-            cwnd *= 2
-            sent += cwnd
-            rounds += 1
+        rounds, cwnd = slow_start_rounds(frame_bytes, self._cwnd, self.spec.burst_bytes)
         if rounds:
             self._cwnd = min(cwnd, WINDOW_MAX_BYTES)
         return rounds

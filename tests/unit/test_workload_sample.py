@@ -167,6 +167,48 @@ def test_lap_costs_by_hand_from_a_profile():
     assert lap[1] == pytest.approx(2 * fixed + 30 * per + head + 0.020 + 1e-5, abs=2e-5)
 
 
+def test_lap_costs_charge_the_way_back_its_round_trips_from_the_initial_window():
+    """sim/draft_costs.py: a result frame over the initial congestion window pays one
+    round trip of the hop back to the host per slow-start doubling; the forward hops
+    (grown by the prefill chunks) pay nothing. By hand, SmolLM2 frames (576 float32 per
+    position, 32 header bytes): 5 positions 11,552 B fit 11,600; 6 positions 13,856 B need
+    one round (11,600 sent, the window doubles to 23,200); 16 positions 36,896 B need two
+    (11,600 + 23,200 = 34,800 < 36,896)."""
+    from planner.room import LinkSpec
+    from sim.draft_costs import lap_costs
+    prof = _profile(_drafter())
+    three = ['stages=[{device: desktop, layers: "1-10"}, {device: laptop, layers: "11-20"}, '
+             '{device: phone, layers: "21-30"}]']
+    scn = _load(["network.jitter={distribution: none}", "network.episodes=null", "network.rtt=20ms",
+                 "host=desktop", "workload.prompt_tokens=100", "workload.answer_tokens=50",
+                 "decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 15}"] + three)
+    scn = dataclasses.replace(scn, profile=prof)
+    deal = Deal("desktop", "pinned", (Stage("desktop", 0, 10), Stage("laptop", 10, 20), Stage("phone", 20, 30)),
+                (), True, ())
+    plain = lap_costs(scn, deal, 15)  # no window: no charge
+    win = dataclasses.replace(scn, network=dataclasses.replace(scn.network, window_bytes=11600))
+    extra = [b - a for a, b in zip(plain, lap_costs(win, deal, 15))]
+    # k = 0..4 fit; k = 5..14 (6-15 positions) one round; k = 15 (16 positions) two; only the
+    # phone -> desktop hop pays (three hops each paying would be 0.060 a round)
+    assert extra == pytest.approx([0.0] * 5 + [0.020] * 10 + [0.040], abs=1e-12)
+    # the round is that hop's own round trip: phone <-> desktop at 60 ms, the others at 20 ms
+    far = dataclasses.replace(win.network, links=(LinkSpec(between=("phone", "desktop"), rtt_s=0.060),))
+    base = dataclasses.replace(scn.network, links=far.links)
+    extra = [b - a for a, b in zip(lap_costs(dataclasses.replace(scn, network=base), deal, 6),
+                                   lap_costs(dataclasses.replace(scn, network=far), deal, 6))]
+    assert extra == pytest.approx([0.0] * 5 + [0.060] * 2, abs=1e-12)
+    # a burst cap of 5,800 B: the first flight is 5,800, so from 3 positions (6,944 B) a frame
+    # needs a round (then 5,800 + 23,200 covers up to 12 positions)
+    capped = dataclasses.replace(win.network, burst_bytes=5800)
+    extra = [b - a for a, b in zip(plain[:7], lap_costs(dataclasses.replace(scn, network=capped), deal, 6))]
+    assert extra == pytest.approx([0.0] * 2 + [0.020] * 5, abs=1e-12)
+    # return_path via_stages: the way back is phone -> laptop -> desktop, both hops pay
+    via = dataclasses.replace(win, decoding=dataclasses.replace(win.decoding, return_path="via_stages"))
+    nowin = dataclasses.replace(via, network=scn.network)
+    extra = [b - a for a, b in zip(lap_costs(nowin, deal, 6), lap_costs(via, deal, 6))]
+    assert extra == pytest.approx([0.0] * 5 + [0.040] * 2, abs=1e-12)
+
+
 def test_the_rule_gets_one_prior_per_draft_length_from_the_walk_at_that_k():
     from sim.draft_costs import prior_by_k
     d = DrafterProfile(Curve((1.0, 4.0), (1e-5, 1e-5)), {1: (1, 1, 0), 4: (0, 0, 1, 4, 3)})
