@@ -20,7 +20,7 @@ Everything in one process, for one call on a GPU machine:
    by ping-pong), a stage's fixed cost (upload, submit and read-back: the pass curve's
    intercept), and the time per token one more device adds (3 stages - 2 stages).
 
-The round trip is not emulated when runtime.netem.available() says no (the machine has no
+The round trip is not emulated when runtime.testbed.netem.available() says no (the machine has no
 netem or namespaces); the record says why.
 
 Usage (docs/benchmarks.md gives the device call)::
@@ -250,7 +250,7 @@ def main() -> int:
     scn_path.write_text(SCENARIO.replace("MODEL", str(gguf.resolve())).replace("ANSWER", str(a.answer_tokens)))
 
     from planner.deal import deal
-    from runtime import netem
+    from runtime.testbed import netem
     from runtime.config import ModelConfig
     from splitroom.calibration import build_profile, measure, measure_room_overheads, save_profile, with_room_overheads
     from splitroom.real import predict_real_run, prompt_token_counts, real_model_dir, real_prompts, run_real

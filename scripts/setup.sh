@@ -10,7 +10,7 @@ VENV=.venv
 
 # Debian packages: lavapipe (Mesa's CPU Vulkan driver) for the wgpu backend;
 # iproute2, iptables (iptables-legacy) and libnetfilter-queue-dev (to build the
-# NetfilterQueue dependency) for the emulated network of runtime/netem.py.
+# NetfilterQueue dependency) for the emulated network of runtime/testbed/netem.py.
 need_debs=()
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need_debs+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || need_debs+=(libvulkan1)

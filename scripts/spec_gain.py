@@ -10,7 +10,7 @@ which the profile must hold: validate_heldout.py makes such a profile).
 
 Prints one row per workload and drafting setting (median measured tokens per second
 over the repeats, min-max, predicted, and the gain over plain) and writes them as JSON.
-Needs root and the tools of runtime/netem.py; run it alone (timings)."""
+Needs root and the tools of runtime/testbed/netem.py; run it alone (timings)."""
 
 from __future__ import annotations
 

@@ -301,7 +301,7 @@ def main() -> int:
         profile = calibrate(a.small, out)
         print(f"calibrated in {time.time() - t0:.0f} s -> {out.with_suffix('.profile.yaml')}", flush=True)
 
-    from runtime import netem
+    from runtime.testbed import netem
     netns_ok, why = netem.available()
     configs = [c for c in configurations(a.small) if not only or any(x in c[0] for x in only)]
     preds = []

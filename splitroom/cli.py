@@ -660,7 +660,7 @@ def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     scn = load_scenario(scenario, set_, model)
     check_runnable(scn, scenario)
     d = fitting_deal(scn, scenario)
-    from runtime.netem import NetemError
+    from runtime.testbed.netem import NetemError
     from splitroom.real import RealRunError
     from splitroom.serve_cmd import ServeError, serve_room
     try:

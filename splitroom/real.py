@@ -4,7 +4,7 @@ with the simulator's prediction for the same scenario calibrated with what was m
 One process per device (``python -m runtime.node``), a signalling relay, WebRTC data
 channels between the processes. With root and the tools for it, each device runs in its
 own network namespace and the scenario's round trip is applied to its packets
-(runtime/netem.py); otherwise the room runs on loopback and says so, or, with
+(runtime/testbed/netem.py); otherwise the room runs on loopback and says so, or, with
 ``in_process_delay``, on loopback with each device process holding what it sends for half
 the round trip (runtime.transport.emulate_delay: one delay for every pair, no jitter).
 
@@ -537,8 +537,8 @@ def plan_network(scn: Scenario, devices: Sequence[str], netns: bool,
                  in_process_delay: bool = False) -> tuple[object | None, str, float]:
     """How a room of ``devices`` runs on this machine: ``(network, description, rtt_s)``.
 
-    With ``netns`` and what runtime/netem.py needs (root, ip, iptables, NetfilterQueue),
-    ``network`` is a :class:`runtime.netem.EmulatedNetwork` (not entered yet: enter it
+    With ``netns`` and what runtime/testbed/netem.py needs (root, ip, iptables, NetfilterQueue),
+    ``network`` is a :class:`runtime.testbed.netem.EmulatedNetwork` (not entered yet: enter it
     before :func:`start_relay`) applying the scenario's round trip ``rtt_s`` seconds and
     jitter. Otherwise ``network`` is None and the room runs on loopback: with
     ``in_process_delay`` and a round trip above 0, ``rtt_s`` is the scenario's and every
@@ -551,7 +551,7 @@ def plan_network(scn: Scenario, devices: Sequence[str], netns: bool,
     """
     if netns:
         try:
-            from runtime import netem
+            from runtime.testbed import netem
             ok, why = netem.available()
         except ImportError as e:  # pragma: no cover
             ok, why = False, str(e)

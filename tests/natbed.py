@@ -34,7 +34,7 @@ the WAN side, with a FORWARD policy that lets in only what conntrack has seen le
 Bounds and cleanup: every process started here (coturn, the relay, :meth:`NatBed.run_in`)
 is ended on :meth:`NatBed.close` (SIGTERM, then SIGKILL after 3 s), then every process
 still inside the namespaces, then the namespaces; a state file in
-runtime.netem's ``STATE_DIR`` lets ``runtime.netem.cleanup_stale(prefix)`` remove what a
+runtime.testbed.netem's ``STATE_DIR`` lets ``runtime.testbed.netem.cleanup_stale(prefix)`` remove what a
 crashed run left. coturn's relay ports are bounded to a range of 200. Nothing here sends a packet outside the namespaces.
 """
 
@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from runtime import netem
+from runtime.testbed import netem
 
 PUBLIC_ADDRESS = "198.19.0.2"
 RELAY_PORT = 8765

@@ -63,8 +63,9 @@ WebRTC (delivery through ``loop.call_soon``, same chunking code), for room tests
 
 from __future__ import annotations
 
+from runtime.testbed.delay import DelayLine, DelayStats
+
 from .base import Handler, Transport, TransportError
-from .delay import DelayLine, DelayStats
 from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN,
                       DEFAULT_REMOTE_MAX_MESSAGE_SIZE, PIECE_HEADER_BYTES, ChunkError, Reassembler, encode_message)
 from .loopback import LoopbackHub, LoopbackTransport

@@ -23,7 +23,7 @@ from ..signalling import (AskNonce, Forwarded, IceServers, Nonce, Peers, RelayHe
                           parse_client, parse_relay)
 
 from .base import Transport, TransportError
-from .delay import DelayLine, DelayStats
+from runtime.testbed.delay import DelayLine, DelayStats
 from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN, DEFAULT_REMOTE_MAX_MESSAGE_SIZE,
                       Reassembler)
 from .ice import (CredentialKey, IceServer, check_ice_servers, chosen_pair, merge_ice_servers, no_path_hint,
@@ -42,7 +42,7 @@ def emulate_delay(transport: "Transport", one_way_s: float) -> None:
 
     It wraps the ICE transport's send, below DTLS and SCTP, so SCTP's windows, timers and
     acknowledgements see the delay; packets leave in the order sent
-    (runtime/transport/delay.py says what this delay is and is not). How late packets
+    (runtime/testbed/delay.py says what this delay is and is not). How late packets
     really left is in :meth:`RtcTransport.delay_stats`. ``one_way_s`` 0 removes the delay
     (what is held is sent at once, in order).
 
@@ -62,7 +62,7 @@ def emulate_delay(transport: "Transport", one_way_s: float) -> None:
 
 class _DelayedSend:
     """One connection's in-process delay: its ICE transport's send replaced by a
-    :class:`~runtime.transport.delay.DelayLine` whose due packets one task sends in order."""
+    :class:`~runtime.testbed.delay.DelayLine` whose due packets one task sends in order."""
 
     def __init__(self, ice, stats: DelayStats):
         self.loop = asyncio.get_running_loop()
@@ -159,7 +159,7 @@ class RtcTransport(Transport):
     def delay_stats(self) -> dict | None:
         """What emulate_delay did, over every connection: ``one_way_s``, ``packets`` sent,
         ``dropped``, ``lateness_p50_s``/``lateness_p99_s``/``lateness_max_s`` (how long after
-        its due time a packet left, seconds; runtime.transport.delay.DelayStats); None when
+        its due time a packet left, seconds; runtime.testbed.delay.DelayStats); None when
         no delay was ever set."""
         if self._one_way_s <= 0 and not self._delay_stats.packets:
             return None

@@ -1,4 +1,4 @@
-"""runtime.netem: namespaces joined by a bridge, per-pair RTT applied to the packets.
+"""runtime.testbed.netem: namespaces joined by a bridge, per-pair RTT applied to the packets.
 
 A tiny UDP echo (bounded: it serves a fixed number of packets, then exits, and has a
 socket timeout) runs in one namespace, a pinger in the other; every packet goes only
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.netem import EARLY_MAX_S, EmulatedNetwork, NetemError, available, cleanup_stale
+from runtime.testbed.netem import EARLY_MAX_S, EmulatedNetwork, NetemError, available, cleanup_stale
 
 OK, WHY = available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"network emulation unavailable: {WHY}")
@@ -29,7 +29,7 @@ ROOT = str(Path(__file__).resolve().parents[2])
 # An owner that builds a network, prints its helpers' pids and waits to be killed (at most 30 s).
 OWNER = r"""
 import json, sys, time
-from runtime.netem import EmulatedNetwork
+from runtime.testbed.netem import EmulatedNetwork
 net = EmulatedNetwork(["a", "b"], rtt_s=0.002, name_prefix=sys.argv[1]).__enter__()
 print(json.dumps([p.pid for p in net._helpers.values()]), flush=True)
 time.sleep(30)

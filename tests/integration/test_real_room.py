@@ -59,7 +59,7 @@ def test_speculation_in_the_real_room_keeps_the_answer(reference):
 
 
 def test_with_network_namespaces_the_rtt_shows_in_the_hops(reference):
-    from runtime import netem
+    from runtime.testbed import netem
     ok, why = netem.available()
     if not ok:
         pytest.skip(f"no network emulation here: {why}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import netem
+from runtime.testbed import netem
 from tests.integration.test_serve_room import FRANCE, MODEL, Served, client, greedy  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ def _descends_from(pid: int, ancestor: int) -> bool:
 
 def _owned_by(served_pid: int) -> set[str]:
     """The namespaces of the emulated networks whose owner is the served process or its child:
-    each live run's state file names its owner and namespaces (runtime.netem.STATE_DIR). Another
+    each live run's state file names its owner and namespaces (runtime.testbed.netem.STATE_DIR). Another
     room on this machine (a `run --real` beside the suite) makes and removes its own meanwhile,
     so "what appeared since the start" is not this room's."""
     out: set[str] = set()

@@ -1,4 +1,4 @@
-"""runtime/transport/delay.py: the in-process one-way delay, on an injected clock (no waiting).
+"""runtime/testbed/delay.py: the in-process one-way delay, on an injected clock (no waiting).
 
 Due times are checked against hand arithmetic (push time + delay), order and counts against
 the pushes; nothing here reads a real clock."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.transport.delay import MAX_SAMPLES, DelayLine, DelayStats
+from runtime.testbed.delay import MAX_SAMPLES, DelayLine, DelayStats
 
 
 class FakeLoop:

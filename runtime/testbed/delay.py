@@ -13,11 +13,11 @@ handle with cancel()``; an asyncio loop's ``time`` and ``call_at``), so the orde
 the due times and the counts can be checked by hand without waiting.
 
 What this delay is, against a kernel qdisc (netem) or the namespaces of
-runtime/netem.py: it is applied by :func:`runtime.transport.emulate_delay` where the
+runtime/testbed/netem.py: it is applied by :func:`runtime.transport.emulate_delay` where the
 ICE transport sends a datagram, below DTLS and SCTP, so SCTP's congestion window,
 retransmission timer and acknowledgements all see the round trip. Held packets are
 not yet in the socket, so they do not count against the socket buffer (as with
-runtime/netem.py's delay on arrival). Every pair has the same delay, there is no
+runtime/testbed/netem.py's delay on arrival). Every pair has the same delay, there is no
 jitter and nothing is reordered. A packet waits in the process's memory: at most
 ``max_held`` at once; more are dropped (counted), as a full router buffer would, and
 SCTP resends them.
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 __all__ = ["DEFAULT_MAX_HELD", "DelayLine", "DelayStats"]
 
-#: Most packets one line holds at once (as runtime.netem.QUEUE_MAX_LEN); more are dropped.
+#: Most packets one line holds at once (as runtime.testbed.netem.QUEUE_MAX_LEN); more are dropped.
 DEFAULT_MAX_HELD = 16384
 #: Lateness samples kept for the percentiles; later packets are counted in ``packets`` and
 #: ``lateness_max_s`` only, so the record's memory is bounded.

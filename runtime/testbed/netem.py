@@ -25,7 +25,7 @@ used only when every pair has the same RTT and either no jitter or ``reorder=Tru
 Otherwise the delay is done in userspace through NFQUEUE: one ``iptables-legacy``
 rule in each device namespace, ``-A INPUT -i eth0 -j NFQUEUE --queue-num 0``, hands
 every IPv4 packet *arriving* at the device to a helper process in that namespace
-(this file run as a script, see :func:`_helper_main`), which holds it for the pair's
+(runtime/testbed/netem_helper.py run as a script), which holds it for the pair's
 one-way delay ``rtt/2 + jitter`` (looked up by the packet's source address) and then
 accepts it. Each direction is delayed once, at its receiver, so a round trip takes
 ``rtt``. Delaying on arrival rather than on departure matters for throughput: the
@@ -60,24 +60,23 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import heapq
 import ipaddress
 import json
 import math
 import os
-import random
 import re
 import secrets
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from runtime.testbed.netem_helper import EARLY_MAX_S, QUEUE_MAX_LEN  # noqa: F401 (named here too: the helper owns them)
 
 __all__ = [
     "ADDRESS_NETWORK",
@@ -95,12 +94,8 @@ STATE_DIR = Path("/run/splitroom-netem")
 DEVICE_NAME_RE = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_]|-(?!-)){0,31}$")
 #: Allowed prefixes: lower-case letters and digits, 1..8 characters.
 PREFIX_RE = re.compile(r"^[a-z0-9]{1,8}$")
-#: Most packets one helper holds at once; the kernel drops arrivals beyond it.
-QUEUE_MAX_LEN = 16384
-#: The most, in seconds, a helper releases a packet before its time: it aims early by
-#: the lateness of its timer wake-ups it has seen, capped at this. So a round trip
-#: through two helpers is never shorter than the pair's RTT less twice this.
-EARLY_MAX_S = 1e-3
+#: The delay helper program, run by path inside each device namespace.
+HELPER = Path(__file__).resolve().with_name("netem_helper.py")
 #: The NFQUEUE number used inside every device namespace (queues are per namespace).
 QUEUE_NUM = 0
 #: Last part of the bridge namespace's name; no device may have this name.
@@ -586,7 +581,7 @@ class EmulatedNetwork:
                 "parent": os.getpid(),
             }
             p = subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-P", os.path.abspath(__file__), "--helper",
+                ["ip", "netns", "exec", ns, sys.executable, "-P", str(HELPER), "--helper",
                  json.dumps(cfg)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 start_new_session=True,  # a terminal's ^C goes to the owner, which then ends the helper
@@ -649,119 +644,3 @@ class EmulatedNetwork:
             _delete_netns(ns)
         with contextlib.suppress(OSError):
             self._state_file.unlink()
-
-
-# ----------------------------------------------------------------------------- the helper
-
-
-def _normal_t(rng: random.Random) -> float:
-    """netem's normal table draw: N(0, 1) limited to [-4, 4]."""
-    return max(-4.0, min(4.0, rng.gauss(0.0, 1.0)))
-
-
-def _helper_main(cfg: dict) -> int:
-    """The delaying loop, run inside one device namespace (``python netem.py --helper CFG``).
-
-    ``cfg``: ``links`` (source IPv4 -> [one-way delay s, jitter sigma s]), ``queue``,
-    ``reorder``, ``seed``, ``max_lifetime_s``, ``parent`` (pid). Packets from sources not
-    in ``links`` pass at once. Prints ``ready`` once bound; exits 0 when the parent is
-    gone, the lifetime is over, or on SIGTERM (held packets are then accepted), after a
-    last line ``{"held": {source IPv4: [packets, shortest hold s, longest hold s]}}``
-    (read by :meth:`EmulatedNetwork.helper_holds`).
-    """
-    from netfilterqueue import COPY_PACKET, NetfilterQueue
-
-    links = {bytes(ipaddress.IPv4Address(k).packed): (float(v[0]), float(v[1])) for k, v in cfg["links"].items()}
-    reorder = bool(cfg["reorder"])
-    rng = random.Random(cfg["seed"])
-    parent = int(cfg["parent"])
-    deadline = time.monotonic() + float(cfg["max_lifetime_s"])
-    heap: list[tuple[float, int, object]] = []
-    last: dict[bytes, float] = {}
-    held: dict[bytes, list[float]] = {}  # source -> [packets, shortest hold, longest hold]
-    seq = 0
-    stop = False
-
-    def on_term(signum, frame):
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-
-    def on_packet(pkt) -> None:
-        nonlocal seq
-        now = time.monotonic()
-        # The kernel stamped the packet on arrival (see the socket below): count the
-        # delay from then, not from when this process woke up to read it.
-        ts = pkt.get_timestamp()
-        if ts:
-            lag = time.time() - ts
-            if 0.0 < lag < 0.05:
-                now -= lag
-        hdr = pkt.get_payload()
-        src = hdr[12:16]
-        link = links.get(src)
-        if link is None:
-            pkt.accept()
-            return
-        delay, jit = link
-        if jit > 0:
-            delay = max(0.0, delay + jit * _normal_t(rng))
-        t = now + delay
-        if not reorder:
-            t = max(t, last.get(src, 0.0))
-            last[src] = t
-        h = held.setdefault(src, [0, math.inf, 0.0])
-        h[0] += 1
-        h[1], h[2] = min(h[1], t - now), max(h[2], t - now)
-        seq += 1
-        heapq.heappush(heap, (t, seq, pkt))
-
-    # Any socket with SO_TIMESTAMPNS switches on the kernel's receive timestamps
-    # (net_enable_timestamp), which NFQUEUE then passes with each packet. It sends nothing.
-    stamp_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    with contextlib.suppress(OSError):
-        stamp_sock.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_TIMESTAMPNS", 35), 1)
-    # Timer wake-ups come late (~0.1-0.2 ms on a VM); aim that much early, learning
-    # the lateness as an exponential moving average of what was observed.
-    early = 150e-6
-    nfq = NetfilterQueue()
-    # Copy only the IPv4 header's first 20 bytes: the source address is all we read.
-    nfq.bind(int(cfg["queue"]), on_packet, max_len=QUEUE_MAX_LEN, mode=COPY_PACKET, range=20)
-    fd = nfq.get_fd()
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    next_check = 0.0
-    try:
-        while not stop:
-            now = time.monotonic()
-            while heap and heap[0][0] <= now + early:
-                heapq.heappop(heap)[2].accept()
-            if now >= next_check:  # bounded: parent gone or lifetime over ends the loop
-                if os.getppid() != parent or now >= deadline:
-                    break
-                next_check = now + 0.25
-            timeout = 0.25 if not heap else max(0.0, min(0.25, heap[0][0] - early - now))
-            try:
-                r, _, _ = select.select([fd], [], [], timeout)
-            except InterruptedError:
-                continue
-            if r:
-                nfq.run(block=False)
-            elif heap and timeout < 0.25:
-                late = time.monotonic() - (now + timeout)
-                early = min(EARLY_MAX_S, max(0.0, 0.9 * early + 0.1 * late))
-    finally:
-        while heap:
-            with contextlib.suppress(Exception):
-                heapq.heappop(heap)[2].accept()
-        nfq.unbind()
-        record = {str(ipaddress.IPv4Address(src)): h for src, h in held.items()}
-        sys.stdout.write(json.dumps({"held": record}) + "\n")
-        sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--helper":
-    sys.exit(_helper_main(json.loads(sys.argv[2])))
