@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""``draft_tokens: auto`` against every fixed draft length, in the real room at 80 ms
+RTT, on a machine of many cores (docs/benchmarks.md, "auto on 16 quiet cores").
+
+The room is the held-out studies' 3-device room (scripts/validate_heldout.py: home.yaml,
+desktop 1-13 / laptop 14-25 / phone 26-30 at its 3x slowdown, two held-out questions of
+up to 32 answer tokens), the 80 ms round trip applied in the device processes
+(``run --real --in-process-delay``: no netem needed, no jitter). Rows: plain; prompt
+lookup k = 1, 2, 4, 8 and auto (up to 8) on the chat and on the grounded held-out
+prompts; the model drafter k = 2, 4 and auto (up to 4) on both.
+
+1. ``--predict-only``: predict every row from ``--profile`` (with both samples'
+   acceptance) and write the predictions to ``--out`` with their time, before any room
+   runs.
+2. ``--resume OUT``: run every row ``--repeat`` times, interleaved (round 1 of every row,
+   then round 2, ...), ``--slots`` rooms at a time, each room's processes pinned to
+   ``--cores`` CPUs of their own (``taskset``, inherited by the device processes), and
+   add each run to its row in ``OUT``; no run starts after ``--budget-s`` seconds.
+3. ``--table OUT``: the table (median, min-max, predicted, tokens and drafts a lap,
+   x plain and x the best fixed k of the same drafter and workload, round by round).
+
+Raises SystemExit(2) with a one-line error for a missing profile or record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import validate_heldout as V  # noqa: E402  (the held-out room, prompts and samples)
+
+RTT = ["network.rtt=80ms"]
+
+
+def rows() -> list[tuple[str, list[str]]]:
+    """(name, --set overrides) of every row."""
+    out = [("plain", V.THREE + RTT + V.workload("plain"))]
+    for kind in ("chat", "grounded"):
+        for k in (1, 2, 4, 8, "auto"):
+            sp = V.spec("ngram", k)
+            if k == "auto":
+                sp = [s.replace("draft_tokens: auto", "draft_tokens: auto, max_draft_tokens: 8") for s in sp]
+            out.append((f"ngram k={k}, {kind}", V.THREE + RTT + sp + V.workload(kind)))
+        for k in (2, 4, "auto"):
+            sp = V.spec("model", k)
+            if k == "auto":
+                sp = [s.replace("draft_tokens: auto", "draft_tokens: auto, max_draft_tokens: 4") for s in sp]
+            out.append((f"model k={k}, {kind}", V.THREE + RTT + sp + V.workload(kind)))
+    return out
+
+
+def _scenario(sets):
+    from planner.deal import deal
+    from splitroom.scenario import load
+    scn = load(V.SCENARIO, V.COMMON + sets)
+    return scn, deal(scn.devices, scn.model, scn.options)
+
+
+def predict(profile_path: str, out: Path) -> None:
+    from runtime.weights import ensure_safetensors
+    from splitroom.calibration import load_profile
+    from splitroom.real import predict_real_run, prompt_token_counts, real_prompts
+    prof = load_profile(profile_path)
+    md = str(ensure_safetensors())
+    preds = []
+    for name, sets in rows():
+        scn, d = _scenario(sets)
+        m = predict_real_run(scn, d, prof, scn.network.rtt_s, prompt_token_counts(md, real_prompts(scn)))
+        preds.append({"name": name, "sets": sets, "predicted": m})
+    record = {"predicted_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "profile": profile_path,
+              "profile_notes": prof.notes, "load_at_start": os.getloadavg(), "cpus": os.cpu_count(),
+              "network_emulation": "in process (each device process holds what it sends rtt/2)", "rows": preds}
+    out.write_text(json.dumps(record, indent=1))
+    print(f"{len(preds)} predictions written to {out} at {record['predicted_at']}", flush=True)
+
+
+def one(name: str, profile_path: str) -> None:
+    """Run one row once; print its measured figures as one JSON line."""
+    from splitroom.calibration import load_profile
+    from splitroom.real import run_real
+    sets = dict(rows())[name]
+    scn, d = _scenario(sets)
+    res = run_real(scn, d, netns=False, in_process_delay=True, timeout_s=240, log=lambda s: None,
+                   profile=load_profile(profile_path))
+    m = res.measured
+    print("RESULT " + json.dumps({k: m.get(k) for k in ("tokens_per_s", "ttft_s", "ttft_each_s", "tokens_per_lap",
+                                                        "drafted_per_lap", "answered", "breakdown", "lap_s")}
+                                 | {"in_process_delay": res.calibration.get("in_process_delay")}), flush=True)
+
+
+def resume(out: Path, profile_path: str, repeat: int, slots: int, cores: int, budget_s: float) -> None:
+    t0 = time.time()
+    record = json.loads(out.read_text())
+    by_name = {r["name"]: r for r in record["rows"]}
+    queue = [(r + 1, name) for r in range(repeat) for name in by_name]
+    free = [list(range(i * cores, (i + 1) * cores)) for i in range(slots)]
+    running: list = []
+    while queue or running:
+        while queue and free and time.time() - t0 < budget_s:
+            rnd, name = queue.pop(0)
+            cpus = free.pop(0)
+            cmd = ["taskset", "-c", ",".join(map(str, cpus)), sys.executable, __file__, "--one", name,
+                   "--profile", profile_path]
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            running.append((p, rnd, name, cpus, time.time()))
+        if queue and time.time() - t0 >= budget_s and not running:
+            record["stopped"] = f"budget: {len(queue)} runs not started"
+            break
+        time.sleep(0.2)
+        for item in list(running):
+            p, rnd, name, cpus, started = item
+            if p.poll() is None:
+                continue
+            running.remove(item)
+            free.append(cpus)
+            text = p.stdout.read()
+            line = next((x for x in text.splitlines() if x.startswith("RESULT ")), None)
+            row = by_name[name]
+            if line is None:
+                row.setdefault("failed_runs", []).append({"round": rnd, "tail": text[-800:]})
+                print(f"  {name} round {rnd}: FAILED: {text.strip().splitlines()[-1:]}", flush=True)
+            else:
+                m = json.loads(line[7:]) | {"round": rnd, "cpus": cpus, "wall_s": time.time() - started,
+                                            "load_1min": os.getloadavg()[0],
+                                            "finished_at": time.strftime("%H:%M:%S UTC", time.gmtime())}
+                row.setdefault("measured_runs", []).append(m)
+                print(f"  {name} round {rnd}: {m['tokens_per_s']:.2f} tok/s, {m['tokens_per_lap']:.2f} tokens and "
+                      f"{m['drafted_per_lap']:.2f} drafts a lap (predicted {row['predicted']['tokens_per_s']:.2f}), "
+                      f"cpus {cpus[0]}-{cpus[-1]}, {m['wall_s']:.0f} s", flush=True)
+            out.write_text(json.dumps(record, indent=1))
+    record.setdefault("finished_at", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    out.write_text(json.dumps(record, indent=1))
+
+
+def table(out: Path) -> str:
+    """The Markdown table of a record (module doc, step 3)."""
+    record = json.loads(out.read_text())
+    rws = [r for r in record["rows"] if r.get("measured_runs")]
+    by_round = {r["name"]: {m["round"]: m["tokens_per_s"] for m in r["measured_runs"]} for r in rws}
+    lines = ["| row | tok/s median [min-max] (runs) | predicted (P10-P90) | tokens / drafts a lap | x plain | "
+             "x best fixed k (same drafter, workload) |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rws:
+        tps = [m["tokens_per_s"] for m in r["measured_runs"]]
+        p = r["predicted"]
+        rg = p["range"]["tokens_per_s"]
+        tpl = statistics.median(m["tokens_per_lap"] for m in r["measured_runs"])
+        dpl = statistics.median(m["drafted_per_lap"] for m in r["measured_runs"])
+
+        def ratios(other: list[str]) -> str:
+            mine = by_round[r["name"]]
+            vals = []
+            for rnd, v in mine.items():
+                best = max((by_round[o][rnd] for o in other if rnd in by_round.get(o, {})), default=None)
+                if best:
+                    vals.append(v / best)
+            if not vals:
+                return "-"
+            return f"{statistics.median(vals):.2f}x [{min(vals):.2f}-{max(vals):.2f}]"
+        drafter, rest = r["name"].split(" ", 1) if r["name"] != "plain" else ("plain", "")
+        kind = rest.split(", ")[-1] if rest else ""
+        fixed = [n for n in by_round if n.startswith(drafter + " k=") and n.endswith(kind) and "auto" not in n]
+        lines.append(f"| {r['name']} | {statistics.median(tps):.2f} [{min(tps):.2f}-{max(tps):.2f}] ({len(tps)}) | "
+                     f"{p['tokens_per_s']:.2f} ({rg['p10']:.2f}-{rg['p90']:.2f}) | {tpl:.2f} / {dpl:.2f} | "
+                     f"{ratios(['plain'])} | {ratios(fixed) if 'auto' in r['name'] else '-'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", help="the calibration profile (both samples' acceptance)")
+    ap.add_argument("--out", help="with --predict-only: where the predictions go")
+    ap.add_argument("--predict-only", action="store_true")
+    ap.add_argument("--resume", help="run the rows of this record")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--slots", type=int, default=5, help="rooms at a time (5)")
+    ap.add_argument("--cores", type=int, default=3, help="CPUs per room (3)")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no run after this many seconds")
+    ap.add_argument("--table", help="print the table of this record")
+    a = ap.parse_args()
+    if a.table:
+        print(table(Path(a.table)))
+        return 0
+    if not a.profile or not Path(a.profile).is_file():
+        print(f"error: --profile: no such profile {a.profile!r}", file=sys.stderr)
+        return 2
+    if a.one:
+        one(a.one, a.profile)
+    elif a.predict_only:
+        if not a.out:
+            print("error: --predict-only needs --out", file=sys.stderr)
+            return 2
+        predict(a.profile, Path(a.out))
+    elif a.resume:
+        if not Path(a.resume).is_file():
+            print(f"error: --resume: no such record {a.resume!r}", file=sys.stderr)
+            return 2
+        resume(Path(a.resume), a.profile, a.repeat, a.slots, a.cores, a.budget_s)
+        print(table(Path(a.resume)))
+    else:
+        print("error: give --predict-only, --resume or --table", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
