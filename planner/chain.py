@@ -93,6 +93,27 @@ def measured_faster(current: Deal, new: Deal, measured: Measured, hop_s: Callabl
     return now is not None and then is not None and now > margin * then
 
 
+def relink_neighbours(host: str, chain: Sequence[str], back: str, return_path: str = "direct") -> list[str]:
+    """The devices that must make a new connection with ``back``, a device dealt back into
+    ``chain`` (device ids in chain order) of ``host``'s room: the other end of each link a
+    lap crosses to or from ``back`` (:func:`planner.lapcost.lap_hops`), in the order the
+    lap crosses them, the host left out (it met ``back`` at the relay already, which is
+    how ``back`` came back). ``[]`` when ``back`` is not in ``chain``.
+
+    Why every such neighbour, not only those whose link failed: ``back`` was frozen or
+    away and cannot tell that a link of its own is dead (its side reads "connected"
+    until its own consent checks fail), so both ends go to the relay together, each
+    deciding from the re-deal alone."""
+    if back not in chain:
+        return []
+    out: list[str] = []
+    for a, b in lap_hops(host, chain, return_path):
+        other = b if a == back else a if b == back else None
+        if other is not None and other != host and other != back and other not in out:
+            out.append(other)
+    return out
+
+
 def merge_lost(current: Deal, lost: frozenset[str]) -> Deal:
     """The pinned re-deal: each lost stage's range goes to the stage before it in the
     chain (to the next one when no stage before it is left). Returns a ``pinned`` Deal

@@ -26,6 +26,9 @@ transport message, told apart by ``"type"``:
   ``faults:`` in ``run --real``): exit at once, as a killed process would.
 * :class:`Fault`  a worker -> host: a residual of a lap went bad (NaN or inf) at a
   device; the host fails that lap's question, naming the device.
+* :class:`Unreachable` a worker -> host: after a Replan that dealt a device back, it
+  could not make a new connection to its neighbour through the relay; the host deals
+  the device it took back out again.
 
 :class:`NodeConfig` is everything one device process needs (written as JSON by
 ``splitroom run --real`` for ``python -m runtime.node``, built from a Plan by
@@ -336,6 +339,19 @@ class Fault(_Model):
     reason: str = Field("", max_length=300)
 
 
+class Unreachable(_Model):
+    """A worker -> the host: after the Replan of ``first_lap``, which dealt a device back
+    (its ``back``), this device could not make a new connection to its neighbour
+    ``device`` through the relay (``reason`` says why). The host deals the device it took
+    back out again (runtime.room.Node: otherwise the chain is ready on paper but a lap
+    can never cross that link)."""
+
+    type: Literal["unreachable"] = "unreachable"
+    first_lap: int = Field(ge=0)
+    device: DEVICE_ID
+    reason: str = Field("", max_length=300)
+
+
 class Crash(_Model):
     """Fault injection: exit now without a goodbye (honoured only when enabled)."""
 
@@ -345,14 +361,14 @@ class Crash(_Model):
 #: the handshake's messages (before the room runs): ``join`` waits for them in its queue
 HANDSHAKE_MESSAGES = (Hello, Plan, Abort, Bye)
 #: the running room's messages: each device's :class:`runtime.room.Node` handles them
-ROOM_MESSAGES = (Heartbeat, Replan, Loading, Ready, Crash, Fault, Stamps, Progress)
+ROOM_MESSAGES = (Heartbeat, Replan, Loading, Ready, Crash, Fault, Stamps, Progress, Unreachable)
 #: every control message, told apart by ``type``
 ControlMessage = Annotated[Union[HANDSHAKE_MESSAGES + ROOM_MESSAGES], Field(discriminator="type")]
 _CONTROL = TypeAdapter(ControlMessage)
 
 
 def parse_control(data: bytes | str) -> (Hello | Plan | Abort | Bye | Heartbeat | Replan | Loading | Ready | Crash
-                                         | Fault | Stamps | Progress):
+                                         | Fault | Stamps | Progress | Unreachable):
     """One control message from its JSON bytes. Raises ControlError (one line) for
     anything that is not exactly one of the messages above."""
     try:

@@ -43,7 +43,7 @@ from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceBack, Devi
                               FrameArrived, LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage,
                               SendFrame, StageFinished, Wake, WeightsCopied)
 from planner.sampling import MAX_SEED, Sampling
-from planner.chain import Chain, CopyPlan, copy_plan
+from planner.chain import Chain, CopyPlan, copy_plan, relink_neighbours
 from planner.deal import Stage as DealStage, shown_layers
 from planner.drive import Driver
 from planner.hops import HopMeter, PeerClock
@@ -53,7 +53,7 @@ from planner.trace import from_record, to_record
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
 from .control import (MAX_STAMPS, ControlError, Crash, Fault, Heartbeat, Hello, Loading, NodeConfig, Progress, Ready,
-                      Replan, Stamps, encode_control, parse_control)
+                      Replan, Stamps, Unreachable, encode_control, parse_control)
 from .drafters import ngram_draft
 from .work import NumericalFault, consumes_residual, nonfinite, run_work
 
@@ -69,6 +69,11 @@ REDEAL_GRACE_S = 10.0
 #: Ready yet) is not declared lost by silence; after that a silent one is lost like any
 #: other (a device that died during a re-deal must not stall the room for good).
 REDEAL_LOAD_TIMEOUT_S = 30.0
+#: Seconds one meeting at the relay may take when a device dealt back and a neighbour of
+#: it make a new connection (:meth:`Node._relink`): both sides go to the relay as the
+#: Replan arrives, so this bounds a neighbour that never comes (chosen, not measured; it
+#: stays under REDEAL_LOAD_TIMEOUT_S, during which the host spares a device re-dealing).
+RELINK_WAIT_S = 20.0
 #: trace records a node whose trace is not written keeps, or a ``keep_open`` one (the
 #: latest; older ones are dropped). Nothing reads such a trace (``splitroom serve``'s and
 #: ``join``'s devices write none), so it is a window of the latest few hundred laps for a
@@ -198,7 +203,8 @@ class Node:
         self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
         self._latest_redeal = -1  # first lap of the latest re-deal taken (Redeal or Replan)
         self._redeal_lock = asyncio.Lock()  # re-dealt ranges load one at a time, in order
-        self._meet_lock = asyncio.Lock()  # the host meets one lost worker at the relay at a time
+        self._meet_lock = asyncio.Lock()  # one meeting of this device at the relay at a time
+        self._latest_back: str | None = None  # host: the device its latest re-deal took back
         self.trace: list[tuple[float, Any]] = []
         self.residual: dict[int, np.ndarray] = {}  # lap -> residual held here
         self.work: asyncio.Queue = asyncio.Queue()
@@ -317,6 +323,8 @@ class Node:
             self._ready(src, msg.first_lap)
         elif isinstance(msg, Fault) and self.is_host:
             self.handle(LapFailed(msg.lap_id, msg.device, msg.reason))
+        elif isinstance(msg, Unreachable) and self.is_host:
+            self._unreachable(src, msg)
         elif isinstance(msg, Crash) and self.cfg.crashable and src == self.cfg.host:
             log.warning("%s: crashing now (fault injection)", self.cfg.device)
             os._exit(9)
@@ -434,6 +442,17 @@ class Node:
                 return
             await asyncio.sleep(1.0)
 
+    def _unreachable(self, src: str, msg: Unreachable) -> None:
+        """Worker ``src`` could not make a new connection to ``msg.device`` after the
+        re-deal of ``msg.first_lap``, which took a device back: the host loses that device
+        (the one it took back; ``msg.device`` when the latest re-deal took back neither)
+        and re-deals without it. A report about an older re-deal is ignored."""
+        if msg.first_lap != self._latest_redeal:
+            return
+        back = self._latest_back
+        who = back if back in (src, msg.device) else msg.device
+        self._on_lost(who, f"dealt back, but {src} could not connect to {msg.device} through the relay: {msg.reason}")
+
     def _fault(self, lap_id: int, device: str, reason: str) -> None:
         """Lap ``lap_id``'s residual went bad at ``device``: the host's scheduler hears
         LapFailed (a worker tells the host with a Fault message)."""
@@ -521,6 +540,7 @@ class Node:
 
     def redeal(self, c: Redeal) -> None:
         self._latest_redeal = max(self._latest_redeal, c.first_lap)  # now: an earlier task sees it superseded
+        self._latest_back = c.back
         # now too: a loss handled right after this Redeal must not complete the re-deal it supersedes
         self.awaiting = {c.first_lap: {d for d, _, _ in c.stages} | {self.cfg.device}}
         self._tasks.append(asyncio.ensure_future(self._host_redeal(c)))
@@ -771,6 +791,8 @@ class Node:
         deal = msg.deal()
         self.chain.adopt(deal, msg.first_lap)
         self.deal = deal
+        relink = asyncio.ensure_future(self._relink(msg))  # at the relay while this device loads
+        self._tasks.append(relink)
         async with self._redeal_lock:  # one load at a time; a later Replan supersedes this one
             if msg.first_lap != self._latest_redeal:
                 return
@@ -788,8 +810,45 @@ class Node:
             except Exception as e:  # say nothing: the host notices this device is missing
                 log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
                 return
+        if not await relink:  # told the host it cannot reach a neighbour: no Ready
+            return
         if msg.first_lap == self._latest_redeal and any(d == self.cfg.device for d, _, _ in msg.stages):
             await self._send(self.cfg.host, REPLY, encode_control(Ready(first_lap=msg.first_lap)))
+
+    async def _relink(self, msg: Replan) -> bool:
+        """After a Replan that dealt ``msg.back`` back, while the range loads and before
+        Ready: that device and each worker neighbour of it in the new chain
+        (:func:`planner.chain.relink_neighbours`) make a new connection through the relay
+        (``transport.reconnect``), one meeting at a time per device (``_meet_lock``), the
+        device dealt back offering to each neighbour in chain order and each neighbour
+        waiting for its offer (so no offer reaches a relay socket of the device that is
+        meeting someone else). Its old link may be dead while both sides still read it
+        "connected". A meeting that fails within :data:`RELINK_WAIT_S` is reported to
+        the host (Unreachable); returns whether this device may say Ready (True when it
+        has no one to meet). Re-dealt weights come from the host, never over these links."""
+        from .transport import TransportError
+        back, me = msg.back, self.cfg.device
+        if back is None or self.is_host or not hasattr(self.transport, "reconnect"):
+            return True
+        near = relink_neighbours(msg.host, [d for d, _, _ in msg.stages], back, self.sched_cfg.return_path)
+        meet = [(p, True) for p in near] if me == back else [(back, False)] if me in near else []
+        for peer, offer in meet:
+            try:
+                async with self._meet_lock:
+                    await self.transport.reconnect(peer, RELINK_WAIT_S, offer=offer)
+            except (TransportError, OSError, ValueError) as e:
+                log.warning("%s: no new connection to %s through the relay after %s was dealt back: %s",
+                            me, peer, back, e)
+                await self._send(self.cfg.host, REPLY, encode_control(
+                    Unreachable(first_lap=msg.first_lap, device=peer, reason=str(e)[:300])))
+                return False
+            if peer in self.lost_peers:  # a send on the old connection may have failed meanwhile
+                self.lost_peers.discard(peer)
+                self.liveness.revive(peer, time.monotonic())
+            if hasattr(self.transport, "revive"):
+                self.transport.revive(peer)
+            log.warning("%s: a new connection to %s through the relay (%s was dealt back)", me, peer, back)
+        return True
 
     def _ready(self, device: str, first_lap: int) -> None:
         waiting = self.awaiting.get(first_lap)

@@ -204,10 +204,14 @@ class _Mux:
     async def send(self, dst: str, channel: str, data: bytes) -> None:
         await self.t.send(dst, channel, data)
 
-    async def reconnect(self, peer: str, timeout_s: float) -> None:
-        """A new connection to ``peer`` (see RtcTransport.reconnect); it is no longer lost."""
+    async def reconnect(self, peer: str, timeout_s: float, offer: Optional[bool] = None) -> None:
+        """A new connection to ``peer`` (see RtcTransport.reconnect; ``offer``: which side
+        offers, None the smaller id); it is no longer lost."""
         self.verified.discard(peer)  # a new connection, a new certificate: its hello proves it again
-        await self.t.reconnect(peer, timeout_s)
+        if offer is None:
+            await self.t.reconnect(peer, timeout_s)
+        else:
+            await self.t.reconnect(peer, timeout_s, offer=offer)
         self.lost.pop(peer, None)
         if self.hello is not None and self.key is not None:
             await self.say(peer, self.hello_for(peer, self.hello))

@@ -268,13 +268,15 @@ class RtcTransport(Transport):
             except Exception as e:  # pragma: no cover - best effort
                 log.info("%s: closing connection to %s: %r", self.device, lk.peer, e)
 
-    async def reconnect(self, peer: str, timeout_s: float) -> None:
+    async def reconnect(self, peer: str, timeout_s: float, offer: Optional[bool] = None) -> None:
         """Replace the connection to ``peer`` by a new one made through the relay this
         transport was made with (a model host that restarted: its old connection is dead,
         the new process calls :func:`connect_room` again). The old connection is closed
         without a loss report; messages half received from it are dropped; ``peer`` may
         be reported lost again afterwards. Waits at most ``timeout_s`` seconds, for the
-        peer to reach the relay included.
+        peer to reach the relay included. ``offer``: whether this side makes the offer
+        (True) or waits for ``peer``'s (False); None: the smaller id offers, as in
+        :func:`connect_room`. Both sides must agree.
 
         Raises TransportError when the relay cannot be reached, the transport is closed,
         or the channels do not open in time; ValueError for a peer not in :attr:`peers`."""
@@ -295,7 +297,7 @@ class RtcTransport(Transport):
         try:
             await sig.open(relay_url, room, ice=self._ice_given[1])
             await _use_ice(self, sig)
-            await _open_link(self, sig, peer, timeout_s)
+            await _open_link(self, sig, peer, timeout_s, offer)
             self._delay_link(fresh)
         except BaseException:
             fresh.failed = fresh.failed or "reconnect failed"
@@ -455,9 +457,11 @@ async def _use_ice(transport: "RtcTransport", sig: "_Signalling") -> None:
     transport._ice = (servers, relay_only)
 
 
-async def _open_link(transport: "RtcTransport", sig: "_Signalling", peer: str, open_timeout_s: float) -> None:
-    """Build ``transport``'s connection to ``peer`` through the relay ``sig`` (the smaller
-    id offers) and start its paced bulk sender once the three channels are open.
+async def _open_link(transport: "RtcTransport", sig: "_Signalling", peer: str, open_timeout_s: float,
+                     offer: Optional[bool] = None) -> None:
+    """Build ``transport``'s connection to ``peer`` through the relay ``sig`` (this side
+    offers when ``offer``; None: the smaller id offers) and start its paced bulk sender
+    once the three channels are open.
     Raises TransportError naming the stage it was in when ``open_timeout_s`` ran out."""
     device = transport.device
     loop = asyncio.get_running_loop()
@@ -498,7 +502,7 @@ async def _open_link(transport: "RtcTransport", sig: "_Signalling", peer: str, o
                         "%s: connection to %s %s", device, peer, pc.connectionState)
                 transport._peer_lost(peer, lk.failed)
 
-        if device < peer:
+        if (device < peer) if offer is None else offer:
             stage[0] = "waiting for the peer to join the relay"
             await sig.wait_present(peer)
             stage[0] = "making the offer"

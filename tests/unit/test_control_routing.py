@@ -27,7 +27,7 @@ def test_every_control_message_is_of_the_handshake_or_of_the_running_room_once()
     assert sorted(kinds) == sorted(set(kinds))
     assert {m.model_fields["type"].default for m in HANDSHAKE_MESSAGES} == {"hello", "plan", "abort", "bye"}
     assert {m.model_fields["type"].default for m in ROOM_MESSAGES} == {
-        "heartbeat", "replan", "loading", "ready", "crash", "fault", "stamps", "progress"}
+        "heartbeat", "replan", "loading", "ready", "crash", "fault", "stamps", "progress", "unreachable"}
     assert set(HANDSHAKE_MESSAGES) | set(ROOM_MESSAGES) == set(union)
     assert not set(HANDSHAKE_MESSAGES) & set(ROOM_MESSAGES)
 
