@@ -4,7 +4,7 @@
         --in-flight 1,2,3,4 --clients 1,2,4,8 --rtt 0ms,40ms --repeats 3 --out serve-load.json
     python scripts/serve_load.py ... --predict-only --out predicted.json   # the prediction alone
     python scripts/serve_load.py ... --predictions predicted.json --out serve-load.json
-    python scripts/serve_load.py --table serve-load.json                  # markdown rows
+    python scripts/serve_load.py --table serve-load.json [more.json ...]  # markdown rows
 
 For each round trip and each ``decoding.questions_in_flight`` N, it first predicts
 every client count with the simulator (``workload.clients`` C, the calibration profile;
@@ -72,6 +72,41 @@ def _pcts(xs: list[float]) -> dict:
     return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
 
 
+def by_client(trace) -> dict:
+    """Each asker's answers in a simulated trace, as a client sees them: ``{device:
+    [{"sent": asked at, "times": [answer token times]}, ...]}`` (``QuestionAsked`` and
+    ``EmitToken`` records, seconds), the form :func:`figures` takes."""
+    questions, out = {}, {}
+    for t, o in trace:
+        name = type(o).__name__
+        if name == "QuestionAsked":
+            questions[o.question_id] = q = {"sent": t, "times": []}
+            out.setdefault(o.device, []).append(q)
+        elif name == "EmitToken" and o.question_id in questions:
+            questions[o.question_id]["times"].append(t)
+    return out
+
+
+def figures(clients: list[list[dict]]) -> dict:
+    """One round's latency figures from what each client saw (``clients``: per client, its
+    questions ``{"sent": s, "times": [token times]}``, seconds), the measurement's and the
+    prediction's alike: the worst and the median client's inter-token p50 (each client's
+    gaps between consecutive tokens, pooled over its questions), the worst client's
+    inter-token p99, and time to first token p50/p99 over every question (from sent, queue
+    wait included). Percentiles: numpy's linear."""
+    gaps_p50, gaps_p99, ttfts = [], [], []
+    for c in clients:
+        gaps = [b - a for q in c for a, b in zip(q["times"], q["times"][1:])]
+        p = _pcts(gaps)
+        gaps_p50.append(p["p50"])
+        gaps_p99.append(p["p99"])
+        ttfts += [q["times"][0] - q["sent"] for q in c if q["times"]]
+    return {"inter_token_p50_s_worst_client": max(x for x in gaps_p50 if x is not None),
+            "inter_token_p50_s_median_client": statistics.median(x for x in gaps_p50 if x is not None),
+            "inter_token_p99_s_worst_client": max(x for x in gaps_p99 if x is not None),
+            "ttft_p50_s": _pcts(ttfts)["p50"], "ttft_p99_s": _pcts(ttfts)["p99"]}
+
+
 def predict(scenario: str, sets: list[str], calibration: str | None, clients: int, questions: int,
             prompt_tokens: int, answer_tokens: int, separate: bool = False) -> dict:
     """The simulator's aggregate tokens/s, inter-token and time-to-first-token (from asked).
@@ -98,10 +133,13 @@ def predict(scenario: str, sets: list[str], calibration: str | None, clients: in
         if not separate:
             profile, line = on_this_host(profile, deal_scenario(scn, scenario))
         scn = apply_profile(scn, profile)
-    m = simulate(scn, trace=False).metrics
+    res = simulate(scn)
+    m = res.metrics
+    per = figures(list(by_client(res.trace).values()))
     return {"aggregate_tokens_per_s": m["aggregate_tokens_per_s"], "inter_token_p50_s": m["inter_token_s"]["p50"],
             "inter_token_p99_s": m["inter_token_s"]["p99"], "ttft_p50_s": m["ttft_asked_s"]["p50"],
-            "ttft_p99_s": m["ttft_asked_s"]["p99"], "shared_core": line}
+            "ttft_p99_s": m["ttft_asked_s"]["p99"], "shared_core": line,
+            "per_client": {k: per[k] for k in ("inter_token_p50_s_worst_client", "inter_token_p99_s_worst_client")}}
 
 
 class Served:
@@ -265,20 +303,9 @@ async def _round(url: str, clients: int, per_client: int, max_tokens: int) -> di
     last = max(q["times"][-1] for c in res for q in c if q["times"])
     lengths = [q["completion_tokens"] if q["completion_tokens"] is not None else len(q["times"]) for c in res for q in c]
     tokens = sum(lengths)
-    gaps_p50, gaps_p99, ttfts = [], [], []
-    for c in res:
-        gaps = [b - a for q in c for a, b in zip(q["times"], q["times"][1:])]
-        p = _pcts(gaps)
-        gaps_p50.append(p["p50"])
-        gaps_p99.append(p["p99"])
-        ttfts += [q["times"][0] - q["sent"] for q in c if q["times"]]
     asked = [q["prompt_tokens"] for c in res for q in c if q["prompt_tokens"] is not None]
     return {"aggregate_tokens_per_s": tokens / (last - first), "tokens": tokens, "shortest_answer": min(lengths),
-            "prompt_tokens_mean": statistics.mean(asked) if asked else 0.0,
-            "inter_token_p50_s_worst_client": max(x for x in gaps_p50 if x is not None),
-            "inter_token_p50_s_median_client": statistics.median(x for x in gaps_p50 if x is not None),
-            "inter_token_p99_s_worst_client": max(x for x in gaps_p99 if x is not None),
-            "ttft_p50_s": _pcts(ttfts)["p50"], "ttft_p99_s": _pcts(ttfts)["p99"]}
+            "prompt_tokens_mean": statistics.mean(asked) if asked else 0.0, **figures(res)}
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -309,23 +336,36 @@ def predict_all(a) -> dict:
             "prompt_tokens": a.prompt_tokens, "separate_machines": a.separate_machines, "predicted": preds}
 
 
-def table(path: str, second: str | None = None) -> str:
-    """Markdown rows (one per configuration) of a ``--out`` file: predicted and measured
-    aggregate tokens/s (median, min-max over the repeats), the gap, x N = 1 at the same
-    round trip and clients, inter-token p50 (worst client; x what one client alone gets
-    at N = 1, the same round trip) and first token p50. With ``second`` (a
-    ``--predict-only`` file for the same grid), its aggregate tokens/s and gap as well."""
-    d = json.loads(Path(path).read_text())
-    rows = d["rows"]
-    p2 = json.loads(Path(second).read_text())["predicted"] if second else None
+def _gap(meas: float, pred: float) -> str:
+    return f"{100 * (meas / pred - 1):+.0f}%" if pred else "-"
+
+
+def table(paths: list[str]) -> str:
+    """Markdown rows (one per configuration) of one or more ``--out`` files (their rows in
+    order; a ``--predict-only`` file among them is a second prediction): predicted and
+    measured aggregate tokens/s (median, min-max over the repeats) and the gap (measured
+    over predicted, minus 1), x N = 1 at the same round trip and clients, the worst
+    client's inter-token p50 (x what one client alone gets at N = 1, the same round trip)
+    and p99, and first token p50, each predicted / measured (median of the repeats) with
+    its gap. A prediction made before the per-client figures existed gives the pooled
+    inter-token figures instead, marked ``*``. With a second prediction, its aggregate
+    tokens/s and gap as well."""
+    rows, p2 = [], None
+    for path in paths:
+        d = json.loads(Path(path).read_text())
+        if "rows" in d:
+            rows += d["rows"]
+        else:
+            p2 = d["predicted"]
     base = {(r["rtt"], r["clients"]): r for r in rows if r["questions_in_flight"] == 1}
     alone = {r["rtt"]: r for r in rows if r["clients"] == 1 and r["questions_in_flight"] == 1}
     out = ["| RTT | N | clients | predicted tok/s | measured tok/s (min-max) | gap | measured x N=1 "
-           "| inter-token p50 ms: pred (all gaps) / meas (worst client, x alone) | first token p50 s: pred / meas | load |",
-           "|---|---:|---:|---:|---|---:|---:|---|---|---|"]
+           "| inter-token p50 ms: pred / meas (x alone, gap) | inter-token p99 ms: pred / meas (gap) "
+           "| first token p50 s: pred / meas (gap) | load |",
+           "|---|---:|---:|---:|---|---:|---:|---|---|---|---|"]
     if p2:
-        out[0] = out[0].replace("| gap |", "| gap | second prediction tok/s (gap) |")
-        out[1] = out[1].replace("|---:|---:|---|---|---|", "|---:|---:|---:|---|---|---|")
+        out[0] = out[0].replace("| gap |", "| gap | second prediction tok/s (gap) |", 1)
+        out[1] = "|---|---:|---:|---:|---|---:|---:|---:|---|---|---|---|"
     for r in rows:
         p, m = r["predicted"], r["measured"]
         agg = m["aggregate_tokens_per_s"]
@@ -333,24 +373,32 @@ def table(path: str, second: str | None = None) -> str:
         x1 = f"{agg['median'] / b['measured']['aggregate_tokens_per_s']['median']:.2f}x" if b else "-"
         al = alone.get(r["rtt"])
         it = m["inter_token_p50_s_worst_client"]["median"]
-        xa = f" ({it / al['measured']['inter_token_p50_s_worst_client']['median']:.2f}x)" if al else ""
+        it99 = m["inter_token_p99_s_worst_client"]["median"]
+        xa = f"{it / al['measured']['inter_token_p50_s_worst_client']['median']:.2f}x, " if al else ""
+        pc = p.get("per_client")
+        star = "" if pc else "*"
+        p50 = pc["inter_token_p50_s_worst_client"] if pc else p["inter_token_p50_s"]
+        p99 = pc["inter_token_p99_s_worst_client"] if pc else p["inter_token_p99_s"]
+        ttft = m["ttft_p50_s"]["median"]
         load = r.get("load_1min")
         load_s = f"{load[0]:.1f}-{load[1]:.1f}" if load else "-"
+        q = p2.get(_key(r["rtt"], r["questions_in_flight"], r["clients"])) if p2 else None
         out.append(f"| {r['rtt']} | {r['questions_in_flight']} | {r['clients']} | {p['aggregate_tokens_per_s']:.1f} "
                    f"| {agg['median']:.1f} ({agg['min']:.1f}-{agg['max']:.1f}) "
-                   f"| {100 * (agg['median'] / p['aggregate_tokens_per_s'] - 1):+.0f}% "
-                   + (f"| {q['aggregate_tokens_per_s']:.1f} ({100 * (agg['median'] / q['aggregate_tokens_per_s'] - 1):+.0f}%) "
-                      if p2 and (q := p2[_key(r["rtt"], r["questions_in_flight"], r["clients"])]) else "")
+                   f"| {_gap(agg['median'], p['aggregate_tokens_per_s'])} "
+                   + (f"| {q['aggregate_tokens_per_s']:.1f} ({_gap(agg['median'], q['aggregate_tokens_per_s'])}) "
+                      if p2 else "")
                    + f"| {x1} "
-                   f"| {1e3 * p['inter_token_p50_s']:.0f} / {1e3 * it:.0f}{xa} "
-                   f"| {p['ttft_p50_s']:.2f} / {m['ttft_p50_s']['median']:.2f} "
+                   f"| {1e3 * p50:.0f}{star} / {1e3 * it:.0f} ({xa}{_gap(it, p50)}) "
+                   f"| {1e3 * p99:.0f}{star} / {1e3 * it99:.0f} ({_gap(it99, p99)}) "
+                   f"| {p['ttft_p50_s']:.2f} / {ttft:.2f} ({_gap(ttft, p['ttft_p50_s'])}) "
                    f"| {load_s} |")
     return "\n".join(out)
 
 
 def main() -> None:
-    if len(sys.argv) in (3, 4) and sys.argv[1] == "--table":
-        print(table(*sys.argv[2:]))
+    if len(sys.argv) >= 3 and sys.argv[1] == "--table":
+        print(table(sys.argv[2:]))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario")

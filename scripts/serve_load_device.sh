@@ -10,7 +10,11 @@
 #   bash scripts/serve_load_device.sh CARRIED OUT BUDGET_S
 #   (PY: the python, default python3; PIN: CPUs per device process, default 2, 0 for none;
 #   SMOKE=1: a tiny grid, to check the steps; IN_FLIGHT, CLIENTS: the grid's N and client counts;
-#   PREDICTED: a predictions file in CARRIED, from an earlier call: no calibration, no new prediction)
+#   PREDICTED: a predictions file in CARRIED, from an earlier call: no calibration, no new prediction;
+#   RUNS: what to measure, in order, as "RTT:N-list:clients-list[:repeats]" groups separated by
+#   spaces (default "40ms:$IN_FLIGHT:$CLIENTS"), every group's rows into OUT/serve-load.json, a
+#   group started only while 30 s of the budget are left; PRED_RTT, PRED_IN_FLIGHT, PRED_CLIENTS:
+#   the grid predicted before any run, default the measured one's)
 #
 # CARRIED: a folder holding .whl/ (the wheels the machine lacks, see docs/benchmarks.md) and
 # smollm2-tokenizer.gguf (scripts/make_gguf.py --tokenizer-only). The bundled model is too large
@@ -40,13 +44,18 @@ $PY scripts/make_gguf.py --shape smollm2 --mix q4_1 --tokenizer-from "$C"/smollm
   --out "$SPLITROOM_GGUF" || exit 1
 sr() { $PY -c 'from splitroom.cli import main; main()' "$@"; }
 S=(scenarios/home.yaml --set context=512)
-G=("${S[@]}" --set "network.jitter={distribution: none}" --rtt 40ms --per-client 1 --prompt-tokens 37
+G=("${S[@]}" --set "network.jitter={distribution: none}" --per-client 1 --prompt-tokens 37
    --calibration "$OUT"/profile.yaml)
+IN_FLIGHT=${IN_FLIGHT:-4,1,2}
+CLIENTS=${CLIENTS:-1,4,8}
 if [ -n "${SMOKE:-}" ]; then  # a few seconds of the same steps, to check them
-  G+=(--in-flight 2 --clients 2 --max-tokens 8 --repeats 1)
+  IN_FLIGHT=2 CLIENTS=2
+  G+=(--max-tokens 8)
+  RUNS="40ms:2:2:1"
 else
-  G+=(--in-flight "${IN_FLIGHT:-4,1,2}" --clients "${CLIENTS:-1,4,8}" --max-tokens 24 --repeats 3)
+  G+=(--max-tokens 24)
 fi
+RUNS=${RUNS:-40ms:$IN_FLIGHT:$CLIENTS}
 if [ -n "${PREDICTED:-}" ]; then  # a later call: the profile and predictions of an earlier one
   cp "$C/$PREDICTED" "$OUT"/predicted.json || exit 1
   say "predictions from $PREDICTED (made $(grep -m1 made_utc "$OUT"/predicted.json))"
@@ -55,11 +64,32 @@ else
   sr calibrate "${S[@]}" --quick --out "$OUT"/profile.yaml > "$OUT"/calibrate.txt 2>&1 \
     || { tail -5 "$OUT"/calibrate.txt; exit 1; }
   say "calibrated"
-  $PY scripts/serve_load.py "${G[@]}" --predict-only --out "$OUT"/predicted.json || exit 1
+  $PY scripts/serve_load.py "${G[@]}" --rtt "${PRED_RTT:-40ms}" --in-flight "${PRED_IN_FLIGHT:-$IN_FLIGHT}" \
+    --clients "${PRED_CLIENTS:-$CLIENTS}" --predict-only --out "$OUT"/predicted.json || exit 1
   say "predicted"
 fi
-LEFT=$(( BUDGET_S - ($(date +%s) - T0) ))
-timeout -s TERM "$LEFT" $PY scripts/serve_load.py "${G[@]}" --predictions "$OUT"/predicted.json \
-  --in-process-delay --pin "${PIN:-2}" --out "$OUT"/serve-load.json
-say "measured (exit $?)"
+for RUN in $RUNS; do
+  IFS=: read -r RTT NS CS REP <<< "$RUN"
+  LEFT=$(( BUDGET_S - ($(date +%s) - T0) ))
+  [ "$LEFT" -ge 30 ] || { say "no time left for $RUN"; break; }
+  say "measuring $RUN ($LEFT s left)"
+  timeout -s TERM "$LEFT" $PY scripts/serve_load.py "${G[@]}" --rtt "$RTT" --in-flight "$NS" --clients "$CS" \
+    --repeats "${REP:-3}" --predictions "$OUT"/predicted.json --in-process-delay --pin "${PIN:-2}" \
+    --out "$OUT"/part.json
+  say "measured $RUN (exit $?)"
+  [ -f "$OUT"/part.json ] && $PY - "$OUT" <<'PYEOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+part = json.loads((out / "part.json").read_text())
+whole = out / "serve-load.json"
+if whole.exists():  # the groups' rows in one file (one file back instead of one a group)
+    d = json.loads(whole.read_text())
+    d["rows"] += part["rows"]
+else:
+    d = part
+whole.write_text(json.dumps(d, indent=1))
+(out / "part.json").unlink()
+PYEOF
+done
 $PY scripts/serve_load.py --table "$OUT"/serve-load.json

@@ -1,5 +1,6 @@
-"""Several questions in flight (``questions_in_flight`` N > 1) under random rooms,
-questions, decodings, acceptance, losses and delivery orders (hypothesis, zero-time
+"""Several questions in flight (``questions_in_flight`` N > 1) under random rooms (ends-local
+ones among them: the host's tail runs the last layers), questions, decodings, acceptance,
+losses and delivery orders (hypothesis, zero-time
 harness whose KV caches hold token ids per slot: tests/kvharness.py).
 
 The reference is each question alone: :func:`tests.kvharness.alone` decodes its
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from planner.chain import merge_lost
 from planner.deal import Deal, Stage
+from planner.privacy import tail_id
 from planner.protocol import AnswerDone, BeginAnswer, EmitToken, Refuse
 from planner.sampling import Sampling
 from planner.scheduler import MAX_WAITING, MAX_WAITING_PER_DEVICE, SchedulerConfig
@@ -33,6 +35,10 @@ def rooms(draw, min_stages=1):
     for n, s in zip(names, sizes):
         stages.append(Stage(n, at, at + s))
         at += s
+    # ends-local privacy (planner/privacy.py): the host's own tail runs the last layers
+    tail = tail_id(host) if not coordinator and n_stages > 1 and draw(st.booleans()) else None
+    if tail is not None:
+        stages.append(Stage(tail, at, at + draw(st.integers(1, 2))))
     deal = Deal(host=host, split="pinned", stages=tuple(stages), guests=(), fits=True, notes=())
     k = draw(st.sampled_from([0, 0, 1, 3]))
     config = SchedulerConfig(
@@ -41,7 +47,7 @@ def rooms(draw, min_stages=1):
         return_path=draw(st.sampled_from(["direct", "via_stages"])),
         phones=frozenset(draw(st.sets(st.sampled_from(names)))),
         eos_token=EOS, questions_in_flight=draw(st.integers(1, 4)))
-    return deal, config, [n for n in names if n != host]
+    return deal, config, [n for n in names if n != host]  # the workers a room can lose (never the tail)
 
 
 def _questions(draw, askers):
