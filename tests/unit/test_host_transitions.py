@@ -11,9 +11,10 @@ import pytest
 
 from planner.deal import Deal, Stage
 from planner.frames import FrameHeader, FrameKind
+from planner.hops import Measured
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, DeviceBack, DeviceLost, Draft, DraftReady,
-                              DriverError, EmitToken, FrameArrived, HeadFinished, LapEnded, LapFailed, QuestionAsked,
-                              QuestionWithdrawn, Redeal, Refuse, RunHead, RunStage, SendFrame, StageFinished)
+                              DriverError, EmitToken, FrameArrived, HeadFinished, LapEnded, LapFailed, LapKind,
+                              QuestionAsked, QuestionWithdrawn, Redeal, Refuse, RunHead, RunStage, SendFrame, StageFinished)
 from planner.scheduler import HostScheduler, HostState, SchedulerConfig
 from planner.scheduler import host as host_module
 from tests.harness import truth
@@ -93,21 +94,24 @@ EVENTS = {
 }
 
 RAISES = "raises"
+OVER = "lap 0 is over"
+NO_REDEAL = "no re-deal with first lap 1 is awaited"
+NOT_ASKED = "question 0 is neither waiting nor being answered"
 # (state, event type) -> what the host does, worked out by hand: the state it moves to
-# with the types of the commands it returns, ("ignored", reason) with no command and no
-# move, or RAISES (DriverError)
+# with the types of the commands it returns, ("ignored", reason, detail) with no command
+# and no move (the host's Ignored record), or RAISES (DriverError)
 EXPECTED = {
     IDLE: {
         "QuestionAsked": (FILLING, ["BeginAnswer", "RunStage"]),
-        "StageFinished": ("ignored", "stale"),
-        "FrameArrived": ("ignored", "stale"),
-        "HeadFinished": ("ignored", "stale"),
+        "StageFinished": ("ignored", "stale", OVER),
+        "FrameArrived": ("ignored", "stale", OVER),
+        "HeadFinished": ("ignored", "stale", OVER),
         "DraftReady": RAISES,  # no draft was ever asked for
         "DeviceLost": (RECOVERING, ["Redeal"]),
-        "DeviceBack": ("ignored", "repeated"),
-        "ChainReady": ("ignored", "unknown"),  # ChainReady(1): only lap 0 was ever launched
-        "QuestionWithdrawn": ("ignored", "unknown"),
-        "LapFailed": ("ignored", "stale"),
+        "DeviceBack": ("ignored", "repeated", "w was not lost"),
+        "ChainReady": ("ignored", "unknown", NO_REDEAL),  # ChainReady(1): only lap 0 was ever launched
+        "QuestionWithdrawn": ("ignored", "unknown", NOT_ASKED),
+        "LapFailed": ("ignored", "stale", OVER),
     },
     FILLING: {
         "QuestionAsked": (FILLING, []),  # waits: one question at a time
@@ -116,8 +120,8 @@ EXPECTED = {
         "HeadFinished": RAISES,  # lap 0 has not come back: no RunHead was given
         "DraftReady": RAISES,
         "DeviceLost": (RECOVERING, ["LapEnded", "Redeal"]),
-        "DeviceBack": ("ignored", "repeated"),
-        "ChainReady": ("ignored", "unknown"),
+        "DeviceBack": ("ignored", "repeated", "w was not lost"),
+        "ChainReady": ("ignored", "unknown", NO_REDEAL),
         "QuestionWithdrawn": (IDLE, ["AnswerDone"]),
         "LapFailed": (IDLE, ["LapEnded", "Refuse"]),
     },
@@ -126,24 +130,24 @@ EXPECTED = {
         "StageFinished": (DECODING, ["SendFrame"]),
         "FrameArrived": (DECODING, ["RunHead"]),
         "HeadFinished": RAISES,
-        "DraftReady": ("ignored", "stale"),  # draft 0 was taken already
+        "DraftReady": ("ignored", "stale", "draft 0 is no longer awaited"),  # draft 0 was taken already
         "DeviceLost": (RECOVERING, ["LapEnded", "Redeal"]),
-        "DeviceBack": ("ignored", "repeated"),
-        "ChainReady": ("ignored", "stale"),  # ChainReady(1): lap 1 is a lap, not a re-deal
+        "DeviceBack": ("ignored", "repeated", "w was not lost"),
+        "ChainReady": ("ignored", "stale", NO_REDEAL),  # ChainReady(1): lap 1 is a lap, not a re-deal
         "QuestionWithdrawn": (IDLE, ["LapEnded", "AnswerDone"]),
         "LapFailed": (IDLE, ["Refuse", "LapEnded"]),
     },
     RECOVERING: {
         "QuestionAsked": (RECOVERING, []),  # waits for the new chain
-        "StageFinished": ("ignored", "stale"),
-        "FrameArrived": ("ignored", "stale"),
-        "HeadFinished": ("ignored", "stale"),
+        "StageFinished": ("ignored", "stale", OVER),
+        "FrameArrived": ("ignored", "stale", OVER),
+        "HeadFinished": ("ignored", "stale", OVER),
         "DraftReady": RAISES,
-        "DeviceLost": ("ignored", "repeated"),
+        "DeviceLost": ("ignored", "repeated", "w was already lost"),
         "DeviceBack": (RECOVERING, []),  # w is no longer lost; no rejoin rule: it waits outside
         "ChainReady": (FILLING, ["RunStage"]),  # question 0's prompt again, on the new chain
         "QuestionWithdrawn": (RECOVERING, ["AnswerDone"]),
-        "LapFailed": ("ignored", "stale"),
+        "LapFailed": ("ignored", "stale", OVER),
     },
     STOPPED: {
         "QuestionAsked": (STOPPED, ["Refuse"]),
@@ -151,11 +155,11 @@ EXPECTED = {
         "FrameArrived": (STOPPED, ["LapEnded"]),
         "HeadFinished": RAISES,
         "DraftReady": RAISES,
-        "DeviceLost": ("ignored", "repeated"),
-        "DeviceBack": ("ignored", "stale"),
-        "ChainReady": ("ignored", "unknown"),  # no re-deal was ever announced: lap 1 never launched
-        "QuestionWithdrawn": ("ignored", "unknown"),
-        "LapFailed": ("ignored", "stale"),
+        "DeviceLost": ("ignored", "repeated", "w was already lost"),
+        "DeviceBack": ("ignored", "stale", "the room has stopped: w left the room; the model must be re-dealt"),
+        "ChainReady": ("ignored", "unknown", NO_REDEAL),  # no re-deal was ever announced: lap 1 never launched
+        "QuestionWithdrawn": ("ignored", "unknown", NOT_ASKED),
+        "LapFailed": ("ignored", "stale", OVER),
     },
 }
 
@@ -196,14 +200,68 @@ def test_every_state_and_event_pair(state, name):
         assert name in NO_TRANSITION[state] or name in {"HeadFinished", "DraftReady", "StageFinished"}
         return
     cmds = s.handle(event, 0.0)
-    new = [(x.event, x.reason) for x in s.ignored[ignored_before:]]
+    new = [(x.device, x.event, x.reason, x.detail) for x in s.ignored[ignored_before:]]
     if want[0] == "ignored":
-        assert (cmds, s.state, new) == ([], state, [(name, want[1])])
+        assert (cmds, s.state, new) == ([], state, [("h", name, want[1], want[2])])
         return
     to, kinds = want
     assert name not in NO_TRANSITION[state]
     assert (s.state, [type(c).__name__ for c in cmds], new) == (to, kinds, [])
     assert to in host_module.TRANSITIONS[state][type(event)]
+
+
+def test_a_miss_names_what_it_was_and_the_driver_s_own_mistakes_raise():
+    """The branches of the misses that the walk above does not reach, in the recovering
+    room (lap ids 0, the prompt, and 1, the re-deal's own id, are taken; 2 is the first
+    never launched; no draft asked): a peer's
+    event for a lap never launched, or of the wrong kind, is an Ignored record saying
+    so; the driver's own event for such a lap raises, naming the event and the lap."""
+    s, _ = recovering()
+    ignored = [
+        (StageFinished("w", 0), "bug", "a stage of w reached the host's machine"),
+        (FrameArrived("w", "h", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4)), "bug",
+         "a frame for w reached the host's machine"),
+        (FrameArrived("h", "w", FrameHeader(FrameKind.DECODE, 0, 0, 0, 2, 4)), "bug", "a DECODE frame from w at the host"),
+        (FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 2, 0, 2, 4)), "unknown",
+         "lap 2 from w was never launched"),
+        (FrameArrived("h", "w", FrameHeader(FrameKind.RETURN, 0, 0, 0, 2, 4)), "stale", "lap 0 is over"),
+        (LapFailed(2, "w", "nan"), "unknown", "lap 2 was never launched"),
+        (LapFailed(-1, "w", "nan"), "unknown", "lap -1 was never launched"),
+    ]
+    for event, reason, detail in ignored:
+        n = len(s.ignored)
+        assert s.handle(event, 0.0) == [] and s.state == RECOVERING
+        assert [(x.device, x.event, x.reason, x.detail) for x in s.ignored[n:]] == [
+            ("h", type(event).__name__, reason, detail)], event
+    for event, message in [
+            (StageFinished("h", 2), "StageFinished for lap 2, which the host never launched"),
+            (StageFinished("h", -1), "StageFinished for lap -1, which the host never launched"),
+            (HeadFinished(2, (truth(2),)), "HeadFinished for lap 2, which the host never launched"),
+            (DraftReady(0, (truth(3),)), "DraftReady for draft 0, which the host never asked for")]:
+        n = len(s.ignored)
+        with pytest.raises(DriverError) as e:
+            s.handle(event, 0.0)
+        assert str(e.value) == message and len(s.ignored) == n and s.state == RECOVERING
+
+
+def test_a_device_back_is_judged_on_nothing_measured_when_the_host_times_nothing():
+    """A host given a rejoin rule but no StageSpeeds hands the rule an empty Measured
+    (no device, head or link timed), as its docstring says; the rule keeps the deal, so
+    w waits outside the chain and the answer goes on."""
+    seen = []
+
+    def stay(deal, still_lost, measured):
+        seen.append((deal, still_lost, measured))
+        return None
+
+    s = HostScheduler(DEAL, CFG, redeal=lambda d, lost: MERGED, rejoin=stay)
+    s.handle(QuestionAsked(0, "g", PROMPT, 3), 0.0)
+    s.handle(DeviceLost("w"), 0.0)
+    s.handle(ChainReady(1), 0.0)
+    assert s.state == FILLING and s.lost == {"w"}
+    assert s.handle(DeviceBack("w"), 0.0) == [] and s.lost == set() and s.state == FILLING
+    assert seen == [(MERGED, frozenset(), Measured({}))]
+    assert seen[0][2].s_per_layer == {} and seen[0][2].head_s is None and seen[0][2].hop_s is None
 
 
 def test_a_pair_with_no_transition_changes_nothing():
@@ -235,9 +293,32 @@ def test_a_stopped_room_records_a_later_loss_and_the_chain_ready_of_a_re_deal_it
     s.handle(DeviceLost("h"), 0.0)
     assert s.state == STOPPED and s.recovering is None and s.stopped == "h left the room; the model must be re-dealt"
     assert s.handle(ChainReady(1), 0.0) == [] and s.handle(DeviceLost("g"), 0.0) == []
+    assert s.lost == {"w", "h", "g"}  # the guest's loss is remembered: a second one is a repeat
+    assert s.handle(DeviceLost("g"), 0.0) == []
     assert [(x.event, x.reason, x.detail) for x in s.ignored] == [
         ("ChainReady", "stale", "no re-deal with first lap 1 is awaited"),
-        ("DeviceLost", "stale", "the room has stopped: h left the room; the model must be re-dealt")]
+        ("DeviceLost", "stale", "the room has stopped: h left the room; the model must be re-dealt"),
+        ("DeviceLost", "repeated", "g was already lost")]
+
+
+def test_a_numerical_fault_refuses_its_question_naming_the_device():
+    """LapFailed (a residual went NaN or inf at w) refuses the question, naming the device
+    and the fault, and ends the failed lap as stale. In the filling room the prompt's lap
+    0 is on the host's stage, not in flight: it is ended first, then the Refuse. In the
+    decoding room verify lap 1 (2 drafts) is in flight: the Refuse, then the in-flight lap
+    dropped. A LapFailed for a lap never launched (1, in the filling room) is ignored."""
+    s, _ = filling()
+    assert s.handle(LapFailed(0, "w", "nan"), 0.0) == [LapEnded(0, 0, LapKind.PREFILL, 0, 0, True),
+                                                      Refuse(0, "g", "numerical fault on w: nan")]
+    assert s.state == IDLE and s.laps == {}
+    s, _ = decoding()
+    assert s.handle(LapFailed(1, "w", "inf"), 0.0) == [Refuse(0, "g", "numerical fault on w: inf"),
+                                                      LapEnded(1, 0, LapKind.VERIFY, 2, 0, True)]
+    assert s.state == IDLE and s.laps == {}
+    s, _ = filling()
+    assert s.handle(LapFailed(1, "w", "nan"), 0.0) == [] and s.state == FILLING
+    assert [(x.device, x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("h", "LapFailed", "unknown", "lap 1 was never launched")]
 
 
 def test_a_head_result_for_a_lap_given_no_run_head_raises():
