@@ -206,17 +206,31 @@ class DeviceProfile:
     """One device as measured: its pass curve and head curve (rows -> seconds), both
     with ``slowdown`` (the emulated slowdown it was measured with) already applied;
     ``prefill_ratio`` (> 0): a prefill chunk's pass in a room over ``stage``'s time for it
-    (1: not measured)."""
+    (1: not measured); ``idle``: idle seconds -> the factor on the first work (a decode or
+    verify pass, or the head) that starts that long after the device's last work ended,
+    over the same work back to back (the pass curve's condition); beyond the last point
+    its last factor; None: not measured (factor 1). Measured on a GPU, whose clock falls
+    while it waits on the network (runtime/calibrate.py ``measure_idle``)."""
 
     stage: PassCurve
     head: Curve
     slowdown: float = 1.0
     prefill_ratio: float = 1.0
+    idle: Curve | None = None
+
+    def idle_factor(self, idle_s: float) -> float:
+        """The factor :attr:`idle` gives work that starts ``idle_s`` seconds after the last
+        ended (1 for no gap or no curve; the last point's factor beyond it)."""
+        if self.idle is None or not idle_s > 0:
+            return 1.0
+        return self.idle(min(idle_s, self.idle.xs[-1]))
 
     def to_mapping(self) -> dict:
         out = {"slowdown": self.slowdown, "stage": self.stage.to_mapping(), "head_s": self.head.to_mapping()}
         if self.prefill_ratio != 1.0:
             out["prefill_ratio"] = float(self.prefill_ratio)
+        if self.idle is not None:
+            out["idle"] = self.idle.to_mapping()
         return out
 
     @classmethod
@@ -230,8 +244,11 @@ class DeviceProfile:
         if "stage" not in m or "head_s" not in m:
             raise ProfileError(f"{where}: needs stage and head_s")
         ratio = _positive_or_none(m.get("prefill_ratio"), f"{where}.prefill_ratio", "times")
+        idle = Curve.from_mapping(m["idle"], f"{where}.idle") if m.get("idle") is not None else None
+        if idle is not None and not all(y > 0 for y in idle.ys):
+            raise ProfileError(f"{where}.idle: factors must be > 0, got {list(idle.ys)}")
         return cls(PassCurve.from_mapping(m["stage"], f"{where}.stage"),
-                   Curve.from_mapping(m["head_s"], f"{where}.head_s"), slowdown, 1.0 if ratio is None else ratio)
+                   Curve.from_mapping(m["head_s"], f"{where}.head_s"), slowdown, 1.0 if ratio is None else ratio, idle)
 
 
 @dataclass(frozen=True)
@@ -469,11 +486,15 @@ class TransportProfile:
     window (None: not window-limited); ``weights_Bps`` stored weight bytes per second
     of a peer's copy of a layer range (runtime.weights_share, packing and checks
     included; None: not measured), which a re-deal's copy cannot beat whatever the
-    link's bandwidth."""
+    link's bandwidth; ``delay_late_s`` (>= 0) the seconds a frame's one-way time exceeds
+    the in-process delay it was given (``run --real --in-process-delay``: the event loop
+    sends a held packet after its due time), added to every hop of a room whose round trip
+    is applied so (None: not measured)."""
 
     one_way_s: Curve
     window_bytes: float | None = None
     weights_Bps: float | None = None
+    delay_late_s: float | None = None
 
     @property
     def fit(self) -> tuple[float, float]:
@@ -490,6 +511,8 @@ class TransportProfile:
                "fit": {"fixed_s": fixed, "s_per_byte": per_byte}}
         if self.weights_Bps is not None:
             out["weights_Bps"] = self.weights_Bps
+        if self.delay_late_s is not None:
+            out["delay_late_s"] = self.delay_late_s
         return out
 
     @classmethod
@@ -498,7 +521,12 @@ class TransportProfile:
             raise ProfileError(f"{where}: needs one_way_s")
         w = _positive_or_none(m.get("window_bytes"), f"{where}.window_bytes", "bytes")
         r = _positive_or_none(m.get("weights_Bps"), f"{where}.weights_Bps", "bytes per second")
-        return cls(Curve.from_mapping(m["one_way_s"], f"{where}.one_way_s"), w, r)
+        late = m.get("delay_late_s")
+        if late is not None and (isinstance(late, bool) or not isinstance(late, (int, float))
+                                 or not (math.isfinite(late) and late >= 0)):
+            raise ProfileError(f"{where}.delay_late_s: expected a number of seconds >= 0 (or null), got {late!r}")
+        return cls(Curve.from_mapping(m["one_way_s"], f"{where}.one_way_s"), w, r,
+                   None if late is None else float(late))
 
 
 def _positive_or_none(v: Any, where: str, unit: str) -> float | None:
@@ -554,7 +582,7 @@ class Profile:
                           "profile, predicted as separate machines")
         p = counts[-1]
         sh = self.shared_host[p]
-        devices = {k: DeviceProfile(v.stage.shifted(sh.pass_s * v.slowdown), v.head, v.slowdown, sh.prefill_ratio)
+        devices = {k: replace(v, stage=v.stage.shifted(sh.pass_s * v.slowdown), prefill_ratio=sh.prefill_ratio)
                    for k, v in self.devices.items()}
         # a drafter that runs layers makes one forward pass a drafted token in the host's process, on the same
         # cores: each pays the same per-pass excess (its walk was measured in one process, at slowdown 1)

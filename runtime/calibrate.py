@@ -22,7 +22,11 @@ Everything a prediction needs, measured without running any scenario's workload:
   WebRTC data channels through a local relay, ping-ponging residual frames of the
   decode, verify and prefill sizes; one-way time = round trip / 2 (median); and a
   peer's copy of single layers' weights (:func:`measure_weights_copy`), the rate a
-  re-dealt device gets its layers at.
+  re-dealt device gets its layers at; and how late the in-process delay delivers
+  (:func:`measure_delay_lateness`);
+* on a GPU (wgpu), the idle factors (:func:`measure_idle`): one-token passes of a stage
+  after the GPU sat idle for a range of gaps, over the same passes back to back (the
+  clock falls while a room waits on the network).
 
 The measured times are this process's, on this machine; a device with an emulated
 slowdown gets them times its slowdown (the device process pads its compute exactly
@@ -95,6 +99,10 @@ Log = Callable[[str], None]
 #: the pass finds its weights in memory, not in cache, as in a room where other stages
 #: (other processes) ran in between
 _FLUSH = np.ones(48 * 1024 * 1024 // 8, dtype=np.float64)
+
+
+#: idle gaps of :func:`measure_idle`, seconds (a room's wait between passes: a round trip and the other stages)
+IDLE_GAPS_S = (0.0, 0.005, 0.010, 0.020, 0.040, 0.080, 0.120)
 
 
 def _precision(weights: str):
@@ -272,15 +280,19 @@ def measure_drafters(model_dir: str, answers: Sequence[tuple[list[int], list[int
     return out
 
 
-async def _ping_pong(sizes: Sequence[int], n: int, warmup: int) -> dict[int, list[float]]:
+async def _ping_pong(sizes: Sequence[int], n: int, warmup: int, delay_s: float = 0.0) -> dict[int, list[float]]:
+    """``{size: [one-way seconds]}``: ping-pongs with an echo process; ``delay_s`` > 0 holds
+    what this side sends that long in process (runtime.transport.emulate_delay)."""
     from runtime.relay import run_relay
-    from runtime.transport import connect_room
+    from runtime.transport import connect_room, emulate_delay
     runner, url = await run_relay("127.0.0.1", 0)
     total = len(sizes) * (n + warmup)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "runtime.transport", "echo", url, str(total),
                                                 stdout=asyncio.subprocess.PIPE)
     try:
         a = await connect_room(url, "bench2", "a", ["b"], host_addresses=["127.0.0.1"])
+        if delay_s > 0:
+            emulate_delay(a, delay_s)
         q: asyncio.Queue = asyncio.Queue()
         a.set_handler(lambda src, ch, d: q.put_nowait(time.perf_counter()))
         out: dict[int, list[float]] = {}
@@ -316,6 +328,50 @@ def measure_transport(hidden: int, token_counts: Sequence[int] = (1, 5, 9, 16), 
     return TransportProfile(Curve(tuple(float(s) for s in sizes),
                                   tuple(float(statistics.median(res[s])) for s in sizes)),
                             window_bytes=float(INITIAL_WINDOW_BYTES))
+
+
+def measure_delay_lateness(hidden: int, delay_s: float = 0.010, n: int = 40, warmup: int = 8) -> float:
+    """Seconds a decode frame's one-way time exceeds an in-process delay of ``delay_s``
+    (runtime.transport.emulate_delay on the sending side): the median round trip of ``n``
+    ping-pongs with the delay, less the same without it, less ``delay_s``; at least 0. The
+    held packet leaves when the event loop runs its timer, after its due time."""
+    size = frame_bytes(1, hidden)
+    base = statistics.median(asyncio.run(_ping_pong([size], n, warmup))[size])
+    late = statistics.median(asyncio.run(_ping_pong([size], n, warmup, delay_s))[size])
+    return max(2 * (late - base) - delay_s, 0.0)
+
+
+def measure_idle(model_dir: str, backend: str, weights: str = "f32", layers: int | None = None,
+                 gaps_s: Sequence[float] = IDLE_GAPS_S, rounds: int = 30, context: int = 64) -> Curve:
+    """The idle factors (planner.profile.DeviceProfile.idle): one-token passes (forward and
+    read-back) of a stage of ``layers`` layers (default half the model) started ``gap``
+    seconds after the last one ended (``time.sleep``), for each of ``gaps_s`` (0 first),
+    interleaved over ``rounds`` rounds so the machine's drift spreads over every gap;
+    returns gap -> median pass at that gap over the median at gap 0."""
+    import numpy as np
+
+    from runtime.backends import StageSpec, make_stage
+    from runtime.config import ModelConfig
+    cfg = ModelConfig.load(model_dir)
+    n = layers or max(cfg.n_layers // 2, 1)
+    stage = make_stage(backend, model_dir, StageSpec(0, n, False), max_ctx=context + 8, precision=_precision(weights))
+    rng = np.random.default_rng(0)
+    stage.forward((rng.standard_normal((context, cfg.hidden)) * 0.1).astype(np.float32), 0)
+    x = (rng.standard_normal((1, cfg.hidden)) * 0.1).astype(np.float32)
+    for _ in range(3):  # warm-up
+        stage.forward(x, context)
+        stage.rollback(context)
+    times: dict[float, list[float]] = {float(g): [] for g in gaps_s}
+    for _ in range(rounds):
+        for g in times:
+            time.sleep(g)
+            t0 = time.perf_counter()
+            stage.forward(x, context)
+            times[g].append(time.perf_counter() - t0)
+            stage.rollback(context)
+    med = {g: statistics.median(v) for g, v in times.items()}
+    back_to_back = med[min(med)]
+    return Curve(tuple(sorted(med)), tuple(med[g] / back_to_back for g in sorted(med)))
 
 
 async def _weights_copy(model_dir: str, layers: Sequence[int]) -> list[tuple[int, float]]:
@@ -526,6 +582,15 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
         weights_Bps = measure_weights_copy(model_dir, layers=(3,) if quick else (3, 17, 26))
         transport = dataclasses.replace(transport, weights_Bps=weights_Bps)
         log(f"transport: a peer's copy of a layer moves {weights_Bps / 1e6:.1f} MB/s of stored weights")
+    idle = None
+    if not quick:
+        late = measure_delay_lateness(cfg.hidden)
+        transport = dataclasses.replace(transport, delay_late_s=late)
+        log(f"transport: an in-process delay of 10 ms delivers {late * 1e3:.2f} ms late (median)")
+        if backend == "wgpu":
+            idle = measure_idle(model_dir, backend, weights)
+            log("idle: a one-token pass after " + ", ".join(f"{g * 1e3:g} ms x{f:.3f}" for g, f in
+                                                           zip(idle.xs, idle.ys)) + " idle")
     notes = machine_notes(backend)
     notes["weights"] = weights
     notes["took"] = f"{time.perf_counter() - t0:.0f} s"
@@ -533,7 +598,8 @@ def measure_all(model_dir: str, backend: str = "numpy", quick: bool = False, log
         notes.update(sample_notes(sample, answer_tokens, quick))
     return {"stage": stage.to_mapping(), "head_s": head.to_mapping(),
             "drafters": {k: v.to_mapping() for k, v in drafters.items()},
-            "transport": transport.to_mapping(), "notes": notes}
+            "transport": transport.to_mapping(), "notes": notes,
+            **({"idle": idle.to_mapping()} if idle is not None else {})}
 
 
 def main(argv: Sequence[str]) -> int:  # pragma: no cover - run as a child by splitroom calibrate

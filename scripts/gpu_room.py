@@ -72,15 +72,21 @@ decoding:
 """
 
 
-def stages(n: int, layers: int) -> str:
-    """``--set`` value pinning ``n`` stages over ``layers`` layers (1-based, the first stages
-    one layer longer when they do not divide evenly)."""
-    out, start = [], 1
+def cuts(n: int, layers: int) -> list[tuple[int, int]]:
+    """``n`` stages over ``layers`` layers, 0-based half-open, the first stages one layer
+    longer when they do not divide evenly (28 in 3: 0-10, 10-19, 19-28)."""
+    out, start = [], 0
     for i in range(n):
         size = layers // n + (1 if i < layers % n else 0)
-        out.append(f'{{device: gpu{i}, layers: "{start}-{start + size - 1}"}}')
+        out.append((start, start + size))
         start += size
-    return "stages=[" + ", ".join(out) + "]"
+    return out
+
+
+def stages(n: int, layers: int) -> str:
+    """``--set`` value pinning ``n`` stages over ``layers`` layers (:func:`cuts`, typed 1-based)."""
+    return "stages=[" + ", ".join(f'{{device: gpu{i}, layers: "{a + 1}-{b}"}}'
+                                  for i, (a, b) in enumerate(cuts(n, layers))) + "]"
 
 
 def configurations(layers: int, rtts_ms: tuple[float, ...] = (), loopback: bool = True) -> list[tuple[str, list[str]]]:
@@ -142,42 +148,46 @@ def hop_alone(hidden: int, backend: str, n: int = 300) -> dict:
     return out
 
 
-def idle_passes(model_dir: str, backend: str, layers: int, gaps_ms: tuple[float, ...], n: int = 40,
-                context: int = 64) -> dict:
-    """One-token passes of a ``layers``-layer stage (held as stored), each after the stage
-    sat idle ``gap`` ms (``time.sleep``), for each gap of ``gaps_ms``; interleaved (gap
-    order cycled ``n`` times) so a drift of the machine spreads over every gap. Returns
-    ``{gap_ms: {"median_s", "p10_s", "p90_s"}}`` of the pass (forward and read-back),
-    seconds. Calibration times its passes back to back (gap 0); a room waiting on the
-    network leaves gaps of a round trip between them."""
-    import numpy as np
+def idle_passes(model_dir: str, backend: str, layers: int, gaps_ms: tuple[float, ...], rounds: int = 40) -> dict:
+    """``{gap_ms: factor}``: one-token passes of a ``layers``-layer stage after each idle gap
+    over the same passes back to back (runtime.calibrate.measure_idle, which calibration
+    runs on wgpu for the profile's ``idle`` curve)."""
+    from runtime.calibrate import measure_idle
+    c = measure_idle(model_dir, backend, "gguf", layers, tuple(sorted({0.0, *(g / 1000 for g in gaps_ms)})), rounds)
+    return {f"{x * 1000:g}": y for x, y in zip(c.xs, c.ys)}
 
+
+def weight_bytes(model_dir: str, backend: str, ranges: list[tuple[int, int, bool]]) -> list[dict]:
+    """What a stage of each range (0-based half-open, host: embedding and head) holds against
+    the GGUF's bytes for that range: ``held_bytes`` (wgpu: its GPU weight buffers less the
+    RoPE table; numpy: the arrays' bytes), ``file_bytes`` (gguf-py's tensor table) and
+    their ratio (issue 21's goal: at most 1.15)."""
+    import gc
+
+    import gguf
+
+    from runtime import gguf_blocks as gb
     from runtime.backends import StageSpec, make_stage
     from runtime.calibrate import _precision
     from runtime.config import ModelConfig
+    from runtime.weights import gguf_source
     cfg = ModelConfig.load(model_dir)
-    stage = make_stage(backend, model_dir, StageSpec(0, layers, False), max_ctx=context + 8,
-                       precision=_precision("gguf"))
-    rng = np.random.default_rng(0)
-    stage.forward((rng.standard_normal((context, cfg.hidden)) * 0.1).astype(np.float32), 0)
-    x = (rng.standard_normal((1, cfg.hidden)) * 0.1).astype(np.float32)
-    times: dict[float, list[float]] = {g: [] for g in gaps_ms}
-    for _ in range(3):  # warm-up
-        stage.forward(x, context)
-        stage.rollback(context)
-    for _ in range(n):
-        for g in gaps_ms:
-            time.sleep(g / 1000)
-            t0 = time.perf_counter()
-            stage.forward(x, context)
-            times[g].append(time.perf_counter() - t0)
-            stage.rollback(context)
-
-    def q(xs: list[float], f: float) -> float:
-        s = sorted(xs)
-        return s[min(len(s) - 1, int(f * len(s)))]
-    return {f"{g:g}": {"median_s": statistics.median(v), "p10_s": q(v, 0.1), "p90_s": q(v, 0.9), "n": len(v)}
-            for g, v in times.items()}
+    table = gb.tensor_table(gguf.GGUFReader(str(gguf_source(model_dir))))
+    sizes, emb, head = gb.stored_sizes(table, cfg.n_layers)
+    out = []
+    for a, b, host in ranges:
+        st = make_stage(backend, model_dir, StageSpec(a, b, host), max_ctx=64, precision=_precision("gguf"))
+        if backend == "wgpu":
+            held = st.bytes_weights - 64 * cfg.head_dim * 4  # the cos | sin table, [max_ctx, head_dim] float32
+        else:
+            held = sum(m.nbytes for L in st.layers for m in (L.wqkv, L.wo, L.wgu, L.wd, L.ln1, L.ln2))
+            held += (st.embedding.nbytes + st.norm.nbytes) if host else 0
+        want = sum(sizes[a:b]) + ((emb + head + table["output_norm.weight"].nbytes) if host else 0)
+        out.append({"range": f"{a + 1}-{b}" + (" with embedding and head" if host else ""), "held_bytes": int(held),
+                    "file_bytes": int(want), "ratio": held / want})
+        del st
+        gc.collect()
+    return out
 
 
 def hop_parts(profile, cfg_hidden: int, preds: list[dict]) -> dict:
@@ -233,7 +243,12 @@ def main() -> int:
                     "these many ms (comma-separated), then exit")
     ap.add_argument("--idle-layers", type=int, default=14)
     ap.add_argument("--hop-only", type=int, metavar="HIDDEN", help="only time a hop's parts alone for this width")
+    ap.add_argument("--deadline-s", type=float, default=None, help="start no room after this many seconds "
+                    "from the start (the rooms left are recorded as not run)")
+    ap.add_argument("--weight-bytes", action="store_true", help="also record what the 2- and 3-stage ranges hold "
+                    "against the file's bytes (after the predictions, before the rooms)")
     a = ap.parse_args()
+    began = time.time()
     say = (lambda s: print(s, flush=True))
     if a.hop_only:
         print(json.dumps(hop_alone(a.hop_only, a.backend)))
@@ -262,7 +277,7 @@ def main() -> int:
     if a.idle_gaps:
         gaps = tuple(float(g) for g in a.idle_gaps.split(",") if g.strip())
         rec = {"at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "model": str(gguf), "mix": a.mix,
-               "layers": a.idle_layers, "passes": idle_passes(model_dir, a.backend, a.idle_layers, gaps)}
+               "layers": a.idle_layers, "factors": idle_passes(model_dir, a.backend, a.idle_layers, gaps)}
         out.write_text(json.dumps(rec, indent=1))
         say(json.dumps(rec))
         return 0
@@ -287,7 +302,8 @@ def main() -> int:
         scn = load(str(scn_path), sets)
         d = deal(scn.devices, scn.model, scn.options)
         rtt_s = scn.network.rtt_s
-        m = predict_real_run(scn, d, profile, rtt_s, prompt_token_counts(model_dir, real_prompts(scn)))
+        m = predict_real_run(scn, d, profile, rtt_s, prompt_token_counts(model_dir, real_prompts(scn)),
+                             in_process_delay=rtt_s > 0)
         preds.append({"name": name, "sets": sets, "rtt_s": rtt_s, "netns": False, "in_process_delay": rtt_s > 0,
                       "predicted": m})
     record = {"predicted_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -304,10 +320,21 @@ def main() -> int:
         say(f"  {p['name']}: predicted {p['predicted']['tokens_per_s']:.2f} tok/s, "
             f"first token {p['predicted']['ttft_s'] * 1000:.0f} ms")
 
+    if a.weight_bytes:
+        ranges = [(x, y, x == 0) for k in (2, 3) for x, y in cuts(k, cfg.n_layers)]
+        record["weight_bytes"] = weight_bytes(model_dir, a.backend, ranges)
+        out.write_text(json.dumps(record, indent=1))
+        for w in record["weight_bytes"]:
+            say(f"  layers {w['range']}: holds {w['held_bytes'] / 1e6:.1f} MB for {w['file_bytes'] / 1e6:.1f} MB "
+                f"of the file, x{w['ratio']:.4f}")
     for p in preds:
         scn = load(str(scn_path), p["sets"])
         d = deal(scn.devices, scn.model, scn.options)
         runs = []
+        if a.deadline_s is not None and time.time() - began > a.deadline_s:
+            p["not_run"] = f"past --deadline-s {a.deadline_s:g}"
+            say(f"  {p['name']}: not run ({p['not_run']})")
+            continue
         for r in range(a.repeat):
             t1 = time.time()
             res = run_real(scn, d, backend=a.backend, netns=False, timeout_s=300, log=lambda s: None, profile=profile,

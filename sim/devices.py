@@ -365,15 +365,31 @@ class DeviceModel:
             s = s / self.efficiency + self.pass_overhead_s + layers * self.layer_overhead_s
         return s * self.slowdown
 
+    def idle_factor(self, start_s: float) -> float:
+        """The profile's factor (:meth:`planner.profile.DeviceProfile.idle_factor`) on work
+        that starts at ``start_s``, after the device's last known work ended (1 without a
+        profile or its ``idle`` curve; pure)."""
+        if self.profile is None or self.profile.idle is None or self._busy_end_s == -math.inf:
+            return 1.0
+        return self.profile.idle_factor(start_s - self._busy_end_s)
+
+    def ran_until(self, end_s: float) -> None:
+        """Other work of this device (its head) ran until ``end_s``: mark it busy till then."""
+        if end_s > self._busy_end_s:
+            self._busy_end_s = end_s
+
     def run_s(self, layers: int, tokens: int, context_tokens: int, start_s: float, decode: bool,
               weight_scale: float = 1.0) -> float:
         """:meth:`stage_s` with ``now_s=start_s`` and ``decode`` given, positionally (the
         simulator's per-stage call), ``weight_scale`` as in :meth:`pass_s`: seconds, and
         the GPU marked busy until it ends. A profiled device's prefill pass (``decode``
-        false) is its curve's time times the profile's ``prefill_ratio``."""
+        false) is its curve's time times the profile's ``prefill_ratio``; its decode or
+        verify pass, times :meth:`idle_factor` (the profile's ``idle`` curve)."""
         s = self.pass_s(layers, tokens, context_tokens, weight_scale)
         if not decode and self.profile is not None:  # a prefill chunk in a room (DeviceProfile.prefill_ratio)
             s *= self.profile.prefill_ratio
+        elif self.profile is not None and self.profile.idle is not None:  # after idle (DeviceProfile.idle)
+            s *= self.idle_factor(start_s)
         if self.offload_bytes and layers > 0 and tokens > 0:
             s += self.offload_s(tokens)
         if not self.clock_down:  # busy_s without the clock-down check (the same numbers)

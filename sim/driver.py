@@ -325,7 +325,10 @@ class Simulation:
         host = self.deal.host
         first_pos, n = self._lap_span.pop(c.lap_id)
         done = HeadFinished(c.lap_id, synthetic_head(truth, first_pos, n, c.rows))
-        start, head_s = self._start_s(host), self._head_s(self.devices[host], c.rows)
+        dm = self.devices[host]
+        start = self._start_s(host)
+        head_s = self._head_s(dm, c.rows) * dm.idle_factor(start)  # slower after idle (DeviceProfile.idle)
+        dm.ran_until(start + head_s)
         self._occupy(host, start + head_s, done)
         if self._timing:
             self.loop.at(start + head_s, self.chain.speeds.computed, Computed(host, "RunHead", c.lap_id, head_s))

@@ -88,15 +88,17 @@ def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], No
 def build_profile(scn: Scenario, measured: dict) -> Profile:
     """A profile for ``scn``'s devices from one machine's measurement: every device
     that can hold layers gets the measured pass and head curves times its
-    ``emulate.slowdown`` (1 when none); drafters and transport as measured."""
+    ``emulate.slowdown`` (1 when none), and the idle factors when measured (``idle``);
+    drafters and transport as measured."""
     stage = PassCurve.from_mapping(measured["stage"], "stage")
     head = Curve.from_mapping(measured["head_s"], "head_s")
+    idle = Curve.from_mapping(measured["idle"], "idle") if measured.get("idle") else None
     devices = {}
     for d in scn.devices:
         if not d.webgpu:
             continue
         f = float(d.emulate_slowdown or 1.0)
-        devices[d.id] = DeviceProfile(stage.scaled(f), head.scaled(f), f)
+        devices[d.id] = DeviceProfile(stage.scaled(f), head.scaled(f), f, idle=idle)
     drafters = {k: DrafterProfile.from_mapping(v, f"drafters.{k}") for k, v in measured.get("drafters", {}).items()}
     tr = measured.get("transport")
     notes = dict(measured.get("notes", {}))
@@ -196,6 +198,9 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
                          alone_prefill)
     out.update(laps=res.measured.get("laps", 0), tokens_per_s=res.measured.get("tokens_per_s", 0.0),
                stage_fold="added" if backend == "wgpu" else "ratio")
+    gap = room_idle_s(res.calibration, res.measured, d.host)
+    if gap is not None:
+        out["idle_s"] = gap
     log(f"room: {out['laps']} laps; against the parts alone: stage x{out['stage_ratio']:.3f} "
         f"({out['stage_extra_s'] * 1e3:+.2f} ms a pass), "
         f"hop {out['hop_s'] * 1e3:+.2f} ms beyond the ping-pong beside it, head {out['head_s'] * 1e3:+.2f} ms; "
@@ -229,6 +234,20 @@ def stage_noise(stage_s_each: dict[str, Sequence[float]]) -> tuple[float, ...]:
         return ()
     n = min(len(c) for c in cols)
     return tuple(sum(c[i] for c in cols) / len(cols) for i in range(n))
+
+
+def room_idle_s(cal: dict, measured: dict, host: str) -> float | None:
+    """How long a worker of a room waits between its decode passes, seconds: the mean lap
+    (``measured["lap_s"]["mean"]``, planner.metrics) less the worker's mean decode stage
+    (``cal["stage_s_each"]``, planner.trace_fit), the mean over workers; None when the room
+    recorded neither. :func:`with_room_overheads` takes a profile's ``idle`` factors relative
+    to it: the room's own excess, folded in, already holds what that wait costs."""
+    lap = (measured.get("lap_s") or {}).get("mean")
+    gaps = [lap - sum(xs) / len(xs) for dev, xs in (cal.get("stage_s_each") or {}).items()
+            if dev != host and xs] if lap else []
+    if not gaps:
+        return None
+    return max(sum(gaps) / len(gaps), 0.0)
 
 
 def room_passes(cal: dict, layers: dict[str, int], decode_s: dict[str, float],
@@ -332,7 +351,10 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
     ``stage_fold`` ``added`` plus ``stage_extra_s`` times its slowdown on every pass; its
     head curve plus ``head_s`` times its slowdown, the transport's one-way times (the
     ping-pong beside the room, ``one_way_s``, when the mapping has it, else the
-    profile's) plus ``hop_s``, and ``stage_noise``; kept in the notes. On the ratio fold a
+    profile's) plus ``hop_s``, and ``stage_noise``; kept in the notes. With ``idle_s`` (the
+    room's wait between a worker's passes, :func:`room_idle_s`) a device's ``idle`` factors
+    become relative to that wait (each over the factor at ``idle_s``, at least 1): the folded
+    excess already holds its cost. On the ratio fold a
     ``prefill_ratio`` is kept as ``shared_host[2]`` (no seconds per pass: the decode ratio
     holds them; that factor on prefill chunks): a prompt's chunks are pipelined, so the
     room's two processes computed at once on this machine's cores, which separate
@@ -353,12 +375,20 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
 
     def stage(v):
         return v.stage.shifted(room["stage_extra_s"] * v.slowdown) if added else v.stage.scaled(room["stage_ratio"])
-    devices = {k: DeviceProfile(stage(v), v.head.shifted(room["head_s"] * v.slowdown), v.slowdown, v.prefill_ratio)
+    g0 = room.get("idle_s")
+
+    def idle(v):  # relative to the room's own gap, whose cost the folded excess already holds
+        if v.idle is None or not g0:
+            return v.idle
+        f0 = v.idle_factor(g0)
+        return Curve(v.idle.xs, tuple(max(y / f0, 1.0) for y in v.idle.ys))
+    devices = {k: dataclasses.replace(v, stage=stage(v), head=v.head.shifted(room["head_s"] * v.slowdown),
+                                      idle=idle(v))
                for k, v in profile.devices.items()}
     tr = profile.transport
     if tr is not None:
         curve = Curve.from_mapping(room["one_way_s"], "room.one_way_s") if room.get("one_way_s") else tr.one_way_s
-        tr = TransportProfile(curve.shifted(room["hop_s"]), tr.window_bytes, tr.weights_Bps)
+        tr = dataclasses.replace(tr, one_way_s=curve.shifted(room["hop_s"]))
     notes = dict(profile.notes)
     beside = " beyond the ping-pong measured beside it" if room.get("one_way_s") else ""
     medians = (f"; from medians instead: stage x{room['stage_ratio_p50']:.4f}, hop "
@@ -368,6 +398,8 @@ def with_room_overheads(profile: Profile, room: dict) -> Profile:
     if prefill:
         fold += (f"; prefill chunks x{prefill:.4f} beyond that (kept as shared_host 2: applied only when the "
                  "devices share one machine)")
+    if g0 and any(v.idle is not None for v in profile.devices.values()):
+        fold += f"; idle factors relative to the room's {g0 * 1e3:.2f} ms between a worker's passes"
     notes["room"] = (f"2-device room on loopback, plain, {room['laps']} laps: {fold}, per hop {room['hop_s'] * 1e3:+.3f} ms{beside}, per head "
                      f"{room['head_s'] * 1e3:+.3f} ms beyond the parts measured alone (means, folded in above)"
                      f"{medians}")

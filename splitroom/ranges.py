@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.deal import Deal
-from planner.profile import DeviceProfile, block_mean
+from planner.profile import block_mean
 from planner.room import Scenario
 
 __all__ = ["NOISE_BLOCK_LAPS", "REPLICAS", "SWEEP_REPLICAS", "PendingRange", "acceptance_source", "compute_factors",
@@ -105,7 +105,7 @@ def with_compute_factor(scn: Scenario, factor: float) -> Scenario:
     prof = scn.profile
     if prof is None or factor == 1.0:
         return scn
-    devs = {k: DeviceProfile(v.stage.scaled(factor), v.head, v.slowdown, v.prefill_ratio)
+    devs = {k: dataclasses.replace(v, stage=v.stage.scaled(factor))
             for k, v in prof.devices.items()}
     return dataclasses.replace(scn, profile=dataclasses.replace(prof, devices=devs))
 

@@ -220,25 +220,27 @@ def sctp_burst_bytes() -> int:
     return DEFAULT_MAX_BURST_CHUNKS * SCTP_CHUNK_BYTES
 
 
-def real_run_network(scn: Scenario, rtt_s: float):
+def real_run_network(scn: Scenario, rtt_s: float, late_s: float = 0.0):
     """``scn.network`` as a real room on this machine has it (a
     :class:`planner.room.Network`): the round trip ``rtt_s`` (0 on loopback) with the
     scenario's jitter scale as normal jitter (netem applies it; none at 0 ms), no stall
     episodes and no per-pair links (not emulated), no bandwidth limit (loopback has none to
     speak of: the transport's per-byte cost is in the profile) and the tuned SCTP sender's
-    burst cap (:func:`sctp_burst_bytes`)."""
+    burst cap (:func:`sctp_burst_bytes`); ``late_s`` seconds more on every hop (the
+    in-process delay's lateness, planner.profile.TransportProfile.delay_late_s)."""
     from planner.room import Jitter
     j = scn.network.jitter
     jitter = Jitter("normal", j.scale_s) if (j is not None and j.scale_s > 0 and rtt_s > 0) else Jitter()
     return dataclasses.replace(scn.network, rtt_s=rtt_s, jitter=jitter, episodes=None, links=(), bandwidth_Bps=1e12,
-                               burst_bytes=sctp_burst_bytes())
+                               burst_bytes=sctp_burst_bytes(), hop_overhead_s=scn.network.hop_overhead_s + late_s)
 
 
-def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int) -> Scenario:
+def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int,
+                      late_s: float = 0.0) -> Scenario:
     """``scn`` as a real run on this machine will run it, for a prediction made before
-    the run: the network of :func:`real_run_network` at ``rtt_s``, the real prompts'
-    token counts and the answer cap, asked by the host one after another."""
-    net = real_run_network(scn, rtt_s)
+    the run: the network of :func:`real_run_network` at ``rtt_s`` (``late_s`` as there),
+    the real prompts' token counts and the answer cap, asked by the host one after another."""
+    net = real_run_network(scn, rtt_s, late_s)
     n = max(len(prompt_tokens), 1)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(int(round(sum(prompt_tokens) / n)), 1),
                              answer_tokens=max(answer_tokens, 1), questions=n, asked_by=())
@@ -284,16 +286,22 @@ def on_this_host(profile, deal: Deal):
     return profile.on_one_host(len({st.device for st in deal.stages if st.layers} | {deal.host}))
 
 
-def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_tokens: Sequence[int]) -> dict:
+def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_tokens: Sequence[int],
+                     in_process_delay: bool = False) -> dict:
     """Metrics the simulator predicts for a real run of ``scn`` from ``profile`` (a
     :class:`planner.profile.Profile`), before the run: every device process on this
     machine, so with the profile's shared-core excess (:func:`on_this_host`; ``shared_host``
-    in the metrics says what was applied). Raises RealRunError when the
-    predicted room answers fewer questions than it is asked (never a silent 0.0)."""
+    in the metrics says what was applied). ``in_process_delay``: the round trip ``rtt_s``
+    is applied in the device processes, so every hop also pays the profile's
+    ``transport.delay_late_s`` when it has one (``delay_late_s`` in the metrics). Raises
+    RealRunError when the predicted room answers fewer questions than it is asked (never a
+    silent 0.0)."""
     from sim.driver import simulate
     from splitroom.ranges import acceptance_source, predict_range
     profile, shared = on_this_host(profile, deal)
-    pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens).with_profile(profile)
+    tr = profile.transport
+    late = (tr.delay_late_s or 0.0) if (in_process_delay and rtt_s > 0 and tr is not None) else 0.0
+    pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens, late).with_profile(profile)
     m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
     m["range"] = predict_range(pred_scn, deal, m)
@@ -306,6 +314,8 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
         m["acceptance_from"] = source
     if shared:
         m["shared_host"] = shared
+    if late:
+        m["delay_late_s"] = late
     return m
 
 
@@ -414,7 +424,7 @@ def _run_real(scn: Scenario, deal: Deal, backend: str, netns: bool, timeout_s: f
         cfgs = with_draft_policy(cfgs, scn, deal, profile, rtt_s, counts)
     profile_predicted = None
     if profile is not None:
-        profile_predicted = predict_real_run(scn, deal, profile, rtt_s, counts)
+        profile_predicted = predict_real_run(scn, deal, profile, rtt_s, counts, in_process_delay=net is None)
         rg = profile_predicted["range"]
         spread = (f" (P10-P90 {rg['tokens_per_s']['p10']:.2f}-{rg['tokens_per_s']['p90']:.2f}, "
                   f"{', '.join(rg['sources'])})" if rg["replicas"] else " (one point: nothing varies)")
