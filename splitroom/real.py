@@ -220,27 +220,36 @@ def sctp_burst_bytes() -> int:
     return DEFAULT_MAX_BURST_CHUNKS * SCTP_CHUNK_BYTES
 
 
-def real_run_network(scn: Scenario, rtt_s: float, late_s: float = 0.0):
+def real_run_network(scn: Scenario, rtt_s: float):
     """``scn.network`` as a real room on this machine has it (a
     :class:`planner.room.Network`): the round trip ``rtt_s`` (0 on loopback) with the
     scenario's jitter scale as normal jitter (netem applies it; none at 0 ms), no stall
     episodes and no per-pair links (not emulated), no bandwidth limit (loopback has none to
     speak of: the transport's per-byte cost is in the profile) and the tuned SCTP sender's
-    burst cap (:func:`sctp_burst_bytes`); ``late_s`` seconds more on every hop (the
-    in-process delay's lateness, planner.profile.TransportProfile.delay_late_s)."""
+    burst cap (:func:`sctp_burst_bytes`)."""
     from planner.room import Jitter
     j = scn.network.jitter
     jitter = Jitter("normal", j.scale_s) if (j is not None and j.scale_s > 0 and rtt_s > 0) else Jitter()
     return dataclasses.replace(scn.network, rtt_s=rtt_s, jitter=jitter, episodes=None, links=(), bandwidth_Bps=1e12,
-                               burst_bytes=sctp_burst_bytes(), hop_overhead_s=scn.network.hop_overhead_s + late_s)
+                               burst_bytes=sctp_burst_bytes())
 
 
-def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int,
-                      late_s: float = 0.0) -> Scenario:
+def with_late_hops(scn: Scenario, late_s: float) -> Scenario:
+    """``scn`` with ``late_s`` seconds more on every hop (the in-process delay's lateness,
+    planner.profile.TransportProfile.delay_late_s). Apply it after
+    :meth:`planner.room.Scenario.with_profile`, which sets the hop overhead from the profile's
+    transport."""
+    if not late_s:
+        return scn
+    return dataclasses.replace(scn, network=dataclasses.replace(scn.network,
+                                                                hop_overhead_s=scn.network.hop_overhead_s + late_s))
+
+
+def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int], answer_tokens: int) -> Scenario:
     """``scn`` as a real run on this machine will run it, for a prediction made before
-    the run: the network of :func:`real_run_network` at ``rtt_s`` (``late_s`` as there),
-    the real prompts' token counts and the answer cap, asked by the host one after another."""
-    net = real_run_network(scn, rtt_s, late_s)
+    the run: the network of :func:`real_run_network` at ``rtt_s``, the real prompts' token
+    counts and the answer cap, asked by the host one after another."""
+    net = real_run_network(scn, rtt_s)
     n = max(len(prompt_tokens), 1)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(int(round(sum(prompt_tokens) / n)), 1),
                              answer_tokens=max(answer_tokens, 1), questions=n, asked_by=())
@@ -301,7 +310,8 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     profile, shared = on_this_host(profile, deal)
     tr = profile.transport
     late = (tr.delay_late_s or 0.0) if (in_process_delay and rtt_s > 0 and tr is not None) else 0.0
-    pred_scn = real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens, late).with_profile(profile)
+    pred_scn = with_late_hops(real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens)
+                              .with_profile(profile), late)
     m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
     m["range"] = predict_range(pred_scn, deal, m)

@@ -111,15 +111,17 @@ def test_room_idle_s_and_the_fold_make_the_factors_relative_to_the_rooms_wait():
 
 
 def test_a_room_with_its_round_trip_in_process_pays_the_lateness_on_every_hop():
-    from splitroom.real import real_run_network, real_run_scenario
+    """predict_real_run with in_process_delay: the profile's transport sets each hop's fixed
+    cost (Scenario.with_profile), and 0.7 ms of lateness comes on top of it, on both hops of a
+    2-device lap: 1.4 ms more a lap. Without the flag, or at 0 ms, nothing changes."""
+    from splitroom.real import predict_real_run
     scn = _room(20)
-    assert real_run_network(scn, 0.02).hop_overhead_s == scn.network.hop_overhead_s
-    assert real_run_network(scn, 0.02, 0.0007).hop_overhead_s == pytest.approx(scn.network.hop_overhead_s + 0.0007)
-    # two hops a lap (a -> b -> a): 1.4 ms more a lap in the simulated room
     deal = Deal.pinned("a", [("a", 0, 15), ("b", 15, 30)])
-    prof = Profile({d: DeviceProfile(STAGE, HEAD) for d in ("a", "b")}, {}, None, {})
-
-    def lap(late):
-        s = real_run_scenario(scn, 0.02, [16], 24, late).with_profile(prof)
-        return simulate(s, deal, trace=False).metrics["lap_s"]["p50"]
-    assert lap(0.0007) - lap(0.0) == pytest.approx(0.0014, abs=1e-9)
+    tr = TransportProfile(Curve((2336.0, 11552.0), (0.001, 0.002)), delay_late_s=0.0007)
+    prof = Profile({d: DeviceProfile(STAGE, HEAD) for d in ("a", "b")}, {}, tr, {})
+    late = predict_real_run(scn, deal, prof, 0.02, [16], in_process_delay=True)
+    plain = predict_real_run(scn, deal, prof, 0.02, [16])
+    assert late["delay_late_s"] == pytest.approx(0.0007) and "delay_late_s" not in plain
+    assert late["lap_s"]["p50"] - plain["lap_s"]["p50"] == pytest.approx(0.0014, abs=1e-9)
+    loop = predict_real_run(scn, deal, prof, 0.0, [16], in_process_delay=True)
+    assert "delay_late_s" not in loop
