@@ -24,6 +24,12 @@ layers (to the stage before it), sends the new chain a Replan, loads its own new
 waits for every device's Ready, then feeds ChainReady and the scheduler replays the
 answer so far. A worker that gets a Replan loads its new range from the model
 directory (its own disk) in the compute thread and answers Ready.
+
+The Node is in three files: the loop here (messages in, the Driver's executor, the
+compute queue, the host's questions); its liveness in runtime/room_liveness.py
+(:class:`~runtime.room_liveness.NodeLiveness`: heartbeats, stamps, losses, a peer back)
+and its re-deal in runtime/room_redeal.py (:class:`~runtime.room_redeal.NodeRedeal`:
+loading or copying a re-dealt range, Replan and Ready), both mixed into :class:`Node`.
 """
 
 from __future__ import annotations
@@ -39,41 +45,29 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from planner.frames import FrameError, FrameHeader, FrameKind
-from planner.protocol import (AnswerDone, ChainReady, Computed, DeviceBack, DeviceLost, Draft, DraftReady, DropFrame, EmitToken,
-                              FrameArrived, LapFailed, QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage,
-                              SendFrame, StageFinished, Wake, WeightsCopied)
+from planner.protocol import (AnswerDone, Computed, Draft, DraftReady, DropFrame, EmitToken, FrameArrived, LapFailed,
+                              QuestionAsked, Redeal, Refuse, RollbackKV, RunHead, RunStage, SendFrame, StageFinished,
+                              Wake)
 from planner.sampling import MAX_SEED, Sampling
-from planner.chain import Chain, CopyPlan, copy_plan, relink_neighbours
-from planner.deal import Stage as DealStage, shown_layers
+from planner.chain import Chain
 from planner.drive import Driver
 from planner.hops import HopMeter, PeerClock
-from planner.liveness import LOADING, LOADING_SILENT, READY, UNANSWERED, Liveness
+from planner.liveness import Liveness
 from planner.trace import from_record, to_record
 
 from .backends.base import Stage
 from .codec import decode_frame, encode_frame
-from .control import (MAX_STAMPS, ControlError, Crash, Fault, Heartbeat, Hello, Loading, NodeConfig, Progress, Ready,
-                      Replan, Stamps, Unreachable, encode_control, parse_control)
+from .control import (MAX_STAMPS, ControlError, Crash, Fault, Heartbeat, Loading, NodeConfig, Progress, Ready, Replan,
+                      Stamps, Unreachable, encode_control, parse_control)
 from .drafters import ngram_draft
+from .room_liveness import (ECHO_HELD_MAX_S, REDEAL_GRACE_S, REDEAL_LOAD_TIMEOUT_S, REPLY,  # noqa: F401 (importable
+                            NodeLiveness, lost_reason)                               # from here too)
+from .room_redeal import RELINK_WAIT_S, NodeRedeal  # noqa: F401
 from .work import NumericalFault, consumes_residual, nonfinite, run_work
 
 log = logging.getLogger("splitroom.room")
 
 RESIDUAL = "residual"
-REPLY = "reply"
-#: After a Replan, seconds during which no device is declared lost by silence: every
-#: device of the new chain may be loading weights then, its event loop starved of the
-#: CPU (the transport still reports a connection that fails).
-REDEAL_GRACE_S = 10.0
-#: After a Replan, seconds during which a device still loading its re-dealt range (not
-#: Ready yet) is not declared lost by silence; after that a silent one is lost like any
-#: other (a device that died during a re-deal must not stall the room for good).
-REDEAL_LOAD_TIMEOUT_S = 30.0
-#: Seconds one meeting at the relay may take when a device dealt back and a neighbour of
-#: it make a new connection (:meth:`Node._relink`): both sides go to the relay as the
-#: Replan arrives, so this bounds a neighbour that never comes (chosen, not measured; it
-#: stays under REDEAL_LOAD_TIMEOUT_S, during which the host spares a device re-dealing).
-RELINK_WAIT_S = 20.0
 #: trace records a node whose trace is not written keeps, or a ``keep_open`` one (the
 #: latest; older ones are dropped). Nothing reads such a trace (``splitroom serve``'s and
 #: ``join``'s devices write none), so it is a window of the latest few hundred laps for a
@@ -90,8 +84,6 @@ RECORD_BYTES = 400
 #: pymalloc allocates it; measured with tracemalloc in tests/unit/test_host_bounds.py)
 TOKEN_BYTES = 40
 _TOKEN_FIELDS = {QuestionAsked: "prompt", RunStage: "inputs"}
-#: a peer's heartbeat is echoed (planner/hops.py's exchange) only within this many seconds of its arrival
-ECHO_HELD_MAX_S = 60.0
 
 
 def record_bytes(obj: Any) -> int:
@@ -138,7 +130,7 @@ class BoundedTrace:
         return len(self._items)
 
 
-class Node:
+class Node(NodeLiveness, NodeRedeal):
     """One device of the room (see module doc).
 
     Args:
@@ -273,36 +265,6 @@ class Node:
         self._stamp(src, self.cfg.device, h.lap_id)
         self.handle(FrameArrived(self.cfg.device, src, h))
 
-    def _from_lost(self, src: str, channel: str, data: bytes) -> None:
-        """A message from ``src``, lost and out of the chain: on the model host its Hello
-        starts its rejoin (planner.liveness: heard steadily for the rejoin hold, it is
-        back: :meth:`_back`), and while it comes back what it sends keeps it heard;
-        anything else from it is ignored."""
-        if not self.is_host:
-            return
-        now = time.monotonic()
-        if channel == REPLY and not self.liveness.coming_back(src):
-            try:
-                msg = parse_control(data)
-            except ControlError:
-                return
-            if isinstance(msg, Hello) and msg.device == src:
-                log.warning("%s: %s said hello again; taking it back once heard for the rejoin hold",
-                            self.cfg.device, src)
-                self.liveness.returned(src, now)
-            return
-        if self.liveness.coming_back(src):
-            self.liveness.heard(src, now)
-
-    def _back(self, peer: str) -> None:
-        """``peer``, lost, has been heard for its rejoin hold: it is a member again
-        (DeviceBack; the host's rejoin rule may re-deal it back into the chain)."""
-        self.lost_peers.discard(peer)
-        if hasattr(self.transport, "revive"):
-            self.transport.revive(peer)
-        log.warning("%s: %s is back", self.cfg.device, peer)
-        self.handle(DeviceBack(peer, "said hello again"))
-
     def _on_control(self, src: str, data: bytes) -> None:
         try:
             msg = parse_control(data)
@@ -336,122 +298,6 @@ class Node:
             self.progress[src] = msg.percent
             self._notify(msg)
         # hello/plan/bye belong to the join handshake
-
-    def _heartbeat(self, src: str, msg: Heartbeat) -> None:
-        """Being heard is what a heartbeat says; its times (when it has them) are one
-        leg of NTP's exchange: ``src``'s clock offset (planner/hops.py), taken only when
-        its echo is the time of one of the latest heartbeats this device sent it."""
-        if msg.sent_s is None or src not in self.cfg.peers:
-            return
-        now = self.stamp_clock()
-        self._beat_in[src] = (msg.sent_s, now)
-        if msg.echo_s is not None and msg.held_s is not None and msg.echo_s in self._beat_out.get(src, ()):
-            self.clocks.setdefault(src, PeerClock()).heard(msg.sent_s, msg.echo_s, msg.held_s, now)
-
-    def _stamps(self, src: str, msg: Stamps) -> None:
-        """The model host pairs a worker's stamps with the other ends' (planner/hops.py);
-        a stamp naming a device not in the chain, or ``src`` itself, is not kept."""
-        chain = {s.device for s in self.deal.stages} | {self.cfg.host}
-        if src not in chain:
-            return
-        for lap, peer, t in msg.arrived:
-            if peer in chain and peer != src:
-                self._hop(self.hops.arrived(peer, src, lap, t))
-        for lap, peer, t in msg.sent:
-            if peer in chain and peer != src:
-                self._hop(self.hops.sent(src, peer, lap, t))
-
-    def _hop(self, hop) -> None:
-        """A hop and the workers' lap times the host's meter paired: to the room's
-        measured speeds (planner.hops.StageSpeeds: the rejoin rule's) and the observers."""
-        speeds = self.chain.speeds
-        if hop is not None:
-            speeds.hop(hop)
-            self._notify(hop)
-        for st in self.hops.take_stages():  # a worker's stamps of one lap: its time with it
-            speeds.timed(st)
-            self._notify(st)
-
-    def _stamp(self, src: str, dst: str, lap_id: int) -> None:
-        """This device sent (``src`` is this device) or had (``dst`` is) lap ``lap_id``'s
-        frame now: the model host pairs it at once, a worker sends it with its next
-        heartbeat (:class:`runtime.control.Stamps`)."""
-        t = self.stamp_clock()
-        me = self.cfg.device
-        if self.hops is not None:
-            self._hop(self.hops.sent(src, dst, lap_id, t) if src == me else self.hops.arrived(src, dst, lap_id, t))
-        elif src == me:
-            self._stamps_sent.append((lap_id, dst, t))
-        else:
-            self._stamps_arrived.append((lap_id, src, t))
-
-    def _on_lost(self, peer: str, reason: str, silent_since_s: float | None = None) -> None:
-        """A peer is gone (its connection failed or it fell silent): the scheduler hears
-        DeviceLost once (the host re-deals and replays, or refuses what it cannot answer
-        and stops); a worker that lost the model host sets :attr:`lost_host` (its device
-        loop then ends with a clear status)."""
-        if peer in self.lost_peers:
-            return
-        if self._stopped:  # the room is ending: peers closing their connections are no loss
-            log.info("%s: %s closed after the room ended: %s", self.cfg.device, peer, reason)
-            return
-        self.lost_peers.add(peer)
-        self.liveness.forget(peer, time.monotonic())
-        log.warning("%s: lost %s: %s", self.cfg.device, peer, reason)
-        if peer == self.cfg.host and not self.is_host:
-            self.lost_host.set()
-        self.handle(DeviceLost(peer, reason, silent_since_s))
-        for first in list(self.awaiting):  # a device that was to load a re-dealt range is not coming
-            self._ready(peer, first)
-        if self.is_host and self.cfg.recover and hasattr(self.transport, "reconnect"):
-            self._tasks.append(asyncio.ensure_future(self._meet_again(peer)))
-
-    async def _meet_again(self, peer: str) -> None:
-        """The model host lost worker ``peer``: after ``rejoin_live_s`` (a worker whose
-        connection still carries messages says hello over it first), meet it at the relay
-        for a new connection (``transport.reconnect``: it asks the relay too, having lost
-        this host), one lost worker at a time (the relay seats one connection per device),
-        for at most ``host_wait_s`` (as long as the worker waits for this host). Over the
-        new connection the worker says hello again (:meth:`_from_lost`); nothing more
-        here. Gives up quietly when the room stops, the worker is back, or the wait ends."""
-        from .transport import TransportError
-        await asyncio.sleep(self.cfg.rejoin_live_s)
-        end = time.monotonic() + self.cfg.host_wait_s
-
-        def waiting() -> bool:
-            return not self._stopped and peer in self.lost_peers and not self.liveness.coming_back(peer)
-        while waiting():
-            left = end - time.monotonic()
-            if left <= 0:
-                log.info("%s: %s did not come back through the relay within %g s", self.cfg.device, peer,
-                         self.cfg.host_wait_s)
-                return
-            async with self._meet_lock:
-                if not waiting():
-                    return
-                try:
-                    await self.transport.reconnect(peer, left)
-                except (TransportError, OSError, ValueError) as e:
-                    log.info("%s: meeting %s at the relay: %s", self.cfg.device, peer, e)
-                    failed = True
-                else:
-                    failed = False
-            if not failed:
-                log.warning("%s: a new connection to %s through the relay: waiting for its hello", self.cfg.device,
-                            peer)
-                return
-            await asyncio.sleep(1.0)
-
-    def _unreachable(self, src: str, msg: Unreachable) -> None:
-        """Worker ``src`` could not make a new connection to ``msg.device`` after the
-        re-deal of ``msg.first_lap``, which took a device back: the host loses that device
-        (the one it took back; ``msg.device`` when the latest re-deal took back neither)
-        and re-deals without it. A report about an older re-deal is ignored."""
-        if msg.first_lap != self._latest_redeal:
-            return
-        back = self._latest_back
-        who = back if back in (src, msg.device) else msg.device
-        self._on_lost(who, f"dealt back, but {src} could not connect to {msg.device} through the relay: {msg.reason}")
 
     def _fault(self, lap_id: int, device: str, reason: str) -> None:
         """Lap ``lap_id``'s residual went bad at ``device``: the host's scheduler hears
@@ -596,316 +442,6 @@ class Node:
             if event is not None:
                 self.handle(event)
 
-    # -- recovery -------------------------------------------------------------------
-
-    def _load(self, start: int, end: int, model_dir: str | None = None) -> Stage:
-        from .backends import StageSpec, make_stage
-        return make_stage(self.cfg.backend, model_dir or self.cfg.model_dir, StageSpec(start, end, host=self.is_host),
-                          max_ctx=getattr(self.stage, "max_ctx", 2048), precision=self.cfg.precision())
-
-    def _manifest_sha(self, start: int, end: int) -> str:
-        from .weights_share import make_manifest, manifest_sha256
-        return manifest_sha256(make_manifest(self.cfg.model_dir, start, end, False, False, blocks=self._blocks))
-
-    @property
-    def _blocks(self) -> bool:
-        """Whether this room holds the GGUF's blocks as stored (``weights: gguf``): then peer
-        copies carry those blocks (runtime.weights_share, ``blocks``), not float32."""
-        return self.cfg.weights == "gguf"
-
-    async def _take_range(self, stages, first_lap: int, manifest_sha: str | None = None,
-                          copy_range: tuple[int, int] | None = None) -> None:
-        """Forget the old chain's work and residuals; load this device's new range (from
-        the model directory, in the compute thread, after the compute already queued;
-        or, with ``manifest_sha``, the layers ``copy_range`` (default: the whole new
-        range) copied from the host over the weights channel first, every byte checked
-        against that manifest hash, the rest read from this device's disk)."""
-        keep = [c for c in _drain(self.work) if getattr(c, "lap_id", first_lap) >= first_lap
-                and type(c) is not RollbackKV]
-        for c in keep:
-            self.work.put_nowait(c)
-        self.residual = {lap: x for lap, x in self.residual.items() if lap >= first_lap}
-        mine = [(a, b) for d, a, b in stages if d == self.cfg.device]
-        a, b = mine[0] if mine else (0, 0)
-        if (mine or self.is_host) and self.stage is not None and (self.stage.start, self.stage.end) != (a, b):
-            self.loading = True  # quiet is expected now: no peer is declared lost by silence
-            try:
-                await self._load_range(a, b, manifest_sha, copy_range or (a, b), first_lap)
-            finally:
-                self.loading = False
-                self.liveness.refresh_all(time.monotonic())  # a fresh start for every peer's silence
-
-    def _progress(self, what: str) -> Callable[[int, int], None]:
-        """A fetch_range progress callback logging ``what`` at every quarter and telling
-        the model host each whole percent (:class:`runtime.control.Progress`)."""
-        t0 = time.perf_counter()
-        shown = [0]
-        told = [-1]
-
-        def report(done: int, total: int) -> None:
-            percent = min(100, 100 * done // max(total, 1))
-            if percent > told[0] and not self.is_host:
-                told[0] = percent
-                asyncio.ensure_future(self._send(self.cfg.host, REPLY, encode_control(Progress(percent=percent))))
-            quarter = 4 * done // max(total, 1)
-            if quarter > shown[0]:
-                shown[0] = quarter
-                dt = max(time.perf_counter() - t0, 1e-9)
-                log.warning("%s: %s: %d%% (%.1f of %.1f MB, %.1f MB/s)", self.cfg.device, what,
-                            100 * done // max(total, 1), done / 1e6, total / 1e6, done / 1e6 / dt)
-        return report
-
-    async def _load_range(self, a: int, b: int, manifest_sha: str | None, copy_range: tuple[int, int],
-                          first_lap: int) -> None:
-        """Load layers ``[a, b)`` as this device's stage: from the model directory, or
-        with ``manifest_sha`` the layers ``copy_range`` copied from the host first (the
-        copy's progress logged by quarters) and the rest from the model directory; a
-        copy that fails (a sha256 check, the connection) is logged and the whole range
-        read from the model directory. Records WeightsCopied in the trace. Raises
-        OSError/WeightsError when the model directory cannot give the range."""
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
-        planned = self._planned(a, b)  # from the range held before this load
-        src = None
-        ga, gb = copy_range
-        if manifest_sha is not None:
-            import tempfile
-
-            from .weights_share import fetch_range
-            src = tempfile.mkdtemp(prefix=f"splitroom-{self.cfg.device}-layers-")
-            what = f"copying {shown_layers(ga, gb, words=True)} from {self.cfg.host}"
-            log.warning("%s: %s", self.cfg.device, what)
-            try:
-                await fetch_range(self.transport, self.cfg.host, ga, gb, False, False, src, manifest_sha,
-                                  progress=self._progress(what))
-                log.warning("%s: %s copied and verified in %.2f s", self.cfg.device,
-                            shown_layers(ga, gb, words=True), time.perf_counter() - t0)
-            except Exception as e:  # WeightsError (a check failed), TransportError: this device's disk then
-                log.warning("%s: the copy from %s failed (%s: %s); reading %s from this device's disk",
-                            self.cfg.device, self.cfg.host, type(e).__name__, e, shown_layers(ga, gb, words=True))
-                import shutil
-                shutil.rmtree(src, ignore_errors=True)
-                src = None
-        try:
-            self.stage = await loop.run_in_executor(self._pool, self._build_stage, a, b, src, ga, gb)
-        finally:
-            if src is not None:  # the stage holds the tensors in memory now
-                import shutil
-                shutil.rmtree(src, ignore_errors=True)
-        from .weights_share import range_nbytes
-        seconds = time.perf_counter() - t0
-        if src is not None:  # the copied range, then what the plan reads from this device's disk
-            got = [(self.cfg.host, ga, gb)] + [("disk", da, db) for da, db in planned.disk]
-        else:  # its whole new range rebuilt from this device's disk
-            got = [("disk", a, b)]
-        md = self.cfg.model_dir
-        for source, ra, rb in got:  # bytes as stored, the sizes the manifest gives them
-            self.trace.append((self.clock(), WeightsCopied(self.cfg.device, first_lap, source, ra, rb,
-                                                           range_nbytes(md, ra, rb, self._blocks), seconds)))
-
-    def _planned(self, a: int, b: int) -> CopyPlan:
-        """This device's part of the re-deal's copy plan (planner.chain.copy_plan) for its
-        new range ``[a, b)``, from the range its stage holds now."""
-        held = [(self.cfg.device, self.stage.start, self.stage.end)] if self.stage is not None else []
-        me = self.cfg.device
-        return copy_plan(held, [(me, a, b)], self.cfg.host).get(me, CopyPlan(me, None, ()))
-
-    def _build_stage(self, a: int, b: int, copied: str | None, ga: int, gb: int) -> Stage:
-        """This device's stage for ``[a, b)``: layers ``[ga, gb)`` from the directory
-        ``copied`` (a peer's verified copy) when given, every other layer from the model
-        directory."""
-        if copied is None:
-            return self._load(a, b)
-        from .backends import StageSpec, make_stage
-        from .weights import load_range, load_range_native
-        # weights gguf: the GGUF's blocks, from the copy's blocks file and this device's GGUF
-        read = load_range_native if self._blocks else load_range
-        md, host = self.cfg.model_dir, self.is_host
-        w: dict = read(md, 0, 0, host, host)  # the host's embedding and head (none for a worker)
-        if a < ga:
-            w.update(read(md, a, ga, False, False))
-        w.update(read(copied, ga, gb, False, False))
-        if gb < b:
-            w.update(read(md, gb, b, False, False))
-        return make_stage(self.cfg.backend, md, StageSpec(a, b, host=host),
-                          max_ctx=getattr(self.stage, "max_ctx", 2048), precision=self.cfg.precision(), weights=w)
-
-    def _start_grace(self) -> None:
-        """A re-deal began: silence is no loss for REDEAL_GRACE_S, and a device loading
-        its new range is spared for REDEAL_LOAD_TIMEOUT_S; on the model host, only the
-        devices that answered the Replan (Loading) are spared, so a second device lost
-        meanwhile folds into the re-deal under way (planner.liveness)."""
-        self.liveness.replanned(time.monotonic(), answers=self.is_host)
-
-    async def _host_redeal(self, r: Redeal) -> None:
-        """Carry out the host's Redeal ``r``: tell the new chain (Replan, sent without
-        waiting: a send to a peer that is gone may block), load this device's new range,
-        then count itself Ready. Re-deals load one after another, and one superseded by a
-        later Redeal (a second device lost meanwhile) loads nothing: only the latest
-        chain's range may end up in this device's stage."""
-        self._start_grace()
-        self.deal = self.chain.deal
-        others = [d for d, _, _ in r.stages if d != self.cfg.device]
-        plan = copy_plan([(s.device, s.start, s.end) for s in self._deal_before], r.stages, self.cfg.host)
-        self._deal_before = tuple(DealStage(d, a, b) for d, a, b in r.stages)
-        manifests, copies = {}, {}
-        if self.cfg.weights_from_peer:  # the workers that gained layers copy them from here, as planned
-            loop = asyncio.get_running_loop()
-            for d, p in plan.items():
-                if p.wire is not None:
-                    copies[d] = p.wire
-                    manifests[d] = await loop.run_in_executor(None, self._manifest_sha, *p.wire)
-        sigs = {}
-        if self.cfg.room_key:
-            from .control import manifest_signature
-            sigs = {d: manifest_signature(self.cfg.room_key, d, *copies[d], sha) for d, sha in manifests.items()}
-        msg = encode_control(Replan(lost=r.lost or None, back=r.back, host=r.host, stages=r.stages, first_lap=r.first_lap,
-                                    manifests=manifests, copy_ranges=copies, signatures=sigs))
-        for d in others:
-            self._tasks.append(asyncio.ensure_future(self._send(d, REPLY, msg)))
-        async with self._redeal_lock:
-            if r.first_lap != self._latest_redeal:
-                return  # superseded: the later re-deal loads its own range
-            try:
-                await self._take_range(r.stages, r.first_lap)
-            except Exception as e:  # the weights cannot be loaded here: nothing can be answered
-                log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
-                self.handle(DeviceLost(self.cfg.device, f"the model host cannot load its re-dealt range: {e}"))
-                return
-        self._ready(self.cfg.device, r.first_lap)
-
-    async def _replan(self, msg: Replan) -> None:
-        if msg.first_lap < self._latest_redeal:
-            return  # an older plan than one already taken
-        self._latest_redeal = msg.first_lap
-        self._start_grace()
-        for d, _, _ in msg.stages:  # a device the host took back: a peer of this one again
-            if d in self.lost_peers:
-                self.lost_peers.discard(d)
-                self.liveness.revive(d, time.monotonic())
-                if hasattr(self.transport, "revive"):
-                    self.transport.revive(d)
-        if any(d == self.cfg.device for d, _, _ in msg.stages):  # before loading: the host spares it then
-            self._tasks.append(asyncio.ensure_future(
-                self._send(self.cfg.host, REPLY, encode_control(Loading(first_lap=msg.first_lap)))))
-        deal = msg.deal()
-        self.chain.adopt(deal, msg.first_lap)
-        self.deal = deal
-        relink = asyncio.ensure_future(self._relink(msg))  # at the relay while this device loads
-        self._tasks.append(relink)
-        async with self._redeal_lock:  # one load at a time; a later Replan supersedes this one
-            if msg.first_lap != self._latest_redeal:
-                return
-            sha = msg.manifests.get(self.cfg.device)
-            if sha is not None and self.cfg.room_key:
-                from .control import check_manifest_signature
-                rng = msg.copy_ranges.get(self.cfg.device)  # the host signs a manifest with its copy range
-                if rng is None or not check_manifest_signature(self.cfg.room_key, self.cfg.device, *rng, sha,
-                                                               msg.signatures.get(self.cfg.device, "")):
-                    log.warning("%s: the manifest hash in the Replan is not signed with the room key; "
-                                "reading the layers from this device's disk instead", self.cfg.device)
-                    sha = None
-            try:
-                await self._take_range(msg.stages, msg.first_lap, sha, msg.copy_ranges.get(self.cfg.device))
-            except Exception as e:  # say nothing: the host notices this device is missing
-                log.error("%s: cannot load the re-dealt range: %s", self.cfg.device, e)
-                return
-        if not await relink:  # told the host it cannot reach a neighbour: no Ready
-            return
-        if msg.first_lap == self._latest_redeal and any(d == self.cfg.device for d, _, _ in msg.stages):
-            await self._send(self.cfg.host, REPLY, encode_control(Ready(first_lap=msg.first_lap)))
-
-    async def _relink(self, msg: Replan) -> bool:
-        """After a Replan that dealt ``msg.back`` back, while the range loads and before
-        Ready: that device and each worker neighbour of it in the new chain
-        (:func:`planner.chain.relink_neighbours`) make a new connection through the relay
-        (``transport.reconnect``), one meeting at a time per device (``_meet_lock``), the
-        device dealt back offering to each neighbour in chain order and each neighbour
-        waiting for its offer (so no offer reaches a relay socket of the device that is
-        meeting someone else). Its old link may be dead while both sides still read it
-        "connected". A meeting that fails within :data:`RELINK_WAIT_S` is reported to
-        the host (Unreachable); returns whether this device may say Ready (True when it
-        has no one to meet). Re-dealt weights come from the host, never over these links."""
-        from .transport import TransportError
-        back, me = msg.back, self.cfg.device
-        if back is None or self.is_host or not hasattr(self.transport, "reconnect"):
-            return True
-        near = relink_neighbours(msg.host, [d for d, _, _ in msg.stages], back, self.sched_cfg.return_path)
-        meet = [(p, True) for p in near] if me == back else [(back, False)] if me in near else []
-        for peer, offer in meet:
-            try:
-                async with self._meet_lock:
-                    await self.transport.reconnect(peer, RELINK_WAIT_S, offer=offer)
-            except (TransportError, OSError, ValueError) as e:
-                log.warning("%s: no new connection to %s through the relay after %s was dealt back: %s",
-                            me, peer, back, e)
-                await self._send(self.cfg.host, REPLY, encode_control(
-                    Unreachable(first_lap=msg.first_lap, device=peer, reason=str(e)[:300])))
-                return False
-            if peer in self.lost_peers:  # a send on the old connection may have failed meanwhile
-                self.lost_peers.discard(peer)
-                self.liveness.revive(peer, time.monotonic())
-            if hasattr(self.transport, "revive"):
-                self.transport.revive(peer)
-            log.warning("%s: a new connection to %s through the relay (%s was dealt back)", me, peer, back)
-        return True
-
-    def _ready(self, device: str, first_lap: int) -> None:
-        waiting = self.awaiting.get(first_lap)
-        if waiting is None:
-            return
-        waiting.discard(device)
-        self.liveness.refresh(device, time.monotonic())  # its silence is counted again from now
-        if not waiting:
-            del self.awaiting[first_lap]
-            self.handle(ChainReady(first_lap))
-
-    @property
-    def loading(self) -> bool:
-        """True while this device loads a re-dealt range (silence is no loss then)."""
-        return self.liveness.loading
-
-    @loading.setter
-    def loading(self, value: bool) -> None:
-        self.liveness.loading = value
-
-    async def _heartbeats(self) -> None:
-        """Run the liveness timers (:class:`planner.liveness.Liveness`): at each deadline,
-        declare lost a peer silent too long and tell every other peer this device is here
-        (with the times of NTP's exchange; a worker sends the host its stamps after it)."""
-        live = self.liveness
-        while True:
-            deadline = live.next_deadline_s()
-            if deadline is None:
-                return
-            await asyncio.sleep(max(deadline - time.monotonic(), 0.0))
-            now = time.monotonic()
-            tick = live.handle_timer(now, {d for waiting in self.awaiting.values() for d in waiting})
-            for p, silent_s, rule in tick.lost:
-                self._on_lost(p, lost_reason(silent_s, rule), self.clock() - silent_s)
-            for p in tick.back:
-                self._back(p)
-            for p in tick.beat:
-                for msg in self._beat_for(p):
-                    asyncio.ensure_future(self._send(p, REPLY, msg))
-
-    def _beat_for(self, peer: str) -> list[bytes]:
-        """The heartbeat to ``peer`` now (sent_s, and the echo of ``peer``'s last one
-        with the time it was held: planner/hops.py), then, to the model host, the
-        stamps gathered since the last one."""
-        now = self.stamp_clock()
-        last = self._beat_in.get(peer)
-        if last is not None and not 0 <= now - last[1] <= ECHO_HELD_MAX_S:
-            last = None  # held too long to time a round trip by: no echo
-        beat = Heartbeat(sent_s=now, echo_s=last[0] if last else None, held_s=now - last[1] if last else None)
-        self._beat_out.setdefault(peer, collections.deque(maxlen=16)).append(now)
-        out = [encode_control(beat)]
-        if peer == self.cfg.host and not self.is_host and (self._stamps_arrived or self._stamps_sent):
-            out.append(encode_control(Stamps(arrived=tuple(self._stamps_arrived), sent=tuple(self._stamps_sent))))
-            self._stamps_arrived.clear()
-            self._stamps_sent.clear()
-        return out
-
     def _compute(self, c):
         lap = getattr(c, "lap_id", None)
         x = self.residual.pop(lap, None) if consumes_residual(c, self.stage) else None
@@ -1007,30 +543,6 @@ class Node:
     def trace_records(self) -> list[dict]:
         """This node's trace as JSON records."""
         return [to_record(t, o) for t, o in self.trace]
-
-
-def lost_reason(silent_s: float, rule: str) -> str:
-    """The DeviceLost reason for a peer silent ``silent_s`` seconds, lost by ``rule``
-    (planner.liveness: SILENT, UNANSWERED, READY, LOADING_SILENT, LOADING): the rule is
-    named, so a reader (and a test) tells a loss folded into a re-deal from one at the
-    load window's end."""
-    why = f"no heartbeat for {silent_s:.1f} s"
-    if rule == UNANSWERED:
-        return f"{why}, and no answer to the re-deal under way"
-    if rule == READY:
-        return f"{why}, after it had loaded its re-dealt range"
-    if rule == LOADING_SILENT:
-        return f"{why} while loading its re-dealt range (a device that loads still sends heartbeats)"
-    if rule == LOADING:
-        return f"{why}, still loading its re-dealt range after {REDEAL_LOAD_TIMEOUT_S:g} s"
-    return why
-
-
-def _drain(q: asyncio.Queue) -> list:
-    out = []
-    while not q.empty():
-        out.append(q.get_nowait())
-    return out
 
 
 def merge_traces(record_lists: Sequence[Sequence[dict]]) -> list[tuple[float, Any]]:
