@@ -227,6 +227,8 @@ def test_a_miss_names_what_it_was_and_the_driver_s_own_mistakes_raise():
         (FrameArrived("h", "w", FrameHeader(FrameKind.RETURN, 0, 0, 0, 2, 4)), "stale", "lap 0 is over"),
         (LapFailed(2, "w", "nan"), "unknown", "lap 2 was never launched"),
         (LapFailed(-1, "w", "nan"), "unknown", "lap -1 was never launched"),
+        (ChainReady(0), "stale", "no re-deal with first lap 0 is awaited"),  # a lap's id, not the re-deal's 1
+        (ChainReady(2), "unknown", "no re-deal with first lap 2 is awaited"),
     ]
     for event, reason, detail in ignored:
         n = len(s.ignored)
