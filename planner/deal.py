@@ -1,7 +1,7 @@
 """The deal: which device hosts the model and which contiguous layer range each holds.
 
-Rules reproduced from the product page "How layers are split" (shared/seeds/000) and
-"What each device does" (001):
+Rules reproduced from the product page's "How layers are split" and "What each device
+does":
 
 * Host pick: WebGPU first, then computer before phone, then most memory lent, then the
   lowest device id; then a device of the same kind hosts instead when its GPU copy

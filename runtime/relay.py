@@ -1,9 +1,9 @@
 """The signalling relay: passes connection details (SDP offers and answers) and
 nothing else.
 
-Product page (shared/seeds/002): "the relay only passes connection details, and
+The product page: "the relay only passes connection details, and
 prompts and tokens never touch it". Peers find each other here, exchange one SDP
-offer/answer per pair, then talk directly over WebRTC (runtime/transport.py); the
+offer/answer per pair, then talk directly over WebRTC (runtime/transport/); the
 relay never sees a residual, a prompt or a token.
 
 Protocol (JSON text messages over a websocket at ``ws://HOST:PORT/room/{room}``)::

@@ -1,7 +1,7 @@
 """The simulator's driver: runs the shared scheduler against a model of the room.
 
 The driver keeps its own event queue (a heap of callbacks in SimPy's order: time,
-priority, insertion; SimPy itself is no longer used here), the time each device's
+priority, insertion), the time each device's
 compute is busy until (stages run one at a time, in arrival order), one link per
 ordered pair of devices (sim/link.py), a device model per device (sim/devices.py) and
 an acceptance model (sim/acceptance.py). :class:`planner.drive.Driver` feeds events to
