@@ -444,6 +444,10 @@ def simulate(scenario: str = typer.Argument(..., help="Scenario YAML file."),
                               **({"privacy": privacy} if privacy else {})}, indent=2))
             return
         out.print(deal_table(d, scn))
+        from splitroom.report import in_flight_line
+        in_flight = in_flight_line(scn.decoding.questions_in_flight, d.kv_caches)
+        if in_flight:
+            out.print(in_flight, highlight=False)
         out.print(metrics_table(result.metrics))
         out.print(range_line(result.metrics["range"]), highlight=False)
         if source:

@@ -60,6 +60,22 @@ def run_simulation(scn, deal, show_progress: bool = True, console: Console | Non
                           trace=keep_trace).run()
 
 
+def in_flight_line(asked: int, kv_caches: int | None) -> str | None:
+    """The line that says how many questions a room answers at once, or None when one
+    was asked (``decoding.questions_in_flight`` = ``asked``). ``kv_caches`` is the deal's
+    :attr:`planner.deal.Deal.kv_caches`: the KV caches every stage holds at the room's
+    context, which :func:`planner.deal.deal` lowers from ``asked`` until they fit (None:
+    a deal made by hand, not counted, so the scheduler runs what was asked)."""
+    if asked <= 1:
+        return None
+    held = asked if kv_caches is None else min(asked, kv_caches)
+    if held == asked:
+        return f"questions in flight: {asked} at once, each with its own KV cache on every stage"
+    return (f"questions in flight: {held} of the {asked} asked, as the stages hold only {held} KV "
+            f"cache{'' if held == 1 else 's'} at the room's context (`splitroom plan` says which stage; "
+            f"a smaller `context` holds more)")
+
+
 def write_trace(path: str | Path, trace) -> None:
     """Write ``[(t_s, obj)]`` as JSONL, one record per line (planner.trace format)."""
     with open(path, "w", encoding="utf-8") as f:

@@ -138,6 +138,7 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
     """
     from splitroom.real import (RealRunError, device_argv, node_configs, plan_network, real_model_dir, redeal_without,
                                 start_process, start_relay, stop_room, write_config, _last_log_line, ended_how)
+    from splitroom.report import in_flight_line
     try:
         model_dir = str(real_model_dir(scn))  # before anything starts: a bad model leaves nothing running
     except RealRunError as e:
@@ -187,6 +188,9 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
                     procs[c.device] = start_process(net, c.device, device_argv(path, relay_url, room, LIFETIME_S),
                                                     workdir, env)
             log(f"room {room}: {len(procs)} device processes on {network}")
+            in_flight = in_flight_line(scn.decoding.questions_in_flight, deal_.kv_caches)
+            if in_flight:
+                log(in_flight)
 
         start(deal)  # the parent keeps the listening socket: a room started again hands it down again
         log(f"serving {scn.model.id} at {url}/v1 (OpenAI API; {url}/health, {url}/metrics); Ctrl-C ends the room")

@@ -156,3 +156,35 @@ def test_the_scenario_key_reaches_the_deal_and_the_scheduler():
     d = make_deal(scn.devices, scn.model, scn.options)
     assert d.kv_caches == 1 and d.fits
     assert SchedulerConfig.from_scenario(scn, deal=d).questions_in_flight == 1
+
+
+def test_the_in_flight_line_says_how_many_of_those_asked_the_room_holds():
+    from splitroom.report import in_flight_line
+
+    assert in_flight_line(1, 1) is None and in_flight_line(1, None) is None
+    assert in_flight_line(3, 3) == "questions in flight: 3 at once, each with its own KV cache on every stage"
+    assert in_flight_line(3, None).startswith("questions in flight: 3 at once")  # a deal by hand: as asked
+    assert in_flight_line(4, 2).startswith("questions in flight: 2 of the 4 asked, as the stages hold only 2 KV caches")
+    assert in_flight_line(3, 1).startswith("questions in flight: 1 of the 3 asked, as the stages hold only 1 KV cache ")
+
+
+def test_simulate_says_when_the_room_holds_fewer_questions_in_flight_than_asked():
+    """home.yaml at its own context (2,048): the desktop's 19 layers leave room for one KV cache
+    (`plan`: max_context 2,395 positions with one; two would need 2 x 2,048), so N = 3 is dealt
+    down to 1 and the table says so; at context 512 all three fit (docs/benchmarks.md's rooms)."""
+    from typer.testing import CliRunner
+
+    from splitroom.cli import app
+
+    def simulate(*sets: str) -> str:
+        args = ["simulate", "scenarios/home.yaml", "--no-progress", "--no-range", "--set", "workload.questions=2"]
+        for s in sets:
+            args += ["--set", s]
+        r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    assert "questions in flight: 1 of the 3 asked" in simulate("decoding.questions_in_flight=3", "workload.clients=2")
+    assert "questions in flight: 3 at once" in simulate("decoding.questions_in_flight=3", "workload.clients=2",
+                                                        "context=512")
+    assert "questions in flight" not in simulate()
