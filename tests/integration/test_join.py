@@ -64,7 +64,11 @@ def two_devices(room: str, answers: Path, *host_args: str, key: str | None = Non
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(host)
         h_out, h_err = host.communicate(timeout=105)
-        w_out, w_err = worker.communicate(timeout=10)  # the host's bye ends the worker
+        # the host's bye ends the worker. 45 s is a hang guard, not a bound: a worker that
+        # missed the bye waits --host-wait (60 s) for the host to come back and exits non-zero,
+        # so a lost bye still fails here, while a slow exit on a loaded machine does not (10 s
+        # did not hold beside other work: a fresh clone on 2026-12-03 at load 4-5).
+        w_out, w_err = worker.communicate(timeout=45)
         assert host.returncode == 0, h_err
         assert worker.returncode == 0, w_err
     return h_out, h_err, w_err
