@@ -89,6 +89,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="docs/heldout-2026-12-02-s6.profile.yaml")
     a = ap.parse_args()
+    if not (ROOT / a.profile).is_file():
+        print(f"error: --profile: no such profile {a.profile!r}", file=sys.stderr)
+        return 2
     from planner.deal import deal
     from runtime.calibrate import greedy_answers
     from runtime.weights import ensure_safetensors

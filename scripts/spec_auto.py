@@ -189,7 +189,11 @@ def main() -> int:
     ap.add_argument("--table", help="print the table of this record")
     a = ap.parse_args()
     if a.table:
-        print(table(Path(a.table)))
+        try:
+            print(table(Path(a.table)))
+        except (OSError, ValueError) as e:
+            print(f"error: --table: cannot read {a.table!r} ({getattr(e, 'strerror', None) or e})", file=sys.stderr)
+            return 2
         return 0
     if not a.profile or not Path(a.profile).is_file():
         print(f"error: --profile: no such profile {a.profile!r}", file=sys.stderr)
