@@ -268,7 +268,9 @@ def main() -> int:
     from runtime.testbed import netem
     from runtime.config import ModelConfig
     from splitroom.calibration import build_profile, measure, measure_room_overheads, save_profile, with_room_overheads
-    from splitroom.real import predict_real_run, prompt_token_counts, real_model_dir, real_prompts, run_real
+    from splitroom.real import run_real
+    from splitroom.real_configs import prompt_token_counts, real_model_dir, real_prompts
+    from splitroom.real_predict import predict_real_run
     from splitroom.scenario import load
 
     base = load(str(scn_path))

@@ -97,7 +97,7 @@ def main() -> int:
     from runtime.weights import ensure_safetensors
     from sim.draft_costs import draft_policy
     from splitroom.calibration import load_profile
-    from splitroom.real import on_this_host, real_run_scenario
+    from splitroom.real_predict import on_this_host, real_run_scenario
     from splitroom.scenario import load
     md = str(ensure_safetensors())
     sample = [ln.strip() for ln in (ROOT / "scenarios" / V.SAMPLES["grounded"]).read_text().splitlines() if ln.strip()]

@@ -22,7 +22,7 @@ to the last token), per-client inter-token p50/p99 and time to first token p50/p
 (request sent to first token, queue wait included), with the machine's load average
 (``os.getloadavg``) before and after.
 
-The prediction's network is the one the real room has (:func:`splitroom.real.real_run_network`:
+The prediction's network is the one the real room has (:func:`splitroom.real_predict.real_run_network`:
 the round trip, jitter as netem applies it, no stall episodes, no bandwidth cap).
 ``--in-process-delay``: the rooms run on loopback with the round trip applied in the
 device processes (``serve --in-process-delay``; for machines without namespaces; give the
@@ -113,14 +113,14 @@ def predict(scenario: str, sets: list[str], calibration: str | None, clients: in
 
     The room is predicted warm: it first answers one question of :data:`WARM_UP_TOKENS`
     alone, left out of the figures (``workload.warm_up_tokens``), as the measurement asks
-    one before its rounds. The network is the real room's (:func:`splitroom.real.real_run_network`). The profile
-    is applied as for ``run --real`` (:func:`splitroom.real.on_this_host`): serve's device
+    one before its rounds. The network is the real room's (:func:`splitroom.real_predict.real_run_network`). The profile
+    is applied as for ``run --real`` (:func:`splitroom.real_predict.on_this_host`): serve's device
     processes all run on this machine, so a profile holding a measured shared-core room
     (``shared_host``) has it applied, unless ``separate``; ``shared_core`` says what was."""
     import dataclasses
     from splitroom.calibration import apply_profile, load_profile
     from splitroom.cli import deal_scenario
-    from splitroom.real import on_this_host, real_run_network
+    from splitroom.real_predict import on_this_host, real_run_network
     from splitroom.scenario import load
     from sim.driver import simulate
     scn = load(scenario, sets + [f"workload.clients={clients}", f"workload.questions={questions}",

@@ -69,7 +69,8 @@ def _scenario(sets):
 def predict(profile_path: str, out: Path) -> None:
     from runtime.weights import ensure_safetensors
     from splitroom.calibration import load_profile
-    from splitroom.real import predict_real_run, prompt_token_counts, real_prompts
+    from splitroom.real_configs import prompt_token_counts, real_prompts
+    from splitroom.real_predict import predict_real_run
     prof = load_profile(profile_path)
     md = str(ensure_safetensors())
     preds = []

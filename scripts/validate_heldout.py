@@ -271,7 +271,8 @@ def main() -> int:
 
     from planner.deal import deal
     from splitroom.calibration import load_profile
-    from splitroom.real import predict_real_run, prompt_token_counts, real_prompts
+    from splitroom.real_configs import prompt_token_counts, real_prompts
+    from splitroom.real_predict import predict_real_run
     from splitroom.scenario import load
     from runtime.weights import ensure_safetensors
 

@@ -43,7 +43,7 @@ def measure(backend: str = "numpy", quick: bool = False, log: Callable[[str], No
     prompts, walked too; ``acceptance_only``: only the sample's walks,
     runtime.calibrate.measure_acceptance, for :func:`add_acceptance`). ``model_dir``: the
     model measured (default the bundled SmolLM2, float32 safetensors; a scenario's own,
-    splitroom.real.real_model_dir), held as ``weights`` (runtime.precision.WEIGHTS);
+    splitroom.real_configs.real_model_dir), held as ``weights`` (runtime.precision.WEIGHTS);
     ``answer_tokens``: the scenario's answer cap, past which no drafter's walk follows an
     answer (runtime.calibrate.measure_walks). Progress lines
     go to ``log``. Raises CalibrationError when the child fails or runs past
@@ -164,7 +164,9 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
     CalibrationError when the room cannot run.
     """
     from planner.deal import DealError, deal_for
-    from splitroom.real import RealRunError, prompt_token_counts, run_real
+    from splitroom.real import run_real
+    from splitroom.real_configs import prompt_token_counts
+    from splitroom.real_errors import RealRunError
     devs = [d for d in scn.devices if d.webgpu and d.id in profile.devices][:2]
     if len(devs) < 2:
         raise CalibrationError("the room run needs two devices that can hold layers")
@@ -185,7 +187,7 @@ def measure_room_overheads(scn: Scenario, profile: Profile, log: Callable[[str],
         raise CalibrationError(f"the calibration room failed: {e}") from None
     except (OSError, RuntimeError, TimeoutError) as e:
         raise CalibrationError(f"the ping-pong beside the calibration room failed: {e}") from None
-    from splitroom.real import real_model_dir
+    from splitroom.real_configs import real_model_dir
     ctx = int(sum(prompt_token_counts(str(real_model_dir(room)), room.workload.prompts)) / 2) + answer_tokens // 2
     alone = {st.device: profile.devices[st.device].stage.pass_s(st.layers, 1, ctx)
              for st in d.stages if st.device in profile.devices}
@@ -428,7 +430,9 @@ def measure_shared_room(scn: Scenario, profile: Profile, log: Callable[[str], No
     numpy (on wgpu the passes run on the GPU; not measured). Raises CalibrationError when
     the room cannot run."""
     from planner.deal import DealError, deal_for
-    from splitroom.real import RealRunError, prompt_token_counts, real_model_dir, run_real
+    from splitroom.real import run_real
+    from splitroom.real_configs import prompt_token_counts, real_model_dir
+    from splitroom.real_errors import RealRunError
     devs = [d for d in scn.devices if d.webgpu and d.id in profile.devices][:3]
     if len(devs) < 3 or backend != "numpy":
         return None

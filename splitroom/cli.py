@@ -561,7 +561,8 @@ def run(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     elif scn.profile is not None:
         profile = scn.profile
     d = fitting_deal(scn, scenario)
-    from splitroom.real import RealRunError, run_real
+    from splitroom.real import run_real
+    from splitroom.real_errors import RealRunError
     say = (lambda s: err.print(s, highlight=False))
     privacy = plain = None
     if scn.ends_local is not None:  # the ends-local room, then the plain deal's for its price
@@ -665,7 +666,7 @@ def serve(scenario: str = typer.Argument(..., help="Scenario YAML file."),
     check_runnable(scn, scenario)
     d = fitting_deal(scn, scenario)
     from runtime.testbed.netem import NetemError
-    from splitroom.real import RealRunError
+    from splitroom.real_errors import RealRunError
     from splitroom.serve_cmd import ServeError, serve_room
     try:
         code = serve_room(scn, d, port=port, bind=bind, backend=backend, netns=netns, in_process_delay=in_process_delay,
@@ -750,7 +751,8 @@ def _measured_model(scn, scenario: str) -> dict:
     """``{model_dir, weights}`` that calibrate measures: the scenario's own model as its real
     rooms hold it (the bundled SmolLM2 at float32 for ``smollm2-135m``); exit 2 with one line
     when it has no weights here."""
-    from splitroom.real import RealRunError, real_model_dir
+    from splitroom.real_configs import real_model_dir
+    from splitroom.real_errors import RealRunError
     try:
         return {"model_dir": str(real_model_dir(scn)), "weights": scn.weights or "f32"}
     except RealRunError as e:

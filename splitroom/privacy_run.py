@@ -36,7 +36,7 @@ def privacy_summary(scn: Scenario, metrics: dict, plain_metrics: dict) -> dict:
 
 def real_privacy_summary(scn: Scenario, private, plain) -> dict:
     """The ``privacy`` object of ``run --real --json``: ``private`` and ``plain`` are the
-    :class:`splitroom.real.RealResult` of the ends-local room and of the plain deal, run
+    :class:`splitroom.real_predict.RealResult` of the ends-local room and of the plain deal, run
     one after the other on the same questions. Gives both measured tokens per second,
     the change in percent (negative: the price), the same-run predicted change, and
     ``same_tokens``: whether every answer's token ids are equal in both rooms."""

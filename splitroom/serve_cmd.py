@@ -1,7 +1,7 @@
 """``splitroom serve SCENARIO [--port 8000]``: start the room as ``run --real`` does and
 keep it up, serving an OpenAI-compatible API on the model host, until Ctrl-C or SIGTERM.
 
-What it starts (the pieces of :mod:`splitroom.real`): the signalling relay and one
+What it starts (the pieces of :mod:`splitroom.real_procs`): the signalling relay and one
 process per device that holds layers, each in its own network namespace with the
 scenario's round trip applied when it can (root and the tools; else on loopback, and it
 says so; with ``--in-process-delay`` the round trip is then applied in the device
@@ -131,13 +131,15 @@ def serve_room(scn: Scenario, deal: Deal, port: int = 8000, bind: str = "127.0.0
         open_timeout_s: how long every device gets to load its layers and connect, seconds.
         in_process_delay: without namespaces, every device process (the model host's
             too) holds what it sends half the scenario's round trip
-            (:func:`splitroom.real.plan_network`; NodeConfig.emulate_one_way_s).
+            (:func:`splitroom.real_procs.plan_network`; NodeConfig.emulate_one_way_s).
     Raises:
         ServeError: see the class; nothing is left running when it is raised.
         RealRunError: ``in_process_delay`` for a scenario with jitter (before anything starts).
     """
-    from splitroom.real import (RealRunError, device_argv, node_configs, plan_network, real_model_dir, redeal_without,
-                                start_process, start_relay, stop_room, write_config, _last_log_line, ended_how)
+    from splitroom.real_configs import node_configs, real_model_dir, redeal_without
+    from splitroom.real_errors import RealRunError
+    from splitroom.real_procs import (_last_log_line, device_argv, ended_how, plan_network, start_process, start_relay,
+                                      stop_room, write_config)
     from splitroom.report import in_flight_line
     try:
         model_dir = str(real_model_dir(scn))  # before anything starts: a bad model leaves nothing running

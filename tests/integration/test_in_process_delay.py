@@ -116,7 +116,8 @@ def test_the_delay_stays_on_a_connection_made_again_by_reconnect():
 
 
 def test_a_room_planned_with_in_process_delay_gives_each_device_half_the_round_trip(tmp_path):
-    from splitroom.real import RealRunError, plan_network
+    from splitroom.real_errors import RealRunError
+    from splitroom.real_procs import plan_network
     from splitroom.scenario import load
 
     scn = load("scenarios/home.yaml", ["network.rtt=40 ms", "network.jitter={distribution: none}"])

@@ -13,7 +13,7 @@ import pytest
 from planner.deal import deal
 from runtime.node import load_device
 from runtime.weights import ensure_safetensors
-from splitroom.real import node_configs, real_model_dir
+from splitroom.real_configs import node_configs, real_model_dir
 from splitroom.scenario import load
 from tests.tinymodels import small_vocab, write_random_gguf
 

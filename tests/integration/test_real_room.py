@@ -11,7 +11,8 @@ from runtime.backends import StageSpec, make_stage
 from runtime.generate import generate_greedy
 from runtime.tokenizer import ChatTokenizer
 from runtime.weights import ensure_safetensors
-from splitroom.real import RealRunError, run_real
+from splitroom.real import run_real
+from splitroom.real_errors import RealRunError
 from splitroom.scenario import load
 
 pytestmark = pytest.mark.slow

@@ -349,7 +349,7 @@ def test_an_unreachable_relay_is_one_line_in_words():
 
 
 def test_a_killed_device_is_reported_as_killed_not_by_its_stale_log_line():
-    from splitroom.real import ended_how
+    from splitroom.real_procs import ended_how
     stale = "w: every device connected; serving"  # what a worker logs long before it is killed
     assert ended_how(-9, stale) == "killed by SIGKILL"
     assert ended_how(-15, stale) == "killed by SIGTERM"

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from splitroom.privacy_run import real_privacy_summary
-from splitroom.real import RealResult, _error_pct
+from splitroom.real_predict import RealResult, _error_pct
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -124,7 +124,7 @@ def test_room_processes_write_their_output_through_the_rotated_log(tmp_path, mon
     import sys
 
     from runtime import logs
-    from splitroom.real import _last_log_line, start_process
+    from splitroom.real_procs import _last_log_line, start_process
     monkeypatch.setattr(logs, "LOG_FILE_BYTES", 1000)
     p = start_process(None, "dev", [sys.executable, "-c", "import sys\nfor i in range(300): print(f'line {i:03d}')\n"
                                     "print('the last', file=sys.stderr)"], tmp_path, dict(os.environ))

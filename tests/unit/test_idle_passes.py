@@ -114,7 +114,7 @@ def test_a_room_with_its_round_trip_in_process_pays_the_lateness_on_every_hop():
     """predict_real_run with in_process_delay: the profile's transport sets each hop's fixed
     cost (Scenario.with_profile), and 0.7 ms of lateness comes on top of it, on both hops of a
     2-device lap: 1.4 ms more a lap. Without the flag, or at 0 ms, nothing changes."""
-    from splitroom.real import predict_real_run
+    from splitroom.real_predict import predict_real_run
     scn = _room(20)
     deal = Deal.pinned("a", [("a", 0, 15), ("b", 15, 30)])
     tr = TransportProfile(Curve((2336.0, 11552.0), (0.001, 0.002)), delay_late_s=0.0007)

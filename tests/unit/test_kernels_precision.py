@@ -158,7 +158,8 @@ def test_run_real_carries_the_scenarios_precision_to_every_device():
     from planner.deal import deal
     from runtime.control import NodeConfig
     from runtime.weights import ensure_safetensors
-    from splitroom.real import RealRunError, node_configs
+    from splitroom.real_configs import node_configs
+    from splitroom.real_errors import RealRunError
     from splitroom.scenario import load
 
     md = str(ensure_safetensors())

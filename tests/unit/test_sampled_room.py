@@ -273,7 +273,7 @@ def test_run_real_takes_the_scenarios_sampling_seeded_by_the_scenario(tmp_path):
     a seed of its own the scenario's ``seed`` is used."""
     from planner.deal import deal
     from runtime.weights import ensure_safetensors
-    from splitroom.real import node_configs
+    from splitroom.real_configs import node_configs
     from splitroom.scenario import load
     md = str(ensure_safetensors())
     scn = load("scenarios/home.yaml", ["decoding.sampling={temperature: 0.7, top_p: 0.9}", "seed=77"])

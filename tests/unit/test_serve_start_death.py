@@ -16,7 +16,7 @@ import urllib.request
 
 from planner.deal import deal as make_deal
 from splitroom.scenario import load
-from splitroom.real import redeal_without
+from splitroom.real_configs import redeal_without
 from splitroom.serve_cmd import _refuse_until_stopped
 
 

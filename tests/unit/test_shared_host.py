@@ -109,7 +109,7 @@ def test_on_one_host_takes_the_largest_measured_count_not_above_the_rooms():
 
 
 def test_on_this_host_counts_the_layer_holders_and_the_host():
-    from splitroom.real import on_this_host
+    from splitroom.real_predict import on_this_host
     prof = _profile(shared={3: SharedHost(0.004)})  # 2 processes: none measured for 2, so the line says so
     three = Deal.pinned("a", [("a", 0, 10), ("b", 10, 20), ("c", 20, 30)])
     two_and_host = Deal.pinned("a", [("b", 0, 15), ("c", 15, 30)])  # the host holds no layers: 3 processes

@@ -72,7 +72,8 @@ def test_warm_up_tokens_bad_input_is_one_line_naming_the_key():
 
 def test_a_real_room_refuses_a_warm_up_question():
     from planner.deal import deal_for
-    from splitroom.real import RealRunError, node_configs
+    from splitroom.real_configs import node_configs
+    from splitroom.real_errors import RealRunError
     scn = load("scenarios/home.yaml", ["workload.warm_up_tokens=8"])
     with pytest.raises(RealRunError, match=r"^workload\.warm_up_tokens: a real room asks no warm-up question"):
         node_configs(scn, deal_for(scn), "unused", None, "numpy")

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from splitroom.real import RealRunError, adapter_indices
+from splitroom.real_errors import RealRunError
+from splitroom.real_procs import adapter_indices
 
 
 def test_room_indices_follow_device_order(monkeypatch):
