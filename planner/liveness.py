@@ -31,8 +31,18 @@ is lost (rule :data:`LOADING_SILENT`), windows or not. One silent past the timeo
 not that long) when the load window closes is lost then (rule :data:`LOADING`); one
 still heard is waited for (its Ready ends the re-deal).
 
+A copy that progresses is no stuck device: a peer still loading that reports its copy
+advanced (:meth:`Liveness.progressed`: a new percent of its re-dealt layers arrived) is
+spared past the load window for as long as the copy goes on, on a loaded machine whose
+heartbeats come late as much as on a slow link. Silent past the timeout once the window
+closed, it is lost only when its copy made no progress for ``stall_s``
+(:data:`STALL_TIMEOUTS` heartbeat timeouts by default; rule :data:`STALLED`) or it has
+been silent for more than ``loading_silent_s`` (rule :data:`LOADING_SILENT`). So the
+slowest copy spared is one percent of its bytes per ``stall_s``; one that stops is lost
+``stall_s`` after its last percent.
+
 Each loss names the rule that fired (:data:`SILENT`, :data:`UNANSWERED`, :data:`READY`,
-:data:`LOADING_SILENT`, :data:`LOADING`).
+:data:`LOADING_SILENT`, :data:`LOADING`, :data:`STALLED`).
 
 A lost peer may come back (a device whose Wi-Fi dropped for a few seconds): when it says
 hello again (:meth:`Liveness.returned`) it gets heartbeats again, and once it has been
@@ -68,6 +78,9 @@ LOADING = "loading"
 READY = "ready"
 #: answered the re-deal under way, then silent for more than ``loading_silent_s`` while loading
 LOADING_SILENT = "loading_silent"
+#: still loading past the load window, spared by its copy's progress, then silent past the
+#: timeout with no progress for ``stall_s``
+STALLED = "stalled"
 
 #: heartbeat timeouts of silence after which a peer still loading its re-dealt range is
 #: lost: its heartbeats go on while it loads (the load runs in a thread of its own), so
@@ -75,6 +88,13 @@ LOADING_SILENT = "loading_silent"
 #: competes for the device's cores with its event loop (chosen, not measured: 4 s at the
 #: 1 s timeout of ``run --real``, where the load window would wait 30 s)
 LOADING_SILENT_TIMEOUTS = 4.0
+
+#: heartbeat timeouts without a new percent of its copy after which a peer spared past the
+#: load window by that copy's progress is lost (when silent past the timeout too): the
+#: worker reports each whole percent, so this is the slowest copy spared, one percent per
+#: ten timeouts (chosen, not measured: 10 s at the 1 s timeout of ``run --real``; a
+#: 141.6 MB copy then needs 0.14 MB/s, where 4.6 MB/s was seen on a loaded machine)
+STALL_TIMEOUTS = 10.0
 
 #: seconds a lost peer that said hello again must be heard without a gap before it
 #: counts as back, after its first drop: two heartbeat timeouts of the room's 1 s (a
@@ -101,9 +121,9 @@ def rejoin_hold_s(drops_s: Iterable[float], now_s: float, base_s: float = REJOIN
 class Tick:
     """What :meth:`Liveness.handle_timer` found: ``lost`` the ``(peer, silent for s, rule)``
     newly past the timeout (``rule``: :data:`SILENT`, :data:`UNANSWERED`, :data:`READY`,
-    :data:`LOADING_SILENT` or :data:`LOADING`), ``beat`` the peers to send a heartbeat to
-    now (those coming back included), ``back`` the lost peers that have now been heard
-    for their rejoin hold."""
+    :data:`LOADING_SILENT`, :data:`LOADING` or :data:`STALLED`), ``beat`` the peers to
+    send a heartbeat to now (those coming back included), ``back`` the lost peers that
+    have now been heard for their rejoin hold."""
 
     lost: tuple[tuple[str, float, str], ...]
     beat: tuple[str, ...]
@@ -124,17 +144,23 @@ class Liveness:
         loading_silent_s: on a re-deal that wants answers, seconds of silence after which
             a peer that answered and is still loading is lost (rule :data:`LOADING_SILENT`);
             default :data:`LOADING_SILENT_TIMEOUTS` times ``timeout_s``.
+        stall_s: seconds without progress (:meth:`progressed`) after which a peer spared
+            past the load window by its copy's progress is lost by silence (rule
+            :data:`STALLED`); default :data:`STALL_TIMEOUTS` times ``timeout_s``.
     """
 
     def __init__(self, peers: Iterable[str], beat_s: float, timeout_s: float, grace_s: float,
-                 load_timeout_s: float, now_s: float = 0.0, loading_silent_s: float | None = None):
+                 load_timeout_s: float, now_s: float = 0.0, loading_silent_s: float | None = None,
+                 stall_s: float | None = None):
         self.peers = tuple(peers)
         self.beat_s = beat_s
         self.timeout_s = timeout_s
         self.grace_s = grace_s
         self.load_timeout_s = load_timeout_s
         self.loading_silent_s = LOADING_SILENT_TIMEOUTS * timeout_s if loading_silent_s is None else loading_silent_s
+        self.stall_s = STALL_TIMEOUTS * timeout_s if stall_s is None else stall_s
         self.last_heard: dict[str, float] = {}  # peer -> when it was last heard
+        self.progress: dict[str, tuple[int, float]] = {}  # peer -> (its copy's last percent, when it changed)
         self.lost: set[str] = set()
         self.loading = False  # this device loads a re-dealt range: no peer is lost by silence
         self.grace_until = -float("inf")
@@ -169,13 +195,24 @@ class Liveness:
     def replanned(self, now_s: float, answers: bool = False) -> None:
         """A re-deal began at ``now_s``: open the grace and load windows. ``answers``: they
         spare only the peers that answer the re-deal (:meth:`answered`); the others are
-        held to the plain heartbeat rule meanwhile (module doc)."""
+        held to the plain heartbeat rule meanwhile (module doc). The copies' progress said
+        before (:meth:`progressed`) is forgotten: it counts again from each next percent."""
         if now_s >= self.grace_until and now_s >= self.quiet_until:  # the earlier windows closed
             self.answered_peers.clear()
         self.loaded_peers.clear()  # every device of the new chain loads (or checks) its range again
+        self.progress.clear()  # a copy progresses for the re-deal under way from its next percent on
         self.grace_until = now_s + self.grace_s
         self.quiet_until = now_s + self.load_timeout_s
         self.wants_answers = answers
+
+    def progressed(self, peer: str, percent: int, now_s: float) -> None:
+        """``peer`` says at ``now_s`` that ``percent`` of its re-dealt layers' copy has
+        arrived. A percent other than the last it said is progress (a lower one: a new
+        copy began): while it progresses it is spared past the load window (module doc).
+        The same percent again is no progress."""
+        last = self.progress.get(peer)
+        if last is None or last[0] != percent:
+            self.progress[peer] = (percent, now_s)
 
     def answered(self, peer: str) -> None:
         """``peer`` took the re-deal under way (it loads its range now): the windows spare it."""
@@ -195,6 +232,7 @@ class Liveness:
             return
         self.lost.add(peer)
         self.back_since.pop(peer, None)
+        self.progress.pop(peer, None)
         if now_s is not None:
             self.drops.setdefault(peer, []).append(now_s)
             self.drops[peer] = [t for t in self.drops[peer] if t >= now_s - FLAP_WINDOW_S]  # bounded
@@ -229,7 +267,9 @@ class Liveness:
         loading a re-dealt range, not lost by silence until ``load_timeout_s`` after the
         re-deal began (when the re-deal wants answers: only those that answered, and only
         while heard within ``loading_silent_s``). The next deadline is ``beat_s`` from
-        ``now_s``."""
+        ``now_s``. Past the load window, a peer in ``spared`` whose copy progressed
+        within ``stall_s`` is still spared, unless silent for more than
+        ``loading_silent_s`` (module doc)."""
         if self._next is not None:
             self._next = now_s + self.beat_s
         in_grace = now_s < self.grace_until
@@ -253,7 +293,7 @@ class Liveness:
                 continue
             seen = self.last_heard.get(p)
             if may_lose and seen is not None and now_s - seen > self.timeout_s:
-                rule = self._rule(p, spared, in_grace, in_load, now_s - seen)
+                rule = self._rule(p, spared, in_grace, in_load, now_s - seen, now_s)
                 if rule is not None:
                     lost.append((p, now_s - seen, rule))
                     continue
@@ -261,9 +301,9 @@ class Liveness:
         return Tick(tuple(lost), tuple(beat), tuple(back))
 
     def _rule(self, peer: str, spared: Collection[str], in_grace: bool, in_load: bool,
-              silent_s: float) -> str | None:
-        """The rule that loses ``peer``, silent ``silent_s`` seconds, past the timeout
-        (None: a window spares it)."""
+              silent_s: float, now_s: float) -> str | None:
+        """The rule that loses ``peer``, silent ``silent_s`` seconds at ``now_s``, past
+        the timeout (None: a window, or its copy's progress, spares it)."""
         held = self.wants_answers and (in_grace or in_load)  # a re-deal that wants answers is under way
         if held and peer not in self.answered_peers:
             return UNANSWERED
@@ -273,7 +313,14 @@ class Liveness:
             return LOADING_SILENT
         if in_grace or (in_load and peer in spared):
             return None
-        return LOADING if peer in spared else SILENT
+        if peer not in spared:
+            return SILENT
+        last = self.progress.get(peer)
+        if last is None:
+            return LOADING
+        if silent_s > self.loading_silent_s:
+            return LOADING_SILENT
+        return None if now_s - last[1] <= self.stall_s else STALLED
 
 
 def stall_loss(start_s: float, end_s: float, delay_s: Callable[[float], float], beat_s: float,

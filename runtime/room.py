@@ -296,6 +296,7 @@ class Node(NodeLiveness, NodeRedeal):
             self._stamps(src, msg)
         elif isinstance(msg, Progress) and self.is_host and src in self.cfg.peers:
             self.progress[src] = msg.percent
+            self.liveness.progressed(src, msg.percent, time.monotonic())  # a copy that goes on spares it
             self._notify(msg)
         # hello/plan/bye belong to the join handshake
 

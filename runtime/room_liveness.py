@@ -17,7 +17,7 @@ import logging
 import time
 
 from planner.hops import PeerClock
-from planner.liveness import LOADING, LOADING_SILENT, READY, UNANSWERED
+from planner.liveness import LOADING, LOADING_SILENT, READY, STALLED, UNANSWERED
 from planner.protocol import DeviceBack, DeviceLost
 
 from .control import ControlError, Heartbeat, Hello, Stamps, encode_control, parse_control
@@ -189,7 +189,7 @@ class NodeLiveness:
             now = time.monotonic()
             tick = live.handle_timer(now, {d for waiting in self.awaiting.values() for d in waiting})
             for p, silent_s, rule in tick.lost:
-                self._on_lost(p, lost_reason(silent_s, rule), self.clock() - silent_s)
+                self._on_lost(p, lost_reason(silent_s, rule, live.stall_s), self.clock() - silent_s)
             for p in tick.back:
                 self._back(p)
             for p in tick.beat:
@@ -214,11 +214,12 @@ class NodeLiveness:
         return out
 
 
-def lost_reason(silent_s: float, rule: str) -> str:
+def lost_reason(silent_s: float, rule: str, stall_s: float | None = None) -> str:
     """The DeviceLost reason for a peer silent ``silent_s`` seconds, lost by ``rule``
-    (planner.liveness: SILENT, UNANSWERED, READY, LOADING_SILENT, LOADING): the rule is
+    (planner.liveness: SILENT, UNANSWERED, READY, LOADING_SILENT, LOADING, STALLED): the rule is
     named, so a reader (and a test) tells a loss folded into a re-deal from one at the
-    load window's end."""
+    load window's end. ``stall_s``: the seconds without progress of rule STALLED
+    (named in its reason when given)."""
     why = f"no heartbeat for {silent_s:.1f} s"
     if rule == UNANSWERED:
         return f"{why}, and no answer to the re-deal under way"
@@ -228,4 +229,7 @@ def lost_reason(silent_s: float, rule: str) -> str:
         return f"{why} while loading its re-dealt range (a device that loads still sends heartbeats)"
     if rule == LOADING:
         return f"{why}, still loading its re-dealt range after {REDEAL_LOAD_TIMEOUT_S:g} s"
+    if rule == STALLED:
+        quiet = f" for {stall_s:g} s" if stall_s is not None else ""
+        return f"{why}, past the load window, and its copy of the re-dealt layers made no progress{quiet}"
     return why
