@@ -22,9 +22,12 @@ def test_a_frame_within_the_window_pays_half_a_round_trip():
 
 def test_a_70_kb_frame_needs_two_more_round_trips_then_the_window_has_grown():
     env, ln = link()
-    # 11.6 KB in the first flight, then 23.2 (34.8 in all), then 46.4 (81.2 >= 70 KB): 2 extra RTTs
+    # 70,000 B is 61 chunks of 1160 B: 10 in the first flight; each of their 10
+    # acknowledgements arrives with the window full, grows it a chunk and sends two (20);
+    # then 20 in flight, and the 31 left go out on the next 16 acknowledgements: 2 extra RTTs,
+    # the window 36 chunks
     assert abs(ln.schedule(70_000) - (0.040 + 2 * 0.080)) < 1e-9
-    # the window is 46.4 KB now: 70 KB needs one more doubling (46.4 + 92.8): 1 extra RTT,
+    # from 36 chunks, the 25 left go on the first 13 acknowledgements: 1 extra RTT,
     # and the ordered link delivers it no earlier than the first
     t2 = ln.schedule(70_000)
     assert abs(t2 - max(0.040 + 0.080, 0.200)) < 1e-9
@@ -32,8 +35,8 @@ def test_a_70_kb_frame_needs_two_more_round_trips_then_the_window_has_grown():
 
 def test_the_window_stays_grown_after_60_s_idle():
     # aiortc 1.16 shrinks its window only on a loss or a retransmission timeout, not after
-    # idle time: the first 70 KB frame grows the window to 46.4 KB (above); 60 s later the
-    # next 70 KB frame needs one doubling (46.4 + 92.8 >= 70 KB): 1 extra RTT, not 2
+    # idle time: the first 70 KB frame grows the window to 36 chunks (above); 60 s later the
+    # next 70 KB frame needs 1 extra RTT, not 2
     env, ln = link()
     ln.schedule(70_000)
     env.run(until=60.0)
@@ -49,7 +52,8 @@ def test_a_burst_cap_costs_a_frame_above_it_one_round_trip_however_large_the_win
     # the tuned SCTP sender: 32 chunks x 1160 B = 37,120 B a burst; a 5-token verify frame of
     # the Llama-3B shape is 61,472 B (5 x 3072 x 4 + 32 header bytes)
     env, ln = link(window=131072.0, rtt=0.040, burst=37120.0)
-    # first flight min(128 KiB, 37,120 B) < 61,472 B; the window (256 KiB) takes the rest: 1 extra RTT
+    # first flight min(128 KiB, 37,120 B) < 61,472 B; the window (never full) takes the rest
+    # on the first acknowledgement: 1 extra RTT
     assert abs(ln.schedule(61_472) - (0.020 + 0.040)) < 1e-9
     # a one-token frame (12,320 B) fits one burst: half a round trip only; the ordered link
     # delivers it no earlier than the frame before
@@ -69,3 +73,19 @@ def test_a_burst_cap_that_is_not_positive_is_refused():
     import pytest
     with pytest.raises(ValueError, match="burst"):
         resolve_link(Network(window_bytes=11600.0, burst_bytes=0.0), "a", "b")
+
+
+def test_the_window_grows_as_aiortc_grew_it_frame_by_frame():
+    """sctp_frame_rounds against aiortc 1.16 itself: two peers in one process, 40 ms of
+    in-process delay each way, tuned SCTP (initial window 10 chunks, bursts of 32), one
+    frame every 250 ms; the sender's ``_cwnd`` read after each (2026-12-03, this VM):
+    20,802 B frames: one extra round trip on each of 4 frames (126-138 ms against 44-47),
+    the window 10 -> 14 -> 16 -> 17 -> 18 chunks, then none; then 36,898 B frames:
+    18 -> 25 -> 29 -> 31 -> 32, one round each, then none."""
+    from sim.link import sctp_frame_rounds
+    seen = []
+    cwnd = 11600.0
+    for size in [20_802] * 5 + [36_898] * 5:
+        r, cwnd = sctp_frame_rounds(size, cwnd, 37120.0)
+        seen.append((r, round(cwnd / 1160)))
+    assert seen == [(1, 14), (1, 16), (1, 17), (1, 18), (0, 18), (1, 25), (1, 29), (1, 31), (1, 32), (0, 32)]

@@ -168,19 +168,22 @@ def test_lap_costs_by_hand_from_a_profile():
 
 
 def test_lap_costs_charge_the_way_back_its_round_trips_from_the_initial_window():
-    """sim/draft_costs.py: a result frame over the initial congestion window pays one
-    round trip of the hop back to the host per slow-start doubling; the forward hops
-    (grown by the prefill chunks) pay nothing. By hand, SmolLM2 frames (576 float32 per
-    position, 32 header bytes): 5 positions 11,552 B fit 11,600; 6 positions 13,856 B need
-    one round (11,600 sent, the window doubles to 23,200); 16 positions 36,896 B need two
-    (11,600 + 23,200 = 34,800 < 36,896)."""
+    """sim/draft_costs.py: a result frame over the initial congestion window pays round
+    trips of the hop back to the host; the forward hops (grown by the prefill chunks) pay
+    nothing. With one-token answers a question is one lap, so the charge is the first
+    frame's rounds from the initial window. By hand, SmolLM2 frames (576 float32 per
+    position, 32 header bytes) in chunks of 1160 B from a window of 10 chunks (11,600 B):
+    5 positions 11,552 B fit; 6 positions 13,856 B (12 chunks) send 10, the rest after the
+    first acknowledgement: one round; 16 positions 36,896 B (32 chunks) send 10, then 20
+    (each of the 10 acknowledgements grows the window by a chunk and sends two), then the
+    last 2: two rounds."""
     from planner.room import LinkSpec
     from sim.draft_costs import lap_costs
     prof = _profile(_drafter())
     three = ['stages=[{device: desktop, layers: "1-10"}, {device: laptop, layers: "11-20"}, '
              '{device: phone, layers: "21-30"}]']
     scn = _load(["network.jitter={distribution: none}", "network.episodes=null", "network.rtt=20ms",
-                 "host=desktop", "workload.prompt_tokens=100", "workload.answer_tokens=50",
+                 "host=desktop", "workload.prompt_tokens=100", "workload.answer_tokens=1",
                  "decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 15}"] + three)
     scn = dataclasses.replace(scn, profile=prof)
     deal = Deal("desktop", "pinned", (Stage("desktop", 0, 10), Stage("laptop", 10, 20), Stage("phone", 20, 30)),
@@ -197,8 +200,8 @@ def test_lap_costs_charge_the_way_back_its_round_trips_from_the_initial_window()
     extra = [b - a for a, b in zip(lap_costs(dataclasses.replace(scn, network=base), deal, 6),
                                    lap_costs(dataclasses.replace(scn, network=far), deal, 6))]
     assert extra == pytest.approx([0.0] * 5 + [0.060] * 2, abs=1e-12)
-    # a burst cap of 5,800 B: the first flight is 5,800, so from 3 positions (6,944 B) a frame
-    # needs a round (then 5,800 + 23,200 covers up to 12 positions)
+    # a burst cap of 5,800 B: the first flight is 5 chunks, so from 3 positions (6,944 B) a
+    # frame needs a round (the window, not the cap, limits the flights after the first)
     capped = dataclasses.replace(win.network, burst_bytes=5800)
     extra = [b - a for a, b in zip(plain[:7], lap_costs(dataclasses.replace(scn, network=capped), deal, 6))]
     assert extra == pytest.approx([0.0] * 2 + [0.020] * 5, abs=1e-12)
@@ -207,6 +210,32 @@ def test_lap_costs_charge_the_way_back_its_round_trips_from_the_initial_window()
     nowin = dataclasses.replace(via, network=scn.network)
     extra = [b - a for a, b in zip(lap_costs(nowin, deal, 6), lap_costs(via, deal, 6))]
     assert extra == pytest.approx([0.0] * 5 + [0.040] * 2, abs=1e-12)
+
+
+def test_lap_costs_spread_the_window_growth_over_a_questions_laps():
+    """A question of 50 tokens with every draft accepted (prior rate 1 at every position)
+    runs ceil(50 / (k + 1)) laps; the return window grows one chunk per acknowledgement
+    that arrives while it is full (aiortc), so by hand from 10 chunks:
+    k=5 (12 chunks, the last 1096 B): 9 laps; window 10 -> 11 -> 12 chunks, the third
+    frame fits: 2 rounds, 2/9 a lap.
+    k=8 (20,768 B, 18 chunks, the last 1048 B): 6 laps; window 10 -> 14 -> 16 -> 17 -> 18,
+    the fifth fits: 4 rounds, 4/6 a lap.
+    k=15 (36,896 B, 32 chunks): 4 laps; the first pays 2 rounds (window 10 -> 21), then
+    21 -> 27 -> 30 -> 31 one each: 5 rounds, 5/4 a lap."""
+    from sim.draft_costs import lap_costs
+    three = ['stages=[{device: desktop, layers: "1-10"}, {device: laptop, layers: "11-20"}, '
+             '{device: phone, layers: "21-30"}]']
+    scn = _load(["network.jitter={distribution: none}", "network.episodes=null", "network.rtt=20ms",
+                 "host=desktop", "workload.prompt_tokens=100", "workload.answer_tokens=50",
+                 "decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 15, "
+                 "accepted_lengths: [15]}"] + three)
+    scn = dataclasses.replace(scn, profile=_profile(_drafter()))
+    deal = Deal("desktop", "pinned", (Stage("desktop", 0, 10), Stage("laptop", 10, 20), Stage("phone", 20, 30)),
+                (), True, ())
+    win = dataclasses.replace(scn, network=dataclasses.replace(scn.network, window_bytes=11600))
+    extra = [b - a for a, b in zip(lap_costs(scn, deal, 15), lap_costs(win, deal, 15))]
+    assert [extra[k] for k in (4, 5, 8, 15)] == pytest.approx([0.0, 0.020 * 2 / 9, 0.020 * 4 / 6, 0.020 * 5 / 4],
+                                                              abs=1e-12)
 
 
 def test_the_rule_gets_one_prior_per_draft_length_from_the_walk_at_that_k():
