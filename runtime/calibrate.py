@@ -457,6 +457,10 @@ SAMPLE_LAYER_DRAFTER_PROMPTS = 4
 #: prompts, answers of up to this many tokens, k = 1, 4
 SAMPLE_QUICK_PROMPTS = 4
 QUICK_WALK_ANSWER_TOKENS = 16
+#: a quick calibration's model drafter: the first prompt of each workload, answers of up to
+#: this many tokens, k = 2, 4 (its call time by k is what a prediction of a model-drafter
+#: room needs; early exit is not walked)
+QUICK_LAYER_DRAFTER_TOKENS = 8
 
 
 def walked_sample(sample: Sequence[str], quick: bool = False) -> tuple[str, ...]:
@@ -478,8 +482,10 @@ def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]
     every prompt's answer of up to 64 tokens at k = 1, 2, 4, 8 (16 tokens, k = 1, 4
     when ``quick``: :data:`QUICK_WALK_ANSWER_TOKENS`); the drafters that run layers (``early_exit``, ``model``) the
     first 2 prompts (:data:`SAMPLE_LAYER_DRAFTER_PROMPTS` of a sample) at 32 tokens,
-    k = 2, 4 (none when ``quick``, nor with ``weights`` ``gguf``: those drafters load the
-    model's float32 safetensors, which a checkpoint held as stored does not have).
+    k = 2, 4; when ``quick``, the model drafter alone on the first prompt at
+    :data:`QUICK_LAYER_DRAFTER_TOKENS` tokens, k = 2, 4 (its call times and a first
+    acceptance); none with ``weights`` ``gguf`` (those drafters load the model's float32
+    safetensors, which a checkpoint held as stored does not have).
     ``answer_tokens``: the scenario's answer cap; when given, no walk follows an answer
     past it (a room never drafts beyond its answers' end, and a copied passage's share
     of the answer depends on where the answer stops)."""
@@ -496,9 +502,13 @@ def measure_walks(model_dir: str, backend: str, by_kind: dict[str, Sequence[str]
         log(f"drafters ({'sample' if sample else workload}): greedy answers to {len(prompts)} {what} "
             f"({sum(len(a) for _, a in answers)} tokens)")
         measured = measure_drafters(model_dir, answers, kinds=("ngram",), ks=ks, log=log)
-        if weights == "gguf" and not quick:
+        if weights == "gguf":
             log("drafters early_exit, model: not measured (they load float32 weights; this model is held as stored)")
-        elif not quick:  # drafters that run layers cost a forward pass a token: a shorter walk
+        elif quick:  # the model drafter's call times, on one short answer
+            measured.update(measure_drafters(model_dir, [(p, a[:min(QUICK_LAYER_DRAFTER_TOKENS, cap)])
+                                                         for p, a in answers[:1]],
+                                             kinds=("model",), ks=(2, 4), log=log))
+        else:  # drafters that run layers cost a forward pass a token: a shorter walk
             n = SAMPLE_LAYER_DRAFTER_PROMPTS if sample else 2
             measured.update(measure_drafters(model_dir, [(p, a[:min(32, cap)]) for p, a in answers[:n]],
                                              kinds=("early_exit", "model"), ks=(2, 4), log=log))
@@ -512,7 +522,8 @@ def sample_notes(sample: Sequence[str], answer_tokens: int | None = None, quick:
     walked = len(walked_sample(sample, quick))
     top = QUICK_WALK_ANSWER_TOKENS if quick else WALK_ANSWER_TOKENS
     cap = top if answer_tokens is None else max(1, min(top, int(answer_tokens)))
-    layers = ("none (a quick calibration)" if quick
+    layers = (f"the model drafter alone, the first 1, {min(QUICK_LAYER_DRAFTER_TOKENS, cap)} tokens (a quick "
+              "calibration)" if quick
               else f"the first {min(SAMPLE_LAYER_DRAFTER_PROMPTS, walked)}, {min(32, cap)} tokens")
     return {sample_workload(sample): (
         f"{len(sample)} workload.sample prompts, the first {walked} walked (prompt lookup, up to {cap} answer tokens"

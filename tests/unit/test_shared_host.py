@@ -186,6 +186,14 @@ def test_walks_stop_at_the_scenarios_answer_cap(monkeypatch):
     rc.measure_walks("m", "numpy", {"chat": ["p"]}, answer_tokens=500)  # the cap never lengthens the walk
     assert asked == [rc.WALK_ANSWER_TOKENS]
     assert "up to 20 answer tokens (the scenario answer cap)" in next(iter(rc.sample_notes(["x"], 20).values()))
+    # quick: prompt lookup on every answer of up to 16 tokens; the model drafter alone on the
+    # first answer's first 8 (its call times), or fewer under the cap
+    asked.clear(), walked.clear()
+    rc.measure_walks("m", "numpy", {"chat": ["p", "q"]}, quick=True)
+    assert asked == [16] and walked == [(("ngram",), [16, 16]), (("model",), [8])]
+    asked.clear(), walked.clear()
+    rc.measure_walks("m", "numpy", {"chat": ["p", "q"]}, quick=True, answer_tokens=5)
+    assert asked == [5] and walked == [(("ngram",), [5, 5]), (("model",), [5])]
 
 
 def test_a_quick_calibration_walks_a_samples_first_four_prompts_and_says_so(monkeypatch):
@@ -210,10 +218,12 @@ def test_a_quick_calibration_walks_a_samples_first_four_prompts_and_says_so(monk
     sample = [f"prompt {i}" for i in range(12)]
     out = rc.measure_acceptance("m", "numpy", sample, quick=True, answer_tokens=32)
     assert asked == [(("prompt 0", "prompt 1", "prompt 2", "prompt 3"), 16)]
-    assert walked == [(("ngram",), (1, 4), 4)]
+    # a quick walk also times the model drafter, on the first answer's first 8 tokens
+    assert walked == [(("ngram",), (1, 4), 4), (("model",), (2, 4), 1)]
     assert list(out["notes"].values()) == [
         "12 workload.sample prompts, the first 4 walked (prompt lookup, up to 16 answer tokens (the scenario "
-        "answer cap); the drafters that run layers: none (a quick calibration))"]
+        "answer cap); the drafters that run layers: the model drafter alone, the first 1, 8 tokens (a quick "
+        "calibration))"]
     asked.clear(), walked.clear()
     out = rc.measure_acceptance("m", "numpy", sample, answer_tokens=32)
     assert asked == [(tuple(sample), 32)]
