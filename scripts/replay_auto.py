@@ -8,7 +8,8 @@ grounded prompts of scripts/validate_heldout.py and of the grounded sample), pro
 lookup drafts k tokens from the prompt and the answer so far, the accepted length is
 the leading drafts equal to the answer (exact: prompt lookup needs no model), and the
 lap commits that many plus one. A lap drafting k costs the mean lap time that study's
-record measured for k (3 devices, 80 ms: the runs' ``lap_s`` means averaged; k = 1, 3
+record measured for k (3 devices, 80 ms; the three VM studies and the device machine's
+scripts/spec_auto.py record: the runs' ``lap_s`` means averaged; k = 1, 3
 and 5-7, which no fixed row ran, interpolated linearly between the measured k, with the
 return hop's step from k = 5, where the frame outgrows the initial window). The rule
 gets its prior from ``--profile`` (the grounded sample's walk) and either the profile's
@@ -34,17 +35,23 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import validate_heldout as V  # noqa: E402
 
 RECORDS = {"S6": "docs/heldout-2026-12-02-s6.json", "quiet": "docs/heldout-2026-12-01-quiet.json",
-           "W1": "docs/heldout-2026-12-01-w1.json"}
+           "W1": "docs/heldout-2026-12-01-w1.json", "device": "docs/spec-auto-2026-12-03-h200.json"}
 ROWS = {0: "3 devices, 80 ms, plain", 2: "3 devices, 80 ms, ngram k=2, grounded",
         4: "3 devices, 80 ms, ngram k=4, grounded", 8: "3 devices, 80 ms, ngram k=8, grounded"}
+#: scripts/spec_auto.py's record (the 16-core device machine): its rows' names
+SPEC_AUTO_ROWS = {0: "plain", 2: "ngram k=2, grounded", 4: "ngram k=4, grounded", 8: "ngram k=8, grounded"}
 
 
-def measured_costs(record: str) -> list[float]:
-    """Seconds of a lap drafting k = 0..8 (module doc)."""
-    rows = {c["name"]: c for c in json.loads((ROOT / record).read_text())["configurations"]}
-    at = {k: statistics.mean(r["lap_s"]["mean"] for r in rows[n]["measured_runs"]) for k, n in ROWS.items()}
+def measured_costs(record: str, with_step: bool = True) -> list[float]:
+    """Seconds of a lap drafting k = 0..8 (module doc); ``with_step`` False leaves the
+    return hop's step out (for :func:`tokens_per_s` with a window)."""
+    data = json.loads((ROOT / record).read_text())
+    names = ROWS if "configurations" in data else SPEC_AUTO_ROWS
+    rows = {c["name"]: c for c in data.get("configurations", data.get("rows", []))}
+    at = {k: statistics.mean(r["lap_s"]["mean"] for r in rows[n]["measured_runs"]) for k, n in names.items()}
     back = {k: statistics.mean(e["mean_s"] for r in rows[n]["measured_runs"] for e in r["breakdown"]
-                               if e["kind"] == "hop" and e["part"] == "phone->desktop") for k, n in ROWS.items()}
+                               if e["kind"] == "hop" and e["part"] == "phone->desktop")
+            for k, n in names.items()}
     step = back[8] - back[4]  # the way back's extra at 9 positions: from k = 5 on
     out = []
     for k in range(9):
@@ -55,11 +62,26 @@ def measured_costs(record: str) -> list[float]:
             out.append(at[lo] + (at[hi] - at[lo]) * (k - lo) / (hi - lo))
         else:  # 5..7: the step, then the rest linear between k=4 and k=8
             out.append(at[4] + step + (at[8] - step - at[4]) * (k - 4) / 4)
+    if not with_step:
+        out = [c - step if k > 4 else c for k, c in enumerate(out)]
     return out
 
 
-def tokens_per_s(answers, cost, policy=None, fixed=0) -> float:
+#: the return hop phone -> desktop of the studies' room: its round trip, the tuned SCTP
+#: sender's initial window and burst (runtime.transport.patches), SmolLM2's frame
+RTT_S, WINDOW_BYTES, BURST_BYTES, HIDDEN = 0.080, 11600.0, 37120.0, 576
+
+
+def tokens_per_s(answers, cost, policy=None, fixed=0, window: bool = False) -> float:
+    """Tokens per second of lap time over ``answers`` (one room's questions in turn).
+    ``window``: ``cost`` leaves the return hop's step out, and each lap pays
+    :func:`sim.link.sctp_frame_rounds` round trips for its result frame instead, the
+    window carried lap to lap and question to question from the initial one (aiortc's
+    window in one room)."""
+    from planner.frames import frame_bytes
     from runtime.drafters import ngram_draft
+    from sim.link import sctp_frame_rounds
+    cwnd = WINDOW_BYTES
     t = toks = 0.0
     for prompt, ans in answers:
         ctx, pos = list(prompt) + ans[:1], 1  # the first answer token comes from the prefill
@@ -82,6 +104,9 @@ def tokens_per_s(answers, cost, policy=None, fixed=0) -> float:
             pos += n
             toks += n
             t += cost[k]
+            if window:
+                r, cwnd = sctp_frame_rounds(frame_bytes(k + 1, HIDDEN), cwnd, BURST_BYTES)
+                t += r * RTT_S
     return toks / t
 
 
@@ -108,19 +133,33 @@ def main() -> int:
     d = deal(scn.devices, scn.model, scn.options)
     prof = load_profile(str(ROOT / a.profile))
     counts = [len(p) for p, _ in sets["held-out"]]
-    pol = draft_policy(real_run_scenario(scn, 0.08, counts, 32).with_profile(on_this_host(prof, d)[0]), d)
+    import sim.draft_costs as dc
+    from sim.link import sctp_frame_rounds
+    room = real_run_scenario(scn, 0.08, counts, 32).with_profile(on_this_host(prof, d)[0])
+    pol = draft_policy(room, d)
+    spread = dc.window_rounds_per_lap
+    try:  # the rule before the window model: every lap pays the first frame's rounds
+        dc.window_rounds_per_lap = lambda f, w, b, laps: sctp_frame_rounds(f, w, b)[0]
+        whole = draft_policy(room, d)
+    finally:
+        dc.window_rounds_per_lap = spread
     print(f"rule's lap costs (ms): {[round(1000 * s, 1) for s in pol.lap_s]}")
-    print("| lap costs of | prompts | k=1 | k=2 | k=4 | k=8 | rule (its costs) | rule (measured costs) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for study, record in RECORDS.items():
-        cost = measured_costs(record)
-        oracle = dataclasses.replace(pol, lap_s=tuple(cost))
-        for name, answers in sets.items():
-            fixed = {k: tokens_per_s(answers, cost, fixed=k) for k in (1, 2, 4, 8)}
-            best = max(fixed.values())
-            rule, orc = tokens_per_s(answers, cost, pol), tokens_per_s(answers, cost, oracle)
-            print(f"| {study} | {name} | " + " | ".join(f"{v:.2f}" for v in fixed.values())
-                  + f" | {rule:.2f} ({rule / best:.2f}x) | {orc:.2f} ({orc / best:.2f}x) |")
+    print(f"with a whole round a lap (ms): {[round(1000 * s, 1) for s in whole.lap_s]}")
+    for window in (False, True):
+        print("\nlap times: " + ("measured, the return hop's step from the window model, the window carried"
+                                  if window else "measured, the return hop's step on every lap from k = 5"))
+        print("| lap costs of | prompts | k=1 | k=2 | k=4 | k=8 | rule | rule, a whole round a lap "
+              "| rule (measured costs) |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for study, record in RECORDS.items():
+            cost = measured_costs(record, with_step=not window)
+            oracle = dataclasses.replace(pol, lap_s=tuple(measured_costs(record)))
+            for name, answers in sets.items():
+                fixed = {k: tokens_per_s(answers, cost, fixed=k, window=window) for k in (1, 2, 4, 8)}
+                best = max(fixed.values())
+                got = [tokens_per_s(answers, cost, p, window=window) for p in (pol, whole, oracle)]
+                print(f"| {study} | {name} | " + " | ".join(f"{v:.2f}" for v in fixed.values()) + " | "
+                      + " | ".join(f"{v:.2f} ({v / best:.2f}x)" for v in got) + " |")
     return 0
 
 

@@ -16,6 +16,8 @@ prompts; the model drafter k = 2, 4 and auto (up to 4) on both.
    then round 2, ...), ``--slots`` rooms at a time, each room's processes pinned to
    ``--cores`` CPUs of their own (``taskset``, inherited by the device processes), and
    add each run to its row in ``OUT``; no run starts after ``--budget-s`` seconds.
+``--calibrate PROFILE`` makes the profile first (on the machine that runs the rooms);
+``--only "row;row"`` predicts (and so runs) only those rows.
 3. ``--table OUT``: the table (median, min-max, predicted, tokens and drafts a lap,
    x plain and x the best fixed k of the same drafter and workload, round by round).
 
@@ -66,7 +68,30 @@ def _scenario(sets):
     return scn, deal(scn.devices, scn.model, scn.options)
 
 
-def predict(profile_path: str, out: Path) -> None:
+def calibrate(out: Path) -> None:
+    """The profile of the device-machine study (docs/benchmarks.md): ``calibrate --quick``
+    on the chat sample (the parts, prompt lookup's walks, the model drafter's call times
+    and a first walk, the calibration room), then the grounded sample's acceptance alone,
+    full (prompt lookup on its 12 prompts, the drafters that run layers on 4). Written to
+    ``out``."""
+    from splitroom.calibration import (add_acceptance, build_profile, measure, measure_room_overheads, save_profile,
+                                       with_room_overheads)
+    from splitroom.scenario import load
+    say = (lambda s: print("  " + s, flush=True))
+    cap = [x for x in V.COMMON if x.startswith("workload.answer_tokens=")]
+    chat = load(V.SCENARIO, cap + [f"workload.sample={V.SAMPLES['chat']}"])
+    grounded = load(V.SCENARIO, cap + [f"workload.sample={V.SAMPLES['grounded']}"])
+    answer = chat.workload.answer_tokens
+    prof = build_profile(chat, measure(quick=True, log=say, sample=chat.workload.sample, answer_tokens=answer))
+    prof = with_room_overheads(prof, measure_room_overheads(chat, prof, log=say, answer_tokens=12))
+    print(f"calibrated (quick) at {time.strftime('%H:%M:%S UTC', time.gmtime())}", flush=True)
+    prof = add_acceptance(prof, measure(log=say, sample=grounded.workload.sample, acceptance_only=True,
+                                        answer_tokens=answer))
+    save_profile(prof, out)
+    print(f"grounded acceptance added at {time.strftime('%H:%M:%S UTC', time.gmtime())}: {out}", flush=True)
+
+
+def predict(profile_path: str, out: Path, only: list[str] | None = None) -> None:
     from runtime.weights import ensure_safetensors
     from splitroom.calibration import load_profile
     from splitroom.real_configs import prompt_token_counts, real_prompts
@@ -75,6 +100,8 @@ def predict(profile_path: str, out: Path) -> None:
     md = str(ensure_safetensors())
     preds = []
     for name, sets in rows():
+        if only is not None and name not in only:
+            continue
         scn, d = _scenario(sets)
         m = predict_real_run(scn, d, prof, scn.network.rtt_s, prompt_token_counts(md, real_prompts(scn)))
         preds.append({"name": name, "sets": sets, "predicted": m})
@@ -188,7 +215,12 @@ def main() -> int:
     ap.add_argument("--cores", type=int, default=3, help="CPUs per room (3)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no run after this many seconds")
     ap.add_argument("--table", help="print the table of this record")
+    ap.add_argument("--calibrate", help="write the study's profile here (calibrate() above) and stop")
+    ap.add_argument("--only", help="with --predict-only: the rows to predict (and so to run), names separated by ';'")
     a = ap.parse_args()
+    if a.calibrate:
+        calibrate(Path(a.calibrate))
+        return 0
     if a.table:
         try:
             print(table(Path(a.table)))
@@ -205,7 +237,14 @@ def main() -> int:
         if not a.out:
             print("error: --predict-only needs --out", file=sys.stderr)
             return 2
-        predict(a.profile, Path(a.out))
+        only = None
+        if a.only:
+            only = [x.strip() for x in a.only.split(";") if x.strip()]
+            unknown = sorted(set(only) - {n for n, _ in rows()})
+            if unknown:
+                print(f"error: --only: no such row {unknown[0]!r}", file=sys.stderr)
+                return 2
+        predict(a.profile, Path(a.out), only)
     elif a.resume:
         if not Path(a.resume).is_file():
             print(f"error: --resume: no such record {a.resume!r}", file=sys.stderr)
