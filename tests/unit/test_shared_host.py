@@ -266,6 +266,17 @@ def test_on_one_host_gives_a_layer_drafter_the_per_pass_excess_once_a_drafted_to
     assert two.drafters["model"].draft_s(4) == pytest.approx(0.300) and prof.drafters["model"].call_s == call
 
 
+def test_a_drafters_call_time_leaves_out_each_walks_first_call(monkeypatch):
+    """The first call of a walk catches up on the prompt (a drafter that runs layers starts
+    with an empty KV cache): by hand, walks timed [1.0, 0.2] and [0.5] give the median of
+    [0.2, 0.5], 0.35 s, not of [1.0, 0.2, 0.5] (0.5 s); a walk of one call keeps it."""
+    import runtime.calibrate as rc
+    times = iter([([1, 1], [1.0, 0.2]), ([1], [0.5])])
+    monkeypatch.setattr(rc, "speculative_walk", lambda drafter, prompt, answer, k: next(times))
+    out = rc.measure_drafters("unused", [([1], [2, 3]), ([1], [2])], kinds=("ngram",), ks=(1,))
+    assert out["ngram"].call_s.ys == pytest.approx((0.35,))
+
+
 def test_a_walk_begins_after_the_first_answer_token_which_the_prefill_gives():
     """Prompt lookup on a hand-built answer that copies the prompt's tail. The room's
     first answer token (11) comes from the prefill, so the first lap drafts after
