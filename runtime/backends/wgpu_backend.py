@@ -214,6 +214,15 @@ def words_settings(text: str) -> dict[str, int]:
     return format_counts(text, "SPLITROOM_WGPU_WORDS", ("q4_k",))
 
 
+def split_settings(text: str) -> dict[str, int]:
+    """``SPLITROOM_WGPU_SPLIT``: formats whose one-token products take the workgroup-shared form
+    (:func:`wgsl.matvec_src` ``split``: a workgroup's threads split the K of its rows and issue all
+    their loads at once), and how many rows (row pairs in the QKV + RoPE product) a workgroup
+    computes: ``"f16:8,q4_k:4"``, ``"8"`` (every format), ``"0"`` (none). The threads a workgroup
+    has are at most ``SPLITROOM_WGPU_SPLIT_WG`` (default 256). Raises ValueError on other text."""
+    return format_counts(text, "SPLITROOM_WGPU_SPLIT", wgsl.WEIGHT_FORMATS)
+
+
 class WideOf(dict):
     """``{format: pieces}`` that answers 0 for formats not named (a tuple of parts included)."""
 
@@ -360,12 +369,21 @@ class WgpuStage(Stage):
             lane_words = os.environ.get("SPLITROOM_WGPU_LANE_WORDS", "2")
             if lane_words not in ("1", "2", "4"):
                 raise ValueError(f"SPLITROOM_WGPU_LANE_WORDS={lane_words!r}: expected 1, 2 or 4 (Q4_K code words a lane)")
-            wide_n, rs_n, words_n = WideOf(self.wide), RowsOf(self.rows_sg), WideOf(self.words)
+            self.split = split_settings(os.environ.get("SPLITROOM_WGPU_SPLIT", ""))
+            split_wg = int(os.environ.get("SPLITROOM_WGPU_SPLIT_WG", "256"))
+            if split_wg < 32 or split_wg % 32:
+                raise ValueError(f"SPLITROOM_WGPU_SPLIT_WG={split_wg}: expected a multiple of 32")
+            wide_n, rs_n, words_n, split_n = WideOf(self.wide), RowsOf(self.rows_sg), WideOf(self.words), WideOf(self.split)
             rows_qkv = self.qkv_w if c.qk_norm else self.qkv_w // 2  # rows (or RoPE pairs) of the QKV product
 
             def form(f, ns=(rows_qkv, H, F), rows=rr, unroll=un):
                 """This format's kernel form: rows per workgroup (``rows`` times the rows per subgroup,
-                which fall back to 1 where they do not divide every product's rows ``ns``), loads."""
+                which fall back to 1 where they do not divide every product's rows ``ns``), loads; or the
+                workgroup-shared form (``split``: that many rows a workgroup, where they divide every ``ns``)."""
+                sp = split_n[f]
+                if sp and all(n % sp == 0 for n in ns):
+                    return {"R": sp, "rs": 1, "U": unroll, "wide": 0, "words": 0, "lane_words": 1, "split": sp,
+                            "split_wg": split_wg}
                 k = rs_n[f] if all(n % (rows * rs_n[f]) == 0 for n in ns) else 1
                 return {"R": rows * k, "rs": k, "U": max(1, unroll // k), "wide": wide_n[f], "words": words_n[f],
                         "lane_words": int(lane_words) if words_n[f] else 1}

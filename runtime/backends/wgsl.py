@@ -437,7 +437,8 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
 
 def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = False, add: bool = False,
                swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8,
-               bias: bool = False, wide: int = 0, rs: int = 1, words: int = 0, lane_words: int = 1) -> str:
+               bias: bool = False, wide: int = 0, rs: int = 1, words: int = 0, lane_words: int = 1, split: int = 0,
+               split_wg: int = 256) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
     Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
@@ -466,12 +467,25 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     in flight, ``lane_words`` (1, 2 or 4) consecutive words a lane; the pieces (``wide``) are then
     unused. With ``rs`` > 1 the pieces (``wide``) serve
     ``rs`` rows too, else the format's vec4 loader, ``U`` loads per lane and row. Both take the loop of :func:`_rows_main`.
+
+    ``split`` > 0: the whole workgroup shares its rows instead (:func:`_split_main`): ``R`` rows (row
+    pairs with ``rope``) a workgroup, of at most ``split_wg`` threads that split each row's K and
+    issue all their loads at once; ``WGS``, ``U``, ``rs``, ``wide`` and ``words`` are then unused.
+    Same bindings and dispatch.
     """
     assert K % 4 == 0 and N % R == 0 and not (swiglu and rope) and rs >= 1 and R % rs == 0
     K4 = K // 4
     words = words if (words > 0 and words_ok(fmt, K)) else 0
     wide = wide if (wide > 0 and wide_ok(fmt, K) and not words) else 0
     decls = _product_decls(fmt, norm, swiglu, bias)
+    kind = split_pieces(fmt, K)[0] if split else ""
+    if kind in ("f16", "q4_k"):  # the same buffers read as vec4<u32>
+        mk = (lambda n, bnd: _wide_decl(n, bnd, "f16")) if kind == "f16" else (lambda n, bnd: _words_decl(n, bnd, 4))
+        decls = decls.replace(weight_decl("W", 1, fmt), mk("W", 1))
+        if swiglu:
+            decls = decls.replace(weight_decl("W2", 5, fmt), mk("W2", 5))
+    if split:
+        words = wide = 0
     if words:
         decls = decls.replace(weight_decl("W", 1, fmt), _words_decl("W", 1, lane_words))
         if swiglu:
@@ -491,6 +505,8 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
                  f"const KVD: u32 = {KV * D}u;\n")
     s.append(f"const K4: u32 = {K4}u;\nconst R: u32 = {R}u;\nconst U: u32 = {U}u;\nconst EPS: f32 = {_f(eps)};\n")
     two = swiglu or rope
+    if split:
+        return "".join(s) + _split_main(fmt, K, R, split_wg, norm, add, swiglu, bool(rope), bias)
     if rs > 1 or words:
         return "".join(s) + _rows_main(fmt, K, WGS, rs, U, words, wide, norm, add, swiglu, bool(rope), bias, lane_words)
     body = [f"""
@@ -875,6 +891,144 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
         body.append("\n      }")
     body.append("\n    }\n  }\n}\n")
     return "".join(body)
+
+
+def split_pieces(fmt, K: int) -> tuple[str, int]:
+    """The piece :func:`matvec_src`'s ``split`` form reads of a ``fmt`` row of ``K`` weights, and
+    pieces per row: ``("f16", K / 8)`` (8 halves, one ``vec4<u32>``; K a multiple of 8),
+    ``("q4_k", K / 32)`` (one 16-byte code vec4 of a block, 4 consecutive u32 code words, with its
+    block's header; K a multiple of 256), else ``("vec4", K / 4)`` (the format's vec4 loader)."""
+    if fmt == "f16" and K % 8 == 0:
+        return "f16", K // 8
+    if fmt == "q4_k" and K % 256 == 0:
+        return "q4_k", K // 32
+    return "vec4", K // 4
+
+
+def split_threads(NP: int, wg_max: int = 256) -> int:
+    """Threads a workgroup of the ``split`` form has for rows of ``NP`` pieces: the largest multiple
+    of 32 at most ``wg_max`` that divides ``NP`` (so no lane is idle), if it is at least
+    ``min(NP, 128)``; else ``NP`` rounded up to 32, at most ``wg_max`` (the pieces past the row masked)."""
+    best = max((w for w in range(32, wg_max + 1, 32) if NP % w == 0), default=0)
+    if best and best >= min(NP, 128):
+        return best
+    return min(wg_max, -(-NP // 32) * 32)
+
+
+def _split_main(fmt, K: int, R: int, wg_max: int, norm: bool, add: bool, swiglu: bool, rope: bool, bias: bool) -> str:
+    """``main`` of :func:`matvec_src`'s ``split`` form: one workgroup computes ``R`` rows (row pairs
+    with ``rope``), its threads splitting every row's K in pieces (:func:`split_pieces`).
+
+    Thread ``lid`` takes pieces ``lid + j * WGS`` (``j < J``, ``WGS`` from :func:`split_threads`),
+    loads their x (and norm weight) once, then the pieces of all ``R`` rows (and SwiGLU's or RoPE's
+    second row), every load of the workgroup issued before any sum needs it: one memory round trip
+    a workgroup, and an x load serves ``R`` rows. Per row the subgroups' sums (``subgroupAdd``) meet
+    in workgroup memory; thread ``r < R`` finishes row ``r`` as :func:`_epilogue` does.
+    """
+    kind, NP = split_pieces(fmt, K)
+    WGS = split_threads(NP, wg_max)
+    J = -(-NP // WGS)
+    masked = J * WGS != NP
+    two = swiglu or rope
+    mats = []  # (accumulator, matrix, row expression)
+    for r in range(R):
+        mats.append((f"a{r}", "W", f"row{r}"))
+        if swiglu:
+            mats.append((f"b{r}", "W2", f"row{r}"))
+        if rope:
+            mats.append((f"b{r}", "W", f"row2_{r}"))
+    per = 2 if two else 1
+    NV = R * per + 1  # sums of one subgroup in workgroup memory: R rows (x 2), the sum of squares
+    nbr = K // 256
+    b = [f"""
+const WGS: u32 = {WGS}u;
+const NV: u32 = {NV}u;
+var<workgroup> red: array<f32, {max(1, WGS // 4) * NV}>;
+
+@compute @workgroup_size({WGS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
+  var ss = 0.0;"""]
+    for r in range(R):
+        b.append(f"\n  let u{r} = wid.x * R + {r}u;")
+        if rope:
+            b.append(f"\n  let row{r} = (u{r} / HALF) * D + u{r} % HALF;\n  let row2_{r} = row{r} + HALF;")
+        else:
+            b.append(f"\n  let row{r} = u{r};")
+        b.append(f"\n  var a{r} = 0.0;\n  var b{r} = 0.0;")
+    for j in range(J):
+        if masked:
+            b.append(f"\n  let ok{j} = lid + {j * WGS}u < {NP}u;\n  let p{j} = min(lid + {j * WGS}u, {NP - 1}u);")
+        else:
+            b.append(f"\n  let p{j} = lid + {j * WGS}u;")
+        if kind == "q4_k":
+            b.append(f"\n  let bk{j} = p{j} >> 3u;\n  let t{j} = p{j} & 7u;\n  let c{j} = t{j} >> 1u;"
+                     f"\n  let xi{j} = bk{j} * 64u + c{j} * 16u + (t{j} & 1u) * 4u;")
+            xs = [(f"xl{j}_{e}", f"xi{j} + {e}u") for e in range(4)] + [(f"xh{j}_{e}", f"xi{j} + {8 + e}u") for e in range(4)]
+        elif kind == "f16":
+            xs = [(f"x{j}_0", f"p{j} * 2u"), (f"x{j}_1", f"p{j} * 2u + 1u")]
+        else:
+            xs = [(f"x{j}_0", f"p{j}")]
+        for v, i in xs:
+            b.append(f"\n  var {v} = X[{i}];")
+        if masked:
+            for v, _ in xs:
+                b.append(f"\n  {v} = select(vec4<f32>(0.0), {v}, ok{j});")
+        if norm:
+            b.append(f"\n  ss += {' + '.join(f'dot({v}, {v})' for v, _ in xs)};")
+            for v, i in xs:
+                b.append(f"\n  {v} = {v} * NW[{i}];")
+        if kind == "q4_k":
+            xl = ", ".join(f"xl{j}_{e}" for e in range(4))
+            xh = ", ".join(f"xh{j}_{e}" for e in range(4))
+            b.append(f"\n  let tl{j} = dot(xl{j}_0 + xl{j}_1 + xl{j}_2 + xl{j}_3, vec4<f32>(1.0));"
+                     f"\n  let th{j} = dot(xh{j}_0 + xh{j}_1 + xh{j}_2 + xh{j}_3, vec4<f32>(1.0));"
+                     f"\n  let xla{j} = array<vec4<f32>, 4>({xl});\n  let xha{j} = array<vec4<f32>, 4>({xh});")
+    for j in range(J):
+        for m, (_, W, r) in enumerate(mats):
+            if kind == "q4_k":
+                b.append(f"\n  let wb{j}_{m} = ({r} * {nbr}u + bk{j}) * 9u;"
+                         f"\n  let w{j}_{m} = {W}[wb{j}_{m} + 1u + t{j}];\n  let h{j}_{m} = {W}[wb{j}_{m}];")
+            elif kind == "f16":
+                b.append(f"\n  let w{j}_{m} = {W}[{r} * {NP}u + p{j}];")
+            else:
+                b.append(f"\n  let w{j}_{m} = ld_{W}({r} * {NP}u + p{j});")
+    for j in range(J):
+        for m, (acc, W, _) in enumerate(mats):
+            if kind == "q4_k":
+                term = f"q4kw_{W}(w{j}_{m}, h{j}_{m}, c{j}, xla{j}, xha{j}, tl{j}, th{j})"
+            elif kind == "f16":
+                v = f"w{j}_{m}"
+                term = (f"dot(vec4<f32>(unpack2x16float({v}.x), unpack2x16float({v}.y)), x{j}_0)"
+                        f" + dot(vec4<f32>(unpack2x16float({v}.z), unpack2x16float({v}.w)), x{j}_1)")
+            else:
+                term = f"dot(w{j}_{m}, x{j}_0)"
+            b.append(f"\n  {acc} += select(0.0, {term}, ok{j});" if masked else f"\n  {acc} += {term};")
+    for r in range(R):
+        b.append(f"\n  a{r} = subgroupAdd(a{r});")
+        if two:
+            b.append(f"\n  b{r} = subgroupAdd(b{r});")
+    if norm:
+        b.append("\n  ss = subgroupAdd(ss);")
+    b.append("\n  if (lane == 0u) {")
+    for r in range(R):
+        b.append(f"\n    red[sg * NV + {r * per}u] = a{r};")
+        if two:
+            b.append(f"\n    red[sg * NV + {r * per + 1}u] = b{r};")
+    b.append(f"\n    red[sg * NV + {R * per}u] = ss;\n  }}\n  workgroupBarrier();\n  if (lid < R) {{"
+             "\n    var a = 0.0;\n    var b = 0.0;\n    var q = 0.0;"
+             f"\n    for (var s = 0u; s < nsg; s++) {{\n      a += red[s * NV + lid * {per}u];")
+    if two:
+        b.append(f"\n      b += red[s * NV + lid * {per}u + 1u];")
+    b.append(f"\n      q += red[s * NV + {R * per}u];\n    }}\n    let u = wid.x * R + lid;")
+    if rope:
+        b.append("\n    let head = u / HALF;\n    let j = u % HALF;\n    let row = head * D + j;\n    let row2 = row + HALF;")
+    else:
+        b.append("\n    let row = u;")
+    if norm:
+        b.append("\n    let sc = 1.0 / sqrt(q / f32(K4 * 4u) + EPS);")
+    b.append("".join(_epilogue(norm, two, bias, swiglu, rope, add)).replace("\n      ", "\n    "))
+    b.append("\n  }\n}\n")
+    return "".join(b)
 
 
 def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048, window: int = 0) -> str:

@@ -26,28 +26,35 @@ def weights(seed: int) -> dict[str, np.ndarray]:
     return random_checkpoint(CFG, seed)
 
 
-# (format, subgroup kernels, SPLITROOM_WGPU_WIDE, SPLITROOM_WGPU_RS: rows a subgroup computes at once)
-PAIRS = [(f, k, "8", "1") for f in ("f32", "f16", "q8") for k in ("1", "0")]
-PAIRS += [("f16", "1", "0", "1"), ("f16", "1", "0", "2"), ("f16", "1", "8", "2"), ("f32", "1", "8", "4"), ("q8", "1", "8", "2")]
+# (format, subgroup kernels, SPLITROOM_WGPU_WIDE, SPLITROOM_WGPU_RS: rows a subgroup computes at once,
+# SPLITROOM_WGPU_SPLIT: rows a workgroup of the workgroup-shared form, "0" for none)
+PAIRS = [(f, k, "8", "1", "0") for f in ("f32", "f16", "q8") for k in ("1", "0")]
+PAIRS += [("f16", "1", "0", "1", "0"), ("f16", "1", "0", "2", "0"), ("f16", "1", "8", "2", "0"), ("f32", "1", "8", "4", "0"),
+          ("q8", "1", "8", "2", "0")]
+# the workgroup-shared form: f16 in 16-byte pieces, f32 and q8 through their vec4 loaders; rows of
+# 64 and 128 weights are 8 and 16 pieces in f16, fewer than the 32 threads (masked)
+PAIRS += [("f16", "1", "0", "1", "8"), ("f16", "1", "0", "1", "1"), ("f32", "1", "0", "1", "4"), ("q8", "1", "0", "1", "2")]
 
 
 @pytest.fixture(scope="module", params=PAIRS,
                 ids=lambda p: f"{p[0]}-{'subgroup' if p[1] == '1' else 'batch'}-kernels{'-vec2-loads' if p[2] == '0' else ''}"
-                              f"{'-rows' + p[3] if p[3] != '1' else ''}")
+                              f"{'-rows' + p[3] if p[3] != '1' else ''}{'-split' + p[4] if p[4] != '0' else ''}")
 def pair(request):
-    fmt, fast, wide, rs = request.param
+    fmt, fast, wide, rs, split = request.param
     w = weights(7)
     mp = pytest.MonkeyPatch()
     mp.setenv("SPLITROOM_WGPU_FAST", fast)
     mp.setenv("SPLITROOM_WGPU_WIDE", wide)  # f16 one-token products: 16-byte pieces (8) or vec2 loads (0)
     mp.setenv("SPLITROOM_WGPU_RS", rs)
+    mp.setenv("SPLITROOM_WGPU_SPLIT", f"{fmt}:{split}")
     request.addfinalizer(mp.undo)
     ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=96, precision=Precision(weights=fmt))
     try:
         gpu = wgpu_backend.WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), w, max_ctx=96, precision=Precision(weights=fmt))
         if fast == "1" and not gpu.fast:
             pytest.skip("adapter without subgroup operations")
-        assert not gpu.fast or gpu.kernel_form(fmt)["rs"] == int(rs)  # the rows asked for are the ones built
+        # the rows asked for are the ones built
+        assert not gpu.fast or (gpu.kernel_form(fmt)["rs"], gpu.kernel_form(fmt).get("split", 0)) == (int(rs), int(split))
     except wgpu_backend.WgpuUnavailable as e:
         pytest.skip(str(e))
     return fmt, gpu, ref

@@ -113,14 +113,34 @@ def run_matvec(device, q, x: np.ndarray, g: np.ndarray, **form) -> np.ndarray:
 MATVEC_FORMS = [(4, 1, 1, 0), (3, 2, 2, 0), (2, 4, 4, 0), (0, 1, 2, 1), (0, 1, 1, 8)]
 
 
+def q4k_case(K: int):
+    """16 random Q4_K rows of ``K`` weights, x, the norm weight, and ``rmsnorm(x, g) @ W.T`` from
+    gguf-py's dequantized rows (products in float64)."""
+    rng = np.random.default_rng(13)
+    q = rand_q("q4_k", 16, K, rng)
+    x, g = rng.standard_normal(K), rng.uniform(0.5, 1.5, K)
+    xn = (x / np.sqrt(np.mean(x * x) + 1e-5)) * g
+    return q, x, g, ref(q).astype(np.float64) @ xn
+
+
 @pytest.mark.parametrize("words,lane_words,rs,wide", MATVEC_FORMS)
 def test_q4k_matvec_forms_match_gguf_py(device, words, lane_words, rs, wide):
-    rng = np.random.default_rng(13)
-    q = rand_q("q4_k", 16, 1280, rng)
-    x, g = rng.standard_normal(1280), rng.uniform(0.5, 1.5, 1280)
-    xn = (x / np.sqrt(np.mean(x * x) + 1e-5)) * g
-    want = ref(q).astype(np.float64) @ xn  # gguf-py's dequantized rows, products in float64
+    q, x, g, want = q4k_case(1280)
     got = run_matvec(device, q, x, g, R=4 * rs, WGS=64, rs=rs, words=words, lane_words=lane_words, wide=wide)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+
+
+# the workgroup-shared form: (K, rows a workgroup, most threads, threads it has). A piece is 16 code
+# bytes (32 weights): K = 3072 is 96 pieces, one a thread; K = 1280 is 40, on 64 threads (24 masked)
+# or 32 threads with 2 each (the second round part-filled); K = 512 is 16 on 32 threads
+SPLIT_FORMS = [(3072, 4, 256, 96), (1280, 2, 256, 64), (1280, 8, 32, 32), (512, 1, 256, 32)]
+
+
+@pytest.mark.parametrize("K,rows,wg,threads", SPLIT_FORMS)
+def test_q4k_split_matvec_matches_gguf_py(device, K, rows, wg, threads):
+    assert wgsl.split_pieces("q4_k", K) == ("q4_k", K // 32) and wgsl.split_threads(K // 32, wg) == threads
+    q, x, g, want = q4k_case(K)
+    got = run_matvec(device, q, x, g, R=rows, WGS=64, split=rows, split_wg=wg)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
@@ -137,7 +157,11 @@ STAGE_CASES += [("q4_k", "WORDS=0+RS=1", "1"), ("q4_k", "WORDS=0+WIDE=0+RS=1", "
                 ("q4_k", "WORDS=0+WIDE=2+RS=2", "1"), ("q4_k", "WORDS=0+WIDE=1+RS=4", "1"),
                 # several rows a subgroup with the vec4 loaders (Q4_K_M: Q6_K, the QKV of mixed
                 # parts stays one row a subgroup)
-                ("q4_k_m", "RS=1", "1"), ("q8_0", "RS=2", "1"), ("q4_1", "RS=4", "1"), ("q4_0", "RS=2", "1")]
+                ("q4_k_m", "RS=1", "1"), ("q8_0", "RS=2", "1"), ("q4_1", "RS=4", "1"), ("q4_0", "RS=2", "1"),
+                # the workgroup-shared form: Q4_K in 16-byte code pieces, the others (Q6_K, the mixed
+                # QKV parts of Q4_K_M, Q8_0, Q4_0, Q4_1) through their vec4 loaders
+                ("q4_k", "SPLIT=4", "1"), ("q4_k", "SPLIT=8+SPLIT_WG=32", "1"), ("q4_k_m", "SPLIT=2", "1"),
+                ("q8_0", "SPLIT=4", "1"), ("q4_0", "SPLIT=1", "1"), ("q4_1", "SPLIT=8", "1"), ("q6_k", "SPLIT=4", "1")]
 #: the one-token forms when nothing is set (docs/runtime.md, measured on the H200 2026-12-02)
 DEFAULT_FORM = {"q4_k": {"WORDS": "4", "LANE_WORDS": "2", "RS": "2"}, "q6_k": {"WORDS": "0", "RS": "2"}}
 
@@ -146,7 +170,7 @@ DEFAULT_FORM = {"q4_k": {"WORDS": "4", "LANE_WORDS": "2", "RS": "2"}, "q6_k": {"
 def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings, fast):
     monkeypatch.setenv("SPLITROOM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
-    for k in ("WIDE", "WORDS", "LANE_WORDS", "RS"):
+    for k in ("WIDE", "WORDS", "LANE_WORDS", "RS", "SPLIT", "SPLIT_WG"):
         monkeypatch.delenv(f"SPLITROOM_WGPU_{k}", raising=False)
     env = dict(kv.split("=") for kv in filter(None, settings.split("+")))
     for k, v in env.items():  # e.g. WORDS=0+WIDE=0: Q4_K one-token products with the vec4 loader
@@ -166,6 +190,9 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings
         for f in ({"q4_k_m": ("q4_k", "q6_k")}.get(mix, (mix,))):
             want = {**DEFAULT_FORM.get(f, {}), **env}
             form = gpu.kernel_form(f)
+            if "SPLIT" in env:  # the workgroup-shared form, with that many rows a workgroup
+                assert (form["split"], form["R"], form["split_wg"]) == (int(env["SPLIT"]),) * 2 + (int(env.get("SPLIT_WG", "256")),)
+                continue
             assert form["rs"] == int(want.get("RS", "1"))
             assert form["words"] == (int(want.get("WORDS", "0")) if f == "q4_k" else 0)
             assert form["lane_words"] == (int(want.get("LANE_WORDS", "1")) if form["words"] else 1)
