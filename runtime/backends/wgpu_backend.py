@@ -398,8 +398,18 @@ class WgpuStage(Stage):
             f_d = lambda f: mk(wgsl.matvec_src(F, H, WGS=wgs, fmt=f, add=True, **form(f)))  # noqa: E731
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
             aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
-            aw = max(1, aw // (D // 4)) * (D // 4)
-            self.f_att = mk(wgsl.attention1_src(NH, KV, D, aw, chunk, c.sliding_window))
+            # SPLITROOM_WGPU_ATT_GROUPS=N: the key-group attention (wgsl.attention_groups_src), N keys
+            # a group takes each round; 0: the chunked kernel (wgsl.attention1_src)
+            groups = int(os.environ.get("SPLITROOM_WGPU_ATT_GROUPS", "0"))
+            if groups < 0:
+                raise ValueError(f"SPLITROOM_WGPU_ATT_GROUPS={groups}: keys a round cannot be negative")
+            if groups:
+                aw = max(32, aw // 32 * 32)
+                self.f_att = mk(wgsl.attention_groups_src(NH, KV, D, aw, groups, c.sliding_window))
+            else:
+                aw = max(1, aw // (D // 4)) * (D // 4)
+                self.f_att = mk(wgsl.attention1_src(NH, KV, D, aw, chunk, c.sliding_window))
+            self.attention_form = {"groups": groups, "threads": aw}
 
         self.layers = []
         self._kv: list[tuple[object, object]] = []  # each layer's K and V cache buffers (the slot in use)

@@ -1145,6 +1145,105 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
+def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, window: int = 0) -> str:
+    """One-token causal GQA attention (decode) with key groups: one workgroup of ``WGS`` threads per
+    query head, split into groups of ``L`` lanes (``L`` = 8, or ``D/4`` if smaller; ``L`` consecutive
+    lanes of one subgroup, so the subgroup size must be a multiple of ``L``). Group ``g`` takes keys
+    ``lo + g, lo + g + WGS/L, ...``; each lane holds ``E = D/(4L)`` vec4s of the query, loads the
+    same dims of a key's K and V rows (a group reads whole rows: coalesced), and the score is summed
+    over the group by ``subgroupShuffleXor``. Each group keeps its own running max, sum and output
+    (the online softmax of Milakov & Gimelshein 2018, ``UK`` keys a round, their K and V loads
+    issued together), so the groups meet once, in workgroup memory, at the end.
+    Bindings as :func:`attention1_src` (0 QKV, 1 KC, 2 VC, 3 O, 4 Params); dispatch ``(NH,)``; query
+    position ``first_pos`` sees keys ``0..first_pos`` (``window`` > 0: only the last ``window``).
+    """
+    import math
+
+    D4 = D // 4
+    L = 8 if D4 % 8 == 0 else D4
+    assert D % 4 == 0 and L & (L - 1) == 0 and WGS % L == 0 and UK >= 1
+    E, NG = D4 // L, WGS // L
+    lines = []
+    for k in range(UK):
+        j = f"key{k}"
+        lines.append(f"\n      let {j} = j0 + {k * NG}u;\n      let ok{k} = {j} < T;\n      let kb{k} = min({j}, T - 1u) * KVD4 + kvo4 + c * {E}u;")
+        for e in range(E):
+            lines.append(f"\n      let k{k}_{e} = KC[kb{k} + {e}u];\n      let v{k}_{e} = VC[kb{k} + {e}u];")
+    for k in range(UK):
+        dots = " + ".join(f"dot(q{e}, k{k}_{e})" for e in range(E))
+        lines.append(f"\n      var s{k} = {dots};")
+        sh = L // 2
+        while sh >= 1:
+            lines.append(f"\n      s{k} += subgroupShuffleXor(s{k}, {sh}u);")
+            sh //= 2
+        lines.append(f"\n      s{k} = select(-1e30, s{k}, ok{k});")
+    mx = "m"
+    for k in range(UK):
+        mx = f"max({mx}, s{k})"
+    lines.append(f"\n      let mb = {mx};")
+    lines.append("\n      let corr = exp(m - mb);")
+    for k in range(UK):
+        lines.append(f"\n      let p{k} = select(0.0, exp(s{k} - mb), ok{k});")
+    lines.append(f"\n      l = l * corr + {' + '.join(f'p{k}' for k in range(UK))};")
+    for e in range(E):
+        lines.append(f"\n      a{e} = a{e} * corr + {' + '.join(f'p{k} * v{k}_{e}' for k in range(UK))};")
+    lines.append("\n      m = mb;")
+    qload = "".join(f"\n  let q{e} = QKV[h * D4 + c * {E}u + {e}u] * SCALE;" for e in range(E))
+    accs = "".join(f"\n  var a{e} = vec4<f32>(0.0);" for e in range(E))
+    store = "".join(f"\n  part[g * D4 + c * {E}u + {e}u] = a{e};" for e in range(E))
+    return PARAMS + f"""
+@group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
+@group(0) @binding(4) var<uniform> P: Params;
+const G: u32 = {NH // KV}u;
+const D4: u32 = {D4}u;
+const KVD4: u32 = {KV * D4}u;
+const L: u32 = {L}u;
+const NG: u32 = {NG}u;
+const SCALE: f32 = {_f(1.0 / math.sqrt(D))};
+var<workgroup> part: array<vec4<f32>, {NG * D4}>;
+var<workgroup> gm: array<f32, {NG}>;
+var<workgroup> gl: array<f32, {NG}>;
+
+@compute @workgroup_size({WGS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
+  let h = wid.x;
+  let kvo4 = (h / G) * D4;
+  let T = P.first_pos + 1u;
+  let f = sg * sgs + lane;
+  let g = f / L;
+  let c = lane % L;{qload}
+  var lo = 0u;
+  if ({int(window)}u > 0u && T > {int(window)}u) {{ lo = T - {int(window)}u; }}
+  var m = -1e30;
+  var l = 0.0;{accs}
+  let rounds = (T - lo + {NG * UK - 1}u) / {NG * UK}u;  // the same for every group: uniform control flow
+  for (var it = 0u; it < rounds; it++) {{
+      let j0 = lo + g + it * {NG * UK}u;{"".join(lines)}
+  }}{store}
+  if (c == 0u) {{
+    gm[g] = m;
+    gl[g] = l;
+  }}
+  workgroupBarrier();
+  if (lid < D4) {{
+    var mm = -1e30;
+    for (var i = 0u; i < NG; i++) {{ mm = max(mm, gm[i]); }}
+    var o = vec4<f32>(0.0);
+    var ll = 0.0;
+    for (var i = 0u; i < NG; i++) {{
+      let w = exp(gm[i] - mm);
+      o += part[i * D4 + lid] * w;
+      ll += gl[i] * w;
+    }}
+    O[h * D4 + lid] = o / ll;
+  }}
+}}
+"""
+
+
 def argmax_embed_src(V: int, Hd: int, fmt: str = "f32", WGS: int = 1024) -> str:
     """Arg-max of logits ``L[0, :V]`` (lowest id on ties) into ``IDS[0]``, and that token's embedding
     row into ``X[0, :]`` (the next step's residual), in one workgroup.
