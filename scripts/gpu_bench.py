@@ -98,7 +98,12 @@ def gguf_weights(mix: str, shape: str, tmp: Path) -> dict:
     return load_range_native(d, 0, CFG.n_layers, True, True)
 
 
-def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray | None) -> dict:
+#: {format: logits after the prompt} of each format's run with the default kernels: a variant of the
+#: same format is compared with it (``logits_rel_err_vs_default``, ``ids_equal_default``)
+DEFAULT_RUN: dict[str, dict] = {}
+
+
+def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray | None, variant: bool = False) -> dict:
     from runtime.backends.wgpu_backend import WgpuStage
 
     t0 = time.perf_counter()
@@ -110,10 +115,14 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
                  "gpu_weight_buffer_bytes": st.bytes_weights}
     if st.fast:  # each weight format's one-token kernel form (rows a workgroup and a subgroup, loads, pieces, words)
         out["kernel_forms"] = {str(f): st.kernel_form(f) for f in sorted(st.formats or {fmt}, key=str)}
+        out["attention_form"] = getattr(st, "attention_form", None)
     P = len(prompt)
     st.rollback(0)
     h = st.embed_forward(prompt, 0)
     logits = st.head(h[-1:])
+    if variant and fmt in DEFAULT_RUN:
+        d = DEFAULT_RUN[fmt]["logits"]
+        out["logits_rel_err_vs_default"] = float(np.abs(logits - d).max() / np.abs(d).max())
     if ref_logits is not None:
         out["logits_rel_err_vs_numpy"] = float(np.abs(logits - ref_logits).max() / np.abs(ref_logits).max())
         out["argmax_equal_numpy"] = bool(logits.argmax() == ref_logits.argmax())
@@ -135,6 +144,10 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
     out["decode_sync_tok_s"] = med(sync)
     out["decode_sync_all"] = sync
     out["ids"] = ids_sync
+    if not variant:
+        DEFAULT_RUN[fmt] = {"logits": logits, "ids": ids_sync}
+    elif fmt in DEFAULT_RUN:
+        out["ids_equal_default"] = ids_sync == DEFAULT_RUN[fmt]["ids"]
     # pipelined: per_submit steps per command buffer
     out["pipelined"] = {}
     for ps in a.per_submit:
@@ -517,7 +530,7 @@ def main(argv=None) -> None:
         try:
             if vfmt not in ws:
                 ws[vfmt] = (lambda f=vfmt: gguf_weights(f, a.shape, tmp)) if vfmt in GGUF_MIXES else (lambda: w)
-            r = bench_wgpu(vfmt, ws[vfmt](), a, prompt, refs.get(vfmt))
+            r = bench_wgpu(vfmt, ws[vfmt](), a, prompt, refs.get(vfmt), variant=True)
         except Exception as e:
             r = {"format": vfmt, "error": repr(e)}
         r["variant"] = var
