@@ -182,3 +182,90 @@ def test_float32_logits_give_the_float64_distribution_to_float32_precision():
         p32 = probabilities(logits, s)
         assert p32.dtype == np.float64
         np.testing.assert_allclose(p32, probabilities(logits.astype(np.float64), s), rtol=2e-6, atol=1e-12)
+
+
+# Worked by hand: two rows of three tokens whose probabilities are exact binary fractions
+# (logits ln 1, ln 3, ln 4: p = 1/8, 3/8, 4/8; and the reverse, p = 4/8, 3/8, 1/8), at
+# temperature 1. Cumulative: row 0 [.125, .5, 1], row 1 [.5, .875, 1].
+_ROWS = np.log(np.array([[1.0, 3.0, 4.0], [4.0, 3.0, 1.0]]))
+_T1 = Sampling(temperature=1.0)
+
+
+def test_head_tokens_by_hand_without_a_drafter():
+    # row 0, v = .2: first cumulative above .2 is .5 (token 1); row 1, v = .9: 1 (token 2)
+    assert head_tokens(_ROWS, _T1, ((0.5, 0.2), (0.5, 0.9))) == (1, 2)
+
+
+def test_head_tokens_by_hand_with_a_drafter_kept_and_rejected():
+    q = np.array([[0.2, 0.2, 0.6]])  # the drafter's row for the draft after row 0
+    # draft 2 after row 0: keep when u < min(1, p/q) = (4/8) / 0.6 = 0.8333; u = 0.5 keeps it.
+    # Row 1 has no draft (drafts has one entry): v = .9 draws token 2.
+    assert head_tokens(_ROWS, _T1, ((0.5, 0.2), (0.5, 0.9)), drafts=(2,), q=q) == (2, 2)
+    # the same with u = 0.9 > 0.8333: rejected, drawn from max(p - q, 0) = [0, 0.175, 0]: token 1
+    assert head_tokens(_ROWS, _T1, ((0.9, 0.2), (0.5, 0.9)), drafts=(2,), q=q) == (1, 2)
+    # a one-hot drafter at token 2: keep when u < 0.5; u = 0.7 rejects, the residual is
+    # [1/8, 3/8, 0] (sum 1/2) and v = .2 falls in token 0's interval [0, .25) of it
+    one_hot = np.array([[0.0, 0.0, 1.0]])
+    assert head_tokens(_ROWS, _T1, ((0.7, 0.2), (0.7, 0.9)), drafts=(2,), q=one_hot) == (0, 2)
+
+
+def test_head_tokens_wants_a_pair_for_every_row():
+    with pytest.raises(ValueError) as e:
+        head_tokens(_ROWS, _T1, ((0.5, 0.2),))
+    assert str(e.value) == "2 rows need as many uniform pairs, got 1"
+
+
+def test_verify_row_edges_by_hand():
+    p = np.array([0.25, 0.25, 0.5])
+    # u equal to p/q (0.25 / 0.5) is not below it: rejected, drawn from the residual [0, 0, 0.25]
+    assert verify_row(p, (0.5, 0.0), draft=0, q=np.array([0.5, 0.25, 0.25])) == 2
+    # a draft the drafter gave probability 0: p/q is unbounded, so it is kept whatever u is
+    assert verify_row(p, (0.99, 0.0), draft=1, q=np.array([0.5, 0.0, 0.5])) == 1
+    # a drafter at least as likely as the target everywhere leaves no residual: drawn from p,
+    # v = .6 falls in token 2's interval [.5, 1)
+    assert verify_row(p, (0.9, 0.6), draft=0, q=np.array([0.5, 0.25, 0.5])) == 2
+
+
+def test_inverse_cdf_at_the_top_end_takes_the_last_possible_token():
+    # v * sum reaching the sum (1 - 1e-17 is 1.0 in float64): the last token of probability > 0
+    assert inverse_cdf(np.array([0.2, 0.3, 0.5, 0.0]), 1.0 - 1e-17) == 2
+
+
+def test_probabilities_by_hand_top_k_1_shift_per_row_and_greedy_message():
+    # top_k = 1 keeps the argmax alone
+    assert probabilities(np.array([0.0, 1.0, 2.0]), Sampling(temperature=1.0, top_k=1)).tolist() == [0.0, 0.0, 1.0]
+    # each row is shifted by its own maximum: rows 1000 apart both give [1, e^-1] / (1 + e^-1)
+    a = 1.0 / (1.0 + np.exp(-1.0))
+    got = probabilities(np.array([[0.0, -1.0], [1000.0, 999.0]]), _T1)
+    np.testing.assert_allclose(got, [[a, 1 - a], [a, 1 - a]], rtol=1e-14)
+    with pytest.raises(ValueError) as e:
+        probabilities(_ROWS, GREEDY)
+    assert str(e.value) == "greedy decoding has no sampling distribution; take the argmax"
+
+
+def test_float16_logits_are_computed_in_float64():
+    # logits [0, 1] at temperature 0.5: [1, e^2] / (1 + e^2); float16 arithmetic would be ~1e-4 off
+    b = np.exp(2.0) / (1.0 + np.exp(2.0))
+    got = probabilities(np.array([0.0, 1.0], np.float16), Sampling(temperature=0.5))
+    np.testing.assert_allclose(got, [1 - b, b], rtol=1e-14)
+
+
+def test_top_p_drops_a_token_whose_ascending_mass_equals_one_minus_top_p():
+    # four equal logits: p = 1/4 each (exact); ascending cumulative [.25, .5, .75, 1] and
+    # 1 - top_p = .5, so two tokens go (<=, as transformers' TopPLogitsWarper) and two stay at 1/2
+    p = probabilities(np.zeros(4), Sampling(temperature=1.0, top_p=0.5))
+    assert sorted(p.tolist()) == [0.0, 0.0, 0.5, 0.5]
+
+
+def test_uniform_pairs_edges():
+    u = Uniforms(5)
+    assert u.pairs(3, 0) == ()
+    for first, n in ((-1, 1), (0, -1)):
+        with pytest.raises(ValueError) as e:
+            u.pairs(first, n)
+        assert str(e.value) == f"answer-token indices start at 0, got {first} (+{n})"
+
+
+def test_with_seed_keeps_every_other_setting():
+    s = Sampling(temperature=0.7, top_p=0.9, top_k=5, seed=1)
+    assert s.with_seed(42) == Sampling(temperature=0.7, top_p=0.9, top_k=5, seed=42)
