@@ -99,7 +99,7 @@ async def run_device(cfg: NodeConfig, transport, timeout_s: float, stop: Optiona
                      keep_open: bool = False, append_trace: bool = False) -> tuple[Node, int]:
     """The one device loop (``python -m runtime.node`` and ``splitroom join``).
 
-    Builds a :class:`runtime.room.Node` over ``transport`` (``send``/``set_handler``,
+    Builds a :class:`runtime.room.Node` over ``transport`` (``send``/``set_handler``/``subscribe``,
     optionally ``set_lost_handler``), starts it, and waits until the host has asked and
     ended every question, ``stop`` is set, any of ``until`` finishes (a worker's "the
     host said bye"), a worker loses the host, or ``timeout_s`` seconds pass. Then stops

@@ -136,7 +136,9 @@ class Node(NodeLiveness, NodeRedeal):
     Args:
         config: what this device does.
         stage: its layer range (the host's has the embedding and head); None for a guest.
-        transport: has ``send(dst, channel, bytes)`` (async) and ``set_handler(fn)``.
+        transport: has ``send(dst, channel, bytes)`` (async) and ``set_handler(fn)``; and
+            ``subscribe(channel, fn, accepts)`` when the weights are copied between devices
+            (runtime.weights_share).
         tokenizer: the host's ChatTokenizer (None elsewhere).
         drafter: the host's drafter ``(context ids, k) -> k ids``.
         clock: seconds, for the trace (``time.time`` by default).

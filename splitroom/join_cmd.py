@@ -89,8 +89,9 @@ class _Mux:
     """One handler for the transport: control messages (``reply`` channel, typed by
     :func:`runtime.control.parse_control`) go to a queue; everything else to the Node
     once it exists, and waits in order until then. Also stands in for the transport
-    given to the Node (``send``, ``set_handler`` and ``set_lost_handler``): a lost peer
-    reaches the Node, or, before the Node exists, the control queue as a lost marker."""
+    given to the Node (``send``, ``subscribe``, ``set_handler`` and ``set_lost_handler``):
+    a lost peer reaches the Node, or, before the Node exists, the control queue as a lost
+    marker."""
 
     def __init__(self, transport, key: Optional[str] = None):
         from runtime.control import ROOM_MESSAGES, ControlError, parse_control
@@ -185,10 +186,14 @@ class _Mux:
             self.lost_handler(peer, reason)
 
     # the Node's view of the transport
-    @property
-    def handler(self):
-        """The handler installed now (a layer such as runtime.weights_share wraps it)."""
-        return self.node_handler
+    def subscribe(self, channel: str, fn, accepts=None):
+        """The transport's subscription to ``channel`` (runtime.transport.Transport.subscribe;
+        the weights server's and a copy's), taking only messages from peers whose hello
+        proved the room key (every peer's without a key); a message it does not take
+        comes to this mux's handler, which drops what an unproven peer sent."""
+        def proven(src: str, data: bytes) -> bool:
+            return (self.key is None or src in self.verified) and (accepts is None or accepts(src, data))
+        return self.t.subscribe(channel, fn, proven)
 
     def set_handler(self, fn) -> None:
         self.node_handler = fn

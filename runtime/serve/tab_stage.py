@@ -185,10 +185,11 @@ class TabRoom:
         return None if r is None else (r[0], r[1], False, False)
 
     def serve(self, transport):
-        """Answer the tabs' weights requests on ``transport`` (the host's room transport,
-        after the handler that gets its other messages is installed): a
+        """Answer the tabs' weights requests on ``transport`` (the host's room transport;
+        before the Node's own weights server subscribes, so this one is asked first): a
         :class:`runtime.weights_share.WeightsServer` of the model directory with
-        :meth:`grant`; requests from other peers pass on. ``close()`` it at the end."""
+        :meth:`grant`; requests from other peers are not taken (they go to the next
+        subscriber or the handler). ``close()`` it at the end."""
         from ..weights_share import serve_weights
         return serve_weights(transport, self.model_dir, grant=self.grant)
 

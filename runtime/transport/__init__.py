@@ -25,6 +25,12 @@ reply      1   answers streamed to guests
 weights    2   cached weights copied between devices
 =========  ==  ==================================================================
 
+Receiving: :meth:`Transport.subscribe` gives one channel's messages, or those of it that
+a test accepts, to a subscriber (the weights server takes the requests on ``weights``, a
+copy in flight the replies from its peer); a channel's subscriptions are asked in the
+order they were made, and a message none takes goes to the one handler
+(:meth:`Transport.set_handler`: the room's Node).
+
 The residual is never queued behind the others. aiortc keeps one FIFO for all the
 channels of a connection and moves the next message into SCTP only when the
 previous one has been fully transmitted (``RTCSctpTransport._data_channel_flush``),
@@ -65,7 +71,7 @@ from __future__ import annotations
 
 from runtime.testbed.delay import DelayLine, DelayStats
 
-from .base import Handler, Transport, TransportError
+from .base import Handler, Subscription, Transport, TransportError
 from .framing import (AIORTC_MAX_MESSAGE_SIZE, CHANNELS, DEFAULT_MAX_MESSAGE_BYTES_IN,
                       DEFAULT_REMOTE_MAX_MESSAGE_SIZE, PIECE_HEADER_BYTES, ChunkError, Reassembler, encode_message)
 from .loopback import LoopbackHub, LoopbackTransport
@@ -78,6 +84,6 @@ from .webrtc import RtcTransport, connect_room, emulate_delay, remote_max_messag
 __all__ = ["AIORTC_BURST_CHUNKS", "AIORTC_INITIAL_CWND_CHUNKS", "AIORTC_MAX_MESSAGE_SIZE", "BULK_INFLIGHT_BYTES",
            "BULK_PIECE_BYTES", "CHANNELS", "DEFAULT_INITIAL_CWND_CHUNKS", "DelayLine", "DelayStats", "DEFAULT_MAX_BURST_CHUNKS",
            "DEFAULT_MAX_MESSAGE_BYTES_IN", "DEFAULT_REMOTE_MAX_MESSAGE_SIZE", "INITIAL_WINDOW_BYTES", "PIECE_HEADER_BYTES", "SCTP_CHUNK_BYTES", "ChunkError",
-           "Handler", "LoopbackHub", "LoopbackTransport", "Reassembler", "RtcTransport", "Transport",
+           "Handler", "LoopbackHub", "LoopbackTransport", "Reassembler", "RtcTransport", "Subscription", "Transport",
            "TransportError", "connect_room", "emulate_delay", "encode_message", "install_candidate_patch",
            "remote_max_message_size", "tune_sctp"]

@@ -1,5 +1,7 @@
 """The transport API every room transport offers (WebRTC, loopback): ``send``,
-``set_handler``, ``set_lost_handler``, ``close``; chunking and reassembly underneath."""
+``subscribe`` (one channel's messages, or those of it a test accepts), ``set_handler``
+(every message no subscription takes), ``set_lost_handler``, ``close``; chunking and
+reassembly underneath."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from .framing import CHANNELS, ChunkError, Reassembler, encode_message
 log = logging.getLogger("splitroom.transport")
 
 Handler = Callable[[str, str, bytes], None]
+#: a subscriber: ``fn(src, data)``; its test: ``accepts(src, data) -> bool``
+Receiver = Callable[[str, bytes], None]
+Accepts = Callable[[str, bytes], bool]
 
 
 class TransportError(RuntimeError):
@@ -23,6 +28,26 @@ class TransportError(RuntimeError):
 def _new_stats() -> dict[str, dict[str, int]]:
     return {c: {"sent_messages": 0, "sent_bytes": 0, "recv_messages": 0, "recv_bytes": 0, "dropped": 0}
             for c in CHANNELS}
+
+
+class Subscription:
+    """One subscriber of one channel of a :class:`Transport` (:meth:`Transport.subscribe`):
+    ``fn(src, data)`` gets the channel's messages that ``accepts(src, data)`` (all of them
+    when ``accepts`` is None). :meth:`cancel` ends it."""
+
+    def __init__(self, subs: list, channel: str, fn: Receiver, accepts: Optional[Accepts]):
+        self._subs = subs
+        self.channel, self.fn, self.accepts = channel, fn, accepts
+
+    @property
+    def active(self) -> bool:
+        """Whether it still gets messages (not cancelled)."""
+        return any(s is self for s in self._subs)
+
+    def cancel(self) -> None:
+        """Stop delivering to it; idempotent. The other subscriptions of the channel are
+        asked as before."""
+        self._subs[:] = [s for s in self._subs if s is not self]
 
 
 class Transport:
@@ -40,6 +65,7 @@ class Transport:
         self.max_message_bytes_in = max_message_bytes_in
         self.stats = _new_stats()
         self._handler: Optional[Handler] = None
+        self._subs: dict[str, list[Subscription]] = {c: [] for c in CHANNELS}
         self._lost_handler: Optional[Callable[[str, str], None]] = None
         self._lost_peers: set[str] = set()
         self._pending: deque[tuple[str, str, bytes]] = deque()
@@ -67,16 +93,27 @@ class Transport:
         later failure of its connection is reported again."""
         self._lost_peers.discard(peer)
 
-    @property
-    def handler(self) -> Optional[Handler]:
-        """The handler installed now (None before one is set); a layer that wants some
-        messages can wrap it and pass the others on."""
-        return self._handler
+    def subscribe(self, channel: str, fn: Receiver, accepts: Optional[Accepts] = None) -> Subscription:
+        """Deliver each whole incoming message on ``channel`` that ``accepts(src, data)``
+        (every one when ``accepts`` is None) as ``fn(src, data)``, a plain callback run on
+        the event loop, in place of the handler.
+
+        A channel's subscriptions are asked in the order they were made; the first that
+        accepts a message takes it, and a message none takes goes to the handler
+        (:meth:`set_handler`). An exception raised by ``accepts`` or ``fn`` is logged and
+        the message is dropped. Returns the :class:`Subscription`; ``cancel()`` it to stop.
+        Raises ValueError for an unknown channel."""
+        if channel not in CHANNELS:
+            raise ValueError(f"unknown channel {channel!r}; channels are {', '.join(CHANNELS)}")
+        sub = Subscription(self._subs[channel], channel, fn, accepts)
+        self._subs[channel].append(sub)
+        return sub
 
     def set_handler(self, fn: Optional[Handler]) -> None:
-        """Deliver each whole incoming message as ``fn(src, channel, data)``, a plain
-        callback run on the event loop. Messages that arrived before a handler was
-        set are delivered (in order) on the next loop iteration."""
+        """Deliver each whole incoming message that no subscription takes
+        (:meth:`subscribe`) as ``fn(src, channel, data)``, a plain callback run on the
+        event loop. Messages that arrived before a handler was set are delivered (in
+        order) on the next loop iteration."""
         self._handler = fn
         if fn is not None and self._pending:
             asyncio.get_running_loop().call_soon(self._flush_pending)
@@ -138,14 +175,24 @@ class Transport:
             return
         st["recv_messages"] += 1
         st["recv_bytes"] += len(msg)
-        if self._handler is None:
-            self._pending.append((src, channel, msg))
-            return
         self._deliver(src, channel, msg)
 
     def _deliver(self, src: str, channel: str, msg: bytes) -> None:
+        """To the first subscription of ``channel`` that accepts it, else to the handler,
+        else kept until a handler is set."""
+        for sub in tuple(self._subs[channel]):
+            try:
+                if sub.accepts is not None and not sub.accepts(src, msg):
+                    continue
+                sub.fn(src, msg)
+            except Exception:  # a subscriber's bug must not kill the transport
+                log.exception("%s: subscriber raised on a message from %s on %s", self.device, src, channel)
+            return
+        if self._handler is None:
+            self._pending.append((src, channel, msg))
+            return
         try:
-            self._handler(src, channel, msg)  # type: ignore[misc]
+            self._handler(src, channel, msg)
         except Exception:  # a handler bug must not kill the transport
             log.exception("%s: handler raised on a message from %s on %s", self.device, src, channel)
 

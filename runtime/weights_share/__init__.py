@@ -68,11 +68,11 @@ residuals and replies, with a cap on bytes in flight (docs/transport.md), so a c
 never holds a residual back for more than one piece. The client keeps ``window``
 slices of ``part_bytes`` (default 4 x 1 MiB) requested at a time.
 
-Handlers: a transport has one message handler. :func:`serve_weights` and
-:func:`fetch_range` each wrap the handler installed when they start and pass on every
-message that is not theirs, so they can run beside a :class:`runtime.room.Node`
-(create the Node first: its constructor installs its own handler). ``fetch_range``
-puts the previous handler back when it ends if its own is still the one installed.
+Receiving: :func:`serve_weights` subscribes to the requests on the ``weights`` channel
+(``Transport.subscribe``), :func:`fetch_range`, while it runs, to the replies from the
+peer it asks; neither touches the transport's handler, so they run beside a
+:class:`runtime.room.Node` (whose handler gets every message they do not take) in any
+order, and a server closed or a copy ended takes nothing more.
 
 Three modules: :mod:`runtime.weights_share.manifest` (making a range's manifest from a
 model directory, checking one from a peer, the range's stored bytes),

@@ -32,16 +32,6 @@ PART_BYTES = 1 << 20
 WINDOW = 4
 
 
-def _chain(transport) -> Optional[Callable]:
-    # the transport keeps one handler; wrap the one installed now (see module doc)
-    return transport.handler
-
-
-def _forward(prev: Optional[Callable], src: str, channel: str, data: bytes) -> None:
-    if prev is not None:
-        prev(src, channel, data)
-
-
 @dataclass
 class WeightsServer:
     """Answers weights requests on one transport (see :func:`serve_weights`).
@@ -51,8 +41,8 @@ class WeightsServer:
         held: tensor names this server gives out.
         grant: None (every peer may take all of ``held``), or ``peer -> (start, end,
             with_embedding, with_head)``: the range (0-based, half-open) that peer may
-            take, or None for a peer this server does not answer (its requests pass on
-            to the wrapped handler, e.g. another server).
+            take, or None for a peer this server does not answer (its requests go to the
+            transport's next subscriber of the channel, e.g. another server, or its handler).
         stats: ``requests``, ``refused``, ``bytes`` (payload bytes sent).
         refusals: ``(peer, reason)`` of each refused request.
     """
@@ -61,19 +51,19 @@ class WeightsServer:
     model_dir: Path
     held: frozenset
     tf: _TensorFile
-    prev: Optional[Callable]
     grant: Optional[Callable[[str], Optional[tuple]]] = None
     stats: dict = field(default_factory=lambda: {"requests": 0, "refused": 0, "bytes": 0})
     refusals: list = field(default_factory=list)
     _tasks: set = field(default_factory=set)
     _packs: dict = field(default_factory=dict)  # tensor name -> packed bytes or None
     _granted: dict = field(default_factory=dict)  # a granted range -> the tensor names of it held
+    _sub: Any = None  # the transport's Subscription of the weights channel
 
-    def _on_message(self, src: str, channel: str, data: bytes) -> None:
-        if channel != CHANNEL or not data or data[0] != _REQ \
-                or (self.grant is not None and self.grant(src) is None):
-            _forward(self.prev, src, channel, data)
-            return
+    def _accepts(self, src: str, data: bytes) -> bool:
+        """A request (kind 'Q') from a peer this server answers."""
+        return bool(data) and data[0] == _REQ and (self.grant is None or self.grant(src) is not None)
+
+    def _on_request(self, src: str, data: bytes) -> None:
         t = asyncio.ensure_future(self._answer(src, data))
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
@@ -206,11 +196,12 @@ class WeightsServer:
             log.info("weights reply to %s not sent: %r", src, e)
 
     def close(self) -> None:
-        """Stop answering: put the wrapped handler back (if ours is still installed)."""
+        """Stop answering: the subscription is cancelled (later requests go to the
+        transport's next subscriber or its handler), and so are the answers under way."""
         for t in list(self._tasks):
             t.cancel()
-        if _chain(self.transport) == self._on_message:
-            self.transport.set_handler(self.prev)
+        if self._sub is not None:
+            self._sub.cancel()
         self.tf.close()
 
 
@@ -225,13 +216,16 @@ def serve_weights(transport, model_dir: Path | str,
     GGUF it was prepared from as stored (``weights: gguf``;
     :mod:`runtime.weights_share.manifest`), limited to ``holds = (start, end,
     with_embedding, with_head)`` (0-based, half-open) when given. Requests for anything
-    else are refused with a reason. Messages on other channels, and replies, go to the
-    handler installed before this call.
+    else are refused with a reason. The server subscribes to the requests on the weights
+    channel (``transport.subscribe``); replies, and messages on other channels, are not
+    its own and go on to the transport's other subscribers or its handler.
 
     ``grant``, when given, bounds each peer: ``grant(peer)`` is the range ``(start, end,
     with_embedding, with_head)`` that peer may take (its requests for anything else are
-    refused), or None for a peer this server leaves to the wrapped handler (its requests
-    pass on). A browser tab's range is served so (runtime.serve.tab_stage.TabRoom).
+    refused), or None for a peer this server leaves to the next subscriber (its requests
+    are not taken). A browser tab's range is served so (runtime.serve.tab_stage.TabRoom).
+    A channel's subscribers are asked in the order they subscribed, so a server with a
+    grant made first is asked before one without.
 
     Returns a :class:`WeightsServer`; ``close()`` stops it. Raises WeightsError when the
     directory cannot be read, ValueError for a ``holds`` outside the model.
@@ -242,8 +236,8 @@ def serve_weights(transport, model_dir: Path | str,
     if holds is not None:
         cfg = ModelConfig.load(mdir)
         held &= set(_weights.range_tensor_names(cfg, *holds))
-    srv = WeightsServer(transport, mdir, frozenset(held), tf, _chain(transport), grant)
-    transport.set_handler(srv._on_message)
+    srv = WeightsServer(transport, mdir, frozenset(held), tf, grant)
+    srv._sub = transport.subscribe(CHANNEL, srv._on_request, srv._accepts)
     return srv
 
 
@@ -256,12 +250,12 @@ class _Client:
         self.timeout_s = timeout_s
         self.waiting: dict[int, asyncio.Future] = {}
         self.next_id = 1
-        self.prev = _chain(transport)
 
-    def on_message(self, src: str, channel: str, data: bytes) -> None:
-        if channel != CHANNEL or src != self.peer or not data or data[0] != _REP:
-            _forward(self.prev, src, channel, data)
-            return
+    def accepts(self, src: str, data: bytes) -> bool:
+        """A reply (kind 'R') from the peer this copy asks."""
+        return src == self.peer and bool(data) and data[0] == _REP
+
+    def on_reply(self, src: str, data: bytes) -> None:
         try:
             _, h, payload = decode(data)
         except ValueError as e:
@@ -379,7 +373,7 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
     emb, head = bool(with_embedding), bool(with_head)
     dest = Path(dest_dir)
     cl = _Client(transport, peer, timeout_s)
-    transport.set_handler(cl.on_message)
+    sub = transport.subscribe(CHANNEL, cl.on_reply, cl.accepts)
     try:
         _, payload = await cl.ask({"op": "manifest", "start": start, "end": end, "embedding": emb, "head": head})
         try:
@@ -474,8 +468,7 @@ async def fetch_range(transport, peer: str, start: int, end: int, with_embedding
             if n not in tensors:  # cannot happen: every slice was fetched and checked
                 raise WeightsError(f"tensor {n} from {peer}: incomplete")
     finally:
-        if _chain(transport) == cl.on_message:
-            transport.set_handler(cl.prev)
+        sub.cancel()
 
     # verified: now write (side files first, the tensors last, each renamed into place)
     from safetensors.numpy import save_file

@@ -12,6 +12,7 @@ from runtime.backends import StageSpec, make_stage
 from runtime.generate import generate_greedy
 from runtime.room import Node, NodeConfig, merge_traces
 from runtime.tokenizer import ChatTokenizer
+from runtime.transport import Transport
 from runtime.weights import ensure_safetensors
 
 pytestmark = pytest.mark.slow
@@ -24,33 +25,27 @@ class Hub:
     """In-process transport: send() delivers on the next loop turn, in order."""
 
     def __init__(self, block_dead: float = 0.0):
-        self.handlers = {}
+        self.transports = {}
         self.sent = []
         self.dead = set()  # killed devices: what they send and what is sent to them vanishes
         self.block_dead = block_dead  # seconds a send to a dead device takes to return (aiortc's paced channels)
 
     def transport(self, device):
+        """``device``'s transport: the room transport's receiving side (subscriptions, the
+        handler: runtime.transport.Transport) over this hub's sends, no framing."""
         hub = self
 
-        class T:
-            def set_handler(self, fn):
-                hub.handlers[device] = fn
-
-            @property
-            def handler(self):
-                return hub.handlers.get(device)
-
+        class T(Transport):
             async def send(self, dst, channel, data):
                 if hub.block_dead and dst in hub.dead and device not in hub.dead:
                     await asyncio.sleep(hub.block_dead)
                 if device in hub.dead or dst in hub.dead:
                     return
                 hub.sent.append((device, dst, channel, len(data)))
-                asyncio.get_running_loop().call_soon(hub.handlers[dst], device, channel, bytes(data))
+                asyncio.get_running_loop().call_soon(hub.transports[dst]._deliver, device, channel, bytes(data))
 
-            async def close(self):
-                pass
-        return T()
+        hub.transports[device] = T(device, (), 0)
+        return hub.transports[device]
 
 
 @pytest.fixture(scope="module")
@@ -456,7 +451,7 @@ def test_a_worker_frozen_past_the_timeout_comes_back_with_a_hello_and_is_dealt_b
     host.keep_open = True
     host.cfg = host.cfg.model_copy(update={"prompts": [], "slowdown": 4.0})
     w_cfg, w_stage = w1.cfg, w1.stage
-    hub.handlers.pop("w1", None)  # the worker runs its own rounds (a fresh Node each round)
+    hub.transports.pop("w1", None)  # the worker runs its own rounds (a fresh Node each round)
     records = []
     from runtime.serve.server import RoomServer
     srv = RoomServer("m", {"host": "host"})  # what serve's /health reads, fed by the host's own events

@@ -149,7 +149,7 @@ def test_a_range_the_peer_does_not_hold_is_refused(kind, model_dir, tmp_path):
             # asking tensor by tensor outside what it holds is refused too
             from runtime.weights_share.peers import _Client
             cl = _Client(c, "server", 10.0)
-            c.set_handler(cl.on_message)
+            c.subscribe(CHANNEL, cl.on_reply, cl.accepts)
             with pytest.raises(WeightsError, match="does not hold tensor"):
                 await cl.ask({"op": "tensor", "name": "model.layers.20.mlp.up_proj.weight", "offset": 0, "length": 8})
             with pytest.raises(WeightsError, match="does not serve file"):
