@@ -60,7 +60,8 @@ WINDOW_MAX_BYTES = 131072
 SCTP_CHUNK_BYTES = 1160
 
 
-def sctp_frame_rounds(frame_bytes: float, cwnd: float, burst_bytes: float | None = None) -> tuple[int, float]:
+def sctp_frame_rounds(frame_bytes: float, cwnd: float, burst_bytes: float | None = None,
+                      backlogged: bool = False) -> tuple[int, float]:
     """Extra round trips one frame of ``frame_bytes`` needs from a congestion window of
     ``cwnd`` bytes, and the window after it: aiortc 1.16's SCTP sender, chunk by chunk.
 
@@ -77,11 +78,13 @@ def sctp_frame_rounds(frame_bytes: float, cwnd: float, burst_bytes: float | None
     doubling: a frame sent once a lap pays a round trip on several laps before the window
     holds it (measured on aiortc at 80 ms: 18-chunk frames from a 11-chunk window paid on
     3 frames, the window 11 -> 15 -> 17 -> 18; docs/benchmarks.md, 2026-12-03). The frame
-    starts with nothing in flight. Returns ``(rounds, the window after)``, the window at
-    most :data:`WINDOW_MAX_BYTES`; 0 rounds for a frame that fits the first flight.
-    Bytes; ``cwnd`` and ``burst_bytes`` > 0."""
+    starts with nothing in flight. ``backlogged``: more data queues behind this frame
+    before its acknowledgements are back (pipelined prefill chunks), so the window stays
+    full and every acknowledgement grows it: a doubling a round trip. Returns
+    ``(rounds, the window after)``, the window at most :data:`WINDOW_MAX_BYTES`; 0 rounds
+    for a frame that fits the first flight. Bytes; ``cwnd`` and ``burst_bytes`` > 0."""
     first = cwnd if burst_bytes is None else min(cwnd, burst_bytes)
-    if frame_bytes < first:  # fits the first flight and never fills the window: no growth
+    if frame_bytes < first:  # fits the first flight: no round trip (and no growth counted)
         return 0, cwnd
     chunk = SCTP_CHUNK_BYTES
     n = max(1, math.ceil(frame_bytes / chunk))
@@ -98,7 +101,7 @@ def sctp_frame_rounds(frame_bytes: float, cwnd: float, burst_bytes: float | None
         arriving, in_flight = in_flight, []
         sent_this_round = False
         for c in arriving:
-            full = flight >= cwnd
+            full = backlogged or flight >= cwnd
             flight -= size[c]
             if full:
                 cwnd = min(cwnd + min(size[c], chunk), WINDOW_MAX_BYTES)
@@ -172,7 +175,7 @@ class Link:
     """
 
     __slots__ = ("env", "uplinks", "src", "dst", "spec", "episodes", "_jitter", "_half_rtt", "_overhead",
-                 "_inv_bw", "_clock", "_last", "frames", "bytes", "_cwnd", "_per_byte", "_free_at")
+                 "_inv_bw", "_clock", "_last", "frames", "bytes", "_cwnd", "_per_byte", "_free_at", "_acked_s")
 
     def __init__(
         self,
@@ -202,6 +205,7 @@ class Link:
         self._clock = episodes if (episodes is not None and episodes.stall_fraction > 0) else None
         self._last = -math.inf
         self._cwnd = spec.window_bytes
+        self._acked_s = -math.inf  # when the last frame's acknowledgements are all back
         self.frames = 0  #: frames sent so far
         self.bytes = 0  #: bytes sent so far
 
@@ -234,7 +238,9 @@ class Link:
         if clock is not None:
             delay += 0.5 * clock.extra_rtt_s(left)
         if self._cwnd is not None:
-            delay += self._window_rounds(frame_bytes) * 2 * self._half_rtt
+            rounds = self._window_rounds(frame_bytes, left < self._acked_s)
+            delay += rounds * 2 * self._half_rtt
+            self._acked_s = left + (rounds + 1) * 2 * self._half_rtt
         arrive = left + delay + self._overhead + frame_bytes * self._per_byte
         if arrive < self._last:  # ordered channel: never overtake an earlier frame
             arrive = self._last
@@ -255,7 +261,7 @@ class Link:
         or None (see :meth:`sim.episodes.EpisodeClock.next_window`)."""
         return self._clock.next_window(t_s) if self._clock is not None else None
 
-    def _window_rounds(self, frame_bytes: int) -> int:
+    def _window_rounds(self, frame_bytes: int, backlogged: bool = False) -> int:
         """Extra round trips a frame needs from this link's congestion window
         (:func:`sctp_frame_rounds`: aiortc's sender, one chunk of growth per acknowledgement
         that arrives while the window is full). The window a frame grew carries over to the
@@ -265,8 +271,10 @@ class Link:
         window pays nothing. With the link's ``burst_bytes`` cap, the first flight is at
         most that many bytes however large the window has grown (aiortc's ``_transmit`` as
         tuned by runtime.transport.tune_sctp: 32 chunks of 1160 bytes); later chunks are
-        clocked by the acknowledgements and limited by the window alone."""
-        rounds, self._cwnd = sctp_frame_rounds(frame_bytes, self._cwnd, self.spec.burst_bytes)
+        clocked by the acknowledgements and limited by the window alone. ``backlogged``: the
+        frame leaves before the previous frame's acknowledgements are back (pipelined
+        prefill chunks), so the window stays full (:func:`sctp_frame_rounds`)."""
+        rounds, self._cwnd = sctp_frame_rounds(frame_bytes, self._cwnd, self.spec.burst_bytes, backlogged)
         return rounds
 
     def send(self, frame_bytes: int) -> Generator[simpy.Event, object, float]:

@@ -89,3 +89,18 @@ def test_the_window_grows_as_aiortc_grew_it_frame_by_frame():
         r, cwnd = sctp_frame_rounds(size, cwnd, 37120.0)
         seen.append((r, round(cwnd / 1160)))
     assert seen == [(1, 14), (1, 16), (1, 17), (1, 18), (0, 18), (1, 25), (1, 29), (1, 31), (1, 32), (0, 32)]
+
+
+def test_frames_sent_before_the_last_ones_acknowledgements_keep_the_window_full():
+    """Pipelined prefill chunks: a frame that leaves while the previous frame's
+    acknowledgements are still out finds the window full on every acknowledgement, so
+    the window grows a chunk for each (a doubling a round trip). By hand, 36,896 B frames
+    (32 chunks) at 80 ms: the first, alone, 10 -> 21 chunks in 2 extra round trips; the
+    second, 10 ms later, pays 1 and grows by all its 32 acknowledgements to 53; the third,
+    10 ms later, fits. A fourth after 1 s of idle fits too: delivered at 1.04 s. (Each
+    frame alone would leave 21 -> 27 -> 30 chunks, and the fourth would pay a round trip.)"""
+    env, ln = link()
+    assert abs(ln.schedule(36_896, 0.0) - (0.040 + 2 * 0.080)) < 1e-9
+    ln.schedule(36_896, 0.010)
+    ln.schedule(36_896, 0.020)
+    assert abs(ln.schedule(36_896, 1.0) - 1.040) < 1e-9
