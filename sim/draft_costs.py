@@ -17,24 +17,24 @@ at ``context`` = the prompt plus half the answer (the mean position of a decode 
 hops round the ring by the return path, each with its link's ``rtt/2 + overhead +
 bytes x (1 / bandwidth + per-byte cost)`` and no jitter (jitter and stalls shift every
 ``k`` alike). ``rounds(frame)``: on a link with a congestion window (a calibrated or
-real room: ``window_bytes``, the tuned SCTP sender's 10 chunks of 1160 bytes), the mean
-extra round trips a lap pays over one question whose every lap sends that frame, from
-the initial window, with the window model the simulator's links use
+real room: ``window_bytes``, the tuned SCTP sender's 10 chunks of 1160 bytes), the
+extra round trips the result frame needs from the *initial* window, on each hop that
+carries a lap's result back towards the host (the ring's last hop, or every return hop
+with ``return_path: via_stages``), with the window model the simulator's links use
 (:func:`sim.link.sctp_frame_rounds`: aiortc grows the window one chunk per
-acknowledgement while it is full, so a frame above the window pays on several laps
-before the window holds it), on each hop that carries a lap's result back towards the
-host (the ring's last hop, or every return hop with ``return_path: via_stages``). A
-question has ``ceil(answer_tokens / tokens a lap)`` laps, tokens a lap from the prior
-below. Why the way back: the forward hops carry every prefill chunk (``prefill_chunk``
-positions, 16 by default), so their windows grow before the first lap; the way back
-carries only the last chunk's result. Measured in three held-out studies on the 2-vCPU
-VM at 80 ms (W1, the quiet run, S6; their raw records in docs/) and on the device
-machine, the return hop of a 9-position lap (k=8, a 20.8 KB frame, 18 chunks, over the
-10-chunk window) took 31-36 ms longer than that of a 5-position lap, the two forward
-hops 1-3 ms longer: rooms of two questions of 24 and 8 tokens at about 4 tokens a lap
-run about 8 such laps, 3 or 4 of which pay the 80 ms round trip. The model takes each
-question from the initial window; a room whose links carried an earlier question's
-large frames pays less. The prior: the conditional acceptance per position
+acknowledgement while it is full). Why the way back: the forward hops carry every
+prefill chunk (``prefill_chunk`` positions, 16 by default), so their windows grow before
+the first lap; the way back carries only the last chunk's result. Why the initial
+window on every lap: a frame above the window pays on several laps before the window
+holds it (an 18-chunk frame from 10 chunks: 4 laps), the rule chooses one lap at a time
+and cannot count on laps it has not run, and questions are often short. Measured: in
+three held-out studies on the 2-vCPU VM at 80 ms and on the device machine the return
+hop of a 9-position lap took 31-36 ms longer than that of a 5-position lap, two
+questions of 24 and 8 tokens; charging instead the mean rounds over a question of the
+answer cap (about 23 ms a lap at k=8) made the rule draft 6.4 a lap there and run at
+0.88x of the best fixed k, against 0.92x for this charge (device machine, 2026-12-03,
+10:02 and 14:03, docs/benchmarks.md; the replay of scripts/replay_auto.py agrees: 0.84-0.88x against
+0.93-1.00x on the held-out prompts, 1.00-1.03x against 1.00x on the sample). The prior: the conditional acceptance per position
 (:func:`planner.draft_policy.conditional_rates`) of the profile's walk for the
 scenario's workload (its ``workload.sample``, else its kind) at ``max_draft_tokens``
 (a position beyond the longest walk measured gets rate 0: the simulator knows nothing
@@ -47,32 +47,14 @@ the simulator draws a lap of k drafts from it.
 
 from __future__ import annotations
 
-import math
-
 from planner.deal import Deal
-from planner.draft_policy import DraftPolicy, conditional_rates, expected_accepted
+from planner.draft_policy import DraftPolicy, conditional_rates
 from planner.frames import DType, frame_bytes
 from planner.room import Scenario
 from sim.devices import device_model
 from sim.link import resolve_link, sctp_frame_rounds
 
-__all__ = ["lap_costs", "prior_rates", "prior_by_k", "draft_policy", "window_rounds_per_lap"]
-
-
-def window_rounds_per_lap(frame_bytes: float, window_bytes: float, burst_bytes: float | None, laps: int) -> float:
-    """Mean extra round trips a lap pays over ``laps`` laps that each send one frame of
-    ``frame_bytes`` on a link whose congestion window starts at ``window_bytes``
-    (:func:`sim.link.sctp_frame_rounds`, the window carried lap to lap). Bytes;
-    ``laps`` >= 1 (ValueError otherwise)."""
-    if laps < 1:
-        raise ValueError(f"laps must be >= 1, got {laps}")
-    cwnd, total = window_bytes, 0
-    for _ in range(laps):
-        r, cwnd = sctp_frame_rounds(frame_bytes, cwnd, burst_bytes)
-        if not r:  # the window holds the frame now: every later lap pays nothing
-            break
-        total += r
-    return total / laps
+__all__ = ["lap_costs", "prior_rates", "prior_by_k", "draft_policy"]
 
 
 def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
@@ -98,7 +80,6 @@ def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
     links = {(a, b): resolve_link(scn.network, a, b) for a, b in hops if a != b}
     returns = [links[h] for h in back if h in links and links[h].window_bytes is not None]
     hm = models[host]
-    rates = prior_rates(scn, max_k) if returns else ()
     out = []
     for k in range(max_k + 1):
         n = k + 1
@@ -109,10 +90,7 @@ def lap_costs(scn: Scenario, deal: Deal, max_k: int) -> tuple[float, ...]:
         t += hm.embed_s(n) + hm.head_s(n) + hm.sample_s(n)
         nbytes = frame_bytes(n, scn.model.hidden, dtype)
         t += sum(link.nominal_s(nbytes) for link in links.values())
-        if returns:
-            laps = max(1, math.ceil(scn.workload.answer_tokens / (1 + expected_accepted(rates, k))))
-            t += sum(window_rounds_per_lap(nbytes, link.window_bytes, link.burst_bytes, laps) * link.rtt_s
-                     for link in returns)
+        t += sum(sctp_frame_rounds(nbytes, link.window_bytes, link.burst_bytes)[0] * link.rtt_s for link in returns)
         out.append(max(t, 1e-9))
     return tuple(out)
 

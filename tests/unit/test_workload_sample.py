@@ -212,16 +212,13 @@ def test_lap_costs_charge_the_way_back_its_round_trips_from_the_initial_window()
     assert extra == pytest.approx([0.0] * 5 + [0.040] * 2, abs=1e-12)
 
 
-def test_lap_costs_spread_the_window_growth_over_a_questions_laps():
+def test_lap_costs_charge_every_lap_the_first_frames_rounds_however_long_the_question():
     """A question of 50 tokens with every draft accepted (prior rate 1 at every position)
-    runs ceil(50 / (k + 1)) laps; the return window grows one chunk per acknowledgement
-    that arrives while it is full (aiortc), so by hand from 10 chunks:
-    k=5 (12 chunks, the last 1096 B): 9 laps; window 10 -> 11 -> 12 chunks, the third
-    frame fits: 2 rounds, 2/9 a lap.
-    k=8 (20,768 B, 18 chunks, the last 1048 B): 6 laps; window 10 -> 14 -> 16 -> 17 -> 18,
-    the fifth fits: 4 rounds, 4/6 a lap.
-    k=15 (36,896 B, 32 chunks): 4 laps; the first pays 2 rounds (window 10 -> 21), then
-    21 -> 27 -> 30 -> 31 one each: 5 rounds, 5/4 a lap."""
+    still pays, on every lap, the rounds of a frame from the initial window of 10 chunks
+    (the rule does not count on the window growing in laps it has not run). By hand:
+    k=5 (13,856 B, 12 chunks): 10 sent, then 2 on the first acknowledgement: 1 round;
+    k=8 (20,768 B, 18 chunks): 10, then 8 on the first 4 acknowledgements: 1 round;
+    k=15 (36,896 B, 32 chunks): 10, then 20, then 2: 2 rounds."""
     from sim.draft_costs import lap_costs
     three = ['stages=[{device: desktop, layers: "1-10"}, {device: laptop, layers: "11-20"}, '
              '{device: phone, layers: "21-30"}]']
@@ -234,8 +231,7 @@ def test_lap_costs_spread_the_window_growth_over_a_questions_laps():
                 (), True, ())
     win = dataclasses.replace(scn, network=dataclasses.replace(scn.network, window_bytes=11600))
     extra = [b - a for a, b in zip(lap_costs(scn, deal, 15), lap_costs(win, deal, 15))]
-    assert [extra[k] for k in (4, 5, 8, 15)] == pytest.approx([0.0, 0.020 * 2 / 9, 0.020 * 4 / 6, 0.020 * 5 / 4],
-                                                              abs=1e-12)
+    assert [extra[k] for k in (4, 5, 8, 15)] == pytest.approx([0.0, 0.020, 0.020, 0.040], abs=1e-12)
 
 
 def test_the_rule_gets_one_prior_per_draft_length_from_the_walk_at_that_k():
