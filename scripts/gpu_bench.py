@@ -189,6 +189,7 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
         if "timestamp-query-inside-passes" in st.device.features:
             st.rollback(P)
             out["gpu_step_us"] = st.step_gpu_us(P + a.steps // 2)
+            out["gpu_us_per_step_4_in_one_submit"] = steps_gpu_us(st, P + a.steps // 2, 4)
             kt = st.kernel_times(P + a.steps // 2, reps=5)
             by: dict[str, float] = {}
             for lab, us in kt:
@@ -200,6 +201,43 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
     out["achieved_GBps_best"] = bpt * out["decode_best_tok_s"] / 1e9
     del st
     return out
+
+
+def steps_gpu_us(st, pos: int, k: int, reps: int = 5) -> float:
+    """GPU microseconds per step of ``k`` whole greedy steps encoded as ``greedy_steps`` does with
+    ``per_submit=k`` (a pass each, the token id copied out between them; the position is not
+    advanced), timestamps at the first pass's start and the last one's end, median of ``reps``."""
+    import wgpu
+
+    dev = st.device
+    plan = [st.fhead_x, st.fargmax] + st.plan1
+    U = wgpu.BufferUsage
+    qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+    res = dev.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
+    rd = dev.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
+    hist = dev.create_buffer(size=256, usage=U.COPY_DST | U.COPY_SRC)
+    ts = []
+    for _ in range(reps):
+        dev.queue.write_buffer(st.params, 0, np.array([1, pos, 0, 0], np.uint32))
+        enc = dev.create_command_encoder()
+        for i in range(k):
+            tw = {"query_set": qs}
+            if i == 0:
+                tw["beginning_of_pass_write_index"] = 0
+            if i == k - 1:
+                tw["end_of_pass_write_index"] = 1
+            cp = enc.begin_compute_pass(timestamp_writes=tw if len(tw) > 1 else None)
+            st._encode_plan(cp, plan)
+            cp.end()
+            enc.copy_buffer_to_buffer(st.ids, 0, hist, 4 * i, 4)
+        enc.resolve_query_set(qs, 0, 2, res, 0)
+        enc.copy_buffer_to_buffer(res, 0, rd, 0, 16)
+        dev.queue.submit([enc.finish()])
+        rd.map_sync(wgpu.MapMode.READ, 0, 16)
+        t = np.frombuffer(bytes(rd.read_mapped(0, 16, copy=False)), np.uint64)
+        rd.unmap()
+        ts.append(float(t[1] - t[0]) / 1e3 / k)
+    return med(ts)
 
 
 def wgpu_read_bandwidth(nbytes: int = 1 << 29) -> dict:
@@ -255,6 +293,51 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         ts.append(float(t[1] - t[0]) * 1e-9)
     a.destroy()
     return {"bytes": nbytes, "median_s": med(ts[2:]), "read_GBps": nbytes / med(ts[2:]) / 1e9}
+
+
+def wgpu_dispatch_floor(n: int = 142, groups=(1, 1024)) -> dict:
+    """GPU microseconds a dispatch costs when it does next to nothing: ``n`` dispatches in one pass
+    (as many as a Llama-3B step has), each adding 1 to one float per thread of a buffer the next one
+    reads (so wgpu puts a barrier between them, as between a step's kernels), ``groups`` workgroups
+    of 128 threads; timestamps around the pass, median of 10. ``{groups: us per dispatch}``."""
+    import wgpu
+
+    from runtime.backends.wgpu_backend import get_device
+
+    _, dev = get_device()
+    if "timestamp-query" not in dev.features:
+        return {}
+    src = """@group(0) @binding(0) var<storage, read_write> A: array<f32>;
+@compute @workgroup_size(128)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) { A[g.x] = A[g.x] + 1.0; }
+"""
+    U = wgpu.BufferUsage
+    pipe = dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=src), "entry_point": "main"})
+    out = {}
+    for gr in groups:
+        a = dev.create_buffer(size=gr * 128 * 4, usage=U.STORAGE)
+        bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": a}}])
+        qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+        res = dev.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
+        rd = dev.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
+        ts = []
+        for _ in range(12):
+            enc = dev.create_command_encoder()
+            cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+            cp.set_pipeline(pipe)
+            for _ in range(n):
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(gr)
+            cp.end()
+            enc.resolve_query_set(qs, 0, 2, res, 0)
+            enc.copy_buffer_to_buffer(res, 0, rd, 0, 16)
+            dev.queue.submit([enc.finish()])
+            rd.map_sync(wgpu.MapMode.READ, 0, 16)
+            t = np.frombuffer(bytes(rd.read_mapped(0, 16, copy=False)), np.uint64)
+            rd.unmap()
+            ts.append(float(t[1] - t[0]) / 1e3)
+        out[str(gr)] = med(ts[2:]) / n
+    return {"dispatches": n, "us_per_dispatch": out}
 
 
 # ------------------------------------------------------------------------------------------ torch
@@ -504,7 +587,11 @@ def main(argv=None) -> None:
         res["bandwidth_wgpu"] = wgpu_read_bandwidth(1 << (24 if a.quick else 30))
     except Exception as e:
         res["bandwidth_wgpu_error"] = repr(e)
-    print("bandwidth", res.get("bandwidth_torch"), res.get("bandwidth_wgpu"), flush=True)
+    try:
+        res["dispatch_floor_wgpu"] = wgpu_dispatch_floor(CFG.n_layers * 5 + 2)
+    except Exception as e:
+        res["dispatch_floor_wgpu_error"] = repr(e)
+    print("bandwidth", res.get("bandwidth_torch"), res.get("bandwidth_wgpu"), "dispatch floor", res.get("dispatch_floor_wgpu"), flush=True)
     save()
     res["wgpu"] = []
     for fmt in fmts:

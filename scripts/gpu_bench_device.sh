@@ -30,8 +30,10 @@ done
 V3=${VARIANTS_3B:-$V3_DEFAULT}
 VS=${VARIANTS_SMOL:-"f16@$W""_RS=2;q8_0@$W""_RS=2;q4_1@$W""_RS=2"}
 say "variants: $V3"
+# NUMPY_REF (default q4_k: the numpy logits Q4_K is checked against; "none" saves about 25 s) and
+# STOP_3B (default BUDGET_S - 170: seconds after which no Llama-3B variant starts) can be set
 python3 scripts/gpu_bench.py --shape llama-3b --formats f16,q4_k,q4_k_m --reps 3 --steps 64 --per-submit 1,4 \
-  --numpy-ref q4_k --torch-dtypes "" --stop-after-s $(( BUDGET_S - 170 )) --variants "$V3" \
+  --numpy-ref "${NUMPY_REF:-q4_k}" --torch-dtypes "" --stop-after-s "${STOP_3B:-$(( BUDGET_S - 170 ))}" --variants "$V3" \
   --out "$OUT"/gpu-bench-llama3b.json
 say "llama-3b done (rc $?)"
 rm -rf /tmp/splitroom-gguf

@@ -161,6 +161,39 @@ def get_device():
     return _DEVICE
 
 
+_SUBGROUP_SIZE: dict[int, int] = {}
+
+
+def subgroup_size(device) -> int:
+    """The subgroup size compute pipelines of ``device`` run with (NVIDIA 32, lavapipe 8): one
+    dispatch of a probe kernel, cached per device; 0 without the ``subgroup`` feature. An adapter
+    may give another pipeline another size (Vulkan's varying subgroup sizes); the kernels that
+    depend on it (:func:`wgsl.attention_groups_src`: a multiple of 8 lanes; :func:`wgsl.matvec_src`
+    ``split``: at least 4) are chosen only where this size allows them."""
+    import wgpu
+
+    if "subgroup" not in device.features:
+        return 0
+    if id(device) not in _SUBGROUP_SIZE:
+        src = """@group(0) @binding(0) var<storage, read_write> O: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(subgroup_size) s: u32) { if (i == 0u) { O[0] = s; } }
+"""
+        U = wgpu.BufferUsage
+        o = device.create_buffer(size=16, usage=U.STORAGE | U.COPY_SRC)
+        pipe = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
+        bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": o}}])
+        enc = device.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(1)
+        cp.end()
+        device.queue.submit([enc.finish()])
+        _SUBGROUP_SIZE[id(device)] = int(np.frombuffer(device.queue.read_buffer(o), np.uint32)[0])
+    return _SUBGROUP_SIZE[id(device)]
+
+
 def adapter_summary() -> str:
     """Human-readable adapter name, e.g. ``llvmpipe (LLVM 15.0.6, 256 bits) (CPU) via Vulkan``."""
     return get_device()[0].summary
@@ -369,7 +402,12 @@ class WgpuStage(Stage):
             lane_words = os.environ.get("SPLITROOM_WGPU_LANE_WORDS", "2")
             if lane_words not in ("1", "2", "4"):
                 raise ValueError(f"SPLITROOM_WGPU_LANE_WORDS={lane_words!r}: expected 1, 2 or 4 (Q4_K code words a lane)")
-            self.split = split_settings(os.environ.get("SPLITROOM_WGPU_SPLIT", ""))
+            sgs = subgroup_size(dev)
+            # defaults measured on the H200 at the Llama-3B and SmolLM2 shapes, 2026-12-03 (docs/benchmarks.md):
+            # the workgroup-shared form, 4 rows (row pairs) a workgroup, for the formats measured
+            self.split = split_settings(os.environ.get("SPLITROOM_WGPU_SPLIT", "f16:4,q4_k:4,q6_k:4,q8_0:4,q4_1:4"))
+            if sgs < 4:  # its workgroup memory holds the sums of at most threads / 4 subgroups
+                self.split = {}
             split_wg = int(os.environ.get("SPLITROOM_WGPU_SPLIT_WG", "256"))
             if split_wg < 32 or split_wg % 32:
                 raise ValueError(f"SPLITROOM_WGPU_SPLIT_WG={split_wg}: expected a multiple of 32")
@@ -400,9 +438,12 @@ class WgpuStage(Stage):
             aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
             # SPLITROOM_WGPU_ATT_GROUPS=N: the key-group attention (wgsl.attention_groups_src), N keys
             # a group takes each round; 0: the chunked kernel (wgsl.attention1_src)
-            groups = int(os.environ.get("SPLITROOM_WGPU_ATT_GROUPS", "0"))
+            # (default 2, measured on the H200 2026-12-03, where the subgroup size allows the groups)
+            groups = int(os.environ.get("SPLITROOM_WGPU_ATT_GROUPS", "2"))
             if groups < 0:
                 raise ValueError(f"SPLITROOM_WGPU_ATT_GROUPS={groups}: keys a round cannot be negative")
+            if groups and not wgsl.attention_groups_ok(D, sgs):
+                groups = 0
             if groups:
                 aw = max(32, aw // 32 * 32)
                 self.f_att = mk(wgsl.attention_groups_src(NH, KV, D, aw, groups, c.sliding_window))

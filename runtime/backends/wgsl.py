@@ -1145,6 +1145,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 """
 
 
+def attention_groups_lanes(D: int) -> int:
+    """Lanes of one key group of :func:`attention_groups_src` for head dim ``D``: 8, or ``D/4`` if that
+    is not a multiple of 8."""
+    D4 = D // 4
+    return 8 if D4 % 8 == 0 else D4
+
+
+def attention_groups_ok(D: int, subgroup_size: int) -> bool:
+    """Whether :func:`attention_groups_src` serves head dim ``D`` on subgroups of ``subgroup_size``
+    lanes: a key group's lanes (:func:`attention_groups_lanes`) a power of two that divides it."""
+    L = attention_groups_lanes(D)
+    return D % 4 == 0 and L > 0 and L & (L - 1) == 0 and subgroup_size > 0 and subgroup_size % L == 0
+
+
 def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, window: int = 0) -> str:
     """One-token causal GQA attention (decode) with key groups: one workgroup of ``WGS`` threads per
     query head, split into groups of ``L`` lanes (``L`` = 8, or ``D/4`` if smaller; ``L`` consecutive
@@ -1160,7 +1174,7 @@ def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, 
     import math
 
     D4 = D // 4
-    L = 8 if D4 % 8 == 0 else D4
+    L = attention_groups_lanes(D)
     assert D % 4 == 0 and L & (L - 1) == 0 and WGS % L == 0 and UK >= 1
     E, NG = D4 // L, WGS // L
     lines = []

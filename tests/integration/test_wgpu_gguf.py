@@ -146,8 +146,10 @@ def test_q4k_split_matvec_matches_gguf_py(device, K, rows, wg, threads):
 
 # SPLITROOM_WGPU_WIDE, _WORDS, _LANE_WORDS and _RS only change the one-token (subgroup) kernels:
 # the batch kernels (fast "0") have no such forms, so the other forms are paired with fast "1" only.
-# "" is the defaults (docs/runtime.md): Q4_K as code words, 4 groups of 2 a lane, Q4_K and Q6_K
-# rows 2 a subgroup; WORDS=0 gives the 16-byte pieces (WIDE=8) or the vec4 loader (WIDE=0)
+# "" is the defaults (docs/runtime.md): the workgroup-shared form, 4 rows a workgroup, for Q4_K,
+# Q6_K, Q8_0 and Q4_1 (Q4_0 and the mixed QKV parts of Q4_K_M keep the subgroup forms); the other
+# cases name SPLIT=0 (the subgroup forms: Q4_K as code words, 4 groups of 2 a lane, Q4_K and Q6_K
+# rows 2 a subgroup; WORDS=0 gives the 16-byte pieces (WIDE=8) or the vec4 loader (WIDE=0))
 STAGE_CASES = [(mix, "", fast) for mix in ("q4_k_m", "q4_1", "q8_0", "q4_0", "q4_k") for fast in ("1", "0")]
 STAGE_CASES += [("q4_k", "WORDS=0+RS=1", "1"), ("q4_k", "WORDS=0+WIDE=0+RS=1", "1"),
                 # Q4_K as u32 code words: 2/4/8 in flight, 1/2/4 words a lane, 1/2/4 rows a subgroup
@@ -162,8 +164,10 @@ STAGE_CASES += [("q4_k", "WORDS=0+RS=1", "1"), ("q4_k", "WORDS=0+WIDE=0+RS=1", "
                 # QKV parts of Q4_K_M, Q8_0, Q4_0, Q4_1) through their vec4 loaders
                 ("q4_k", "SPLIT=4", "1"), ("q4_k", "SPLIT=8+SPLIT_WG=32", "1"), ("q4_k_m", "SPLIT=2", "1"),
                 ("q8_0", "SPLIT=4", "1"), ("q4_0", "SPLIT=1", "1"), ("q4_1", "SPLIT=8", "1"), ("q6_k", "SPLIT=4", "1")]
-#: the one-token forms when nothing is set (docs/runtime.md, measured on the H200 2026-12-02)
+#: the one-token subgroup forms with SPLIT=0 and nothing else set (docs/runtime.md, measured on the H200 2026-12-02)
 DEFAULT_FORM = {"q4_k": {"WORDS": "4", "LANE_WORDS": "2", "RS": "2"}, "q6_k": {"WORDS": "0", "RS": "2"}}
+#: rows a workgroup of the workgroup-shared form when nothing is set (measured on the H200 2026-12-03)
+DEFAULT_SPLIT = {"q4_k": 4, "q6_k": 4, "q8_0": 4, "q4_1": 4}
 
 
 @pytest.mark.parametrize("mix,settings,fast", STAGE_CASES)
@@ -173,6 +177,8 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings
     for k in ("WIDE", "WORDS", "LANE_WORDS", "RS", "SPLIT", "SPLIT_WG"):
         monkeypatch.delenv(f"SPLITROOM_WGPU_{k}", raising=False)
     env = dict(kv.split("=") for kv in filter(None, settings.split("+")))
+    if settings and "SPLIT" not in env:  # a case of the subgroup forms
+        env["SPLIT"] = "0"
     for k, v in env.items():  # e.g. WORDS=0+WIDE=0: Q4_K one-token products with the vec4 loader
         monkeypatch.setenv(f"SPLITROOM_WGPU_{k}", v)
     path = tmp_path / f"tiny-{mix}.gguf"
@@ -190,9 +196,11 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings
         for f in ({"q4_k_m": ("q4_k", "q6_k")}.get(mix, (mix,))):
             want = {**DEFAULT_FORM.get(f, {}), **env}
             form = gpu.kernel_form(f)
-            if "SPLIT" in env:  # the workgroup-shared form, with that many rows a workgroup
-                assert (form["split"], form["R"], form["split_wg"]) == (int(env["SPLIT"]),) * 2 + (int(env.get("SPLIT_WG", "256")),)
+            split = int(env["SPLIT"]) if "SPLIT" in env else DEFAULT_SPLIT.get(f, 0)
+            if split:  # the workgroup-shared form, with that many rows a workgroup
+                assert (form["split"], form["R"], form["split_wg"]) == (split, split, int(env.get("SPLIT_WG", "256")))
                 continue
+            assert form.get("split", 0) == 0
             assert form["rs"] == int(want.get("RS", "1"))
             assert form["words"] == (int(want.get("WORDS", "0")) if f == "q4_k" else 0)
             assert form["lane_words"] == (int(want.get("LANE_WORDS", "1")) if form["words"] else 1)
@@ -222,6 +230,10 @@ def test_wide_settings_parse_and_refuse():
         with pytest.raises(ValueError, match=f"{var}.*negative"):
             parse("q4_k:-1")
     assert wgpu_backend.words_settings("4") == {"q4_k": 4}
+    assert wgpu_backend.split_settings("f16:4, q4_k:2") == {"f16": 4, "q4_k": 2}
+    assert wgpu_backend.split_settings("0")["q6_k"] == 0
+    with pytest.raises(ValueError, match="SPLITROOM_WGPU_SPLIT"):
+        wgpu_backend.split_settings("f16=4")
     assert wgpu_backend.rows_settings("f16:2, q4_k:4") == {"f16": 2, "q4_k": 4}
     assert wgpu_backend.rows_settings("2")["q6_k"] == 2 and wgpu_backend.RowsOf({})[("q4_k", 8)] == 1
     with pytest.raises(ValueError, match="SPLITROOM_WGPU_RS"):
