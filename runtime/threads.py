@@ -3,7 +3,7 @@
 Every process that computes on a shared machine (a device process, the model host's
 serve process, the calibration child) asks its BLAS for one thread, so that N device
 processes on one computer use N cores and none waits for another's thread pool; the
-numba kernels follow the same count (runtime/backends/kernels.py). A variable already
+numba kernels follow the same count (runtime/backends/numba_threads.py). A variable already
 set, by the person or by a parent process, is kept.
 
 Call :func:`pin_one_blas_thread` before anything imports numpy: this module imports

@@ -38,20 +38,13 @@ Formats:
 
 from __future__ import annotations
 
-import os
-
-# Threads: a process that asked its BLAS for N threads (runtime.node, calibrate and join set 1,
-# one per device process sharing a machine) gets N kernel threads too; numba would otherwise
-# start one per core in every process, and parallel regions whose threads are descheduled
-# wait a whole time slice. NUMBA_NUM_THREADS, when set, wins. Only effective before numba loads.
-if "NUMBA_NUM_THREADS" not in os.environ:
-    for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        if os.environ.get(_v, "").isdigit() and int(os.environ[_v]) >= 1:
-            os.environ["NUMBA_NUM_THREADS"] = os.environ[_v]
-            break
+from . import numba_threads  # noqa: F401  (first: numba's thread count, before numba loads)
 
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
+
+from . import block_kernels  # noqa: E402  (products of a few rows with GGUF blocks, unpacked in registers)
+from .block_kernels import _h2f  # noqa: E402
 
 F32 = np.float32
 #: Block length of :func:`quantize_q8`'s layout (weights per stored scale), as llama.cpp's Q8_0.
@@ -130,27 +123,10 @@ def _mm_f16(x, h, out):  # pragma: no cover - compiled
 
 
 # ---------------------------------------------------------------------------- GGUF blocks
-# A GGUF block row (runtime.gguf_blocks: uint8, the blocks as stored) is widened into a float32
-# buffer one row at a time, with each block's float16 scales decoded as the row is read, then
-# dotted with the activation rows by _dot_rows: each weight byte is read from memory once.
-
-#: 2**(max(e, 1) - 25) for a float16 exponent field e: an 11-bit significand times this is the value
-_H_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], dtype=np.float32)
-
-
-@njit(fastmath=True, cache=True, nogil=True, inline="always")
-def _h2f(lo, hi):  # pragma: no cover - compiled
-    """The float16 of little-endian bytes ``lo, hi`` as float32 (finite values: scales are
-    checked finite on load, runtime.gguf_blocks.check_blocks). Exact: an integer of at most 11
-    bits times a power of two."""
-    h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
-    e = (h >> np.uint32(10)) & np.uint32(31)
-    m = h & np.uint32(1023)
-    if e != 0:
-        m |= np.uint32(1024)
-    v = np.float32(m) * _H_POW2[e]
-    return -v if h & np.uint32(0x8000) else v
-
+# GGUF block rows (runtime.gguf_blocks: uint8, the blocks as stored). Products of up to
+# STREAM_MAX_ROWS activation rows unpack them in registers (runtime/backends/block_kernels.py);
+# the widening loops below serve prefill chunks (widened a few thousand rows at a time, then
+# BLAS), dense() and rows() (the embedding lookup).
 
 @njit(fastmath=True, cache=True, nogil=True, inline="always")
 def _widen_q8_0(r, buf):  # pragma: no cover - compiled
@@ -226,17 +202,6 @@ def _widen_q6_k(r, buf):  # pragma: no cover - compiled
                     code = ((r[lo_off + l] >> lsh) & np.uint8(15)) | (((r[qh + l] >> hsh) & np.uint8(3)) << np.uint8(4))
                     s = np.float32(np.int8(r[sc + 2 * qq + l // 16]))
                     buf[base + 32 * qq + l] = d * s * (np.float32(code) - np.float32(32.0))
-
-
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _mm_blocks(x, data, out, widen):  # pragma: no cover - compiled
-    k = x.shape[1]
-    m = data.shape[0]
-    for t in prange((m + _ROWS_PER_TASK - 1) // _ROWS_PER_TASK):
-        buf = np.empty(k, np.float32)
-        for o in range(t * _ROWS_PER_TASK, min(m, (t + 1) * _ROWS_PER_TASK)):
-            widen(data[o], buf)
-            _dot_rows(x, buf, out, o, np.float32(1.0))
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
@@ -391,7 +356,7 @@ class Linear:
         out = np.empty((n, self.shape[0]), F32)
         x = np.ascontiguousarray(x, dtype=F32)
         if self.kind in _WIDEN:
-            _mm_blocks(x, self.w, out, _WIDEN[self.kind])
+            block_kernels.block_product(x, self.w, out, self.kind)
         elif self.kind == "f32":
             _mm_f32(x, self.w, out)
         elif self.kind == "q8":
