@@ -258,6 +258,67 @@ async def _next_control(mux: _Mux, want: tuple, deadline: float, what: str,
             return src, msg
 
 
+#: seconds the model host waits for every peer to answer its Bye (or for its connection
+#: to end), and a worker that answered waits for the host to close: a hang guard against a
+#: peer that never answers, not a delivery bound (a Bye on a working connection arrives,
+#: however slowly; chosen, not measured)
+BYE_WAIT_S = 30.0
+
+
+async def say_bye(mux: _Mux, peers: Sequence[str], wait_s: float = BYE_WAIT_S) -> list[str]:
+    """The model host is done: say Bye to every peer not lost, then wait until each has
+    answered with its own Bye (it has the host's, :func:`answer_bye`) or its connection
+    ended, at most ``wait_s`` seconds. Closing a connection drops what it has not sent
+    yet, so only then may the host close its transport. Returns the peers that did
+    neither in time (sorted); a peer the Bye cannot be sent to is not waited for."""
+    from runtime.control import Bye
+    from runtime.transport import TransportError
+    waiting = set()
+    for p in peers:
+        if p in mux.lost:
+            continue
+        try:
+            await mux.say(p, Bye())
+        except TransportError:
+            continue
+        waiting.add(p)
+    end = time.monotonic() + wait_s
+    while True:
+        waiting -= set(mux.lost)
+        left = end - time.monotonic()
+        if not waiting or left <= 0:
+            return sorted(waiting)
+        try:
+            src, msg = await asyncio.wait_for(mux.control.get(), left)
+        except asyncio.TimeoutError:
+            continue
+        if isinstance(msg, Bye):
+            waiting.discard(src)
+
+
+async def answer_bye(mux: _Mux, host: str, wait_s: float = BYE_WAIT_S) -> bool:
+    """A worker had the model host's Bye: answer it with a Bye, then wait until the
+    host's connection ends (the host closes once every peer answered: :func:`say_bye`),
+    at most ``wait_s`` seconds, so this side's answer is not dropped by closing first.
+    True when the host's connection ended in time."""
+    from runtime.control import Bye
+    from runtime.transport import TransportError
+    try:
+        await mux.say(host, Bye())
+    except TransportError:
+        return True  # its connection is already down
+    end = time.monotonic() + wait_s
+    while host not in mux.lost:
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(mux.control.get(), left)
+        except asyncio.TimeoutError:
+            pass
+    return True
+
+
 async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[asyncio.Event], say,
                           greet, reason: str = "it fell silent", running=None, live_s: float = 0.0,
                           hello=None):
@@ -599,7 +660,8 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
             def stream(node) -> None:
                 printer.append(asyncio.ensure_future(_stream_answers(node, loaded[1], out, opts, queue, numbers)))
 
-            until = [] if is_host else [_next_control(mux, (Bye,), deadline, "the host's bye")]
+            bye = None if is_host else asyncio.ensure_future(_next_control(mux, (Bye,), deadline, "the host's bye"))
+            until = [] if bye is None else [bye]
             if api is not None:
                 from runtime.serve.host import DEFAULT_LIFETIME_S
                 node, status = await run_device(cfg, mux, DEFAULT_LIFETIME_S, stop, loaded=loaded,
@@ -622,18 +684,18 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                         await asyncio.wait_for(printer[0], 0.0 if stop.is_set() else 10.0)
                     except asyncio.TimeoutError:
                         pass
-                for p in peers:
-                    try:
-                        await mux.say(p, Bye())
-                    except TransportError:
-                        pass
-                await asyncio.sleep(0.2)  # let the bye leave before the connection closes
+                silent = await say_bye(mux, peers)  # closing before each peer has it would drop it
+                if silent:
+                    log.warning("no answer to the bye from %s within %g s; closing", ", ".join(silent), BYE_WAIT_S)
                 if opts.answers_json:
                     with open(opts.answers_json, "w", encoding="utf-8") as f:
                         json.dump({"answers": opts.answers, "stages": chain}, f, indent=1)
                 unanswered = [f"question {i + 1}: {e}" for i, e in sorted(node.ended.items()) if e != "answered"]
                 if unanswered and api is None:
                     raise JoinError("not every question was answered: " + "; ".join(unanswered), REFUSED)
+            elif bye is not None and bye.done() and not bye.cancelled() and bye.exception() is None:
+                if not await answer_bye(mux, host):
+                    log.info("%s did not close within %g s of this device's answer to its bye", host, BYE_WAIT_S)
             return 0
     finally:
         if desk is not None:
