@@ -640,6 +640,9 @@ async def join(opts: JoinOptions, out: TextIO = sys.stdout, err: TextIO = sys.st
                              slowdown=opts.slowdown, weights_from_peer=True, room_key=key,
                              heartbeat_timeout_s=opts.heartbeat_timeout_s,
                              drafter=spec.drafter if spec is not None else "ngram")
+            if api is not None and is_host:  # /health and /metrics say it while the devices still load
+                from planner.scheduler.host import in_flight_limit
+                api[0].configured_in_flight = in_flight_limit(cfg.scheduler_config(), cfg.deal())
             if is_host:
                 smp = plan.scheduler.sampling
                 say(("greedy decoding" if smp.temperature == 0 else f"sampling: temperature {smp.temperature:g}, "

@@ -92,6 +92,15 @@ from planner.scheduler.worker import note_ignored
 _STALE, _UNKNOWN, _REPEATED, _BUG = IgnoreReason.STALE, IgnoreReason.UNKNOWN, IgnoreReason.REPEATED, IgnoreReason.BUG
 
 
+
+def in_flight_limit(config, deal: Deal) -> int:
+    """Most questions a room answers at once: ``config.questions_in_flight`` (a
+    SchedulerConfig), no more than the KV caches every stage of ``deal`` holds
+    (``deal.kv_caches``; None or 0: not counted), nor :data:`planner.frames.MAX_SLOTS`;
+    at least 1. What the host's scheduler runs with, known before any device loads."""
+    return max(1, min(config.questions_in_flight, MAX_SLOTS, deal.kv_caches if deal.kv_caches else MAX_SLOTS))
+
+
 class HostState(StrEnum):
     """What the model host is doing (see the module doc and :data:`TRANSITIONS`)."""
 
@@ -268,8 +277,7 @@ class HostScheduler:
     def _set_deal(self, deal: Deal) -> None:
         stages = list(deal.stages)
         #: most questions answered at once: the setting, no more than the deal's KV caches
-        self.questions_in_flight = max(1, min(self.config.questions_in_flight, MAX_SLOTS,
-                                              deal.kv_caches if deal.kv_caches else MAX_SLOTS))
+        self.questions_in_flight = in_flight_limit(self.config, deal)
         if any(s.device == self.host for s in stages[1:]):
             raise ValueError("the model host's range must be the first stage of the chain")
         self.deal = deal

@@ -30,6 +30,7 @@ from typing import Awaitable, Optional, TypeVar  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from planner.model import BUNDLED_MODEL_ID  # noqa: E402
+from planner.scheduler.host import in_flight_limit  # noqa: E402
 
 from ..control import ControlError, NodeConfig  # noqa: E402
 from ..node import (BAD_CONFIG, DONE, NO_ROOM, apply_emulated_delay, load_device, run_device,  # noqa: E402
@@ -101,6 +102,7 @@ async def serve_host(cfg: NodeConfig, relay_url: str, room: str, sock: socket.so
     if cfg.device != cfg.host:
         raise ValueError(f"{cfg.device} is not the model host ({cfg.host}); only the host serves HTTP")
     server, runner = await start_api(sock, model_id, room_info, server)
+    server.configured_in_flight = in_flight_limit(cfg.scheduler_config(), cfg.deal())  # while the room starts
     stop = stop or stop_on_signals()
     loop = asyncio.get_running_loop()
     transport = None

@@ -321,7 +321,7 @@ class RoomPage:
                 "queue": {"waiting": len(host.queue) if host is not None else 0,
                           "answering": bool(host is not None and host.busy),
                           "in_flight": host.in_flight if host is not None else 0,
-                          "in_flight_limit": host.questions_in_flight if host is not None else 1}}
+                          "in_flight_limit": srv.in_flight_limit()}}
 
     # -- HTTP ------------------------------------------------------------------------------
 

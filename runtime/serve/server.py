@@ -129,6 +129,10 @@ class RoomServer:
         self.max_connections_per_address = max_connections_per_address
         self.clock = clock
         self.node = None
+        #: most questions answered at once before the node is attached (the room's
+        #: configuration as dealt: planner.scheduler.host.in_flight_limit); once it is,
+        #: the host scheduler's own (:meth:`in_flight_limit`)
+        self.configured_in_flight = 1
         self.tokenizer = None
         self.phase = "starting"
         self.phase_reason = "the room is starting"
@@ -187,8 +191,7 @@ class RoomServer:
         self.m_in_flight_limit = Gauge("splitroom_questions_in_flight_limit",
                                        "most questions answered at once (decoding.questions_in_flight, as dealt)",
                                        registry=r)
-        self.m_in_flight_limit.set_function(
-            lambda: self._host().questions_in_flight if self._host() is not None else 1)
+        self.m_in_flight_limit.set_function(self.in_flight_limit)
         self.m_questions = Counter("splitroom_questions", "questions that ended, by outcome", ["outcome"],
                                    registry=r)
         self.m_tokens = Counter("splitroom_tokens", "answer tokens emitted", registry=r)
@@ -218,6 +221,12 @@ class RoomServer:
     def _host(self):
         node = self.node
         return node.chain.host if node is not None else None
+
+    def in_flight_limit(self) -> int:
+        """Most questions the room answers at once: the host scheduler's, or while the
+        room still starts (no node yet) the configured one (:attr:`configured_in_flight`)."""
+        host = self._host()
+        return host.questions_in_flight if host is not None else self.configured_in_flight
 
     def set_phase(self, phase: str, reason: str) -> None:
         """Before the node is attached: ``phase`` (``loading``, ``connecting``,
@@ -474,7 +483,7 @@ class RoomServer:
                 "queue": {"waiting": len(host.queue) if host is not None else 0,
                           "answering": bool(host is not None and host.busy),
                           "in_flight": host.in_flight if host is not None else 0,
-                          "in_flight_limit": host.questions_in_flight if host is not None else 1,
+                          "in_flight_limit": self.in_flight_limit(),
                           "most_waiting_of_one_asker": max(Tally(q.device for q in host.queue).values(),
                                                            default=0) if host is not None else 0},
                 "lost": list(self.lost), "stages": self.stages(),

@@ -57,6 +57,9 @@ def test_the_page_forgets_old_and_surplus_clients_and_shows_the_latest(monkeypat
 
         def lap_mean_s(self):
             return None
+
+        def in_flight_limit(self):
+            return 1
     pg = RoomPage(Srv(), clock=lambda: now[0])
     for i in range(5000):
         now[0] = i * 0.001
