@@ -260,3 +260,21 @@ def test_a_scenarios_re_deal_rule_deals_over_the_devices_it_is_given():
     two = [d for d in scn.devices if d.id != "phone"]
     with pytest.raises(DealError, match="the devices left cannot hold the model"):
         redeal_rule_for(scn, two)(first, frozenset())
+
+
+def test_relink_neighbours_by_hand():
+    """The other ends of the links a lap crosses to or from the device dealt back, in the
+    lap's order, the host left out; the same for either return path (neighbours in the chain)."""
+    from planner.chain import relink_neighbours
+    assert relink_neighbours("h", ["w1", "w2", "w3"], "w1") == ["w2"]  # h -> w1 -> w2: the host is left out
+    assert relink_neighbours("h", ["w1", "w2", "w3"], "w3") == ["w2"]  # w3 -> h: left out
+    assert relink_neighbours("h", ["w1", "w2", "w3"], "w2", "via_stages") == ["w1", "w3"]
+    assert relink_neighbours("h", ["h", "w1", "w2"], "w1") == ["w2"]  # the host holding the first stage
+    assert relink_neighbours("h", ["w1", "w2"], "w9") == []  # not in the chain
+
+
+def test_gained_ranges_of_an_empty_new_range_is_nothing():
+    from planner.chain import gained_ranges
+    assert gained_ranges(None, (3, 3)) == ()
+    assert gained_ranges((0, 5), (3, 3)) == ()
+    assert gained_ranges((0, 5), (2, 8)) == ((5, 8),)  # layers 6-8 gained (1-based)
