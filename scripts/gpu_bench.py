@@ -203,6 +203,29 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
     return out
 
 
+def pass_us(dev, encode, reps: int) -> list[float]:
+    """GPU microseconds of ``reps`` command buffers: ``encode(encoder, query_set)`` records the work
+    with timestamps 0 (start) and 1 (end) of ``query_set``; each is submitted and read back alone."""
+    import wgpu
+
+    U = wgpu.BufferUsage
+    qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+    res = dev.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
+    rd = dev.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
+    out = []
+    for _ in range(reps):
+        enc = dev.create_command_encoder()
+        encode(enc, qs)
+        enc.resolve_query_set(qs, 0, 2, res, 0)
+        enc.copy_buffer_to_buffer(res, 0, rd, 0, 16)
+        dev.queue.submit([enc.finish()])
+        rd.map_sync(wgpu.MapMode.READ, 0, 16)
+        t = np.frombuffer(bytes(rd.read_mapped(0, 16, copy=False)), np.uint64)
+        rd.unmap()
+        out.append(float(t[1] - t[0]) / 1e3)
+    return out
+
+
 def steps_gpu_us(st, pos: int, k: int, reps: int = 5) -> float:
     """GPU microseconds per step of ``k`` whole greedy steps encoded as ``greedy_steps`` does with
     ``per_submit=k`` (a pass each, the token id copied out between them; the position is not
@@ -211,15 +234,10 @@ def steps_gpu_us(st, pos: int, k: int, reps: int = 5) -> float:
 
     dev = st.device
     plan = [st.fhead_x, st.fargmax] + st.plan1
-    U = wgpu.BufferUsage
-    qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    res = dev.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
-    rd = dev.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
-    hist = dev.create_buffer(size=256, usage=U.COPY_DST | U.COPY_SRC)
-    ts = []
-    for _ in range(reps):
-        dev.queue.write_buffer(st.params, 0, np.array([1, pos, 0, 0], np.uint32))
-        enc = dev.create_command_encoder()
+    hist = dev.create_buffer(size=256, usage=wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC)
+    dev.queue.write_buffer(st.params, 0, np.array([1, pos, 0, 0], np.uint32))
+
+    def encode(enc, qs):
         for i in range(k):
             tw = {"query_set": qs}
             if i == 0:
@@ -230,14 +248,8 @@ def steps_gpu_us(st, pos: int, k: int, reps: int = 5) -> float:
             st._encode_plan(cp, plan)
             cp.end()
             enc.copy_buffer_to_buffer(st.ids, 0, hist, 4 * i, 4)
-        enc.resolve_query_set(qs, 0, 2, res, 0)
-        enc.copy_buffer_to_buffer(res, 0, rd, 0, 16)
-        dev.queue.submit([enc.finish()])
-        rd.map_sync(wgpu.MapMode.READ, 0, 16)
-        t = np.frombuffer(bytes(rd.read_mapped(0, 16, copy=False)), np.uint64)
-        rd.unmap()
-        ts.append(float(t[1] - t[0]) / 1e3 / k)
-    return med(ts)
+
+    return med(pass_us(dev, encode, reps)) / k
 
 
 def wgpu_read_bandwidth(nbytes: int = 1 << 29) -> dict:
@@ -273,24 +285,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
         {"binding": 0, "resource": {"buffer": a, "offset": 0, "size": nbytes}},
         {"binding": 1, "resource": {"buffer": o, "offset": 0, "size": o.size}}])
-    qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-    res = dev.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
-    rd = dev.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
-    ts = []
-    for _ in range(12):
-        enc = dev.create_command_encoder()
+
+    def encode(enc, qs):
         cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
         cp.set_pipeline(pipe)
         cp.set_bind_group(0, bg)
         cp.dispatch_workgroups(groups)
         cp.end()
-        enc.resolve_query_set(qs, 0, 2, res, 0)
-        enc.copy_buffer_to_buffer(res, 0, rd, 0, 16)
-        dev.queue.submit([enc.finish()])
-        rd.map_sync(wgpu.MapMode.READ, 0, 16)
-        t = np.frombuffer(bytes(rd.read_mapped(0, 16, copy=False)), np.uint64)
-        rd.unmap()
-        ts.append(float(t[1] - t[0]) * 1e-9)
+
+    ts = [us * 1e-6 for us in pass_us(dev, encode, 12)]
     a.destroy()
     return {"bytes": nbytes, "median_s": med(ts[2:]), "read_GBps": nbytes / med(ts[2:]) / 1e9}
 
@@ -317,25 +320,16 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) { A[g.x] = A[g.x] + 1.0; }
     for gr in groups:
         a = dev.create_buffer(size=gr * 128 * 4, usage=U.STORAGE)
         bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": a}}])
-        qs = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
-        res = dev.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
-        rd = dev.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
-        ts = []
-        for _ in range(12):
-            enc = dev.create_command_encoder()
+
+        def encode(enc, qs, bg=bg, gr=gr):
             cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
             cp.set_pipeline(pipe)
             for _ in range(n):
                 cp.set_bind_group(0, bg)
                 cp.dispatch_workgroups(gr)
             cp.end()
-            enc.resolve_query_set(qs, 0, 2, res, 0)
-            enc.copy_buffer_to_buffer(res, 0, rd, 0, 16)
-            dev.queue.submit([enc.finish()])
-            rd.map_sync(wgpu.MapMode.READ, 0, 16)
-            t = np.frombuffer(bytes(rd.read_mapped(0, 16, copy=False)), np.uint64)
-            rd.unmap()
-            ts.append(float(t[1] - t[0]) / 1e3)
+
+        ts = pass_us(dev, encode, 12)
         out[str(gr)] = med(ts[2:]) / n
     return {"dispatches": n, "us_per_dispatch": out}
 

@@ -1031,6 +1031,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     return "".join(b)
 
 
+
+def _attention1_decls(NH: int, KV: int, D: int) -> str:
+    """Params, the bindings of the one-token attention kernels (0 QKV, 1 KC, 2 VC as vec4s, 3 O,
+    4 Params) and their constants ``G`` (query heads a KV head), ``D4``, ``KVD4``."""
+    return PARAMS + f"""
+@group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
+@group(0) @binding(4) var<uniform> P: Params;
+const G: u32 = {NH // KV}u;
+const D4: u32 = {D // 4}u;
+const KVD4: u32 = {KV * (D // 4)}u;
+"""
+
+
 def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048, window: int = 0) -> str:
     """One-token causal GQA attention (decode): one workgroup of ``WGS`` threads per query head.
 
@@ -1049,16 +1065,7 @@ def attention1_src(NH: int, KV: int, D: int, WGS: int = 256, CH: int = 2048, win
     assert D % 4 == 0 and WGS % D4 == 0
     qload = "\n".join(f"  let q{e} = QKV[h * D4 + {e}u] * SCALE;" for e in range(D4))
     qdot = " + ".join(f"dot(q{e}, KC[kb + {e}u])" for e in range(D4))
-    return PARAMS + f"""
-@group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> P: Params;
-const G: u32 = {NH // KV}u;
-const D4: u32 = {D4}u;
-const KVD4: u32 = {KV * D4}u;
-const WGS: u32 = {WGS}u;
+    return _attention1_decls(NH, KV, D) + f"""const WGS: u32 = {WGS}u;
 const SL: u32 = {WGS // D4}u;
 const CH: u32 = {CH}u;
 const SCALE: f32 = {_f(1.0 / math.sqrt(D))};
@@ -1205,16 +1212,7 @@ def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, 
     qload = "".join(f"\n  let q{e} = QKV[h * D4 + c * {E}u + {e}u] * SCALE;" for e in range(E))
     accs = "".join(f"\n  var a{e} = vec4<f32>(0.0);" for e in range(E))
     store = "".join(f"\n  part[g * D4 + c * {E}u + {e}u] = a{e};" for e in range(E))
-    return PARAMS + f"""
-@group(0) @binding(0) var<storage, read> QKV: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> KC: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> VC: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> O: array<vec4<f32>>;
-@group(0) @binding(4) var<uniform> P: Params;
-const G: u32 = {NH // KV}u;
-const D4: u32 = {D4}u;
-const KVD4: u32 = {KV * D4}u;
-const L: u32 = {L}u;
+    return _attention1_decls(NH, KV, D) + f"""const L: u32 = {L}u;
 const NG: u32 = {NG}u;
 const SCALE: f32 = {_f(1.0 / math.sqrt(D))};
 var<workgroup> part: array<vec4<f32>, {NG * D4}>;
