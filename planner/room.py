@@ -225,7 +225,11 @@ class Workload:
     another). ``warm_up_tokens`` W > 0: before the workload the room answers one
     question of ``prompt_tokens`` tokens alone, cut at W answer tokens, and every figure
     and the trace leave it out (a room measured after a warm-up question, as
-    scripts/serve_load.py measures one: its links' congestion windows have grown)."""
+    scripts/serve_load.py measures one: its links' congestion windows have grown).
+    ``prompt_tokens_each``: when given, question i's prompt is
+    ``prompt_tokens_each[i % len]`` tokens long (a real run's own prompts: where each
+    prompt's last prefill chunk ends decides what the links' windows have grown to before
+    decode); ``prompt_tokens`` stays the mean that the cost models use."""
 
     questions: int = 1
     prompt_tokens: int = 128
@@ -236,6 +240,7 @@ class Workload:
     clients: int = 1
     sample: tuple[str, ...] = ()
     warm_up_tokens: int = 0
+    prompt_tokens_each: tuple[int, ...] = ()
 
     @property
     def acceptance_workload(self) -> str:

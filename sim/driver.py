@@ -522,7 +522,8 @@ class Simulation:
             who = w.asked_by[client % len(w.asked_by)] if w.asked_by else f"client-{client}"
         else:
             who = w.asked_by[qid % len(w.asked_by)] if w.asked_by else self.deal.host
-        prompt = tuple(truth(p) for p in range(w.prompt_tokens))
+        n = w.prompt_tokens_each[qid % len(w.prompt_tokens_each)] if w.prompt_tokens_each else w.prompt_tokens
+        prompt = tuple(truth(p) for p in range(n))
         self._prompt_len[qid] = len(prompt)
         self.dispatch(QuestionAsked(qid, who, prompt, w.answer_tokens))
 

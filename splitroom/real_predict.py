@@ -97,6 +97,7 @@ def real_run_scenario(scn: Scenario, rtt_s: float, prompt_tokens: Sequence[int],
     net = real_run_network(scn, rtt_s)
     n = max(len(prompt_tokens), 1)
     wl = dataclasses.replace(scn.workload, prompt_tokens=max(int(round(sum(prompt_tokens) / n)), 1),
+                             prompt_tokens_each=tuple(max(int(x), 1) for x in prompt_tokens),
                              answer_tokens=max(answer_tokens, 1), questions=n, asked_by=())
     return dataclasses.replace(scn, network=net, workload=wl)
 

@@ -81,3 +81,24 @@ def test_a_real_room_refuses_a_warm_up_question():
     scn = load("scenarios/home.yaml", ["workload.warm_up_tokens=8"])
     with pytest.raises(RealRunError, match=r"^workload\.warm_up_tokens: a real room asks no warm-up question"):
         node_configs(scn, deal_for(scn), "unused", None, "numpy")
+
+
+def test_each_question_gets_its_own_prompt_length_and_its_frames_pay_for_their_own_size():
+    """``workload.prompt_tokens_each`` (a real run's own prompts): questions of 16 and 2
+    tokens, asked in turn. The 2-token prompt's frame, 2 x 576 x 4 + 32 = 4,640 B, fits the
+    11,600 B window: its question pays nothing, while the 16-token one pays its 2 extra
+    round trips on each hop, as in the room without a window plus 160 ms."""
+    import dataclasses
+    each = (16, 2)
+
+    def go(extra):
+        scn = load("scenarios/home.yaml", ROOM + ["workload.questions=3"] + extra)
+        scn = dataclasses.replace(scn, workload=dataclasses.replace(scn.workload, prompt_tokens_each=each))
+        return simulate(scn, trace=True)
+
+    base, cold = go([]), go(WINDOW)
+    asked = [len(o.prompt) for _, o in cold.trace if type(o).__name__ == "QuestionAsked"]
+    assert asked == [16, 2, 16]
+    b, c = base.metrics["ttft_each_s"], cold.metrics["ttft_each_s"]
+    assert c[0] == pytest.approx(b[0] + EXTRA_RTT_S, abs=1e-9)
+    assert c[1] == pytest.approx(b[1], abs=1e-9)
