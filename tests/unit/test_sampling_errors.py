@@ -61,3 +61,16 @@ def test_the_nucleus_matches_a_full_sort_when_the_top_256_hold_too_little_mass(v
     got, want = _nucleus(p, top_p), _nucleus_by_full_sort(p, top_p)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
     assert (got > 0).sum() == (want > 0).sum()
+
+
+def test_a_boolean_or_text_top_p_is_refused():
+    for bad in (True, "0.5"):
+        with pytest.raises(ValueError) as e:
+            Sampling(temperature=1.0, top_p=bad)
+        assert str(e.value) == f"top_p must be a number in (0, 1], got {bad!r}"
+
+
+def test_integer_temperature_and_top_p_are_kept_as_floats():
+    s = Sampling(temperature=1, top_p=1)
+    assert type(s.temperature) is float and type(s.top_p) is float
+    assert s.to_json() == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None}
