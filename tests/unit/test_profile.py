@@ -182,3 +182,32 @@ def test_walks_by_prompt_that_are_not_say_where_and_why(m, message):
     with pytest.raises(ProfileError) as e:
         _walks_from_mapping(m, "w", FLAT)
     assert str(e.value) == message
+
+
+def test_prefill_ratio_round_trips_and_defaults_are_left_out():
+    head = Curve((1.0,), (0.01,))
+    m = DeviceProfile(_curve(), head, 1.0, prefill_ratio=2.0).to_mapping()
+    assert m["prefill_ratio"] == 2.0
+    back = DeviceProfile.from_mapping(m, "a")
+    assert back.prefill_ratio == 2.0 and back.slowdown == 1.0
+    plain = DeviceProfile(_curve(), head).to_mapping()
+    assert "prefill_ratio" not in plain
+    del plain["slowdown"]  # the default slowdown is 1
+    assert DeviceProfile.from_mapping(plain, "a").slowdown == 1.0
+    with pytest.raises(ProfileError) as e:
+        DeviceProfile.from_mapping({"stage": m["stage"]}, "a")
+    assert str(e.value) == "a: needs stage and head_s"
+
+
+def test_curve_scaled_multiplies_every_value():
+    assert Curve((1.0, 2.0), (3.0, 5.0)).scaled(2.0) == Curve((1.0, 2.0), (6.0, 10.0))
+
+
+def test_block_mean_by_hand_and_its_messages():
+    from planner.profile import block_mean
+    assert block_mean([1.0, 2.0, 3.0], [2], 2) == 2.0  # wraps: (3 + 1) / 2
+    for args, msg in ((([], [0], 1), "block_mean needs values, starts and a block of at least 1"),
+                      (([1.0, 2.0, 3.0], [3], 1), "block_mean: a start outside 0..2")):
+        with pytest.raises(ProfileError) as e:
+            block_mean(*args)
+        assert str(e.value) == msg
