@@ -452,16 +452,22 @@ SLOWER_THAN_OPTIMAL_RATIO = 1.2
 def slower_than_optimal(d: Deal, devices: Sequence[Device], model: ModelSpec, options: DealOptions,
                         network: Network | None = None, return_path: str = "direct",
                         ratio: float = SLOWER_THAN_OPTIMAL_RATIO,
-                        how: str = "use split: optimal (--set split=optimal)") -> str | None:
+                        how: str | None = None) -> str | None:
     """One line saying that deal ``d`` is predicted more than ``ratio`` times slower than
     ``split: optimal``'s deal of the same room, with both predicted rates (tokens per
     second, :class:`planner.lapcost.LapCost`, plain decoding) and the deal to use; None
     when it is not, when ``d`` is the optimal deal itself, or when optimal cannot deal
     the room or its deal does not fit. A forced ``host`` stays forced. ``how`` ends the
-    line: how to get the better deal with the tool that prints it.
+    line: how to get the better deal with the tool that prints it; by default the
+    scenario settings that give it (pinned stages override ``split``, so with
+    ``options.stages`` set the line says to drop them too).
     """
-    if d.split == "optimal" or not d.stages:
+    pinned = options.stages is not None
+    if (d.split == "optimal" and not pinned) or not d.stages:
         return None
+    if how is None:
+        how = ("use split: optimal without the pinned stages (--set stages=null --set split=optimal)" if pinned
+               else "use split: optimal (--set split=optimal)")
     try:
         best = optimal_deal(devices, model, replace(options, split="optimal", stages=None), network, return_path)
     except DealError:

@@ -12,6 +12,8 @@ bandwidth plus 0.1 ms sampling): desktop alone 10 x 0.1 s + 0.1 ms = 1.0001 s a 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 
 from typer.testing import CliRunner
@@ -74,6 +76,14 @@ def test_pinned_stages_with_a_slow_device_are_warned_about():
     d = deal(devices, MODEL, opts)
     line = slower_than_optimal(d, devices, MODEL, opts)
     assert line is not None and "(pinned)" in line and "laptop hosts: laptop 1-10" in line
+    # Pinned stages override split, so "--set split=optimal" alone would give the same
+    # 0.6 s lap: the line names the setting that changes the deal, and still warns when
+    # split: optimal was given beside the pinned stages.
+    assert line.endswith("(--set stages=null --set split=optimal)")
+    both = replace(opts, split="optimal")
+    line = slower_than_optimal(deal(devices, MODEL, both), devices, MODEL, both)
+    assert line is not None and "stages=null" in line
+    assert 2.95 < float(line.split("x slower")[0].rsplit(" ", 1)[1]) < 3.05  # 0.6 s / 0.2001 s, by hand above
 
 
 SCENARIO = """\
