@@ -39,7 +39,9 @@ from splitroom.cli import main; main()
 def test_a_bye_that_leaves_a_second_late_still_ends_the_worker_with_status_0(tmp_path: Path):
     answers = tmp_path / "answers.json"
     with relay_room("byetest") as (url, env, procs):
-        common = ["--address", "127.0.0.1", "--timeout", "100"]
+        # --heartbeat-timeout 10: the 1 s delay also holds the host's heartbeats, a gap the
+        # worker must not take for a lost host before the Bye arrives (1 s did, once, at load 5)
+        common = ["--address", "127.0.0.1", "--timeout", "100", "--heartbeat-timeout", "10"]
         # --host-wait 3: a worker that lost the host without its Bye waits 3 s and exits non-zero
         worker = subprocess.Popen(SPLITROOM + ["join", url, "--device", "w", "--layers", "16-30", "--peers", "h",
                                                "--host-wait", "3"] + common,
