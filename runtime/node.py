@@ -210,10 +210,18 @@ async def worker_rounds(cfg: NodeConfig, transport, timeout_s: float, stop: asyn
             loaded[0].rollback(0)  # same weights, empty KV cache: the host replays what it needs
 
 
+def shown_seconds(s: float) -> str:
+    """Seconds as a person reads them: to a tenth, without a trailing ``.0`` (what is
+    left of a 3 s wait, 2.99999 s, is ``3``; 0.5 is ``0.5``; 86400 is ``86400``)."""
+    text = f"{s:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
 def host_reconnecting(host: str, wait_s: float) -> str:
     """The "Host reconnecting" line a worker says the moment it loses the model host
-    ``host`` and waits up to ``wait_s`` seconds for it."""
-    return f"Host reconnecting: lost the model host {host}; keeping the weights, waiting up to {wait_s:g} s"
+    ``host`` and waits up to ``wait_s`` seconds for it (:func:`shown_seconds`)."""
+    return (f"Host reconnecting: lost the model host {host}; keeping the weights, waiting up to "
+            f"{shown_seconds(wait_s)} s")
 
 
 async def await_host(transport, host: str, wait_s: float, stop: Optional[asyncio.Event] = None,
@@ -255,7 +263,8 @@ async def await_host(transport, host: str, wait_s: float, stop: Optional[asyncio
                 pass
             say("Room over: stopped while waiting for the model host")
             return False
-    say(f"Room over: the model host {host} did not come back within {wait_s if announced_s is None else announced_s:g} s")
+    waited = shown_seconds(wait_s if announced_s is None else announced_s)
+    say(f"Room over: the model host {host} did not come back within {waited} s")
     return False
 
 

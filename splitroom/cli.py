@@ -495,9 +495,16 @@ def cost_table(cost: dict) -> Table:
 def compare_table(res) -> Table:
     """Measured beside the prediction from a profile (when given, made before the run)
     and the same-run figure (the simulator calibrated from this very run), each with
-    its signed error."""
+    its signed error. Without a profile nothing was predicted before the run: the title
+    says the figure beside the measured one is the fit, and the caption how to get a
+    prediction."""
     from rich.table import Table
-    t = Table(title=f"measured vs predicted ({res.network})", title_justify="left")
+    if res.profile_predicted is not None:
+        t = Table(title=f"measured vs predicted ({res.network})", title_justify="left")
+    else:
+        t = Table(title=f"measured vs the simulator fitted to this run ({res.network})", title_justify="left",
+                  caption="no prediction made before the run: give --calibration PROFILE (splitroom calibrate "
+                          "writes one) for that", caption_justify="left")
     cols = [("metric", "left"), ("measured", "right")]
     if res.profile_predicted is not None:
         cols += [("predicted from profile", "right"), ("error", "right")]

@@ -338,7 +338,7 @@ async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[as
     Returns the host's :class:`runtime.control.Plan`. Raises JoinError (status 5, room
     over) when the wait ends without it; status 2 when the host aborts the room."""
     from runtime.control import Heartbeat, Plan
-    from runtime.node import await_host, hello_again, host_reconnecting
+    from runtime.node import await_host, hello_again, host_reconnecting, shown_seconds
     until = time.monotonic() + wait_s
     announced = None  # "Host reconnecting" said already, for the whole wait
     live = min(live_s, wait_s)
@@ -359,7 +359,7 @@ async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[as
         announced = None  # a later round (after a refused impostor) says it again
         if not ok:
             raise JoinError(f"room over: lost the model host {host} ({reason}) and it did not come back "
-                            f"within {wait_s:g} s", 5)
+                            f"within {shown_seconds(wait_s)} s", 5)
         await greet()
         try:
             src, msg = await _next_control(mux, (Plan, Heartbeat) if running is not None else (Plan,), until,
@@ -370,8 +370,8 @@ async def await_host_plan(mux: _Mux, host: str, wait_s: float, stop: Optional[as
             return msg
         except JoinError as e:
             if e.status == 4:
-                raise JoinError(f"room over: the model host {host} did not send its plan within {wait_s:g} s", 5) \
-                    from None
+                raise JoinError(f"room over: the model host {host} did not send its plan within "
+                                f"{shown_seconds(wait_s)} s", 5) from None
             if e.status != 3:
                 raise
             why = mux.refused.pop(host, None)
