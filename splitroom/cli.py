@@ -308,11 +308,17 @@ def round_s(m: dict) -> float | None:
 
 
 def _range_cell(m: dict, key: str, show) -> str:
-    """`` (P10-P90 a-b)`` from a prediction's range (splitroom/ranges.py), or ''."""
+    """`` (P10-P90 a-b)`` from a prediction's range (splitroom/ranges.py), or ''. When the
+    point ``m[key]`` lies outside it, the cell says why that is no bug: the point pools
+    every measured prompt's acceptance, each replica is a run of that many questions
+    (docs/calibration.md, "The range of a prediction")."""
     r = m.get("range")
     if not r or not r.get("replicas"):
         return ""
-    return f" (P10-P90 {show(r[key]['p10'])}-{show(r[key]['p90'])})"
+    lo, hi = r[key]["p10"], r[key]["p90"]
+    outside = m.get(key) is not None and not lo <= m[key] <= hi
+    why = "; the point pools all prompts" if outside else ""
+    return f" (P10-P90 {show(lo)}-{show(hi)}{why})"
 
 
 def metrics_table(m: dict, title: str = "prediction") -> Table:
