@@ -40,3 +40,32 @@ def random_checkpoint(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
 def rel(a: np.ndarray, b: np.ndarray) -> float:
     """``max |a - b| / max |b|``."""
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def run_compute(device, src: str, buffers: dict, out_binding: int, out_nbytes: int, groups: int,
+                uniform: frozenset = frozenset()) -> np.ndarray:
+    """Run WGSL ``src``'s ``main`` once over ``groups`` workgroups and read its output back.
+
+    ``buffers``: ``{binding: array}``, each array uploaded as a storage buffer (its bytes as
+    they are; a binding in ``uniform`` as a uniform buffer); the output is a new storage
+    buffer of ``out_nbytes`` bytes at ``out_binding``. Returns the output's bytes as float32.
+    """
+    import wgpu
+
+    U = wgpu.BufferUsage
+    pipe = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src),
+                                                                  "entry_point": "main"})
+    out = device.create_buffer(size=out_nbytes, usage=U.STORAGE | U.COPY_SRC)
+    bufs = {k: device.create_buffer_with_data(data=a, usage=U.UNIFORM if k in uniform else U.STORAGE)
+            for k, a in buffers.items()}
+    bufs[out_binding] = out
+    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                                  entries=[{"binding": k, "resource": {"buffer": b}} for k, b in bufs.items()])
+    enc = device.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(groups)
+    cp.end()
+    device.queue.submit([enc.finish()])
+    return np.frombuffer(device.queue.read_buffer(out), np.float32)

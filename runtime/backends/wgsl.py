@@ -531,17 +531,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
         body.append(_wide_loop(fmt, K, wide, norm, mats))
     else:
         body.append(_plain_loop(K4, U, norm, swiglu, bool(rope)))
-    body.append("\n    a = subgroupAdd(a);")
-    if two:
-        body.append("\n    b = subgroupAdd(b);")
-    if norm:
-        body.append("\n    ss = subgroupAdd(ss);")
+    body.append(_subgroup_sums([""], two, norm))
     body.append("\n    if (lane == 0u) {")
     if norm:
         body.append("\n      let sc = 1.0 / sqrt(ss / f32(K4 * 4u) + EPS);")
     body += _epilogue(norm, two, bias, swiglu, bool(rope), add)
     body.append("\n    }\n  }\n}\n")
     return "".join(s) + "".join(body)
+
+
+def _subgroup_sums(rows: list[str], two: bool, norm: bool, indent: str = "    ") -> str:
+    """WGSL lines that sum a subgroup's partial sums: ``a{r}`` (and ``b{r}`` with ``two``) for
+    each row suffix ``r`` in ``rows``, then the sum of squares ``ss`` with ``norm``."""
+    out = []
+    for r in rows:
+        out.append(f"\n{indent}a{r} = subgroupAdd(a{r});")
+        if two:
+            out.append(f"\n{indent}b{r} = subgroupAdd(b{r});")
+    if norm:
+        out.append(f"\n{indent}ss = subgroupAdd(ss);")
+    return "".join(out)
 
 
 def _epilogue(norm: bool, two: bool, bias: bool, swiglu: bool, rope: bool, add: bool) -> list[str]:
@@ -873,12 +882,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, {SUBGROUP_BUILTINS}) {{
         body.append(_wide_loop(fmt, K, wide, norm, mats))
     else:
         body.append(_rows_loop(K // 4, U, norm, mats))
-    for i in range(rs):
-        body.append(f"\n    a{i} = subgroupAdd(a{i});")
-        if two:
-            body.append(f"\n    b{i} = subgroupAdd(b{i});")
-    if norm:
-        body.append("\n    ss = subgroupAdd(ss);")
+    body.append(_subgroup_sums([str(i) for i in range(rs)], two, norm))
     body.append("\n    if (lane == 0u) {")
     if norm:
         body.append("\n      let sc = 1.0 / sqrt(ss / f32(K4 * 4u) + EPS);")
@@ -1003,12 +1007,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             else:
                 term = f"dot(w{j}_{m}, x{j}_0)"
             b.append(f"\n  {acc} += select(0.0, {term}, ok{j});" if masked else f"\n  {acc} += {term};")
-    for r in range(R):
-        b.append(f"\n  a{r} = subgroupAdd(a{r});")
-        if two:
-            b.append(f"\n  b{r} = subgroupAdd(b{r});")
-    if norm:
-        b.append("\n  ss = subgroupAdd(ss);")
+    b.append(_subgroup_sums([str(r) for r in range(R)], two, norm, "  "))
     b.append("\n  if (lane == 0u) {")
     for r in range(R):
         b.append(f"\n    red[sg * NV + {r * per}u] = a{r};")

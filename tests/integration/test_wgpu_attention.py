@@ -12,6 +12,7 @@ import pytest
 wgpu_backend = pytest.importorskip("runtime.backends.wgpu_backend")
 
 from runtime.backends import wgsl  # noqa: E402
+from tests.wgpu_models import run_compute  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -43,26 +44,10 @@ def reference(q, k, v, T: int, window: int) -> np.ndarray:
 
 
 def run(device, src: str, q, k, v, T: int) -> np.ndarray:
-    import wgpu
-
     NH, D = q.shape
-    U = wgpu.BufferUsage
-    pipe = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
-    o = device.create_buffer(size=NH * D * 4, usage=U.STORAGE | U.COPY_SRC)
-    bufs = {0: device.create_buffer_with_data(data=q.astype(np.float32), usage=U.STORAGE),
-            1: device.create_buffer_with_data(data=k.astype(np.float32), usage=U.STORAGE),
-            2: device.create_buffer_with_data(data=v.astype(np.float32), usage=U.STORAGE), 3: o,
-            4: device.create_buffer_with_data(data=np.array([1, T - 1, 0, 0], np.uint32), usage=U.UNIFORM)}
-    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0),
-                                  entries=[{"binding": i, "resource": {"buffer": b}} for i, b in bufs.items()])
-    enc = device.create_command_encoder()
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(pipe)
-    cp.set_bind_group(0, bg)
-    cp.dispatch_workgroups(NH)
-    cp.end()
-    device.queue.submit([enc.finish()])
-    return np.frombuffer(device.queue.read_buffer(o), np.float32).reshape(NH, D)
+    bufs = {0: q.astype(np.float32), 1: k.astype(np.float32), 2: v.astype(np.float32),
+            4: np.array([1, T - 1, 0, 0], np.uint32)}
+    return run_compute(device, src, bufs, 3, NH * D * 4, NH, uniform=frozenset({4})).reshape(NH, D)
 
 
 # (head dim, keys a round; 0 = the chunked kernel): D = 128 gives 8 lanes a key group with 4 vec4s

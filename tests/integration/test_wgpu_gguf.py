@@ -20,6 +20,7 @@ from runtime.precision import Precision  # noqa: E402
 from runtime.weights import load_range_native, prepare_native  # noqa: E402
 from scripts import make_gguf  # noqa: E402
 from tests.unit.test_gguf_blocks import rand_q, ref  # noqa: E402
+from tests.wgpu_models import run_compute  # noqa: E402
 
 pytestmark = pytest.mark.slow
 GGUF = Precision(weights="gguf")
@@ -35,8 +36,6 @@ def device():
 
 def run_loader(device, fmt, blocks: np.ndarray, n4: int) -> np.ndarray:
     """``Y[i] = ld_W(i)`` for every vec4 ``i`` of a matrix in ``fmt`` (a name or a tuple of parts)."""
-    import wgpu
-
     src = wgsl.weight_decl("W", 1, fmt) + f"""
 @group(0) @binding(2) var<storage, read_write> Y: array<vec4<f32>>;
 @compute @workgroup_size(64)
@@ -44,24 +43,10 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {{
   if (g.x < {n4}u) {{ Y[g.x] = ld_W(g.x); }}
 }}
 """
-    U = wgpu.BufferUsage
-    pipe = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
     parts = blocks if isinstance(fmt, tuple) else [blocks]
-    entries = []
-    for k, b in enumerate(parts):
-        raw = np.concatenate([b.reshape(-1), np.zeros(4 + (-b.size) % 4, np.uint8)])
-        entries.append({"binding": wgsl.part_binding(1, k), "resource": {"buffer": device.create_buffer_with_data(data=raw, usage=U.STORAGE)}})
-    y = device.create_buffer(size=n4 * 16, usage=U.STORAGE | U.COPY_SRC)
-    entries.append({"binding": 2, "resource": {"buffer": y}})
-    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=entries)
-    enc = device.create_command_encoder()
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(pipe)
-    cp.set_bind_group(0, bg)
-    cp.dispatch_workgroups(-(-n4 // 64))
-    cp.end()
-    device.queue.submit([enc.finish()])
-    return np.frombuffer(device.queue.read_buffer(y), np.float32)
+    raws = {wgsl.part_binding(1, k): np.concatenate([b.reshape(-1), np.zeros(4 + (-b.size) % 4, np.uint8)])
+            for k, b in enumerate(parts)}
+    return run_compute(device, src, raws, 2, n4 * 16, -(-n4 // 64))
 
 
 @pytest.mark.parametrize("fmt", tuple(gb.FORMATS))
@@ -84,28 +69,11 @@ def test_wgsl_loader_of_mixed_parts(device):
 def run_matvec(device, q, x: np.ndarray, g: np.ndarray, **form) -> np.ndarray:
     """``Y = rmsnorm(x, g) @ W.T`` by one :func:`wgsl.matvec_src` (``norm``, no fusion else) on the
     Q4_K matrix ``q`` held as stored; ``form``: R, WGS, rs, words, lane_words, wide."""
-    import wgpu
-
     N, K = q.shape
     R, WGS = form.pop("R"), form.pop("WGS")
     src = wgsl.matvec_src(K, N, R, WGS, "q4_k", norm=True, eps=1e-5, **form)
-    U = wgpu.BufferUsage
-    pipe = device.create_compute_pipeline(layout="auto", compute={"module": device.create_shader_module(code=src), "entry_point": "main"})
     raw = np.concatenate([q.data.reshape(-1), np.zeros(4 + (-q.data.size) % 4, np.uint8)])
-    y = device.create_buffer(size=N * 4, usage=U.STORAGE | U.COPY_SRC)
-    bufs = {0: device.create_buffer_with_data(data=x.astype(np.float32), usage=U.STORAGE),
-            1: device.create_buffer_with_data(data=raw, usage=U.STORAGE), 2: y,
-            4: device.create_buffer_with_data(data=g.astype(np.float32), usage=U.STORAGE)}
-    bg = device.create_bind_group(layout=pipe.get_bind_group_layout(0),
-                                  entries=[{"binding": k, "resource": {"buffer": b}} for k, b in bufs.items()])
-    enc = device.create_command_encoder()
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(pipe)
-    cp.set_bind_group(0, bg)
-    cp.dispatch_workgroups(N // R)
-    cp.end()
-    device.queue.submit([enc.finish()])
-    return np.frombuffer(device.queue.read_buffer(y), np.float32)
+    return run_compute(device, src, {0: x.astype(np.float32), 1: raw, 4: g.astype(np.float32)}, 2, N * 4, N // R)
 
 
 # Q4_K one-token forms: (words in flight, words a lane, rows a subgroup, pieces); rows of 5 blocks
