@@ -43,10 +43,24 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(gb.FORMATS))
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    m, k = (int(v) for v in a.shape.split("x"))
+    try:
+        m, k = (int(v) for v in a.shape.split("x"))
+    except ValueError:
+        ap.error(f"--shape: ROWSxCOLUMNS of whole numbers, got {a.shape!r}")
+    if m < 1 or k < 1 or a.rows < 1 or a.rounds < 1:
+        ap.error("--shape's sizes, --rows and --rounds must be at least 1")
+    formats = [f for f in a.formats.split(",") if f]
+    unknown = [f for f in formats if f not in gb.FORMATS]
+    if unknown or not formats:
+        what = f"no format {unknown[0]!r}" if unknown else "none given"
+        ap.error(f"--formats: {what}; formats are {', '.join(gb.FORMATS)}")
     rng = np.random.default_rng(0)
     lins = {"q8": Linear.of(rng.standard_normal((m, k), dtype=np.float32), "q8")}
-    for fmt in a.formats.split(","):
+    for fmt in formats:
+        try:
+            gb.row_bytes(fmt, k)
+        except gb.BlockError as e:
+            ap.error(f"--shape {a.shape}: {e}")
         lins[fmt] = Linear.stored(random_blocks(fmt, m, k, rng))
     x = rng.standard_normal((a.rows, k)).astype(np.float32)
     for L in lins.values():  # compile (or load from numba's cache) before timing
