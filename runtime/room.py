@@ -194,6 +194,7 @@ class Node(NodeLiveness, NodeRedeal):
         self.emitted = 0
         self._tasks: list[asyncio.Future] = []
         self._timers: list[asyncio.TimerHandle] = []
+        self._weights_server = None  # the host's peer-copy server (start(), when re-deals copy from the host)
         self._deal_before = self.deal.stages  # the chain before the last re-deal (whose ranges changed)
         self._latest_redeal = -1  # first lap of the latest re-deal taken (Redeal or Replan)
         self._redeal_lock = asyncio.Lock()  # re-dealt ranges load one at a time, in order
@@ -527,9 +528,13 @@ class Node(NodeLiveness, NodeRedeal):
         asyncio.ensure_future(self._send(device, REPLY, encode_control(Crash())))
 
     async def stop(self) -> None:
-        """Stop the compute, heartbeat and re-deal tasks; losses heard from now on are
-        the room ending, not faults (logged at info, no re-deal)."""
+        """Stop the compute, heartbeat and re-deal tasks and the host's weights server
+        (its subscription and open weight files); losses heard from now on are the room
+        ending, not faults (logged at info, no re-deal)."""
         self._stopped = True
+        if self._weights_server is not None:
+            self._weights_server.close()
+            self._weights_server = None
         for h in self._timers:
             h.cancel()
         for t in [self._task, *self._tasks]:
