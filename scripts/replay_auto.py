@@ -10,7 +10,7 @@ the leading drafts equal to the answer (exact: prompt lookup needs no model), an
 lap commits that many plus one. A lap drafting k costs the mean lap time that study's
 record measured for k (3 devices, 80 ms; the three VM studies and the device machine's
 scripts/spec_auto.py record: the runs' ``lap_s`` means averaged; k = 1, 3
-and 5-7, which no fixed row ran, interpolated linearly between the measured k, with the
+and 5-7, and any k a record lacks, interpolated linearly between the measured k, with the
 return hop's step from k = 5, where the frame outgrows the initial window). The rule
 gets its prior from ``--profile`` (the grounded sample's walk) and either the profile's
 lap costs (the rule as on main), or the measured ones (``oracle``). Prints tokens per
@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import validate_heldout as V  # noqa: E402
 
 RECORDS = {"S6": "docs/heldout-2026-12-02-s6.json", "quiet": "docs/heldout-2026-12-01-quiet.json",
-           "W1": "docs/heldout-2026-12-01-w1.json", "device": "docs/spec-auto-2026-12-03-h200.json"}
+           "W1": "docs/heldout-2026-12-01-w1.json", "device": "docs/spec-auto-2026-12-03-h200.json",
+           "device S9": "docs/spec-auto-2026-12-03-h200-s9.json"}
 ROWS = {0: "3 devices, 80 ms, plain", 2: "3 devices, 80 ms, ngram k=2, grounded",
         4: "3 devices, 80 ms, ngram k=4, grounded", 8: "3 devices, 80 ms, ngram k=8, grounded"}
 #: scripts/spec_auto.py's record (the 16-core device machine): its rows' names
@@ -48,10 +49,11 @@ def measured_costs(record: str, with_step: bool = True) -> list[float]:
     data = json.loads((ROOT / record).read_text())
     names = ROWS if "configurations" in data else SPEC_AUTO_ROWS
     rows = {c["name"]: c for c in data.get("configurations", data.get("rows", []))}
-    at = {k: statistics.mean(r["lap_s"]["mean"] for r in rows[n]["measured_runs"]) for k, n in names.items()}
+    ran = {k: n for k, n in names.items() if rows.get(n, {}).get("measured_runs")}  # a record may lack k = 2
+    at = {k: statistics.mean(r["lap_s"]["mean"] for r in rows[n]["measured_runs"]) for k, n in ran.items()}
     back = {k: statistics.mean(e["mean_s"] for r in rows[n]["measured_runs"] for e in r["breakdown"]
                                if e["kind"] == "hop" and e["part"] == "phone->desktop")
-            for k, n in names.items()}
+            for k, n in ran.items()}
     step = back[8] - back[4]  # the way back's extra at 9 positions: from k = 5 on
     out = []
     for k in range(9):
@@ -133,31 +135,21 @@ def main() -> int:
     d = deal(scn.devices, scn.model, scn.options)
     prof = load_profile(str(ROOT / a.profile))
     counts = [len(p) for p, _ in sets["held-out"]]
-    import sim.draft_costs as dc
-    from sim.link import sctp_frame_rounds
     room = real_run_scenario(scn, 0.08, counts, 32).with_profile(on_this_host(prof, d)[0])
     pol = draft_policy(room, d)
-    spread = dc.window_rounds_per_lap
-    try:  # the rule before the window model: every lap pays the first frame's rounds
-        dc.window_rounds_per_lap = lambda f, w, b, laps: sctp_frame_rounds(f, w, b)[0]
-        whole = draft_policy(room, d)
-    finally:
-        dc.window_rounds_per_lap = spread
     print(f"rule's lap costs (ms): {[round(1000 * s, 1) for s in pol.lap_s]}")
-    print(f"with a whole round a lap (ms): {[round(1000 * s, 1) for s in whole.lap_s]}")
     for window in (False, True):
         print("\nlap times: " + ("measured, the return hop's step from the window model, the window carried"
                                   if window else "measured, the return hop's step on every lap from k = 5"))
-        print("| lap costs of | prompts | k=1 | k=2 | k=4 | k=8 | rule | rule, a whole round a lap "
-              "| rule (measured costs) |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("| lap costs of | prompts | k=1 | k=2 | k=4 | k=8 | rule | rule (measured costs) |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
         for study, record in RECORDS.items():
             cost = measured_costs(record, with_step=not window)
             oracle = dataclasses.replace(pol, lap_s=tuple(measured_costs(record)))
             for name, answers in sets.items():
                 fixed = {k: tokens_per_s(answers, cost, fixed=k, window=window) for k in (1, 2, 4, 8)}
                 best = max(fixed.values())
-                got = [tokens_per_s(answers, cost, p, window=window) for p in (pol, whole, oracle)]
+                got = [tokens_per_s(answers, cost, p, window=window) for p in (pol, oracle)]
                 print(f"| {study} | {name} | " + " | ".join(f"{v:.2f}" for v in fixed.values()) + " | "
                       + " | ".join(f"{v:.2f} ({v / best:.2f}x)" for v in got) + " |")
     return 0

@@ -58,7 +58,27 @@ def rows() -> list[tuple[str, list[str]]]:
             if k == "auto":
                 sp = [s.replace("draft_tokens: auto", "draft_tokens: auto, max_draft_tokens: 4") for s in sp]
             out.append((f"model k={k}, {kind}", V.THREE + RTT + sp + V.workload(kind)))
-    return out
+    return out + heldout_rows()
+
+
+def heldout_rows() -> list[tuple[str, list[str]]]:
+    """(name, --set overrides) of the held-out rooms that widen the study to the issue's
+    configurations (2 devices, loopback, 20 and 40 ms, 2 laps in flight), run the same
+    way as the rows above (in-process delay, ``--slots`` rooms at a time)."""
+    two, three = V.TWO, V.THREE
+    return [
+        ("2 devices, loopback, plain", two + ["network.rtt=0ms"] + V.workload("plain")),
+        ("2 devices, 20 ms, plain", two + ["network.rtt=20ms"] + V.workload("plain")),
+        ("3 devices, 40 ms, plain", three + ["network.rtt=40ms"] + V.workload("plain")),
+        ("2 devices, 40 ms, ngram k=4, 2 laps, chat",
+         two + ["network.rtt=40ms"] + V.spec("ngram", 4, 2) + V.workload("chat")),
+        ("2 devices, 40 ms, ngram k=2, chat", two + ["network.rtt=40ms"] + V.spec("ngram", 2) + V.workload("chat")),
+        ("2 devices, 40 ms, ngram k=2, grounded",
+         two + ["network.rtt=40ms"] + V.spec("ngram", 2) + V.workload("grounded")),
+        ("2 devices, 20 ms, ngram k=8, grounded",
+         two + ["network.rtt=20ms"] + V.spec("ngram", 8) + V.workload("grounded")),
+        ("3 devices, 80 ms, model k=2, grounded", three + RTT + V.spec("model", 2) + V.workload("grounded")),
+    ]
 
 
 def _scenario(sets):
