@@ -278,3 +278,25 @@ def test_gained_ranges_of_an_empty_new_range_is_nothing():
     assert gained_ranges(None, (3, 3)) == ()
     assert gained_ranges((0, 5), (3, 3)) == ()
     assert gained_ranges((0, 5), (2, 8)) == ((5, 8),)  # layers 6-8 gained (1-based)
+
+
+def test_after_a_redeal_the_room_times_each_device_over_the_layers_it_holds_now():
+    # h 1-2, w1 3-4, w2 5-6; w1 is lost and its layers go to h (h 1-4, w2 5-6). The rejoin
+    # rule makes the chain tell its speeds each lap; a decode lap of the new chain that took
+    # 10 ms at w2 and 8 ms at h is 5 ms a layer at w2 (2 layers) and 2 ms at h (4 layers).
+    from planner.hops import StageTimed
+    from planner.protocol import Computed
+    h = Harness(DEAL, SchedulerConfig(hidden=4, prefill_chunk=2), redeal=merge_lost,
+                rejoin=lambda current, lost, measured: None)
+    h.ask(0, "h", 4, 8)
+    run_until_emitted(h, 2)
+    h.lose("w1")
+    h.run()
+    (r,) = [x for x in h.log if isinstance(x, Redeal)]
+    decode = [c.lap_id for c in h.log
+              if isinstance(c, RunStage) and c.device == "h" and c.tokens == 1 and c.lap_id >= r.first_lap]
+    assert decode
+    for lap in decode:
+        h.chain.speeds.timed(StageTimed("w2", lap, 0.010))
+        h.chain.speeds.computed(Computed("h", "RunStage", lap, 0.008))
+    assert h.chain.speeds.measured().s_per_layer == pytest.approx({"w2": 0.005, "h": 0.002})

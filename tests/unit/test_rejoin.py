@@ -282,3 +282,179 @@ def test_the_chain_hands_the_rule_what_the_room_timed():
     ((stages, lost, measured),) = seen
     assert stages == MERGED.stages and lost == frozenset()
     assert measured.s_per_layer == pytest.approx({"w": 0.010, "h": 0.004})
+
+
+# -- the rule's branches by hand: a room that is not pinned, a pinned first deal, what is checked
+
+GIB = 2**30
+
+
+def gib_layers(layers: int = 6, kv_bytes_per_token: int = 0):
+    from planner.model import ModelSpec
+    return ModelSpec(id="g", name="g", layers=layers, hidden=4, layer_bytes=GIB, layer_active_bytes=GIB,
+                     layer_flops_per_token=0.0, kv_bytes_per_token=kv_bytes_per_token)
+
+
+def every_hop(ids, s):
+    return {(a, b): s for a in ids for b in ids if a != b}
+
+
+def rows(d):
+    return [(s.device, s.start, s.end) for s in d.stages]
+
+
+def test_a_room_that_is_not_pinned_is_dealt_again_over_the_devices_not_lost_keeping_its_host():
+    # h hosts (3 GiB: 3 layers of 1 GiB), u and w lend 4 GiB, v 3 GiB; 6 layers. The room
+    # began h 1-3, w 4-6; w was lost, then u: it runs h 1-3, v 4-6. u comes back, w is
+    # still lost. split: speed over h, u, v fills the fewest devices, the host first, then
+    # the device that holds most (u): h 1-3, u 4-6, not the first deal (w is lost) and not
+    # a deal hosted by u or w (they lend the most). Measured: h 10 ms a layer, u 5 ms,
+    # v 20 ms, every hop 1 ms: now 30 + 60 + 2 = 92 ms, with u 30 + 15 + 2 = 47 ms (1.96x).
+    from planner.room import DealOptions, Device
+    devices = [Device("h", lends_bytes=3 * GIB), Device("u", lends_bytes=4 * GIB),
+               Device("v", lends_bytes=3 * GIB), Device("w", lends_bytes=4 * GIB)]
+    first = Deal(host="h", split="speed", stages=(Stage("h", 0, 3), Stage("w", 3, 6)), guests=(), fits=True,
+                 notes=())
+    current = Deal.pinned("h", (("h", 0, 3), ("v", 3, 6)))
+    rule = rejoin_rule(devices, gib_layers(), first, DealOptions(split="speed"))
+    measured = Measured({"h": 0.010, "u": 0.005, "v": 0.020}, None, every_hop("huvw", 0.001))
+    back = rule(current, frozenset({"w"}), measured)
+    assert back is not None and back.host == "h" and rows(back) == [("h", 0, 3), ("u", 3, 6)]
+    assert back.split == "speed" and back.fits
+    # nobody back (u and w lost): the deal over h and v is the one the room runs
+    assert rule(current, frozenset({"u", "w"}), measured) is None
+
+
+def test_a_pinned_first_deal_comes_back_as_it_was_once_nothing_of_it_is_lost():
+    # the first deal is pinned (h 1-2, w 3-6) though the options name no stages; w was lost
+    # (h ran all six) and is back. h alone 6 x 10 = 60 ms; the first deal 20 + 4 x 5 + 2 =
+    # 42 ms (1.43x): the first deal itself, not a new deal (which would put all six on h, as
+    # it lends 8 GiB: the fewest devices).
+    from planner.room import DealOptions, Device
+    devices = [Device("h", lends_bytes=8 * GIB), Device("w", lends_bytes=8 * GIB)]
+    first = Deal.pinned("h", (("h", 0, 2), ("w", 2, 6)))
+    rule = rejoin_rule(devices, gib_layers(), first, DealOptions(split="speed"))
+    measured = Measured({"h": 0.010, "w": 0.005}, None, every_hop("hw", 0.001))
+    assert rule(merge_lost(first, frozenset({"w"})), frozenset(), measured) == first
+
+
+def test_the_rule_checks_only_the_stages_whose_range_changed():
+    # pinned h 1-2, a 3-4, b 5-6, where b lends 1 GiB for its two layers (it has held them
+    # all along). a was lost (h ran 1-4) and is back: b's stage is the same as now, so it
+    # is not checked again (it is loaded already); h's and a's are, and fit. h 10 ms a
+    # layer, a 1 ms, b 10 ms, every hop 1 ms: now 40 + 20 + 2 = 62 ms, back 20 + 2 + 20 + 3
+    # = 45 ms (1.38x).
+    from planner.room import DealOptions, Device
+    devices = [Device("h", lends_bytes=8 * GIB), Device("a", lends_bytes=8 * GIB), Device("b", lends_bytes=GIB)]
+    first = Deal.pinned("h", (("h", 0, 2), ("a", 2, 4), ("b", 4, 6)))
+    now = merge_lost(first, frozenset({"a"}))
+    assert rows(now) == [("h", 0, 4), ("b", 4, 6)]
+    rule = rejoin_rule(devices, gib_layers(), first, DealOptions(split="speed"))
+    measured = Measured({"h": 0.010, "a": 0.001, "b": 0.010}, None, every_hop("hab", 0.001))
+    back = rule(now, frozenset(), measured)
+    assert back is not None and rows(back) == rows(first)
+    # a lends 1 GiB too: its new stage (two layers) is checked and refused
+    small_a = [devices[0], Device("a", lends_bytes=GIB), devices[2]]
+    assert rejoin_rule(small_a, gib_layers(), first, DealOptions(split="speed"))(now, frozenset(), measured) is None
+
+
+def test_the_rule_stays_on_the_same_deal_whatever_the_margin():
+    # nothing changes (the first deal is the one running): None even at a margin under 1,
+    # where any deal would be "faster" than itself
+    from planner.room import DealOptions, Device
+    devices = [Device("h", lends_bytes=8 * GIB), Device("w", lends_bytes=8 * GIB)]
+    first = Deal.pinned("h", (("h", 0, 2), ("w", 2, 6)))
+    rule = rejoin_rule(devices, gib_layers(), first, DealOptions(split="speed"), margin=0.5)
+    assert rule(first, frozenset(), Measured({"h": 0.010, "w": 0.005}, None, every_hop("hw", 0.001))) is None
+
+
+def test_the_rule_sizes_each_layers_kv_at_the_rooms_kv_cache():
+    # 1 KiB of f16 KV a token and layer: at 65,536 tokens of f32 KV a layer is 1 GiB +
+    # 128 MiB, at f16 1 GiB + 64 MiB. w's two layers: 2 GiB + 256 MiB at f32, over the
+    # 2 GiB + 192 MiB it lends (2 GiB + 128 MiB at f16 would fit).
+    from planner.room import DealOptions, Device
+    mib = 2**20
+    devices = [Device("h", lends_bytes=8 * GIB), Device("w", lends_bytes=2 * GIB + 192 * mib)]
+    first = Deal.pinned("h", (("h", 0, 2), ("w", 2, 4)))
+    measured = Measured({"h": 0.010, "w": 0.001}, None, every_hop("hw", 0.001))
+    now = merge_lost(first, frozenset({"w"}))
+    model = gib_layers(4, kv_bytes_per_token=1024)
+    f32 = DealOptions(context_tokens=65536, kv_cache="f32")
+    f16 = DealOptions(context_tokens=65536, kv_cache="f16")
+    assert rejoin_rule(devices, model, first, f32)(now, frozenset(), measured) is None
+    assert rows(rejoin_rule(devices, model, first, f16)(now, frozenset(), measured)) == rows(first)
+
+
+def test_the_rule_counts_the_hops_of_the_rooms_return_path():
+    # pinned h 1-2, a 3-4, b 5-6; a was lost (h 1-4, b 5-6) and is back. 10 ms a layer
+    # everywhere; every hop 1 ms but b -> h 50 ms. Now (h -> b -> h either way) 60 + 51 =
+    # 111 ms. Back, direct (h -> a -> b -> h): 60 + 52 = 112 ms, not faster; via_stages
+    # (h -> a -> b -> a -> h): 60 + 4 = 64 ms, 1.73x.
+    from planner.room import DealOptions, Device
+    devices = [Device(i, lends_bytes=8 * GIB) for i in "hab"]
+    first = Deal.pinned("h", (("h", 0, 2), ("a", 2, 4), ("b", 4, 6)))
+    hops = every_hop("hab", 0.001) | {("b", "h"): 0.050}
+    measured = Measured({"h": 0.010, "a": 0.010, "b": 0.010}, None, hops)
+    now = merge_lost(first, frozenset({"a"}))
+    via = rejoin_rule(devices, gib_layers(), first, DealOptions(split="speed"), return_path="via_stages")
+    direct = rejoin_rule(devices, gib_layers(), first, DealOptions(split="speed"), return_path="direct")
+    assert rows(via(now, frozenset(), measured)) == rows(first)
+    assert direct(now, frozenset(), measured) is None
+
+
+def test_measured_faster_by_hand_both_laps_on_the_return_path_and_the_cost_model():
+    # three stages against two, 10 ms a layer, b -> h 50 ms, other hops 1 ms (as above):
+    # h 1-2, a 3-4, b 5-6 is 112 ms direct and 64 ms via_stages; h 1-4, b 5-6 111 ms either way
+    three = Deal.pinned("h", (("h", 0, 2), ("a", 2, 4), ("b", 4, 6)))
+    two = Deal.pinned("h", (("h", 0, 4), ("b", 4, 6)))
+    hops = every_hop("hab", 0.001) | {("b", "h"): 0.050}
+    m = Measured({"h": 0.010, "a": 0.010, "b": 0.010}, None, hops)
+    assert measured_faster(three, two, m, None, "direct", margin=1.0)  # 112 > 111
+    assert not measured_faster(three, two, m, None, "via_stages", margin=1.0)  # 64 < 111
+    assert measured_faster(two, three, m, None, "via_stages", margin=1.7)  # 111 > 1.7 x 64
+    assert not measured_faster(two, three, m, None, "direct", margin=1.0)
+    # hops not timed: the cost model's 5 ms each, on both laps. h 1-3, v 4-6 (h 10 ms a
+    # layer, v 20 ms) 30 + 60 + 10 = 100 ms; h 1-3, w 4-6 (w 12 ms) 30 + 36 + 10 = 76 ms:
+    # 1.316x, past 1.3 (without the model's hops on the first lap: 90 against 76, 1.18x)
+    v = Deal.pinned("h", (("h", 0, 3), ("v", 3, 6)))
+    w = Deal.pinned("h", (("h", 0, 3), ("w", 3, 6)))
+    untimed = Measured({"h": 0.010, "v": 0.020, "w": 0.012})
+    assert measured_faster(v, w, untimed, lambda a, b: 0.005, margin=1.3)
+    assert not measured_faster(v, w, untimed, lambda a, b: 0.005, margin=1.32)
+    # exactly as fast is not faster: both laps 2 x 0.5 + 2 x 0.25 + 2 x 0.125 = 1.75 s
+    exact = Measured({"h": 0.5, "v": 0.25, "w": 0.25}, None, every_hop("hvw", 0.125))
+    v2 = Deal.pinned("h", (("h", 0, 2), ("v", 2, 4)))
+    w2 = Deal.pinned("h", (("h", 0, 2), ("w", 2, 4)))
+    assert measured_lap_s("h", rows(v2), exact) == 1.75 == measured_lap_s("h", rows(w2), exact)
+    assert not measured_faster(v2, w2, exact, margin=1.0)
+
+
+def test_a_scenarios_rejoin_rule_is_the_rule_over_its_devices_options_network_and_return_path():
+    from planner.chain import rejoin_rule_for
+    scn = load("scenarios/home.yaml", PINNED)
+    # as in test_the_rule_deals_the_device_back_when_it_is_measured_faster: 1.2236x. The
+    # laptop's 10 layers (157 MB at home's 2,048-token context) fit the 190 MB it may use
+    # (200 MB less the 5 % headroom); at the default 8,192 tokens they would be 205 MB.
+    measured = Measured({"desktop": 0.010, "laptop": 0.004})
+    assert rejoin_rule_for(scn, FIRST)(ALONE, frozenset(), measured).stages == FIRST.stages
+    assert rejoin_rule_for(scn, FIRST, margin=1.23)(ALONE, frozenset(), measured) is None
+    # hops not timed: home's lap model (2.59344 ms a hop), 380 against 365.187 ms: 1.04056x
+    # (a 1 ms, 1 Gbit/s network would make it 361.04 ms: 1.0525x)
+    untimed = Measured({"desktop": 0.010, "laptop": 0.008}, 0.080)
+    assert rejoin_rule_for(scn, FIRST, margin=1.0405)(ALONE, frozenset(), untimed).stages == FIRST.stages
+    assert rejoin_rule_for(scn, FIRST, margin=1.041)(ALONE, frozenset(), untimed) is None
+    # returning through the stages: desktop 1-10, laptop 11-20, phone 21-30; the laptop was
+    # lost (desktop 1-20, phone 21-30) and is back. 10 ms a layer, hops 1 ms but phone ->
+    # desktop 50 ms: now 300 + 51 = 351 ms; back via the stages 300 + 4 = 304 ms (1.155x,
+    # past 1.1), directly 300 + 52 = 352 ms. The phone's unchanged stage is not checked.
+    three = ["stages=[{device: desktop, layers: '1-10'}, {device: laptop, layers: '11-20'}, "
+             "{device: phone, layers: '21-30'}]", "decoding.return=via_stages"]
+    via = load("scenarios/home.yaml", three)
+    first3 = Deal.pinned("desktop", (("desktop", 0, 10), ("laptop", 10, 20), ("phone", 20, 30)))
+    now = merge_lost(first3, frozenset({"laptop"}))
+    ids = ["desktop", "laptop", "phone"]
+    hops = {(a, b): 0.001 for a in ids for b in ids if a != b} | {("phone", "desktop"): 0.050}
+    m3 = Measured({d: 0.010 for d in ids}, None, hops)
+    assert rejoin_rule_for(via, first3, margin=1.1)(now, frozenset(), m3).stages == first3.stages
+    direct = load("scenarios/home.yaml", three[:1])
+    assert rejoin_rule_for(direct, first3, margin=1.1)(now, frozenset(), m3) is None
