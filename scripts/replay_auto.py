@@ -14,7 +14,8 @@ and 5-7, and any k a record lacks, interpolated linearly between the measured k,
 return hop's step from k = 5, where the frame outgrows the initial window). The rule
 gets its prior from ``--profile`` (the grounded sample's walk) and either the profile's
 lap costs (the rule as on main), or the measured ones (``oracle``). Prints tokens per
-second of lap time, and x the best fixed k of {1, 2, 4, 8}.
+second of lap time, and x the best fixed k of {1, 2, 4, 8}; then the rule with its window
+charge for k >= 5 cut to fractions of the round trip (``--window-charges``).
 
     .venv/bin/python scripts/replay_auto.py [--profile docs/heldout-2026-12-02-s6.profile.yaml]
 """
@@ -36,7 +37,8 @@ import validate_heldout as V  # noqa: E402
 
 RECORDS = {"S6": "docs/heldout-2026-12-02-s6.json", "quiet": "docs/heldout-2026-12-01-quiet.json",
            "W1": "docs/heldout-2026-12-01-w1.json", "device": "docs/spec-auto-2026-12-03-h200.json",
-           "device S9": "docs/spec-auto-2026-12-03-h200-s9.json"}
+           "device S9": "docs/spec-auto-2026-12-03-h200-s9.json",
+           "device S10": "docs/spec-auto-2026-12-03-h200-s10.json"}
 ROWS = {0: "3 devices, 80 ms, plain", 2: "3 devices, 80 ms, ngram k=2, grounded",
         4: "3 devices, 80 ms, ngram k=4, grounded", 8: "3 devices, 80 ms, ngram k=8, grounded"}
 #: scripts/spec_auto.py's record (the 16-core device machine): its rows' names
@@ -115,7 +117,18 @@ def tokens_per_s(answers, cost, policy=None, fixed=0, window: bool = False) -> f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="docs/heldout-2026-12-02-s6.profile.yaml")
+    ap.add_argument("--window-charges", default="1,0.6,0.4,0.25,0",
+                    help="fractions of the round trip the rule charges a lap of k >= 5 for the window, one "
+                         "column each in the last table (1: the rule as on main)")
     a = ap.parse_args()
+    try:
+        charges = [float(x) for x in a.window_charges.split(",") if x.strip()]
+    except ValueError:
+        charges = []
+    if not charges or any(not 0.0 <= c <= 1.0 for c in charges):
+        print(f"error: --window-charges: need fractions in [0, 1], comma-separated, got {a.window_charges!r}",
+              file=sys.stderr)
+        return 2
     if not (ROOT / a.profile).is_file():
         print(f"error: --profile: no such profile {a.profile!r}", file=sys.stderr)
         return 2
@@ -152,6 +165,20 @@ def main() -> int:
                 got = [tokens_per_s(answers, cost, p, window=window) for p in (pol, oracle)]
                 print(f"| {study} | {name} | " + " | ".join(f"{v:.2f}" for v in fixed.values()) + " | "
                       + " | ".join(f"{v:.2f} ({v / best:.2f}x)" for v in got) + " |")
+    # the rule with a smaller window charge: lap_s[k] for k >= 5 less (1 - charge) round trips
+    rtt_s = RTT_S
+    pols = [dataclasses.replace(pol, lap_s=tuple(c - (1 - f) * rtt_s if k >= 5 else c for k, c in enumerate(pol.lap_s)))
+            for f in charges]
+    print("\nthe rule with the window charge cut (lap times measured, the window carried), x the best fixed k")
+    print("| lap costs of | prompts | best fixed k | " + " | ".join(f"charge {f:g}" for f in charges) + " |")
+    print("|---|---|---:|" + "---:|" * len(charges))
+    for study, record in RECORDS.items():
+        cost = measured_costs(record, with_step=False)
+        for name, answers in sets.items():
+            fixed = {k: tokens_per_s(answers, cost, fixed=k, window=True) for k in (1, 2, 4, 8)}
+            kb = max(fixed, key=fixed.get)
+            print(f"| {study} | {name} | k={kb} {fixed[kb]:.2f} | "
+                  + " | ".join(f"{tokens_per_s(answers, cost, p, window=True) / fixed[kb]:.2f}x" for p in pols) + " |")
     return 0
 
 
