@@ -13,6 +13,10 @@ Each public call is one command buffer, one submit and at most one read-back:
   -> norm + head -> arg-max -> the new token's embedding -> the host's layers -> read the
   residual and the token id. On one device this is the whole decode step.
 
+A read-back waits for its own submission alone (:meth:`WgpuStage._read_after`: the submission's
+index from ``wgpuQueueSubmitForIndex``, then ``wgpuDevicePoll`` with it), so submissions made
+after it stay queued on the GPU.
+
 Batches of tokens (prefill, verify laps) use 6 dispatches per layer: [norm+QKV], [RoPE + KV
 write], [attention], [O-proj + residual], [norm + gate/up + SwiGLU], [down + residual].
 
@@ -256,6 +260,40 @@ def split_settings(text: str) -> dict[str, int]:
     return format_counts(text, "SPLITROOM_WGPU_SPLIT", wgsl.WEIGHT_FORMATS)
 
 
+#: environment variable choosing how read-backs wait for the GPU (see :func:`wait_setting`)
+WAIT_ENV = "SPLITROOM_WGPU_WAIT"
+
+
+def wait_setting(text: str) -> str:
+    """``SPLITROOM_WGPU_WAIT``: ``"index"`` (the default: a read-back waits for the one submission
+    that wrote it, later ones stay queued) or ``"map"`` (wgpu-py's ``map_sync``, which waits for
+    every submission made so far). Raises ValueError on other text."""
+    v = text.strip() or "index"
+    if v not in ("index", "map"):
+        raise ValueError(f"{WAIT_ENV}={text!r}: expected index or map")
+    return v
+
+
+#: the one-token products :func:`split_rows_settings` names
+PRODUCTS = ("qkv", "o", "gate_up", "down", "head")
+
+
+def split_rows_settings(text: str) -> dict[str, int]:
+    """``SPLITROOM_WGPU_SPLIT_ROWS``: rows a workgroup of the workgroup-shared form computes, per
+    product rather than per format: ``"gate_up:2,head:8"`` (products of :data:`PRODUCTS`; QKV with
+    RoPE counts row pairs), ``"2"`` (every product), ``""`` (the default: each format's
+    ``SPLITROOM_WGPU_SPLIT`` count). It applies only to formats that have the shared form, and
+    only where it divides that product's rows. Raises ValueError on other text, an unknown
+    product or a count below 1."""
+    out = format_counts(text, "SPLITROOM_WGPU_SPLIT_ROWS", PRODUCTS)
+    bad = sorted(set(out) - set(PRODUCTS))
+    if bad:
+        raise ValueError(f"SPLITROOM_WGPU_SPLIT_ROWS={text!r}: unknown product {bad[0]!r} (expected one of {', '.join(PRODUCTS)})")
+    if any(n < 1 for n in out.values()):
+        raise ValueError(f"SPLITROOM_WGPU_SPLIT_ROWS={text!r}: rows a workgroup must be at least 1")
+    return out
+
+
 class WideOf(dict):
     """``{format: pieces}`` that answers 0 for formats not named (a tuple of parts included)."""
 
@@ -414,11 +452,19 @@ class WgpuStage(Stage):
             wide_n, rs_n, words_n, split_n = WideOf(self.wide), RowsOf(self.rows_sg), WideOf(self.words), WideOf(self.split)
             rows_qkv = self.qkv_w if c.qk_norm else self.qkv_w // 2  # rows (or RoPE pairs) of the QKV product
 
-            def form(f, ns=(rows_qkv, H, F), rows=rr, unroll=un):
+            self.split_rows = split_rows_settings(os.environ.get("SPLITROOM_WGPU_SPLIT_ROWS", ""))
+            own_rows = {"qkv": rows_qkv, "o": H, "gate_up": F, "down": H, "head": V if spec.host else 0}
+
+            def form(f, ns=(rows_qkv, H, F), rows=rr, unroll=un, product=None):
                 """This format's kernel form: rows per workgroup (``rows`` times the rows per subgroup,
                 which fall back to 1 where they do not divide every product's rows ``ns``), loads; or the
-                workgroup-shared form (``split``: that many rows a workgroup, where they divide every ``ns``)."""
+                workgroup-shared form (``split``: that many rows a workgroup, where they divide every ``ns``).
+                ``product`` (qkv, o, gate_up, down, head) takes its own shared rows from
+                :attr:`split_rows` where the format has the shared form and they divide that product's rows."""
                 sp = split_n[f]
+                n_own = own_rows.get(product, 0)
+                if sp and product in self.split_rows and n_own and n_own % self.split_rows[product] == 0:
+                    sp, ns = self.split_rows[product], (n_own,)
                 if sp and all(n % sp == 0 for n in ns):
                     return {"R": sp, "rs": 1, "U": unroll, "wide": 0, "words": 0, "lane_words": 1, "split": sp,
                             "split_wg": split_wg}
@@ -428,12 +474,12 @@ class WgpuStage(Stage):
 
             self.kernel_form = form
             if c.qk_norm:  # per-head norms need whole heads: plain QKV rows, then the batch RoPE pass
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, WGS=wgs, fmt=f, norm=True, eps=c.rms_eps, bias=c.qkv_bias, **form(f)))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, WGS=wgs, fmt=f, norm=True, eps=c.rms_eps, bias=c.qkv_bias, **form(f, product="qkv")))  # noqa: E731
             else:
-                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, WGS=wgs, fmt=f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, bias=c.qkv_bias, **form(f)))  # noqa: E731
-            f_o = lambda f: mk(wgsl.matvec_src(QD, H, WGS=wgs, fmt=f, add=True, bias=c.o_bias, **form(f)))  # noqa: E731
-            f_gu = lambda f: mk(wgsl.matvec_src(H, F, WGS=wgs, fmt=f, norm=True, swiglu=True, eps=c.rms_eps, **form(f)))  # noqa: E731
-            f_d = lambda f: mk(wgsl.matvec_src(F, H, WGS=wgs, fmt=f, add=True, **form(f)))  # noqa: E731
+                f_qkv = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, WGS=wgs, fmt=f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, bias=c.qkv_bias, **form(f, product="qkv")))  # noqa: E731
+            f_o = lambda f: mk(wgsl.matvec_src(QD, H, WGS=wgs, fmt=f, add=True, bias=c.o_bias, **form(f, product="o")))  # noqa: E731
+            f_gu = lambda f: mk(wgsl.matvec_src(H, F, WGS=wgs, fmt=f, norm=True, swiglu=True, eps=c.rms_eps, **form(f, product="gate_up")))  # noqa: E731
+            f_d = lambda f: mk(wgsl.matvec_src(F, H, WGS=wgs, fmt=f, add=True, **form(f, product="down")))  # noqa: E731
             chunk = min(int(os.environ.get("SPLITROOM_WGPU_ATT_CHUNK", "2048")), self.max_ctx)
             aw = int(os.environ.get("SPLITROOM_WGPU_ATT", "256"))
             # SPLITROOM_WGPU_ATT_GROUPS=N: the key-group attention (wgsl.attention_groups_src), N keys
@@ -490,20 +536,20 @@ class WgpuStage(Stage):
             self.layers.append(L)
             if self.fast:
                 fq_, fo_, fg_, fd_ = f_qkv(fq), f_o(fo), f_gu(fg), f_d(fd)
-                R_ = {f: self.kernel_form(f)["R"] for f in (fq, fo, fg, fd)}  # rows per workgroup of each format
+                R_ = {pr: self.kernel_form(f, product=pr)["R"] for pr, f in (("qkv", fq), ("o", fo), ("gate_up", fg), ("down", fd))}  # rows a workgroup
                 if c.qk_norm:
                     self.plan1 += [
-                        ("qkv", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // R_[fq]),
+                        ("qkv", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // R_["qkv"]),
                         ("qk_norm_rope", self.p_rope, L["rope"], (NH + 2 * KV, 1)),
                     ]
                 else:
                     self.plan1.append(("qkv_rope", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1,
-                                                                          6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // R_[fq]))
+                                                                          6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // R_["qkv"]))
                 self.plan1 += [
                     ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH),
-                    ("o_add", fo_, self._bind(fo_, {0: self.att, 1: wo, 2: self.x, **ob}), H // R_[fo]),
-                    ("gate_up", fg_, self._bind(fg_, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // R_[fg]),
-                    ("down_add", fd_, self._bind(fd_, {0: self.act, 1: wd, 2: self.x}), H // R_[fd]),
+                    ("o_add", fo_, self._bind(fo_, {0: self.att, 1: wo, 2: self.x, **ob}), H // R_["o"]),
+                    ("gate_up", fg_, self._bind(fg_, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // R_["gate_up"]),
+                    ("down_add", fd_, self._bind(fd_, {0: self.act, 1: wd, 2: self.x}), H // R_["down"]),
                 ]
 
         if spec.host:
@@ -524,7 +570,7 @@ class WgpuStage(Stage):
                 hw, hr = _mv_shape("HEAD", (256, 8))
                 while V % hr:
                     hr //= 2
-                fm = self.kernel_form(fh, ns=(V,), rows=hr, unroll=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8")))
+                fm = self.kernel_form(fh, ns=(V,), rows=hr, unroll=int(os.environ.get("SPLITROOM_WGPU_UNROLL", "8")), product="head")
                 hr = fm["R"]
                 f_head = mk(wgsl.matvec_src(H, V, WGS=hw, fmt=fh, norm=True, eps=c.rms_eps, **fm))
                 f_arg = mk(wgsl.argmax_embed_src(V, H, fe))
@@ -533,10 +579,17 @@ class WgpuStage(Stage):
                 self.fhead_x = ("head", f_head, self._bind(f_head, {0: self.x, 1: self.head_w, 2: self.logits, 4: norm}), V // hr)
                 self.fargmax = ("argmax_embed", f_arg, self._bind(f_arg, {0: self.logits, 1: self.ids, 2: self.x, 3: self.emb}), 1)
         w.clear()
-        if self.fast:
-            from wgpu.backends.wgpu_native._ffi import ffi, lib
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
 
-            self._ffi, self._lib = ffi, lib
+        self._ffi, self._lib = ffi, lib
+        self.wait_mode = wait_setting(os.environ.get(WAIT_ENV, "index"))
+        mapped: list[int] = []  # statuses of map requests made by _read_after, filled by their callback
+        self._mapped = mapped  # (the callback holds the list, not the stage: no cycle keeping the buffers alive)
+        self._map_cb = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
+                                    lambda status, msg, u1, u2: mapped.append(int(status)))
+        self._map_info = ffi.new("WGPUBufferMapCallbackInfo *", {"mode": lib.WGPUCallbackMode_AllowProcessEvents,
+                                                                 "callback": self._map_cb})
+        self._index = ffi.new("WGPUSubmissionIndex *")
 
     def _swap_cache(self, old: int, new: int) -> None:
         """Copy the positions held of the caches in use into slot ``old``'s buffers and
@@ -616,6 +669,54 @@ class WgpuStage(Stage):
                 flat[b] = bf
         entries = [{"binding": b, "resource": {"buffer": bf, "offset": 0, "size": bf.size}} for b, bf in sorted(flat.items())]
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+    def _submit(self, command_buffers: list) -> int:
+        """Submit ``command_buffers`` in one queue submission; return its submission index
+        (wgpu-native's ``wgpuQueueSubmitForIndex``, increasing), which :meth:`_read_after` waits for."""
+        from wgpu.backends.wgpu_native._api import libf
+
+        arr = self._ffi.new("WGPUCommandBuffer[]", [cb._internal for cb in command_buffers])
+        return int(libf.wgpuQueueSubmitForIndex(self.device.queue._internal, len(command_buffers), arr))
+
+    def _read_after(self, buf, index: int, spans: list[tuple[int, int]]) -> list[bytes]:
+        """Bytes ``[(offset, nbytes)]`` of the mappable ``buf``, once submission ``index`` (from
+        :meth:`_submit`, the last one writing them) has finished.
+
+        With :attr:`wait_mode` ``"index"`` (the default) this thread polls the device for that
+        submission alone (``wgpuDevicePoll`` with its index), so submissions made after it stay
+        queued and the GPU keeps running them, then maps ``buf`` and unmaps it again through
+        wgpu-native's calls. ``"map"``: wgpu-py's ``map_sync``, whose poll thread waits with no
+        index, that is for every submission made so far (the queue runs dry on each read).
+        Offsets must be multiples of 8 and sizes of 4 (WebGPU's mapping rules).
+
+        Raises:
+            RuntimeError: the mapping failed (its status and wgpu-native's message).
+        """
+        end = max(o + n for o, n in spans)
+        if self.wait_mode == "map":
+            buf.map_sync(self._wgpu.MapMode.READ, 0, end)
+            try:
+                return [bytes(buf.read_mapped(o, n, copy=False)) for o, n in spans]
+            finally:
+                buf.unmap()
+        from wgpu.backends.wgpu_native._api import libf
+
+        ffi, lib, dev = self._ffi, self._lib, self.device._internal
+        self._index[0] = index
+        lib.wgpuDevicePoll(dev, True, self._index)
+        self._mapped.clear()
+        libf.wgpuBufferMapAsync(buf._internal, lib.WGPUMapMode_Read, 0, end, self._map_info[0])
+        for _ in range(100_000):  # the callback runs in one of these polls (or in wgpu-py's poll thread)
+            if self._mapped:
+                break
+            lib.wgpuDevicePoll(dev, True, self._index)
+        if self._mapped[:1] != [lib.WGPUMapAsyncStatus_Success]:
+            raise RuntimeError(f"could not map a read-back buffer of {end} B (status {self._mapped[:1] or 'none'})")
+        ptr = ffi.cast("char *", lib.wgpuBufferGetMappedRange(buf._internal, 0, end))
+        try:
+            return [ffi.buffer(ptr + o, n)[:] for o, n in spans]
+        finally:
+            lib.wgpuBufferUnmap(buf._internal)
 
     def _tb(self, n: int) -> int:
         return 1 if n == 1 else 8
@@ -701,20 +802,12 @@ class WgpuStage(Stage):
             return enc.finish()
 
         if reuse is None:
-            q.submit([build()])
+            index = self._submit([build()])
         else:
             spare = self._spare.pop(reuse, None)
-            q.submit([spare if spare is not None else build()])
+            index = self._submit([spare if spare is not None else build()])
             self._spare[reuse] = build()  # for the next call, while the GPU works
-        out = []
-        if reads:
-            self.staging.map_sync(self._wgpu.MapMode.READ, 0, off)
-            try:
-                for o, nb in spans:
-                    out.append(bytes(self.staging.read_mapped(o, nb, copy=False)))
-            finally:
-                self.staging.unmap()
-        return out
+        return self._read_after(self.staging, index, spans) if reads else []
 
     # ------------------------------------------------------------------ Stage API
     def forward(self, hidden: np.ndarray, first_pos: int) -> np.ndarray:
@@ -839,18 +932,14 @@ class WgpuStage(Stage):
             st.setdefault(k, 0.0)
         q.write_buffer(self.x, 0, np.ascontiguousarray(x[-1:]))
         ids: list[int] = []
-        pending: list[tuple[int, int]] = []  # (ring slot, ids in it)
+        pending: list[tuple[int, int, int]] = []  # (ring slot, ids in it, submission index)
         clock = time.perf_counter
 
         def collect():
-            slot, n = pending.pop(0)
+            slot, n, index = pending.pop(0)
             t0 = clock()
-            b = self._ring[slot]
-            b.map_sync(wgpu.MapMode.READ, 0, 256)
-            try:
-                ids.extend(int(v) for v in np.frombuffer(bytes(b.read_mapped(0, 4 * n, copy=False)), np.uint32))
-            finally:
-                b.unmap()
+            (raw,) = self._read_after(self._ring[slot], index, [(0, 4 * n)])
+            ids.extend(int(v) for v in np.frombuffer(raw, np.uint32))
             st["wait_s"] += clock() - t0
 
         step_plan = [self.fhead_x, self.fargmax] + self.plan1
@@ -881,10 +970,10 @@ class WgpuStage(Stage):
                 enc.copy_buffer_to_buffer(self.ids, 0, self._ring[slot], 0, 4)
             cb = enc.finish()
             t1 = clock()
-            q.submit([cb])
+            index = self._submit([cb])
             st["encode_s"] += t1 - t0
             st["submit_s"] += clock() - t1
-            pending.append((slot, n))
+            pending.append((slot, n, index))
             nsub += 1
             self._pos = first_pos + g0 + n
         while pending:

@@ -97,6 +97,13 @@ def test_greedy_steps_equal_stepwise_and_reference(pair):
     assert got == want
     assert rel(h, x) < 1e-5
     gpu.rollback(4)
+    gpu.wait_mode = "map"  # wgpu-py's map_sync for every read-back instead of the submission index
+    try:
+        got_map, h_map = gpu.greedy_steps(hg, 4, 20)
+    finally:
+        gpu.wait_mode = "index"
+    assert got_map == want and rel(h_map, x) < 1e-5
+    gpu.rollback(4)
     step, y = [], hg
     for i in range(20):
         t, y = gpu.head_embed_forward(y, 4 + i)
@@ -141,3 +148,40 @@ def test_worker_stage_of_one_layer(monkeypatch, fast):
     for pos in range(3):
         x = rng.standard_normal((1, CFG.hidden)).astype(np.float32)
         assert rel(gpu.forward(x, pos), ref.forward(x, pos)) < 1e-5
+
+
+def test_shared_rows_per_product_match_reference(monkeypatch):
+    """SPLITROOM_WGPU_SPLIT_ROWS gives each one-token product its own rows a workgroup of the
+    shared form (f16 here: QKV 1 row pair, O 4 from SPLIT, gate/up 2, down 4, head 8): the kernels
+    built and the workgroups dispatched are those (rows / rows a workgroup), and greedy decode
+    equals the numpy reference's."""
+    monkeypatch.setenv("SPLITROOM_WGPU_FAST", "1")
+    monkeypatch.setenv("SPLITROOM_WGPU_SPLIT", "f16:4")
+    monkeypatch.setenv("SPLITROOM_WGPU_SPLIT_ROWS", "gate_up:2,head:8,qkv:1")
+    w = weights(5)
+    ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=64, precision=Precision(weights="f16"))
+    gpu = wgpu_backend.WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), w, max_ctx=64, precision=Precision(weights="f16"))
+    if not gpu.fast:
+        pytest.skip("adapter without subgroup operations")
+    assert [gpu.kernel_form("f16", product=p)["split"] for p in ("qkv", "o", "gate_up", "down", "head")] == [1, 4, 2, 4, 8]
+    groups = {lab: g for lab, _, _, g in gpu.plan1[:5]}
+    qkv_pairs = (CFG.n_heads + 2 * CFG.n_kv_heads) * CFG.head_dim // 2
+    assert groups == {"qkv_rope": qkv_pairs, "attention": CFG.n_heads, "o_add": CFG.hidden // 4, "gate_up": CFG.ffn // 2,
+                      "down_add": CFG.hidden // 4}
+    assert gpu.fhead_x[3] == CFG.vocab // 8
+    ids = [11, 22, 33, 44]
+    hr = ref.embed_forward(ids, 0)
+    want, x = [], hr
+    for i in range(12):
+        t, x = ref.head_embed_forward(x, 4 + i)
+        want.append(t)
+    got, h = gpu.greedy_steps(gpu.embed_forward(ids, 0), 4, 12)
+    assert got == want and rel(h, x) < 1e-5
+
+
+def test_shared_rows_setting_is_checked():
+    assert wgpu_backend.split_rows_settings("2") == dict.fromkeys(wgpu_backend.PRODUCTS, 2)
+    with pytest.raises(ValueError, match="unknown product 'gate'"):
+        wgpu_backend.split_rows_settings("gate:2")
+    with pytest.raises(ValueError, match="at least 1"):
+        wgpu_backend.split_rows_settings("head:0")
