@@ -143,10 +143,15 @@ def _lshr_bytes(builder, v, shift, n):
 
 @intrinsic
 def _vi8x4(typingctx, arr, idx):
-    """``float32(int8(arr[idx + l]))``, ``l < 32``, as four vectors (Q8_0's codes)."""
+    """``float32(int8(arr[idx + l]))``, ``l < 32``, as four vectors (Q8_0's codes): each 8 bytes
+    sign-extended to 32-bit lanes as they are loaded (one ``vpmovsxbd`` from memory)."""
     def codegen(context, builder, sig, args):
-        b = _load8(context, builder, sig.args[0], args[0], args[1], _VI8x32, 1)
-        return _four(context, builder, sig, b, True)
+        out = []
+        for q in range(4):
+            idx = builder.add(args[1], ir.Constant(args[1].type, 8 * q))
+            b = _load8(context, builder, sig.args[0], args[0], idx, _VI8, 1)
+            out.append(builder.sitofp(builder.sext(b, _VI32), _VF))
+        return context.make_tuple(builder, sig.return_type, out)
     return _CODES4(arr, types.intp), codegen
 
 
@@ -436,7 +441,25 @@ def _unit_dot1(xr, b, c0, c1, c2, c3, da, db, acc):  # pragma: no cover - compil
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _mm_units(x, xs, data, out, prep, unit, dot):  # pragma: no cover - compiled
+def _mu_term(mm, mu, xs, n, u):  # pragma: no cover - compiled
+    """``mm + mu * xs[n, u]``: the offset's part of a unit (Q4_1, Q4_K)."""
+    return mm + mu * xs[n, u]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _no_mu_term(mm, mu, xs, n, u):  # pragma: no cover - compiled
+    """``mm``: formats without an offset (Q8_0, Q4_0, Q6_K) skip the term; ``0 * xs`` would
+    still be computed (no fast-math flags let LLVM drop it) and ``xs`` is not filled for them."""
+    return mm
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _no_unit_sums(x, xs):  # pragma: no cover - compiled
+    pass
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mm_units(x, xs, data, out, prep, unit, dot, term):  # pragma: no cover - compiled
     nx = x.shape[0]
     nu = x.shape[1] // UNIT
     m = data.shape[0]
@@ -463,10 +486,10 @@ def _mm_units(x, xs, data, out, prep, unit, dot):  # pragma: no cover - compiled
                     a1 = dot(x1, b, c0, c1, c2, c3, da, db, a1)
                     a2 = dot(x2, b, c0, c1, c2, c3, da, db, a2)
                     a3 = dot(x3, b, c0, c1, c2, c3, da, db, a3)
-                    m0 += mu * xs[n, u]
-                    m1 += mu * xs[n + 1, u]
-                    m2 += mu * xs[n + 2, u]
-                    m3 += mu * xs[n + 3, u]
+                    m0 = term(m0, mu, xs, n, u)
+                    m1 = term(m1, mu, xs, n + 1, u)
+                    m2 = term(m2, mu, xs, n + 2, u)
+                    m3 = term(m3, mu, xs, n + 3, u)
                 out[n, o] = _vsum(a0) + m0
                 out[n + 1, o] = _vsum(a1) + m1
                 out[n + 2, o] = _vsum(a2) + m2
@@ -479,7 +502,7 @@ def _mm_units(x, xs, data, out, prep, unit, dot):  # pragma: no cover - compiled
                 for u in range(nu):
                     c0, c1, c2, c3, da, db, mu = unit(r, u, sc)
                     a = dot(xr, UNIT * u, c0, c1, c2, c3, da, db, a)
-                    mm += mu * xs[n, u]
+                    mm = term(mm, mu, xs, n, u)
                 out[n, o] = _vsum(a) + mm
                 n += 1
 
@@ -490,35 +513,35 @@ def _mm_units(x, xs, data, out, prep, unit, dot):  # pragma: no cover - compiled
 # Here the readers are globals, fixed when the entry point compiles.
 
 @njit(cache=True, nogil=True, inline="always")
-def _product(x, data, out, prep, unit, dot):  # pragma: no cover - compiled
+def _product(x, data, out, prep, unit, dot, sums, term):  # pragma: no cover - compiled
     xs = np.empty((x.shape[0], x.shape[1] // UNIT), np.float32)
-    _unit_sums(x, xs)
-    _mm_units(x, xs, data, out, prep, unit, dot)
+    sums(x, xs)
+    _mm_units(x, xs, data, out, prep, unit, dot, term)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _mm_q8_0(x, data, out):  # pragma: no cover - compiled
-    _product(x, data, out, _prep_none, _unit_q8_0, _unit_dot1)
+    _product(x, data, out, _prep_none, _unit_q8_0, _unit_dot1, _no_unit_sums, _no_mu_term)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _mm_q4_0(x, data, out):  # pragma: no cover - compiled
-    _product(x, data, out, _prep_none, _unit_q4_0, _unit_dot1)
+    _product(x, data, out, _prep_none, _unit_q4_0, _unit_dot1, _no_unit_sums, _no_mu_term)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _mm_q4_1(x, data, out):  # pragma: no cover - compiled
-    _product(x, data, out, _prep_none, _unit_q4_1, _unit_dot1)
+    _product(x, data, out, _prep_none, _unit_q4_1, _unit_dot1, _unit_sums, _mu_term)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _mm_q4_k(x, data, out):  # pragma: no cover - compiled
-    _product(x, data, out, _prep_q4_k, _unit_q4_k, _unit_dot1)
+    _product(x, data, out, _prep_q4_k, _unit_q4_k, _unit_dot1, _unit_sums, _mu_term)
 
 
 @njit(parallel=True, cache=True, nogil=True)
 def _mm_q6_k(x, data, out):  # pragma: no cover - compiled
-    _product(x, data, out, _prep_q6_k, _unit_q6_k, _unit_dot)
+    _product(x, data, out, _prep_q6_k, _unit_q6_k, _unit_dot, _no_unit_sums, _no_mu_term)
 
 
 _PRODUCTS = {"q8_0": _mm_q8_0, "q4_0": _mm_q4_0, "q4_1": _mm_q4_1, "q4_k": _mm_q4_k, "q6_k": _mm_q6_k}
