@@ -349,3 +349,22 @@ def test_a_room_walks_its_states_with_the_commands_of_each_transition():
                                                             EmitToken(0, "g", 2, truth(4))]
     assert out[-1] == AnswerDone(0, "g", 3, "length") and s.state == IDLE
     assert not [c for c in out if isinstance(c, (Draft, SendFrame, Refuse))]
+
+
+def test_a_re_deal_replays_every_question_in_flight_each_in_its_own_slot():
+    """Two questions in flight: q0 (prompt 7 8, its first token out: decode lap 2 in flight)
+    in slot 0 and q1 (prompt 5 6 4, its prefill lap 1 at w) in slot 1. w is lost: laps 1
+    and 2 end stale, the re-deal takes lap id 3. Its ChainReady replays both, by hand: q0
+    its 3 tokens so far (a replay lap, 4, slot 0), then q1 its prompt (still a prefill,
+    lap 5, slot 1), each from position 0 of its own cache."""
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, questions_in_flight=2), redeal=lambda d, lost: MERGED)
+    s.handle(QuestionAsked(0, "g", PROMPT, 3), 0.0)
+    assert s.handle(QuestionAsked(1, "g2", (5, 6, 4), 2), 0.0) == [BeginAnswer(1, "g2", 3),
+                                                                  RunStage("h", 1, 1, 0, 3, (5, 6, 4), 1)]
+    s.handle(StageFinished("h", 1), 0.0)  # q1's prompt goes on to w
+    _first_token(s)
+    out = s.handle(DeviceLost("w"), 0.0)
+    assert [c.lap_id for c in out if isinstance(c, LapEnded)] == [1, 2] and out[-1].first_lap == 3
+    assert s.handle(ChainReady(3), 0.0) == [RunStage("h", 4, 0, 0, 3, (7, 8, truth(2)), 0),
+                                            RunStage("h", 5, 1, 0, 3, (5, 6, 4), 1)]
+    assert s.state == FILLING
