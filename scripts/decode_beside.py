@@ -124,11 +124,13 @@ def main(argv=None) -> None:
         tok_s = a.tokens / t
         r = {"tok_s_median": float(np.median(tok_s)), "tok_s_p10": float(np.percentile(tok_s, 10)),
              "tok_s_p90": float(np.percentile(tok_s, 90)), "tok_s_best": float(tok_s.max()),
-             "time_over_numpy_q8_median": float(np.median(t / base)),
-             "first_ids": first_ids[n][:8]}
+             "tok_s_min": float(tok_s.min()), "time_over_numpy_q8_median": float(np.median(t / base)),
+             "time_over_numpy_q8_min": float(np.min(t / base)), "time_over_numpy_q8_max": float(np.max(t / base)),
+             "round_s": [float(v) for v in t], "first_ids": first_ids[n][:8]}
         res["engines"][n] = r
-        print(f"{n:<11} {r['tok_s_median']:6.1f} tok/s (p10 {r['tok_s_p10']:.1f}, p90 {r['tok_s_p90']:.1f}, best "
-              f"{r['tok_s_best']:.1f})  time over numpy-q8: median {r['time_over_numpy_q8_median']:.2f}")
+        print(f"{n:<11} {r['tok_s_median']:6.1f} tok/s [{r['tok_s_min']:.1f}-{r['tok_s_best']:.1f}] (p10 {r['tok_s_p10']:.1f},"
+              f" p90 {r['tok_s_p90']:.1f})  time over numpy-q8: median {r['time_over_numpy_q8_median']:.2f}"
+              f" [{r['time_over_numpy_q8_min']:.2f}-{r['time_over_numpy_q8_max']:.2f}]")
     if llama_cpp is None:
         print("llama.cpp left out:", skipped)
     print("load before", before, "after", res["load_after"])
