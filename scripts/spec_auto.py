@@ -16,6 +16,10 @@ prompts; the model drafter k = 2, 4 and auto (up to 4) on both.
    then round 2, ...), ``--slots`` rooms at a time, each room's processes pinned to
    ``--cores`` CPUs of their own (``taskset``, inherited by the device processes), and
    add each run to its row in ``OUT``; no run starts after ``--budget-s`` seconds.
+   With ``--physical`` the CPUs are one hardware thread of each physical core (read from
+   ``/sys/devices/system/cpu/cpu*/topology/thread_siblings_list``), so no two rooms and no
+   two processes of a room share a core; at most as many rooms as whole groups of
+   ``--cores`` such CPUs fit (``physical_slots``).
 ``--calibrate PROFILE`` makes the profile first (on the machine that runs the rooms);
 ``--only "row;row"`` predicts (and so runs) only those rows.
 3. ``--table OUT``: the table (median, min-max, predicted, tokens and drafts a lap,
@@ -146,12 +150,63 @@ def one(name: str, profile_path: str) -> None:
                                  | {"in_process_delay": res.calibration.get("in_process_delay")}), flush=True)
 
 
-def resume(out: Path, profile_path: str, repeat: int, slots: int, cores: int, budget_s: float) -> None:
+def parse_cpu_list(text: str) -> set[int]:
+    """The CPUs of a sysfs CPU list ("0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11}).
+
+    Raises ValueError on text that is not such a list."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def physical_cpus(allowed: set[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
+    """One CPU of each physical core among ``allowed`` (ascending, the lowest thread of
+    each core): a CPU is left out when a lower allowed CPU is its hyperthread sibling
+    (``cpuN/topology/thread_siblings_list``). A CPU whose topology cannot be read counts
+    as a core of its own."""
+    out: list[int] = []
+    taken: set[int] = set()
+    for cpu in sorted(allowed):
+        if cpu in taken:
+            continue
+        try:
+            sibs = parse_cpu_list((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
+        except (OSError, ValueError):
+            sibs = {cpu}
+        taken |= sibs | {cpu}
+        out.append(cpu)
+    return out
+
+
+def physical_slots(slots: int, cores: int, allowed: set[int],
+                   sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:
+    """Up to ``slots`` disjoint groups of ``cores`` CPUs, each CPU on a physical core of its
+    own (``physical_cpus``). Fewer groups when fewer fit; one group of every such CPU when
+    not even one whole group fits (a small machine: the rooms then run one at a time)."""
+    phys = physical_cpus(allowed, sysfs)
+    n = min(slots, len(phys) // cores)
+    if n == 0:
+        return [phys]
+    return [phys[i * cores:(i + 1) * cores] for i in range(n)]
+
+
+def resume(out: Path, profile_path: str, repeat: int, slots: int, cores: int, budget_s: float,
+           physical: bool = False) -> None:
     t0 = time.time()
     record = json.loads(out.read_text())
     by_name = {r["name"]: r for r in record["rows"]}
     queue = [(r + 1, name) for r in range(repeat) for name in by_name]
-    free = [list(range(i * cores, (i + 1) * cores)) for i in range(slots)]
+    if physical:
+        free = physical_slots(slots, cores, set(os.sched_getaffinity(0)))
+        record["slots"] = {"physical": True, "cpus": free, "siblings": _siblings()}
+    else:
+        free = [list(range(i * cores, (i + 1) * cores)) for i in range(slots)]
+        record["slots"] = {"physical": False, "cpus": free}
+    print(f"  rooms at a time: {len(free)}, cpus {free}", flush=True)
     running: list = []
     while queue or running:
         while queue and free and time.time() - t0 < budget_s:
@@ -188,6 +243,17 @@ def resume(out: Path, profile_path: str, repeat: int, slots: int, cores: int, bu
             out.write_text(json.dumps(record, indent=1))
     record.setdefault("finished_at", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     out.write_text(json.dumps(record, indent=1))
+
+
+def _siblings() -> dict[int, str]:
+    """Every CPU's thread_siblings_list as the machine gives it (for the record)."""
+    out = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        try:
+            out[cpu] = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            out[cpu] = "?"
+    return out
 
 
 def table(out: Path) -> str:
@@ -233,6 +299,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--slots", type=int, default=5, help="rooms at a time (5)")
     ap.add_argument("--cores", type=int, default=3, help="CPUs per room (3)")
+    ap.add_argument("--physical", action="store_true",
+                    help="each room's CPUs on physical cores of their own (one hardware thread each)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no run after this many seconds")
     ap.add_argument("--table", help="print the table of this record")
     ap.add_argument("--calibrate", help="write the study's profile here (calibrate() above) and stop")
@@ -269,7 +337,7 @@ def main() -> int:
         if not Path(a.resume).is_file():
             print(f"error: --resume: no such record {a.resume!r}", file=sys.stderr)
             return 2
-        resume(Path(a.resume), a.profile, a.repeat, a.slots, a.cores, a.budget_s)
+        resume(Path(a.resume), a.profile, a.repeat, a.slots, a.cores, a.budget_s, a.physical)
         print(table(Path(a.resume)))
     else:
         print("error: give --predict-only, --resume or --table", file=sys.stderr)

@@ -4,7 +4,8 @@
 #   KIT: a folder holding part.0 part.1 (the bundled GGUF in pieces, carried over earlier calls),
 #        model.sha256 (its sha256) and w/ (the wheels the machine lacks: aiortc, av, gguf, pydantic, ...)
 #   OUT: where the profile, predictions, record and log go; ROOMS_S: start no room after this many
-#   seconds of the room phase.  ROWS (environment): the rows, ';'-separated (spec_auto.py --only).
+#   seconds of the room phase.  ROWS (environment): the rows, ';'-separated (spec_auto.py --only);
+#   RESUME_ARGS (environment): more arguments of spec_auto.py --resume (--slots 2 --physical --repeat 4).
 set -u
 KIT=$1; OUT=$2; ROOMS_S=$3
 t0=$(date +%s)
@@ -14,6 +15,7 @@ echo "$(cat "$KIT"/model.sha256)  /tmp/model.gguf" | sha256sum -c || exit 3
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$KIT"/w/*.whl || exit 2
 export PYTHONPATH=/tmp/site:$PWD SPLITROOM_GGUF=/tmp/model.gguf SPLITROOM_CACHE=/tmp/cache PYTHONUNBUFFERED=1
 say "cpus $(nproc); $(grep -m1 'model name' /proc/cpuinfo); $(uptime)"
+say "thread siblings: $(for c in /sys/devices/system/cpu/cpu[0-9]*; do printf '%s:%s ' "${c##*cpu}" "$(cat $c/topology/thread_siblings_list 2>/dev/null)"; done)"
 python3 -c "from runtime.weights import ensure_safetensors; print(ensure_safetensors())" || exit 4
 say converted
 python3 scripts/spec_auto.py --calibrate "$OUT"/spec-auto.profile.yaml || exit 5
@@ -23,5 +25,5 @@ python3 scripts/spec_auto.py --predict-only --profile "$OUT"/spec-auto.profile.y
 cp "$OUT"/spec-auto.json "$OUT"/spec-auto.predicted.json
 say predicted
 python3 scripts/spec_auto.py --resume "$OUT"/spec-auto.json --profile "$OUT"/spec-auto.profile.yaml \
-  --budget-s "$ROOMS_S"
+  --budget-s "$ROOMS_S" ${RESUME_ARGS:-}
 say "done; $(uptime)"
