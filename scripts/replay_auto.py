@@ -15,7 +15,8 @@ return hop's step from k = 5, where the frame outgrows the initial window). The 
 gets its prior from ``--profile`` (the grounded sample's walk) and either the profile's
 lap costs (the rule as on main), or the measured ones (``oracle``). Prints tokens per
 second of lap time, and x the best fixed k of {1, 2, 4, 8}; then the rule with its window
-charge for k >= 5 cut to fractions of the round trip (``--window-charges``).
+charge for k >= 5 cut to fractions of the round trip (``--window-charges``), and the rule
+that carries the return hop's window (its last column: :func:`carried_lap_s`).
 
     .venv/bin/python scripts/replay_auto.py [--profile docs/heldout-2026-12-02-s6.profile.yaml]
 """
@@ -76,12 +77,25 @@ def measured_costs(record: str, with_step: bool = True) -> list[float]:
 RTT_S, WINDOW_BYTES, BURST_BYTES, HIDDEN = 0.080, 11600.0, 37120.0, 576
 
 
-def tokens_per_s(answers, cost, policy=None, fixed=0, window: bool = False) -> float:
+def carried_lap_s(policy, cwnd: float) -> tuple[float, ...]:
+    """The rule's lap costs with the return hop's window carried (the last table's last column): the whole
+    round trip the rule on main charges a lap of k >= 5 taken off, and each k charged
+    :func:`sim.link.sctp_frame_rounds` round trips of its result frame from the window
+    ``cwnd`` the room's frames have already grown (bytes). Seconds, k = 0..max."""
+    from planner.frames import frame_bytes
+    from sim.link import sctp_frame_rounds
+    return tuple(c - (RTT_S if k >= 5 else 0.0)
+                 + sctp_frame_rounds(frame_bytes(k + 1, HIDDEN), cwnd, BURST_BYTES)[0] * RTT_S
+                 for k, c in enumerate(policy.lap_s))
+
+
+def tokens_per_s(answers, cost, policy=None, fixed=0, window: bool = False, carried: bool = False) -> float:
     """Tokens per second of lap time over ``answers`` (one room's questions in turn).
     ``window``: ``cost`` leaves the return hop's step out, and each lap pays
     :func:`sim.link.sctp_frame_rounds` round trips for its result frame instead, the
     window carried lap to lap and question to question from the initial one (aiortc's
-    window in one room)."""
+    window in one room). ``carried``: before each lap the rule's costs are
+    :func:`carried_lap_s` of the window the room has then."""
     from planner.frames import frame_bytes
     from runtime.drafters import ngram_draft
     from sim.link import sctp_frame_rounds
@@ -92,6 +106,8 @@ def tokens_per_s(answers, cost, policy=None, fixed=0, window: bool = False) -> f
         toks += 1
         st = policy.start() if policy is not None else None
         while pos < len(ans):
+            if carried and st is not None:
+                st.policy = dataclasses.replace(policy, lap_s=carried_lap_s(policy, cwnd))
             k = st.choose() if st is not None else fixed
             a = 0
             if k == 0:
@@ -170,15 +186,17 @@ def main() -> int:
     pols = [dataclasses.replace(pol, lap_s=tuple(c - (1 - f) * rtt_s if k >= 5 else c for k, c in enumerate(pol.lap_s)))
             for f in charges]
     print("\nthe rule with the window charge cut (lap times measured, the window carried), x the best fixed k")
-    print("| lap costs of | prompts | best fixed k | " + " | ".join(f"charge {f:g}" for f in charges) + " |")
-    print("|---|---|---:|" + "---:|" * len(charges))
+    print("| lap costs of | prompts | best fixed k | " + " | ".join(f"charge {f:g}" for f in charges)
+          + " | window carried |")
+    print("|---|---|---:|" + "---:|" * (len(charges) + 1))
     for study, record in RECORDS.items():
         cost = measured_costs(record, with_step=False)
         for name, answers in sets.items():
             fixed = {k: tokens_per_s(answers, cost, fixed=k, window=True) for k in (1, 2, 4, 8)}
             kb = max(fixed, key=fixed.get)
             print(f"| {study} | {name} | k={kb} {fixed[kb]:.2f} | "
-                  + " | ".join(f"{tokens_per_s(answers, cost, p, window=True) / fixed[kb]:.2f}x" for p in pols) + " |")
+                  + " | ".join(f"{tokens_per_s(answers, cost, p, window=True) / fixed[kb]:.2f}x" for p in pols)
+                  + f" | {tokens_per_s(answers, cost, pol, window=True, carried=True) / fixed[kb]:.2f}x |")
     return 0
 
 
