@@ -306,6 +306,9 @@ def main() -> int:
     ap.add_argument("--calibrate", help="write the study's profile here (calibrate() above) and stop")
     ap.add_argument("--only", help="with --predict-only: the rows to predict (and so to run), names separated by ';'")
     a = ap.parse_args()
+    for flag in ("repeat", "slots", "cores"):
+        if getattr(a, flag) < 1:
+            ap.error(f"--{flag} must be at least 1 (got {getattr(a, flag)})")
     if a.calibrate:
         calibrate(Path(a.calibrate))
         return 0

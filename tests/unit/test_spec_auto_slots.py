@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.spec_auto import parse_cpu_list, physical_cpus, physical_slots
+from scripts.spec_auto import main, parse_cpu_list, physical_cpus, physical_slots
 
 
 def _sysfs(tmp_path: Path, siblings: dict[int, str]) -> Path:
@@ -53,3 +53,13 @@ def test_no_topology_and_small_machine(tmp_path):
     # 2 vCPUs each its own core (this VM's sysfs): rooms of 1, two at a time
     fs = _sysfs(tmp_path, {0: "0", 1: "1"})
     assert physical_slots(5, 1, {0, 1}, fs) == [[0], [1]]
+
+
+@pytest.mark.parametrize("flag", ["--cores", "--slots", "--repeat"])
+def test_a_count_below_one_is_one_line_and_exit_2(flag, monkeypatch, capsys, tmp_path):
+    # --cores 0 divided by zero in physical_slots; --slots 0 left a room queue that never ran
+    monkeypatch.setattr("sys.argv", ["spec_auto.py", "--resume", str(tmp_path / "r.json"), "--physical", flag, "0"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 2
+    assert f"{flag} must be at least 1 (got 0)" in capsys.readouterr().err
