@@ -163,6 +163,14 @@ def parse_cpu_list(text: str) -> set[int]:
     return out
 
 
+def siblings_text(cpu: int, sysfs: Path = Path("/sys/devices/system/cpu")) -> str | None:
+    """``cpuN/topology/thread_siblings_list`` as the machine gives it, or None where it cannot be read."""
+    try:
+        return (sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text().strip()
+    except OSError:
+        return None
+
+
 def physical_cpus(allowed: set[int], sysfs: Path = Path("/sys/devices/system/cpu")) -> list[int]:
     """One CPU of each physical core among ``allowed`` (ascending, the lowest thread of
     each core): a CPU is left out when a lower allowed CPU is its hyperthread sibling
@@ -174,8 +182,8 @@ def physical_cpus(allowed: set[int], sysfs: Path = Path("/sys/devices/system/cpu
         if cpu in taken:
             continue
         try:
-            sibs = parse_cpu_list((sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text())
-        except (OSError, ValueError):
+            sibs = parse_cpu_list(siblings_text(cpu, sysfs) or str(cpu))
+        except ValueError:
             sibs = {cpu}
         taken |= sibs | {cpu}
         out.append(cpu)
@@ -247,13 +255,7 @@ def resume(out: Path, profile_path: str, repeat: int, slots: int, cores: int, bu
 
 def _siblings() -> dict[int, str]:
     """Every CPU's thread_siblings_list as the machine gives it (for the record)."""
-    out = {}
-    for cpu in sorted(os.sched_getaffinity(0)):
-        try:
-            out[cpu] = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
-        except OSError:
-            out[cpu] = "?"
-    return out
+    return {cpu: siblings_text(cpu) or "?" for cpu in sorted(os.sched_getaffinity(0))}
 
 
 def table(out: Path) -> str:
