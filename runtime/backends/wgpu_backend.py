@@ -158,6 +158,8 @@ def get_device():
         "max-storage-buffer-binding-size": lim["max-storage-buffer-binding-size"],
         "max-buffer-size": lim["max-buffer-size"],
         "max-compute-workgroup-storage-size": min(lim["max-compute-workgroup-storage-size"], 32768),
+        # the QKV product with attention fused (SPLITROOM_WGPU_FUSE_ATT) binds 10 storage buffers
+        "max-storage-buffers-per-shader-stage": min(lim["max-storage-buffers-per-shader-stage"], 16),
     }
     feats = [f for f in ("subgroup", "timestamp-query", "timestamp-query-inside-passes") if f in adapter.features]
     device = adapter.request_device_sync(required_features=feats, required_limits=want)
@@ -258,6 +260,15 @@ def split_settings(text: str) -> dict[str, int]:
     computes: ``"f16:8,q4_k:4"``, ``"8"`` (every format), ``"0"`` (none). The threads a workgroup
     has are at most ``SPLITROOM_WGPU_SPLIT_WG`` (default 256). Raises ValueError on other text."""
     return format_counts(text, "SPLITROOM_WGPU_SPLIT", wgsl.WEIGHT_FORMATS)
+
+
+def flag_setting(var: str, default: str) -> bool:
+    """An on/off setting ``$var`` (``1`` or ``0``; ``default`` when unset or empty). Raises
+    ValueError (naming ``var``) on other text."""
+    v = os.environ.get(var, "").strip() or default
+    if v not in ("0", "1"):
+        raise ValueError(f"{var}={v!r}: expected 0 or 1")
+    return v == "1"
 
 
 #: environment variable choosing how read-backs wait for the GPU (see :func:`wait_setting`)
@@ -446,6 +457,9 @@ class WgpuStage(Stage):
             self.split = split_settings(os.environ.get("SPLITROOM_WGPU_SPLIT", "f16:4,q4_k:4,q6_k:4,q8_0:4,q4_1:4"))
             if sgs < 4:  # its workgroup memory holds the sums of at most threads / 4 subgroups
                 self.split = {}
+            # SPLITROOM_WGPU_Q4K_MANT=1: Q4_K codes of the shared form to floats through the mantissa
+            # (wgsl._words_decl mant: one operation a weight fewer); 0 (the default): as before
+            self.q4k_mant = flag_setting("SPLITROOM_WGPU_Q4K_MANT", "0")
             split_wg = int(os.environ.get("SPLITROOM_WGPU_SPLIT_WG", "256"))
             if split_wg < 32 or split_wg % 32:
                 raise ValueError(f"SPLITROOM_WGPU_SPLIT_WG={split_wg}: expected a multiple of 32")
@@ -467,7 +481,7 @@ class WgpuStage(Stage):
                     sp, ns = self.split_rows[product], (n_own,)
                 if sp and all(n % sp == 0 for n in ns):
                     return {"R": sp, "rs": 1, "U": unroll, "wide": 0, "words": 0, "lane_words": 1, "split": sp,
-                            "split_wg": split_wg}
+                            "split_wg": split_wg, "mant": self.q4k_mant}
                 k = rs_n[f] if all(n % (rows * rs_n[f]) == 0 for n in ns) else 1
                 return {"R": rows * k, "rs": k, "U": max(1, unroll // k), "wide": wide_n[f], "words": words_n[f],
                         "lane_words": int(lane_words) if words_n[f] else 1}
@@ -497,6 +511,22 @@ class WgpuStage(Stage):
                 aw = max(1, aw // (D // 4)) * (D // 4)
                 self.f_att = mk(wgsl.attention1_src(NH, KV, D, aw, chunk, c.sliding_window))
             self.attention_form = {"groups": groups, "threads": aw}
+            # SPLITROOM_WGPU_FUSE_ATT=1: the one-token attention runs inside the QKV + RoPE product's
+            # dispatch (wgsl.matvec_src att: the last workgroup to write a head's rows attends it),
+            # 4 dispatches a layer; where the QKV product has the shared form, RoPE and key groups
+            self.fuse_att = (flag_setting("SPLITROOM_WGPU_FUSE_ATT", "0") and bool(groups) and not c.qk_norm
+                             and "max-storage-buffers-per-shader-stage" in self.device.limits
+                             and self.device.limits["max-storage-buffers-per-shader-stage"] >= 10)
+            if self.fuse_att:
+                self.att_cnt = buf(NH * 4)  # zeroed on creation; each head's count is set back to 0 by its attention
+
+            def fuses(f):
+                fm = form(f, product="qkv")
+                return self.fuse_att and fm.get("split", 0) > 0 and (D // 2) % fm["R"] == 0
+
+            self.fuses_att = fuses
+            f_qkv_att = lambda f: mk(wgsl.matvec_src(H, self.qkv_w, WGS=wgs, fmt=f, norm=True, rope=(NH, KV, D), eps=c.rms_eps, bias=c.qkv_bias,  # noqa: E731
+                                                     att=(0, groups, c.sliding_window), **form(f, product="qkv")))
 
         self.layers = []
         self._kv: list[tuple[object, object]] = []  # each layer's K and V cache buffers (the slot in use)
@@ -542,11 +572,18 @@ class WgpuStage(Stage):
                         ("qkv", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 4: ln1, **xb}), self.qkv_w // R_["qkv"]),
                         ("qk_norm_rope", self.p_rope, L["rope"], (NH + 2 * KV, 1)),
                     ]
+                elif self.fuses_att(fq):
+                    fa_ = f_qkv_att(fq)
+                    self.plan1.append(("qkv_rope_att", fa_, self._bind(fa_, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1,
+                                                                             6: kc, 7: vc, 8: self.rope, 10: self.att, 11: self.att_cnt,
+                                                                             **xb}), self.qkv_w // 2 // R_["qkv"]))
                 else:
                     self.plan1.append(("qkv_rope", fq_, self._bind(fq_, {0: self.x, 1: wqkv, 2: self.qkv, 3: self.params, 4: ln1,
                                                                           6: kc, 7: vc, 8: self.rope, **xb}), self.qkv_w // 2 // R_["qkv"]))
+                if not (not c.qk_norm and self.fuses_att(fq)):
+                    self.plan1.append(
+                        ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH))
                 self.plan1 += [
-                    ("attention", self.f_att, self._bind(self.f_att, {0: self.qkv, 1: kc, 2: vc, 3: self.att, 4: self.params}), NH),
                     ("o_add", fo_, self._bind(fo_, {0: self.att, 1: wo, 2: self.x, **ob}), H // R_["o"]),
                     ("gate_up", fg_, self._bind(fg_, {0: self.x, 1: wg, 2: self.act, 4: ln2, 5: wu}), F // R_["gate_up"]),
                     ("down_add", fd_, self._bind(fd_, {0: self.act, 1: wd, 2: self.x}), H // R_["down"]),

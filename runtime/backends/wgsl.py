@@ -438,7 +438,7 @@ SUBGROUP_BUILTINS = ("@builtin(subgroup_invocation_id) lane: u32, @builtin(subgr
 def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = False, add: bool = False,
                swiglu: bool = False, rope: tuple[int, int, int] | None = None, eps: float = 1e-5, U: int = 8,
                bias: bool = False, wide: int = 0, rs: int = 1, words: int = 0, lane_words: int = 1, split: int = 0,
-               split_wg: int = 256) -> str:
+               split_wg: int = 256, mant: bool = False, att: tuple[int, int, int] | None = None) -> str:
     """One-token fused matrix-vector product ``y[o] (+)= f(sum_k x[k] W[o, k])`` (decode step, ``n = 1``).
 
     Each subgroup computes whole output rows: its lanes split K in vec4 steps and meet in one
@@ -471,7 +471,19 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     ``split`` > 0: the whole workgroup shares its rows instead (:func:`_split_main`): ``R`` rows (row
     pairs with ``rope``) a workgroup, of at most ``split_wg`` threads that split each row's K and
     issue all their loads at once; ``WGS``, ``U``, ``rs``, ``wide`` and ``words`` are then unused.
-    Same bindings and dispatch.
+    Same bindings and dispatch. ``mant``: Q4_K's codes of the shared form become floats through the
+    mantissa (:func:`_words_decl` ``mant``).
+
+    ``att = (WGS_ATT, UK, window)`` (with ``rope`` and ``split``, ``D/2`` a multiple of ``R``): the
+    layer's one-token attention in the same dispatch, so a layer takes 4 dispatches, not 5. Each
+    workgroup, once its rows are written, adds one to the counter (binding 11, ``NH`` u32s, zero
+    between dispatches) of every query head its rows feed (a Q head's own, a K or V head's ``G``);
+    the workgroup that brings a head's counter to ``3 D / (2 R)`` (every Q, K and V row of it
+    written) sets it back to 0 and runs that head's attention (:func:`attention_groups_src`
+    ``as_fn``, ``UK`` keys a round) into ``AO`` (binding 10, ``[NH*D]``), reading Q from ``Y`` and
+    the caches. The writes are made visible across workgroups by ``storageBarrier`` (a device-scope
+    acquire-release barrier in naga's SPIR-V) before the count and after it is read.
+    ``WGS_ATT`` is unused (the product's threads run the attention).
     """
     assert K % 4 == 0 and N % R == 0 and not (swiglu and rope) and rs >= 1 and R % rs == 0
     K4 = K // 4
@@ -480,7 +492,7 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
     decls = _product_decls(fmt, norm, swiglu, bias)
     kind = split_pieces(fmt, K)[0] if split else ""
     if kind in ("f16", "q4_k"):  # the same buffers read as vec4<u32>
-        mk = (lambda n, bnd: _wide_decl(n, bnd, "f16")) if kind == "f16" else (lambda n, bnd: _words_decl(n, bnd, 4))
+        mk = (lambda n, bnd: _wide_decl(n, bnd, "f16")) if kind == "f16" else (lambda n, bnd: _words_decl(n, bnd, 4, mant))
         decls = decls.replace(weight_decl("W", 1, fmt), mk("W", 1))
         if swiglu:
             decls = decls.replace(weight_decl("W2", 5, fmt), mk("W2", 5))
@@ -505,8 +517,21 @@ def matvec_src(K: int, N: int, R: int, WGS: int, fmt: str = "f32", norm: bool = 
                  f"const KVD: u32 = {KV * D}u;\n")
     s.append(f"const K4: u32 = {K4}u;\nconst R: u32 = {R}u;\nconst U: u32 = {U}u;\nconst EPS: f32 = {_f(eps)};\n")
     two = swiglu or rope
+    if att:
+        assert rope and split and (rope[2] // 2) % R == 0, "fused attention needs the shared form with RoPE, R dividing D/2"
+        NH, KV, D = rope
+        s[1] = s[1].replace("@group(0) @binding(2) var<storage, read_write> Y: array<f32>;",
+                            "@group(0) @binding(2) var<storage, read_write> Y: array<vec4<f32>>;")
+        s = [x.replace("var<storage, read_write> KC: array<f32>;", "var<storage, read_write> KC: array<vec4<f32>>;")
+              .replace("var<storage, read_write> VC: array<f32>;", "var<storage, read_write> VC: array<vec4<f32>>;") for x in s]
+        s.append("@group(0) @binding(10) var<storage, read_write> AO: array<vec4<f32>>;\n"
+                 "@group(0) @binding(11) var<storage, read_write> CNT: array<atomic<u32>>;\n"
+                 "var<workgroup> att_todo: u32;\n"
+                 f"const NEED: u32 = {3 * (D // 2) // R}u;  // workgroups writing a query head's Q, K and V rows\n")
+        WGS_S = split_threads(split_pieces(fmt, K)[1], split_wg)
+        s.append(attention_groups_src(NH, KV, D, WGS_S, att[1], att[2], as_fn=True))
     if split:
-        return "".join(s) + _split_main(fmt, K, R, split_wg, norm, add, swiglu, bool(rope), bias)
+        return "".join(s) + _split_main(fmt, K, R, split_wg, norm, add, swiglu, bool(rope), bias, bool(att))
     if rs > 1 or words:
         return "".join(s) + _rows_main(fmt, K, WGS, rs, U, words, wide, norm, add, swiglu, bool(rope), bias, lane_words)
     body = [f"""
@@ -743,7 +768,7 @@ def _q4k_scales(c: str) -> str:
 """
 
 
-def _words_decl(name: str, binding: int, G: int = 1) -> str:
+def _words_decl(name: str, binding: int, G: int = 1, mant: bool = False) -> str:
     """Q4_K matrix ``name`` as ``array<vec4<u32>>`` (the buffer of :func:`weight_decl`; a block is 9
     vec4s, :func:`_wide_decl`) and ``q4kw_<name>(q, header, c, xl, xh, tl, th)``: the ``8 G``
     products of ``G`` consecutive u32 code words ``q`` (``G`` = 1, 2 or 4). Word ``w`` (0..31) of a
@@ -751,12 +776,37 @@ def _words_decl(name: str, binding: int, G: int = 1) -> str:
     weights ``64c + 4m + 0..3`` (sub-block ``2c``, x vec4 ``xl[e]`` for word ``e`` of the group),
     its high nibbles weights ``64c + 32 + 4m + 0..3`` (sub-block ``2c + 1``, ``xh[e]``); ``tl``,
     ``th`` are the sums of the ``xl``, ``xh`` (for the mins). Codes and 6-bit scales become floats
-    exactly as ``bitcast<f32>(0x4B000000 | c) - 2^23`` (:func:`_wide_decl`)."""
+    exactly as ``bitcast<f32>(0x4B000000 | c) - 2^23`` (:func:`_wide_decl`).
+
+    ``mant``: the codes become ``1 + c / 16`` instead, each nibble shifted straight into the
+    mantissa (``bitcast<f32>(0x3F800000 | c << 19)``: a shift and one and-or a weight, no
+    subtraction), and a sub-block's ``sum c x`` is ``16 (sum (1 + c/16) x - sum x)``, its
+    ``sum x`` (``tl``, ``th``) being there already for the mins: one operation a weight fewer
+    (exact values; only the summation's rounding differs, by about one bit)."""
     assert G in (1, 2, 4)
     qv = "u32" if G == 1 else f"vec{G}<u32>"
     xv = "vec4<f32>" if G == 1 else f"array<vec4<f32>, {G}>"
     one = lambda e: "q" if G == 1 else f"q[{e}]"  # noqa: E731
     xe = lambda x, e: x if G == 1 else f"{x}[{e}]"  # noqa: E731
+    if mant:
+        lo = " + ".join(f"dot(nibl_{name}({one(e)}), {xe('xl', e)})" for e in range(G))
+        hi = " + ".join(f"dot(nibh_{name}({one(e)}), {xe('xh', e)})" for e in range(G))
+        return f"""@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<u32>>;
+fn nibl_{name}(v: u32) -> vec4<f32> {{
+  let c = vec4<u32>(v << 19u, v << 11u, v << 3u, v >> 5u) & vec4<u32>(0x00780000u);
+  return bitcast<vec4<f32>>(c | vec4<u32>(0x3F800000u));
+}}
+fn nibh_{name}(v: u32) -> vec4<f32> {{
+  let c = vec4<u32>(v << 15u, v << 7u, v >> 1u, v >> 9u) & vec4<u32>(0x00780000u);
+  return bitcast<vec4<f32>>(c | vec4<u32>(0x3F800000u));
+}}
+fn q4kw_{name}(q: {qv}, h: vec4<u32>, c: u32, xl: {xv}, xh: {xv}, tl: f32, th: f32) -> f32 {{
+  let dm = unpack2x16float(h.x);
+{_q4k_scales("c")}  let s = bitcast<vec4<f32>>(((vec4<u32>(scw, scw, mnw, mnw) >> vec4<u32>(sh, sh + 8u, sh, sh + 8u)) & vec4<u32>(255u))
+                           | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0);
+  return dm.x * 16.0 * (s.x * (({lo}) - tl) + s.y * (({hi}) - th)) - dm.y * (s.z * tl + s.w * th);
+}}
+"""
     lo = " + ".join(f"dot(nibw_{name}({one(e)}), {xe('xl', e)})" for e in range(G))
     hi = " + ".join(f"dot(nibw_{name}({one(e)} >> 4u), {xe('xh', e)})" for e in range(G))
     return f"""@group(0) @binding({binding}) var<storage, read> {name}: array<vec4<u32>>;
@@ -919,7 +969,8 @@ def split_threads(NP: int, wg_max: int = 256) -> int:
     return min(wg_max, -(-NP // 32) * 32)
 
 
-def _split_main(fmt, K: int, R: int, wg_max: int, norm: bool, add: bool, swiglu: bool, rope: bool, bias: bool) -> str:
+def _split_main(fmt, K: int, R: int, wg_max: int, norm: bool, add: bool, swiglu: bool, rope: bool, bias: bool,
+                att: bool = False) -> str:
     """``main`` of :func:`matvec_src`'s ``split`` form: one workgroup computes ``R`` rows (row pairs
     with ``rope``), its threads splitting every row's K in pieces (:func:`split_pieces`).
 
@@ -1026,8 +1077,43 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if norm:
         b.append("\n    let sc = 1.0 / sqrt(q / f32(K4 * 4u) + EPS);")
     b.append("".join(_epilogue(norm, two, bias, swiglu, rope, add)).replace("\n      ", "\n    "))
-    b.append("\n  }\n}\n")
-    return "".join(b)
+    if not att:
+        b.append("\n  }\n}\n")
+        return "".join(b)
+    # the epilogue's scalar stores into the vec4 views of Y and the caches, then the count
+    ep = "".join(b)
+    for a, v in (("Y[row]", "row"), ("Y[row2]", "row2"), ("KC[kb]", "kb"), ("KC[kb + HALF]", "kb + HALF"),
+                 ("VC[vb]", "vb"), ("VC[vb + HALF]", "vb + HALF")):
+        ep = ep.replace(f" {a} = ", f" {a.split('[')[0]}[({v}) >> 2u][({v}) & 3u] = ")
+    return ep + f"""
+  }}
+  storageBarrier();  // this workgroup's Q, K, V rows, before its counts
+  let hd = (wid.x * R) / HALF;
+  var h0 = hd;
+  if (hd >= NH + KV) {{ h0 = (hd - NH - KV) * G; }} else if (hd >= NH) {{ h0 = (hd - NH) * G; }}
+  let nh = select(G, 1u, hd < NH);
+  if (lid == 0u) {{
+    var fl = 0u;
+    for (var i = 0u; i < nh; i++) {{
+      if (atomicAdd(&CNT[h0 + i], 1u) == NEED - 1u) {{
+        atomicStore(&CNT[h0 + i], 0u);
+        fl |= 1u << i;
+      }}
+    }}
+    att_todo = fl;
+  }}
+  let todo = workgroupUniformLoad(&att_todo);
+  if (todo != 0u) {{
+    storageBarrier();  // every other workgroup's rows of these heads, after their counts
+    for (var i = 0u; i < G; i++) {{
+      if (((todo >> i) & 1u) != 0u) {{
+        attend(h0 + i, lid, lane, sg, sgs);
+        workgroupBarrier();
+      }}
+    }}
+  }}
+}}
+"""
 
 
 
@@ -1165,7 +1251,7 @@ def attention_groups_ok(D: int, subgroup_size: int) -> bool:
     return D % 4 == 0 and L > 0 and L & (L - 1) == 0 and subgroup_size > 0 and subgroup_size % L == 0
 
 
-def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, window: int = 0) -> str:
+def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, window: int = 0, as_fn: bool = False) -> str:
     """One-token causal GQA attention (decode) with key groups: one workgroup of ``WGS`` threads per
     query head, split into groups of ``L`` lanes (``L`` = 8, or ``D/4`` if smaller; ``L`` consecutive
     lanes of one subgroup, so the subgroup size must be a multiple of ``L``). Group ``g`` takes keys
@@ -1176,6 +1262,12 @@ def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, 
     issued together), so the groups meet once, in workgroup memory, at the end.
     Bindings as :func:`attention1_src` (0 QKV, 1 KC, 2 VC, 3 O, 4 Params); dispatch ``(NH,)``; query
     position ``first_pos`` sees keys ``0..first_pos`` (``window`` > 0: only the last ``window``).
+
+    ``as_fn``: no bindings and no entry point, but the constants, the workgroup arrays and
+    ``fn attend(h, lid, lane, sg, sgs)``, the same body for query head ``h`` run by a workgroup of
+    ``WGS`` threads, reading Q from ``Y`` and K, V from ``KC``, ``VC`` (``array<vec4<f32>>``) and
+    writing ``AO``: for a kernel that declares those (:func:`matvec_src` ``att``). Call it in
+    uniform control flow.
     """
     import math
 
@@ -1211,16 +1303,22 @@ def attention_groups_src(NH: int, KV: int, D: int, WGS: int = 256, UK: int = 2, 
     qload = "".join(f"\n  let q{e} = QKV[h * D4 + c * {E}u + {e}u] * SCALE;" for e in range(E))
     accs = "".join(f"\n  var a{e} = vec4<f32>(0.0);" for e in range(E))
     store = "".join(f"\n  part[g * D4 + c * {E}u + {e}u] = a{e};" for e in range(E))
-    return _attention1_decls(NH, KV, D) + f"""const L: u32 = {L}u;
+    head = _attention1_decls(NH, KV, D)
+    entry = f"""@compute @workgroup_size({WGS})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
+  let h = wid.x;"""
+    if as_fn:
+        head = f"const G: u32 = {NH // KV}u;\nconst D4: u32 = {D4}u;\nconst KVD4: u32 = {KV * D4}u;\n"
+        entry = "fn attend(h: u32, lid: u32, lane: u32, sg: u32, sgs: u32) {"
+        qload = qload.replace("QKV[", "Y[")
+    src = head + f"""const L: u32 = {L}u;
 const NG: u32 = {NG}u;
 const SCALE: f32 = {_f(1.0 / math.sqrt(D))};
 var<workgroup> part: array<vec4<f32>, {NG * D4}>;
 var<workgroup> gm: array<f32, {NG}>;
 var<workgroup> gl: array<f32, {NG}>;
 
-@compute @workgroup_size({WGS})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32, {SUBGROUP_BUILTINS}) {{
-  let h = wid.x;
+{entry}
   let kvo4 = (h / G) * D4;
   let T = P.first_pos + 1u;
   let f = sg * sgs + lane;
@@ -1253,6 +1351,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }}
 }}
 """
+    return src.replace("    O[h * D4 + lid] = o / ll;", "    AO[h * D4 + lid] = o / ll;") if as_fn else src
 
 
 def argmax_embed_src(V: int, Hd: int, fmt: str = "f32", WGS: int = 1024) -> str:

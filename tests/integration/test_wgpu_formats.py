@@ -179,6 +179,39 @@ def test_shared_rows_per_product_match_reference(monkeypatch):
     assert got == want and rel(h, x) < 1e-5
 
 
+@pytest.mark.parametrize("fmt,rows", [("f16", "4"), ("f16", "1"), ("f16", "8"), ("f32", "2")])
+def test_attention_fused_into_qkv_matches_reference(monkeypatch, fmt, rows):
+    """SPLITROOM_WGPU_FUSE_ATT=1: the one-token attention runs in the QKV + RoPE product's dispatch
+    (4 dispatches a layer). Greedy decode over 40 steps (each head's count must go back to 0 after
+    every step, else its attention would not run again) and a step at position 70 (several rounds
+    of key groups) equal the numpy reference's; 1, 4 and 8 row pairs a workgroup (a head of 8)."""
+    monkeypatch.setenv("SPLITROOM_WGPU_FAST", "1")
+    monkeypatch.setenv("SPLITROOM_WGPU_SPLIT", f"{fmt}:{rows}")
+    monkeypatch.setenv("SPLITROOM_WGPU_FUSE_ATT", "1")
+    w = weights(5)
+    ref = NumpyStage(CFG, StageSpec(0, CFG.n_layers, True), dict(w), max_ctx=96, precision=Precision(weights=fmt))
+    gpu = wgpu_backend.WgpuStage(CFG, StageSpec(0, CFG.n_layers, True), w, max_ctx=96, precision=Precision(weights=fmt))
+    if not gpu.fast:
+        pytest.skip("adapter without subgroup operations")
+    labels = [lab for lab, *_ in gpu.plan1]
+    assert labels == ["qkv_rope_att", "o_add", "gate_up", "down_add"] * CFG.n_layers
+    ids = [11, 22, 33, 44]
+    hr = ref.embed_forward(ids, 0)
+    want, x = [], hr
+    for i in range(40):
+        t, x = ref.head_embed_forward(x, 4 + i)
+        want.append(t)
+    got, h = gpu.greedy_steps(gpu.embed_forward(ids, 0), 4, 40)
+    assert got == want and rel(h, x) < 1e-5
+    for s in (gpu, ref):
+        s.rollback(0)
+    long = list(range(3, 73))
+    assert rel(gpu.embed_forward(long, 0), ref.embed_forward(long, 0)) < 1e-5
+    a = gpu.head(gpu.forward(ref.embed([7]), 70))
+    b = ref.head(ref.forward(ref.embed([7]), 70))
+    assert rel(a, b) < 1e-5
+
+
 def test_shared_rows_setting_is_checked():
     assert wgpu_backend.split_rows_settings("2") == dict.fromkeys(wgpu_backend.PRODUCTS, 2)
     with pytest.raises(ValueError, match="unknown product 'gate'"):

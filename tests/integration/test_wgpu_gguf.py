@@ -104,11 +104,14 @@ def test_q4k_matvec_forms_match_gguf_py(device, words, lane_words, rs, wide):
 SPLIT_FORMS = [(3072, 4, 256, 96), (1280, 2, 256, 64), (1280, 8, 32, 32), (512, 1, 256, 32)]
 
 
+@pytest.mark.parametrize("mant", [False, True], ids=["exact-codes", "mantissa-codes"])
 @pytest.mark.parametrize("K,rows,wg,threads", SPLIT_FORMS)
-def test_q4k_split_matvec_matches_gguf_py(device, K, rows, wg, threads):
+def test_q4k_split_matvec_matches_gguf_py(device, K, rows, wg, threads, mant):
+    """The shared form against gguf-py's dequantized rows, with the codes made floats as
+    ``2^23 + c - 2^23`` or through the mantissa (``1 + c/16``, SPLITROOM_WGPU_Q4K_MANT=1)."""
     assert wgsl.split_pieces("q4_k", K) == ("q4_k", K // 32) and wgsl.split_threads(K // 32, wg) == threads
     q, x, g, want = q4k_case(K)
-    got = run_matvec(device, q, x, g, R=rows, WGS=64, split=rows, split_wg=wg)
+    got = run_matvec(device, q, x, g, R=rows, WGS=64, split=rows, split_wg=wg, mant=mant)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
 
 
@@ -131,7 +134,11 @@ STAGE_CASES += [("q4_k", "WORDS=0+RS=1", "1"), ("q4_k", "WORDS=0+WIDE=0+RS=1", "
                 # the workgroup-shared form: Q4_K in 16-byte code pieces, the others (Q6_K, the mixed
                 # QKV parts of Q4_K_M, Q8_0, Q4_0, Q4_1) through their vec4 loaders
                 ("q4_k", "SPLIT=4", "1"), ("q4_k", "SPLIT=8+SPLIT_WG=32", "1"), ("q4_k_m", "SPLIT=2", "1"),
-                ("q8_0", "SPLIT=4", "1"), ("q4_0", "SPLIT=1", "1"), ("q4_1", "SPLIT=8", "1"), ("q6_k", "SPLIT=4", "1")]
+                ("q8_0", "SPLIT=4", "1"), ("q4_0", "SPLIT=1", "1"), ("q4_1", "SPLIT=8", "1"), ("q6_k", "SPLIT=4", "1"),
+                # Q4_K's codes through the mantissa, attention inside the QKV product's dispatch (Q4_K_M:
+                # its QKV of mixed parts has no shared form, so its attention stays a dispatch of its own)
+                ("q4_k", "SPLIT=4+Q4K_MANT=1+FUSE_ATT=1", "1"), ("q4_k", "SPLIT=2+FUSE_ATT=1", "1"),
+                ("q4_k_m", "SPLIT=4+Q4K_MANT=1+FUSE_ATT=1", "1")]
 #: the one-token subgroup forms with SPLIT=0 and nothing else set (docs/runtime.md, measured on the H200 2026-12-02)
 DEFAULT_FORM = {"q4_k": {"WORDS": "4", "LANE_WORDS": "2", "RS": "2"}, "q6_k": {"WORDS": "0", "RS": "2"}}
 #: rows a workgroup of the workgroup-shared form when nothing is set (measured on the H200 2026-12-03)
@@ -142,7 +149,7 @@ DEFAULT_SPLIT = {"q4_k": 4, "q6_k": 4, "q8_0": 4, "q4_1": 4}
 def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings, fast):
     monkeypatch.setenv("SPLITROOM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SPLITROOM_WGPU_FAST", fast)
-    for k in ("WIDE", "WORDS", "LANE_WORDS", "RS", "SPLIT", "SPLIT_WG"):
+    for k in ("WIDE", "WORDS", "LANE_WORDS", "RS", "SPLIT", "SPLIT_WG", "Q4K_MANT", "FUSE_ATT"):
         monkeypatch.delenv(f"SPLITROOM_WGPU_{k}", raising=False)
     env = dict(kv.split("=") for kv in filter(None, settings.split("+")))
     if settings and "SPLIT" not in env:  # a case of the subgroup forms
@@ -172,6 +179,15 @@ def test_stage_matches_numpy_blocks(device, tmp_path, monkeypatch, mix, settings
             assert form["rs"] == int(want.get("RS", "1"))
             assert form["words"] == (int(want.get("WORDS", "0")) if f == "q4_k" else 0)
             assert form["lane_words"] == (int(want.get("LANE_WORDS", "1")) if form["words"] else 1)
+    if fast == "1":  # attention fused into the QKV product where asked for and the QKV has the shared form
+        labels = [lab for lab, *_ in gpu.plan1]
+        assert labels.count("qkv_rope_att") + labels.count("attention") == cfg.n_layers
+        if env.get("FUSE_ATT") != "1":
+            assert labels.count("attention") == cfg.n_layers
+        elif mix == "q4_k":
+            assert labels.count("qkv_rope_att") == cfg.n_layers
+        else:  # Q4_K_M: layers with Q6_K v rows (mixed QKV parts) keep their attention dispatch, the others fuse
+            assert labels.count("attention") >= 1 and labels.count("qkv_rope_att") >= 1
     rope_bytes = 64 * cfg.head_dim * 4  # the cos | sin table, [max_ctx, head_dim] float32
     assert file_bytes <= gpu.bytes_weights - rope_bytes <= file_bytes + 8 * (7 * cfg.n_layers + 1)
     ids = [3, 17, 250, 9, 400, 1, 2, 3, 4, 5]
