@@ -1081,14 +1081,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         b.append("\n  }\n}\n")
         return "".join(b)
     # the epilogue's scalar stores into the vec4 views of Y and the caches, then the count
-    ep = "".join(b)
+    # workgroups in kv-group order (K rows, V rows, then the G query heads' rows of group 0, then
+    # group 1, ...; the GPU starts them about in index order), so a group's heads complete while the
+    # later groups' rows are still being read, their attention hidden under those reads, and the
+    # last workgroup of each head is one of its own Q workgroups, not one V workgroup for G heads
+    ep = "".join(b).replace("wid.x * R", "wx * R")
+    ep = ep.replace("  var ss = 0.0;", """  let PW = HALF / R;  // workgroups a head
+  let gi = wid.x / ((G + 2u) * PW);
+  let gr = wid.x % ((G + 2u) * PW);
+  var wx = (NH + gi) * PW + gr;  // K rows of group gi
+  if (gr >= 2u * PW) { wx = (gi * G) * PW + gr - 2u * PW; }  // its query heads' rows
+  else if (gr >= PW) { wx = (NH + KV + gi) * PW + gr - PW; }  // V rows
+  var ss = 0.0;""", 1)
     for a, v in (("Y[row]", "row"), ("Y[row2]", "row2"), ("KC[kb]", "kb"), ("KC[kb + HALF]", "kb + HALF"),
                  ("VC[vb]", "vb"), ("VC[vb + HALF]", "vb + HALF")):
         ep = ep.replace(f" {a} = ", f" {a.split('[')[0]}[({v}) >> 2u][({v}) & 3u] = ")
     return ep + f"""
   }}
   storageBarrier();  // this workgroup's Q, K, V rows, before its counts
-  let hd = (wid.x * R) / HALF;
+  let hd = (wx * R) / HALF;
   var h0 = hd;
   if (hd >= NH + KV) {{ h0 = (hd - NH - KV) * G; }} else if (hd >= NH) {{ h0 = (hd - NH) * G; }}
   let nh = select(G, 1u, hd < NH);
