@@ -144,10 +144,15 @@ def bench_wgpu(fmt: str, w: dict, a, prompt: list[int], ref_logits: np.ndarray |
     out["decode_sync_tok_s"] = med(sync)
     out["decode_sync_all"] = sync
     out["ids"] = ids_sync
+    # the residual after the last one-token step: the one-token kernels' own output (the logits
+    # above come from the prompt's batch kernels), compared between a variant and its default
+    x_last = np.asarray(x, np.float64)
     if not variant:
-        DEFAULT_RUN[fmt] = {"logits": logits, "ids": ids_sync}
+        DEFAULT_RUN[fmt] = {"logits": logits, "ids": ids_sync, "x": x_last}
     elif fmt in DEFAULT_RUN:
         out["ids_equal_default"] = ids_sync == DEFAULT_RUN[fmt]["ids"]
+        d = DEFAULT_RUN[fmt]["x"]
+        out["decode_residual_rel_err_vs_default"] = float(np.abs(x_last - d).max() / np.abs(d).max())
     # pipelined: per_submit steps per command buffer
     out["pipelined"] = {}
     for ps in a.per_submit:
