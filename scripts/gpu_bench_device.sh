@@ -30,15 +30,18 @@ done
 V3=${VARIANTS_3B:-$V3_DEFAULT}
 VS=${VARIANTS_SMOL:-"f16@$W""_RS=2;q8_0@$W""_RS=2;q4_1@$W""_RS=2"}
 say "variants: $V3"
-# NUMPY_REF (default q4_k: the numpy logits Q4_K is checked against; "none" saves about 25 s) and
-# STOP_3B (default BUDGET_S - 170: seconds after which no Llama-3B variant starts) can be set
-python3 scripts/gpu_bench.py --shape llama-3b --formats f16,q4_k,q4_k_m --reps 3 --steps 64 --per-submit 1,4 \
+# NUMPY_REF (default q4_k: the numpy logits Q4_K is checked against; "none" saves about 25 s),
+# STOP_3B (default BUDGET_S - 170: seconds after which no Llama-3B variant starts), FORMATS_3B
+# (default f16,q4_k,q4_k_m: the defaults run first) can be set; SHAPE_3B / SHAPE_SMOL (default
+# llama-3b / smollm2) and BENCH_ARGS (added to both runs) are for a dry run of this script on
+# lavapipe: SHAPE_3B=tiny SHAPE_SMOL=tiny BENCH_ARGS="--quick --no-torch" SPLITROOM_WGPU_FAST=1
+python3 scripts/gpu_bench.py --shape "${SHAPE_3B:-llama-3b}" --formats "${FORMATS_3B:-f16,q4_k,q4_k_m}" --reps 3 --steps 64 --per-submit 1,4 \
   --numpy-ref "${NUMPY_REF:-q4_k}" --torch-dtypes "" --stop-after-s "${STOP_3B:-$(( BUDGET_S - 170 ))}" --variants "$V3" \
-  --out "$OUT"/gpu-bench-llama3b.json
+  --out "$OUT"/gpu-bench-llama3b.json ${BENCH_ARGS:-}
 say "llama-3b done (rc $?)"
 rm -rf /tmp/splitroom-gguf
 LEFT=$(( BUDGET_S - ($(date +%s) - T0) ))
-timeout $(( LEFT > 10 ? LEFT : 10 )) python3 scripts/gpu_bench.py --shape smollm2 --formats f16,q8_0,q4_1 --reps 3 \
+timeout $(( LEFT > 10 ? LEFT : 10 )) python3 scripts/gpu_bench.py --shape "${SHAPE_SMOL:-smollm2}" --formats f16,q8_0,q4_1 --reps 3 \
   --per-submit 1,4 --numpy-ref none --torch-dtypes f16 --stop-after-s $(( LEFT > 80 ? LEFT - 50 : 30 )) \
-  --variants "$VS" --out "$OUT"/gpu-bench-smollm2.json
+  --variants "$VS" --out "$OUT"/gpu-bench-smollm2.json ${BENCH_ARGS:-}
 say "smollm2 done (rc $?)"
