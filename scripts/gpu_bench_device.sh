@@ -17,7 +17,7 @@ for f in "$C"/.gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$C"/.whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1 WGPU_BACKEND_TYPE=Vulkan
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export VK_DRIVER_FILES=${ICD_FILE:-/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json}  # ICD_FILE: a dry run elsewhere
 say "set up; $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader)"
 W=SPLITROOM_WGPU
 # the kernel forms of docs/runtime.md's knobs beside the defaults, most wanted first (a run out of
@@ -35,6 +35,7 @@ say "variants: $V3"
 # (default f16,q4_k,q4_k_m: the defaults run first) can be set; SHAPE_3B / SHAPE_SMOL (default
 # llama-3b / smollm2) and BENCH_ARGS (added to both runs) are for a dry run of this script on
 # lavapipe: SHAPE_3B=tiny SHAPE_SMOL=tiny BENCH_ARGS="--quick --no-torch" SPLITROOM_WGPU_FAST=1
+# ICD_FILE=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json (with python3, dpkg, ldconfig and pip shimmed)
 python3 scripts/gpu_bench.py --shape "${SHAPE_3B:-llama-3b}" --formats "${FORMATS_3B:-f16,q4_k,q4_k_m}" --reps 3 --steps 64 --per-submit 1,4 \
   --numpy-ref "${NUMPY_REF:-q4_k}" --torch-dtypes "" --stop-after-s "${STOP_3B:-$(( BUDGET_S - 170 ))}" --variants "$V3" \
   --out "$OUT"/gpu-bench-llama3b.json ${BENCH_ARGS:-}
