@@ -21,9 +21,13 @@ prompts; the model drafter k = 2, 4 and auto (up to 4) on both.
    two processes of a room share a core; at most as many rooms as whole groups of
    ``--cores`` such CPUs fit (``physical_slots``).
 ``--calibrate PROFILE`` makes the profile first (on the machine that runs the rooms);
+with ``--physical`` it runs under ``taskset`` on the first room slot's CPUs (``--cores``
+of them, one hardware thread of each physical core: :func:`calibration_command`), so the
+profile is timed on the same kind of cores as the rooms; the profile's notes say where.
 ``--only "row;row"`` predicts (and so runs) only those rows.
 3. ``--table OUT``: the table (median, min-max, predicted, tokens and drafts a lap,
-   x plain and x the best fixed k of the same drafter and workload, round by round).
+   x plain and x the best fixed k of the same drafter and workload, round by round),
+   then each row's error split into its parts (:func:`error_parts`, :func:`parts_table`).
 
 Raises SystemExit(2) with a one-line error for a missing profile or record.
 """
@@ -31,6 +35,7 @@ Raises SystemExit(2) with a one-line error for a missing profile or record.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -92,12 +97,12 @@ def _scenario(sets):
     return scn, deal(scn.devices, scn.model, scn.options)
 
 
-def calibrate(out: Path) -> None:
+def calibrate(out: Path, placed: str | None = None) -> None:
     """The profile of the device-machine study (docs/benchmarks.md): ``calibrate --quick``
     on the chat sample (the parts, prompt lookup's walks, the model drafter's call times
     and a first walk, the calibration room), then the grounded sample's acceptance alone,
     full (prompt lookup on its 12 prompts, the drafters that run layers on 4). Written to
-    ``out``."""
+    ``out``; ``placed`` (the CPUs it was pinned to, or None) goes in the profile's notes."""
     from splitroom.calibration import (add_acceptance, build_profile, measure, measure_room_overheads, save_profile,
                                        with_room_overheads)
     from splitroom.scenario import load
@@ -111,6 +116,8 @@ def calibrate(out: Path) -> None:
     print(f"calibrated (quick) at {time.strftime('%H:%M:%S UTC', time.gmtime())}", flush=True)
     prof = add_acceptance(prof, measure(log=say, sample=grounded.workload.sample, acceptance_only=True,
                                         answer_tokens=answer))
+    if placed:
+        prof = dataclasses.replace(prof, notes=dict(prof.notes) | {"placement": placed})
     save_profile(prof, out)
     print(f"grounded acceptance added at {time.strftime('%H:%M:%S UTC', time.gmtime())}: {out}", flush=True)
 
@@ -202,6 +209,19 @@ def physical_slots(slots: int, cores: int, allowed: set[int],
     return [phys[i * cores:(i + 1) * cores] for i in range(n)]
 
 
+def calibration_command(profile: str, cores: int, allowed: set[int],
+                        sysfs: Path = Path("/sys/devices/system/cpu")) -> list[str]:
+    """The command that calibrates (``--calibrate profile``) pinned like a room of
+    ``--physical``: ``taskset`` on the first group :func:`physical_slots` gives (``cores``
+    CPUs, one hardware thread of each physical core), the same CPUs the first room runs
+    on; ``--placed`` tells the pinned run where it is (for the profile's notes)."""
+    cpus = physical_slots(1, cores, allowed, sysfs)[0]
+    where = ",".join(map(str, cpus))
+    note = f"taskset -c {where}: one hardware thread of each of {len(cpus)} physical cores, as the rooms (--physical)"
+    return ["taskset", "-c", where, sys.executable, str(Path(__file__).resolve()), "--calibrate", profile,
+            "--placed", note]
+
+
 def resume(out: Path, profile_path: str, repeat: int, slots: int, cores: int, budget_s: float,
            physical: bool = False) -> None:
     t0 = time.time()
@@ -291,6 +311,82 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+#: the kinds of a lap's parts in a room's and a prediction's ``breakdown`` (``draft``: the drafter)
+PART_KINDS = ("stage", "hop", "head", "draft")
+
+
+def lap_parts(breakdown: list[dict]) -> dict[str, float]:
+    """Seconds a lap of each kind of part (:data:`PART_KINDS`), summed over the parts of
+    that kind (every stage, every hop) of a ``breakdown`` list."""
+    out = dict.fromkeys(PART_KINDS, 0.0)
+    for e in breakdown:
+        out[e["kind"]] = out.get(e["kind"], 0.0) + float(e["mean_s"])
+    return out
+
+
+def error_parts(predicted: dict, runs: list[dict]) -> dict[str, float]:
+    """A row's prediction error, predicted over measured tokens/s less 1 (the sign of the
+    tables in docs/benchmarks.md: negative when the room ran faster than predicted),
+    split into parts that add up to it.
+
+    Tokens/s is tokens a lap over the seconds a lap takes once everything is counted,
+    ``L = tokens_per_lap / tokens_per_s`` (the first token's time spread over the laps
+    too). So ``P / M = (tpl_P / tpl_M) * (L_M / L_P)``, and with ``L`` the sum of the
+    lap's parts by kind (:func:`lap_parts`) plus ``gap`` (what no part holds: the first
+    token, idle waits, minus what parts overlap):
+
+    * ``tokens_per_lap``: ``tpl_P / tpl_M - 1`` (the acceptance predicted);
+    * ``stage``, ``hop``, ``head``, ``draft``: ``(part_M - part_P) / L_P`` (a part the
+      prediction makes slower than the room makes the prediction lower);
+    * ``gap``: ``(gap_M - gap_P) / L_P``;
+    * ``rest``: what is left, the product ``(tpl_P / tpl_M - 1) * (L_M / L_P - 1)`` when a
+      single run is given (with several, also the medians' mismatch).
+
+    Measured figures are the medians over ``runs`` (each a room's record:
+    ``tokens_per_s``, ``tokens_per_lap``, ``breakdown``), a part's median taken per kind.
+    Also returns ``error`` and, in ms, ``<kind>_ms`` / ``<kind>_ms_predicted`` for each
+    kind, ``gap`` and ``lap`` (``L``). Raises ValueError for no runs."""
+    if not runs:
+        raise ValueError("no measured runs")
+    med = statistics.median
+    err = predicted["tokens_per_s"] / med(r["tokens_per_s"] for r in runs) - 1.0
+    lap_p = predicted["tokens_per_lap"] / predicted["tokens_per_s"]
+    lap_m = med(r["tokens_per_lap"] / r["tokens_per_s"] for r in runs)
+    parts_p = lap_parts(predicted["breakdown"])
+    each = [lap_parts(r["breakdown"]) for r in runs]
+    kinds = sorted(set(parts_p) | {k for x in each for k in x}, key=lambda k: (PART_KINDS + (k,)).index(k))
+    parts_m = {k: med(x.get(k, 0.0) for x in each) for k in kinds}
+    parts_p = {k: parts_p.get(k, 0.0) for k in kinds}
+    parts_m["gap"] = lap_m - sum(parts_m.values())
+    parts_p["gap"] = lap_p - sum(parts_p.values())
+    out = {"error": err, "tokens_per_lap": predicted["tokens_per_lap"] / med(r["tokens_per_lap"] for r in runs) - 1}
+    for k in (*kinds, "gap"):
+        out[k] = (parts_m[k] - parts_p[k]) / lap_p
+        out[f"{k}_ms"], out[f"{k}_ms_predicted"] = 1e3 * parts_m[k], 1e3 * parts_p[k]
+    out["rest"] = err - out["tokens_per_lap"] - sum(out[k] for k in (*kinds, "gap"))
+    out["lap_ms"], out["lap_ms_predicted"] = 1e3 * lap_m, 1e3 * lap_p
+    return out
+
+
+def parts_table(out: Path) -> str:
+    """Each measured row's error split by :func:`error_parts`, in percentage points (of
+    the measured tokens/s), with the measured and predicted milliseconds a lap of each kind."""
+    record = json.loads(out.read_text())
+    head = ["| row | error | tokens a lap | stages | hops | head | drafter | gap | rest | "
+            "ms a lap: stages / hops / head / drafter / gap / all, measured (predicted) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = []
+    for r in record["rows"]:
+        if not r.get("measured_runs"):
+            continue
+        e = error_parts(r["predicted"], r["measured_runs"])
+        pp = " | ".join(f"{100 * e.get(k, 0.0):+.1f}" for k in ("tokens_per_lap", *PART_KINDS, "gap", "rest"))
+        ms = " / ".join(f"{e.get(k + '_ms', 0.0):.0f} ({e.get(k + '_ms_predicted', 0.0):.0f})"
+                        for k in (*PART_KINDS, "gap", "lap"))
+        lines.append(f"| {r['name']} | {100 * e['error']:+.1f}% | {pp} | {ms} |")
+    return "\n".join(head + lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="the calibration profile (both samples' acceptance)")
@@ -298,11 +394,13 @@ def main() -> int:
     ap.add_argument("--predict-only", action="store_true")
     ap.add_argument("--resume", help="run the rows of this record")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--placed", help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--slots", type=int, default=5, help="rooms at a time (5)")
     ap.add_argument("--cores", type=int, default=3, help="CPUs per room (3)")
     ap.add_argument("--physical", action="store_true",
-                    help="each room's CPUs on physical cores of their own (one hardware thread each)")
+                    help="each room's CPUs on physical cores of their own (one hardware thread each); with "
+                         "--calibrate, the calibration pinned the same way (the first room's CPUs)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no run after this many seconds")
     ap.add_argument("--table", help="print the table of this record")
     ap.add_argument("--calibrate", help="write the study's profile here (calibrate() above) and stop")
@@ -312,12 +410,18 @@ def main() -> int:
         if getattr(a, flag) < 1:
             ap.error(f"--{flag} must be at least 1 (got {getattr(a, flag)})")
     if a.calibrate:
-        calibrate(Path(a.calibrate))
+        if a.physical and not a.placed:
+            cmd = calibration_command(a.calibrate, a.cores, set(os.sched_getaffinity(0)))
+            print(f"  calibrating on cpus {cmd[2]}", flush=True)
+            return subprocess.call(cmd)
+        calibrate(Path(a.calibrate), a.placed)
         return 0
     if a.table:
         try:
             print(table(Path(a.table)))
-        except (OSError, ValueError) as e:
+            print("\nthe error split (percentage points; error_parts):\n")
+            print(parts_table(Path(a.table)))
+        except (OSError, ValueError, KeyError) as e:
             print(f"error: --table: cannot read {a.table!r} ({getattr(e, 'strerror', None) or e})", file=sys.stderr)
             return 2
         return 0
@@ -344,6 +448,8 @@ def main() -> int:
             return 2
         resume(Path(a.resume), a.profile, a.repeat, a.slots, a.cores, a.budget_s, a.physical)
         print(table(Path(a.resume)))
+        print("\nthe error split (percentage points; error_parts):\n")
+        print(parts_table(Path(a.resume)))
     else:
         print("error: give --predict-only, --resume or --table", file=sys.stderr)
         return 2

@@ -5,7 +5,8 @@
 #        model.sha256 (its sha256) and w/ (the wheels the machine lacks: aiortc, av, gguf, pydantic, ...)
 #   OUT: where the profile, predictions, record and log go; ROOMS_S: start no room after this many
 #   seconds of the room phase.  ROWS (environment): the rows, ';'-separated (spec_auto.py --only);
-#   RESUME_ARGS (environment): more arguments of spec_auto.py --resume (--slots 2 --physical --repeat 4).
+#   RESUME_ARGS (environment): more arguments of spec_auto.py --resume (--slots 2 --physical --repeat 4);
+#   CALIBRATE_ARGS (environment): more arguments of spec_auto.py --calibrate (--physical: pinned like the rooms).
 set -u
 KIT=$1; OUT=$2; ROOMS_S=$3
 t0=$(date +%s)
@@ -18,7 +19,7 @@ say "cpus $(nproc); $(grep -m1 'model name' /proc/cpuinfo); $(uptime)"
 say "thread siblings: $(for c in /sys/devices/system/cpu/cpu[0-9]*; do printf '%s:%s ' "${c##*cpu}" "$(cat $c/topology/thread_siblings_list 2>/dev/null)"; done)"
 python3 -c "from runtime.weights import ensure_safetensors; print(ensure_safetensors())" || exit 4
 say converted
-python3 scripts/spec_auto.py --calibrate "$OUT"/spec-auto.profile.yaml || exit 5
+python3 scripts/spec_auto.py --calibrate "$OUT"/spec-auto.profile.yaml ${CALIBRATE_ARGS:-} || exit 5
 say calibrated
 python3 scripts/spec_auto.py --predict-only --profile "$OUT"/spec-auto.profile.yaml --out "$OUT"/spec-auto.json \
   ${ROWS:+--only "$ROWS"} || exit 6
