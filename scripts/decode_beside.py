@@ -11,7 +11,15 @@ numpy q8's in the same round. The Q8_0 file is the bundled GGUF requantized by l
 ``llama_model_quantize`` (runtime.bench.llama_cpp_gguf), so both engines read the same Q8_0
 blocks. Threads: numba, BLAS and llama.cpp all get ``--threads`` (set before numba loads).
 Without llama-cpp-python the llama.cpp engines are left out (said in the output).
-Run it alone, under the project's timing lock."""
+Run it alone, under the project's timing lock.
+
+Every engine starts from the prompt's *last* row (numpy: ``head_embed_forward`` takes
+``hidden[-1:]``; llama.cpp: ``scores[n_tokens - 1]``). ``first_top2`` in the JSON is that row's
+two best ids and logits per engine: on the random prompt (seed 1) the float32 reference's
+margin is 0.12 logit (288 over 29; transformers on the same weights agrees), smaller than
+the error of the engines that round differently (q8 requantizes per row; llama.cpp quantizes
+the activations to 8 bits), so those start from 29 and their ids differ from the native
+engines' (which equal the widened float32 stage's). Not a wrong row: a near-tie."""
 
 from __future__ import annotations
 
@@ -41,6 +49,14 @@ def _args(argv=None):
     return a
 
 
+def _top2(logits) -> list[list]:
+    """The two best ``[id, logit]`` of one row of logits (the first token's choice and its margin)."""
+    import numpy as np
+
+    i = np.argsort(logits)[::-1][:2]
+    return [[int(j), round(float(logits[j]), 4)] for j in i]
+
+
 def _load() -> list[float]:
     with open("/proc/loadavg") as f:
         return [float(v) for v in f.read().split()[:3]]
@@ -67,7 +83,7 @@ def main(argv=None) -> None:
     files = {"q4_1": find_gguf()}
     if llama_cpp is not None and ("numpy-q8_0" in a.engines or "llama-q8_0" in a.engines):
         files["q8_0"] = llama_cpp_gguf("q8_0")
-    engines = {}
+    engines, top2 = {}, {}
     for name in a.engines:
         kind, fmt = name.split("-")
         if kind == "llama":
@@ -77,9 +93,10 @@ def main(argv=None) -> None:
                                   n_threads_batch=a.threads, n_batch=a.prompt, logits_all=True,
                                   verbose=False)  # a score row for every position, as runtime.bench reads them
 
-            def run(llm=llm):
+            def run(llm=llm, name=name):
                 llm.reset()
                 llm.eval(prompt)
+                top2[name] = _top2(np.asarray(llm.scores[llm.n_tokens - 1]))
                 t0 = time.perf_counter()
                 ids = []
                 for _ in range(a.tokens):
@@ -97,6 +114,7 @@ def main(argv=None) -> None:
             stage = make_stage("numpy", d, StageSpec(0, 30, True), max_ctx=a.prompt + a.tokens + 8, precision=prec)
             stage.rollback(0)
             h0 = stage.embed_forward(prompt, 0)
+            top2[name] = _top2(stage.head(h0[-1:])[0])
 
             def run(stage=stage, h0=h0):
                 stage.rollback(a.prompt)
@@ -126,7 +144,8 @@ def main(argv=None) -> None:
              "tok_s_p90": float(np.percentile(tok_s, 90)), "tok_s_best": float(tok_s.max()),
              "tok_s_min": float(tok_s.min()), "time_over_numpy_q8_median": float(np.median(t / base)),
              "time_over_numpy_q8_min": float(np.min(t / base)), "time_over_numpy_q8_max": float(np.max(t / base)),
-             "round_s": [float(v) for v in t], "first_ids": first_ids[n][:8]}
+             "round_s": [float(v) for v in t], "first_ids": first_ids[n][:8],
+             "first_top2": top2[n]}
         res["engines"][n] = r
         print(f"{n:<11} {r['tok_s_median']:6.1f} tok/s [{r['tok_s_min']:.1f}-{r['tok_s_best']:.1f}] (p10 {r['tok_s_p10']:.1f},"
               f" p90 {r['tok_s_p90']:.1f})  time over numpy-q8: median {r['time_over_numpy_q8_median']:.2f}"
