@@ -312,8 +312,72 @@ def _half_int(arr, idx):  # pragma: no cover - compiled
     return _h2f(arr[idx], arr[idx + 1])
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` for float32 scalars, rounded once where the machine has FMA (``llvm.fmuladd``)."""
+    def codegen(context, builder, sig, args):
+        fn = builder.module.globals.get("llvm.fmuladd.f32")
+        if fn is None:
+            f = ir.FloatType()
+            fn = ir.Function(builder.module, ir.FunctionType(f, [f, f, f]), name="llvm.fmuladd.f32")
+        return builder.call(fn, list(args))
+    return types.float32(types.float32, types.float32, types.float32), codegen
+
+
+@intrinsic
+def _half2v_hw(typingctx, arr, idx):
+    """The two float16 at bytes ``arr[idx:idx + 4]`` as lanes 0 and 1 of an 8-lane vector (the
+    other lanes 0): one 32-bit load, one ``vcvtph2ps``."""
+    def codegen(context, builder, sig, args):
+        p = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        h = builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1)
+        f = builder.fpext(h, ir.VectorType(ir.FloatType(), 2))
+        return builder.shuffle_vector(f, ir.Constant(f.type, [0.0, 0.0]), ir.Constant(_VI32, [0, 1] + [2] * 6))
+    return f32x8(arr, types.intp), codegen
+
+
+@intrinsic
+def _half_of32_hw(typingctx, arr, idx):
+    """The float16 at bytes ``arr[idx:idx + 2]`` as float32, read as the low half of a 32-bit load
+    (the caller's block has two more bytes after it): a plain load into a register, where a
+    16-bit load goes into a lane of one (a shuffle on the vector pipes: Q8_0, Q4_0)."""
+    def codegen(context, builder, sig, args):
+        p = _elem_ptr(context, builder, sig.args[0], args[0], args[1])
+        h = builder.load(builder.bitcast(p, ir.VectorType(ir.HalfType(), 2).as_pointer()), align=1)
+        f = builder.fpext(h, ir.VectorType(ir.FloatType(), 2))
+        return builder.extract_element(f, ir.Constant(_I32, 0))
+    return types.float32(arr, types.intp), codegen
+
+
+@intrinsic
+def _vpair(typingctx, a, b):
+    """``[a, b, 0, 0, 0, 0, 0, 0]`` of two float32 scalars."""
+    def codegen(context, builder, sig, args):
+        v = ir.Constant(_VF, [0.0] * LANES)
+        v = builder.insert_element(v, args[0], ir.Constant(_I32, 0))
+        return builder.insert_element(v, args[1], ir.Constant(_I32, 1))
+    return f32x8(types.float32, types.float32), codegen
+
+
+@intrinsic
+def _lane(typingctx, v, i):
+    """Lane ``i`` (a constant 0..7) of an 8-lane vector."""
+    def codegen(context, builder, sig, args):
+        return builder.extract_element(args[0], builder.trunc(args[1], _I32))
+    return types.float32(f32x8, types.intp), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _half2v_int(arr, idx):  # pragma: no cover - compiled
+    return _vpair(_h2f(arr[idx], arr[idx + 1]), _h2f(arr[idx + 2], arr[idx + 3]))
+
+
 #: ``_half(arr, idx)``: the float16 at bytes ``arr[idx:idx + 2]`` as float32, exactly
 _half = _half_hw if HALF_IN_HARDWARE else _half_int
+#: ``_half2v(arr, idx)``: the two float16 at bytes ``arr[idx:idx + 4]`` as lanes 0 and 1 of an 8-lane vector, exactly
+_half2v = _half2v_hw if HALF_IN_HARDWARE else _half2v_int
+#: ``_half_of32(arr, idx)``: ``_half(arr, idx)`` where ``arr[idx + 2:idx + 4]`` may be read too
+_half_of32 = _half_of32_hw if HALF_IN_HARDWARE else _half_int
 
 
 # Each unit reader ``unit(r, u, s)`` returns unit ``u`` of row ``r``: its codes as four 8-lane
@@ -331,7 +395,7 @@ def _prep_none(r, s):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, inline="always")
 def _unit_q8_0(r, u, s):  # pragma: no cover - compiled
     o = 34 * u
-    d = _half(r, o)
+    d = _half_of32(r, o)
     c0, c1, c2, c3 = _vi8x4(r, o + 2)
     return c0, c1, c2, c3, d, d, np.float32(0.0)
 
@@ -339,7 +403,7 @@ def _unit_q8_0(r, u, s):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, inline="always")
 def _unit_q4_0(r, u, s):  # pragma: no cover - compiled
     o = 18 * u
-    d = _half(r, o)
+    d = _half_of32(r, o)
     c0, c1, c2, c3 = _vnib8x4(r, o + 2, 8)  # code - 8 in integers: no offset term to cancel
     return c0, c1, c2, c3, d, d, np.float32(0.0)
 
@@ -347,9 +411,10 @@ def _unit_q4_0(r, u, s):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True, inline="always")
 def _unit_q4_1(r, u, s):  # pragma: no cover - compiled
     o = 20 * u
-    d = _half(r, o)
+    dm = _half2v(r, o)  # the block's d and m, side by side: one load, one conversion
+    d = _lane(dm, 0)
     c0, c1, c2, c3 = _vnib8x4(r, o + 4, 0)
-    return c0, c1, c2, c3, d, d, _half(r, o + 2)
+    return c0, c1, c2, c3, d, d, dm  # mu: m in lane 1 of dm (_mu_lane1_term)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -409,14 +474,26 @@ def _unit_q6_k(r, u, s):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _unit_sums(x, xs):  # pragma: no cover - compiled
-    """``xs[n, u] = sum of x[n, 32u : 32u + 32]`` in a fixed order."""
+def _unit_sums(x):  # pragma: no cover - compiled
+    """``xs[n, u] = sum of x[n, 32u : 32u + 32]`` in a fixed order (Q4_K's offsets)."""
+    xs = np.empty((x.shape[0], x.shape[1] // UNIT), np.float32)
     for n in range(x.shape[0]):
         xr = x[n]
         for u in range(xs.shape[1]):
             b = UNIT * u
             xs[n, u] = _vsum(_vadd(_vadd(_vload(xr, b), _vload(xr, b + 8)),
                                    _vadd(_vload(xr, b + 16), _vload(xr, b + 24))))
+    return xs
+
+
+@njit(cache=True, nogil=True)
+def _unit_sums_lane1(x):  # pragma: no cover - compiled
+    """:func:`_unit_sums` one place on, ``xs[n, 1 + u]``, with 7 places after the last: an
+    8-lane load at ``xs[n, u]`` has unit ``u``'s sum in lane 1 (:func:`_mu_lane1_term`)."""
+    nu = x.shape[1] // UNIT
+    xs = np.zeros((x.shape[0], nu + LANES), np.float32)
+    xs[:, 1:nu + 1] = _unit_sums(x)
+    return xs
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -442,8 +519,32 @@ def _unit_dot1(xr, b, c0, c1, c2, c3, da, db, acc):  # pragma: no cover - compil
 
 @njit(cache=True, nogil=True, inline="always")
 def _mu_term(mm, mu, xs, n, u):  # pragma: no cover - compiled
-    """``mm + mu * xs[n, u]``: the offset's part of a unit (Q4_1, Q4_K)."""
-    return mm + mu * xs[n, u]
+    """``mu * xs[n, u] + mm``: the offset's part of a unit (Q4_1, Q4_K), one multiply-add."""
+    return _fma(mu, xs[n, u], mm)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mu_lane1_term(mm, dm, xs, n, u):  # pragma: no cover - compiled
+    """The same multiply-add as :func:`_mu_term` in lane 1 of a vector: ``dm`` holds the unit's
+    ``m`` in lane 1 and ``xs[n, u:u + 8]`` its sum in lane 1 (:func:`_unit_sums_lane1`), so the
+    offset costs one multiply-add with its load folded in, no move of ``m`` into a lane of its
+    own (Q4_1). The other lanes are computed and never read."""
+    return _vfma(dm, _vload(xs[n], u), mm)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scalar_zero():  # pragma: no cover - compiled
+    return np.float32(0.0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scalar_out(mm):  # pragma: no cover - compiled
+    return mm
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lane1_out(mm):  # pragma: no cover - compiled
+    return _lane(mm, 1)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -454,12 +555,12 @@ def _no_mu_term(mm, mu, xs, n, u):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _no_unit_sums(x, xs):  # pragma: no cover - compiled
-    pass
+def _no_unit_sums(x):  # pragma: no cover - compiled
+    return np.empty((1, 1), np.float32)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _mm_units(x, xs, data, out, prep, unit, dot, term):  # pragma: no cover - compiled
+def _mm_units(x, xs, data, out, prep, unit, dot, term, mzero, mout):  # pragma: no cover - compiled
     nx = x.shape[0]
     nu = x.shape[1] // UNIT
     m = data.shape[0]
@@ -475,10 +576,10 @@ def _mm_units(x, xs, data, out, prep, unit, dot, term):  # pragma: no cover - co
                 a1 = _vzero()
                 a2 = _vzero()
                 a3 = _vzero()
-                m0 = np.float32(0.0)
-                m1 = np.float32(0.0)
-                m2 = np.float32(0.0)
-                m3 = np.float32(0.0)
+                m0 = mzero()
+                m1 = mzero()
+                m2 = mzero()
+                m3 = mzero()
                 for u in range(nu):
                     c0, c1, c2, c3, da, db, mu = unit(r, u, sc)
                     b = UNIT * u
@@ -490,20 +591,20 @@ def _mm_units(x, xs, data, out, prep, unit, dot, term):  # pragma: no cover - co
                     m1 = term(m1, mu, xs, n + 1, u)
                     m2 = term(m2, mu, xs, n + 2, u)
                     m3 = term(m3, mu, xs, n + 3, u)
-                out[n, o] = _vsum(a0) + m0
-                out[n + 1, o] = _vsum(a1) + m1
-                out[n + 2, o] = _vsum(a2) + m2
-                out[n + 3, o] = _vsum(a3) + m3
+                out[n, o] = _vsum(a0) + mout(m0)
+                out[n + 1, o] = _vsum(a1) + mout(m1)
+                out[n + 2, o] = _vsum(a2) + mout(m2)
+                out[n + 3, o] = _vsum(a3) + mout(m3)
                 n += 4
             while n < nx:
                 xr = x[n]
                 a = _vzero()
-                mm = np.float32(0.0)
+                mm = mzero()
                 for u in range(nu):
                     c0, c1, c2, c3, da, db, mu = unit(r, u, sc)
                     a = dot(xr, UNIT * u, c0, c1, c2, c3, da, db, a)
                     mm = term(mm, mu, xs, n, u)
-                out[n, o] = _vsum(a) + mm
+                out[n, o] = _vsum(a) + mout(mm)
                 n += 1
 
 
@@ -513,10 +614,8 @@ def _mm_units(x, xs, data, out, prep, unit, dot, term):  # pragma: no cover - co
 # Here the readers are globals, fixed when the entry point compiles.
 
 @njit(cache=True, nogil=True, inline="always")
-def _product(x, data, out, prep, unit, dot, sums, term):  # pragma: no cover - compiled
-    xs = np.empty((x.shape[0], x.shape[1] // UNIT), np.float32)
-    sums(x, xs)
-    _mm_units(x, xs, data, out, prep, unit, dot, term)
+def _product(x, data, out, prep, unit, dot, sums, term, mzero=_scalar_zero, mout=_scalar_out):  # pragma: no cover
+    _mm_units(x, sums(x), data, out, prep, unit, dot, term, mzero, mout)
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -531,7 +630,7 @@ def _mm_q4_0(x, data, out):  # pragma: no cover - compiled
 
 @njit(parallel=True, cache=True, nogil=True)
 def _mm_q4_1(x, data, out):  # pragma: no cover - compiled
-    _product(x, data, out, _prep_none, _unit_q4_1, _unit_dot1, _unit_sums, _mu_term)
+    _product(x, data, out, _prep_none, _unit_q4_1, _unit_dot1, _unit_sums_lane1, _mu_lane1_term, _vzero, _lane1_out)
 
 
 @njit(parallel=True, cache=True, nogil=True)
