@@ -39,7 +39,8 @@ import validate_heldout as V  # noqa: E402
 RECORDS = {"S6": "docs/heldout-2026-12-02-s6.json", "quiet": "docs/heldout-2026-12-01-quiet.json",
            "W1": "docs/heldout-2026-12-01-w1.json", "device": "docs/spec-auto-2026-12-03-h200.json",
            "device S9": "docs/spec-auto-2026-12-03-h200-s9.json",
-           "device S10": "docs/spec-auto-2026-12-03-h200-s10.json"}
+           "device S10": "docs/spec-auto-2026-12-03-h200-s10.json",
+           "device S11": "docs/spec-auto-2026-12-04-h200.json"}
 ROWS = {0: "3 devices, 80 ms, plain", 2: "3 devices, 80 ms, ngram k=2, grounded",
         4: "3 devices, 80 ms, ngram k=4, grounded", 8: "3 devices, 80 ms, ngram k=8, grounded"}
 #: scripts/spec_auto.py's record (the 16-core device machine): its rows' names
@@ -89,26 +90,74 @@ def carried_lap_s(policy, cwnd: float) -> tuple[float, ...]:
                  for k, c in enumerate(policy.lap_s))
 
 
-def tokens_per_s(answers, cost, policy=None, fixed=0, window: bool = False, carried: bool = False) -> float:
+def growth_s(k: int, cwnd: float, laps: float) -> float:
+    """Seconds of round trips the return hop's result frames of ``k + 1`` positions still
+    pay over the next ``laps`` laps drafting ``k``, from the window ``cwnd`` (bytes):
+    :func:`sim.link.sctp_frame_rounds` frame after frame, the window carried, until a
+    frame pays none (then none after it pays either)."""
+    from planner.frames import frame_bytes
+    from sim.link import sctp_frame_rounds
+    total, n, w = 0.0, 0, cwnd
+    while n < laps:
+        r, w = sctp_frame_rounds(frame_bytes(k + 1, HIDDEN), w, BURST_BYTES)
+        if r == 0:
+            break
+        total += r * RTT_S * min(1.0, laps - n)
+        n += 1
+    return total
+
+
+def invest_choose(st, cwnd: float, tokens_left: float) -> int:
+    """The rule that weighs a window growth over the tokens still to come (the
+    replay's last column, ``horizon``): each k's lap cost without the window's charge
+    (:func:`carried_lap_s` at a window that holds every frame), and the round trips its
+    frames still pay from the window the room has (:func:`growth_s`) spread over the
+    ``tokens_left / (1 + E[accepted | k])`` laps that drafting k takes to commit them.
+    Picks the k with the most tokens per second over those laps, i.e. the most
+    ``tokens_left / (laps_k * lap_k + growth_k)``; a probe as the rule on main."""
+    from planner.draft_policy import expected_accepted
+    p = st.policy
+    base = carried_lap_s(p, 1e9)
+    best, best_rate = 0, -1.0
+    for k in range(p.max_draft_tokens + 1):
+        e = expected_accepted(st.rates(k), k) if k else 0.0
+        laps = max(1.0, tokens_left / (1.0 + e))
+        t = laps * base[k] + (growth_s(k, cwnd, laps) if k else 0.0)
+        r = laps * (1.0 + e) / t
+        if r > best_rate * (1 + 1e-12):
+            best, best_rate = k, r
+    if best == 0 and st.plain_run >= p.probe_every:
+        best = p.probe_tokens
+    return best
+
+
+def tokens_per_s(answers, cost, policy=None, fixed=0, window: bool = False, carried: bool = False,
+                 horizon: str | None = None, cap: int = 32) -> float:
     """Tokens per second of lap time over ``answers`` (one room's questions in turn).
     ``window``: ``cost`` leaves the return hop's step out, and each lap pays
     :func:`sim.link.sctp_frame_rounds` round trips for its result frame instead, the
     window carried lap to lap and question to question from the initial one (aiortc's
     window in one room). ``carried``: before each lap the rule's costs are
-    :func:`carried_lap_s` of the window the room has then."""
+    :func:`carried_lap_s` of the window the room has then. ``horizon`` ``"question"``:
+    :func:`invest_choose` over the question's tokens left (``cap`` less those committed);
+    ``"room"``: over the room's (this question's and every later question's cap)."""
     from planner.frames import frame_bytes
     from runtime.drafters import ngram_draft
     from sim.link import sctp_frame_rounds
     cwnd = WINDOW_BYTES
     t = toks = 0.0
-    for prompt, ans in answers:
+    for qi, (prompt, ans) in enumerate(answers):
         ctx, pos = list(prompt) + ans[:1], 1  # the first answer token comes from the prefill
         toks += 1
         st = policy.start() if policy is not None else None
         while pos < len(ans):
             if carried and st is not None:
                 st.policy = dataclasses.replace(policy, lap_s=carried_lap_s(policy, cwnd))
-            k = st.choose() if st is not None else fixed
+            if horizon is not None and st is not None:
+                left = cap - pos + (cap * (len(answers) - qi - 1) if horizon == "room" else 0)
+                k = invest_choose(st, cwnd, left)
+            else:
+                k = st.choose() if st is not None else fixed
             a = 0
             if k == 0:
                 if st is not None:
@@ -197,6 +246,26 @@ def main() -> int:
             print(f"| {study} | {name} | k={kb} {fixed[kb]:.2f} | "
                   + " | ".join(f"{tokens_per_s(answers, cost, p, window=True) / fixed[kb]:.2f}x" for p in pols)
                   + f" | {tokens_per_s(answers, cost, pol, window=True, carried=True) / fixed[kb]:.2f}x |")
+    # the rule that weighs a growth over the tokens to come (invest_choose), grounded and chat
+    cscn = load(V.SCENARIO, V.COMMON + V.THREE + ["network.rtt=80ms"]
+                + [s.replace("draft_tokens: auto", "draft_tokens: auto, max_draft_tokens: 8")
+                   for s in V.spec("ngram", "auto")] + V.workload("chat"))
+    chat = greedy_answers(md, V.CHAT_PROMPTS, 32)
+    croom = real_run_scenario(cscn, 0.08, [len(p) for p, _ in chat], 32).with_profile(on_this_host(prof, d)[0])
+    cpol = draft_policy(croom, d)
+    print("\nthe rule that weighs a window growth over the tokens to come (invest_choose; lap times measured, "
+          "the window carried): grounded x the best fixed k, chat x plain")
+    print("| lap costs of | prompts | best fixed k | main | horizon: question | horizon: room |")
+    print("|---|---|---:|---:|---:|---:|")
+    for study, record in RECORDS.items():
+        cost = measured_costs(record, with_step=False)
+        for name, answers, p, ks in [(n, a, pol, (1, 2, 4, 8)) for n, a in sets.items()] + [("chat", chat, cpol, (0,))]:
+            fixed = {k: tokens_per_s(answers, cost, fixed=k, window=True) for k in ks}
+            kb = max(fixed, key=fixed.get)
+            got = [tokens_per_s(answers, cost, p, window=True)] + [
+                tokens_per_s(answers, cost, p, window=True, horizon=h) for h in ("question", "room")]
+            print(f"| {study} | {name} | k={kb} {fixed[kb]:.2f} | " + " | ".join(f"{g / fixed[kb]:.2f}x" for g in got)
+                  + " |")
     return 0
 
 
