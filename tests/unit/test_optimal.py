@@ -267,3 +267,24 @@ def test_a_re_deal_searches_against_the_rooms_network_and_return_path():
         scn = Scenario(name="ring", seed=0, model=toy(30), devices=tuple(four), options=OPTIMAL_A, network=net,
                        decoding=Decoding(return_path=rp))
         assert chain_of(redeal_rule_for(scn)(first, lost)) == ["a", "b", "c"]
+
+
+def test_a_rejoin_searches_against_the_rooms_network_and_return_path():
+    # The ring above with c back in the room (nothing lost now), every device timed at
+    # 1 ms a layer, every hop timed at 1 ms but c -> a at 100 ms (FAR_CA as measured).
+    # - direct: the search deals a, c, b (ring a -> c -> b -> a: 3 ms of hops + 30 ms);
+    #   a room running a, b, c pays a -> b -> c -> a, 1 + 1 + 100 ms + 30 ms = 132 ms:
+    #   4x slower, so the rule takes a, c, b.
+    # - via_stages: the search deals a, b, c (a-b and b-c both ways: 4 ms + 30 ms); a room
+    #   running a, c, b pays a -> c -> b -> c -> a, 1 + 1 + 1 + 100 + 30 = 133 ms: it takes a, b, c.
+    from planner.chain import rejoin_rule
+    from planner.deal import Deal
+    from planner.hops import Measured
+    hops = {(x, y): 1e-3 for x in "abc" for y in "abc" if x != y} | {("c", "a"): 0.100}
+    measured = Measured({x: 1e-3 for x in "abc"}, None, hops)
+    abc = Deal.pinned("a", (("a", 0, 10), ("b", 10, 20), ("c", 20, 30)))
+    acb = Deal.pinned("a", (("a", 0, 10), ("c", 10, 20), ("b", 20, 30)))
+    for rp, running, taken in (("direct", abc, ["a", "c", "b"]), ("via_stages", acb, ["a", "b", "c"])):
+        first = deal(ABC, toy(30), OPTIMAL_A, FAR_CA, rp)
+        new = rejoin_rule(ABC, toy(30), first, OPTIMAL_A, FAR_CA, rp)(running, frozenset(), measured)
+        assert new is not None and chain_of(new) == taken
