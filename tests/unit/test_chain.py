@@ -300,3 +300,25 @@ def test_after_a_redeal_the_room_times_each_device_over_the_layers_it_holds_now(
         h.chain.speeds.timed(StageTimed("w2", lap, 0.010))
         h.chain.speeds.computed(Computed("h", "RunStage", lap, 0.008))
     assert h.chain.speeds.measured().s_per_layer == pytest.approx({"w2": 0.005, "h": 0.002})
+
+
+def test_what_the_chain_does_not_run_is_recorded_with_its_reason_and_detail():
+    from planner.protocol import Ignored
+    one = Chain(DEAL, CFG, runs={"w2"})
+    assert one.handle(QuestionAsked(0, "h", (7,), 3), 0.0) == []
+    h = FrameHeader(FrameKind.PREFILL, 0, 0, 0, 1, 4, returns=True)
+    assert one.handle(FrameArrived("w1", "h", h), 0.0) == []
+    # a RESULT frame at a worker is a kind it never takes: its own record, in the chain's list
+    res = FrameHeader(FrameKind.RESULT, 0, 0, 0, 1, 4, returns=True)
+    assert one.handle(FrameArrived("w2", "w1", res), 0.0) == []
+    assert one.take_ignored() == [
+        Ignored("h", "QuestionAsked", "not_here", "the model host is not run here"),
+        Ignored("w1", "FrameArrived", "not_here", "w1 is not run here"),
+        Ignored("w2", "FrameArrived", "bug", "a RESULT frame at a worker (lap 0)")]
+    # a chain that runs every device holds no w9: a device it no longer holds, stale
+    every = Chain(DEAL, CFG)
+    assert every.handle(FrameArrived("w9", "h", h), 0.0) == []
+    assert every.take_ignored() == [Ignored("w9", "FrameArrived", "stale", "w9 is not run here")]
+    with pytest.raises(ValueError) as e:
+        Chain(DEAL, CFG, runs={"y", "x"})
+    assert str(e.value) == "x, y is neither the host nor a worker of this deal"
