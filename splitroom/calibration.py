@@ -25,6 +25,7 @@ from planner.profile import (Curve, DeviceProfile, DrafterProfile, PassCurve, Pr
                              TransportProfile)
 from planner.room import Scenario
 from runtime.threads import one_blas_thread_env
+from splitroom.input_limits import MAX_PROFILE_VALUES, read_text_capped, size_problem
 
 __all__ = ["CalibrationError", "add_acceptance", "apply_profile", "build_profile", "check_covers", "load_profile",
            "measure", "measure_room_overheads", "measure_shared_room", "profiled_s_per_layer", "room_passes",
@@ -489,16 +490,27 @@ def save_profile(profile: Profile, path: str | Path) -> None:
         raise CalibrationError(f"{path}: cannot write ({e.strerror})") from None
 
 
+#: deepest nesting a profile file may have (a profile's own is 6 levels)
+PROFILE_MAX_DEPTH = 32
+
+
 def load_profile(path: str | Path) -> Profile:
     """Read a profile file. Raises CalibrationError (one line naming the file and the
     key) when it cannot be read or is not a valid profile."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text_capped(p))
     except (OSError, UnicodeDecodeError) as e:
         raise CalibrationError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     except yaml.YAMLError as e:
         raise CalibrationError(f"{path}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    except RecursionError:
+        raise CalibrationError(f"{path}: nested too deep to read") from None
+    except (ValueError, OverflowError) as e:  # a NUL in the name; an integer of more than 4300 digits
+        raise CalibrationError(f"{path}: cannot read ({str(e)[:200]})") from None
+    problem = size_problem(data, MAX_PROFILE_VALUES, PROFILE_MAX_DEPTH)  # an alias bomb stops here, unwalked
+    if problem is not None:
+        raise CalibrationError(f"{path}: {problem}")
     try:
         return Profile.from_mapping(data)
     except ProfileError as e:

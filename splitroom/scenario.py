@@ -8,6 +8,7 @@ raised as :class:`ScenarioError` whose message is one line:
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from planner.room import (DRAFTERS, HEARTBEAT_TIMEOUT_S, DealOptions, Decoding, 
 from planner.sampling import Sampling
 from sim.engines import ENGINES
 from splitroom import units
+from splitroom.input_limits import MAX_PROFILE_VALUES, read_text_capped, size_problem
 
 
 class ScenarioError(ValueError):
@@ -569,13 +571,16 @@ def _sample_prompts(sample: list[str] | str | None, base: Path | None) -> tuple[
     if sample is None:
         return ()
     if isinstance(sample, str):
+        if not sample.strip():
+            raise _KeyProblem(where, "an empty file name (give a file of prompts, or a list)")
         p = (base or Path(".")) / sample
         try:
-            if p.stat().st_size > MAX_SAMPLE_FILE_BYTES:
-                raise _KeyProblem(where, f"{units.show(sample)} is larger than {MAX_SAMPLE_FILE_BYTES:,} bytes")
-            text = p.read_text(encoding="utf-8")
+            text = read_text_capped(p, MAX_SAMPLE_FILE_BYTES)
         except OSError as e:
-            raise _KeyProblem(where, f"{units.show(sample)}: cannot read ({e.strerror or e})") from None
+            # a relative name is looked for beside the scenario, not in the working folder
+            looked = "" if Path(sample).is_absolute() or base in (None, Path(".")) else \
+                f"; a sample file is relative to the scenario's folder, {base}{os.sep}"
+            raise _KeyProblem(where, f"{units.show(sample)}: cannot read ({e.strerror or e}){looked}") from None
         except UnicodeDecodeError:
             raise _KeyProblem(where, f"{units.show(sample)}: not UTF-8 text") from None
         except ValueError:
@@ -854,29 +859,16 @@ def parse_set(assignment: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def check_size(data: Any, source: str) -> None:
-    """Refuse a loaded scenario larger than :data:`MAX_VALUES` values once YAML aliases
-    are expanded (every visit of a shared node counts), or nested deeper than
+def check_size(data: Any, source: str, limit: int = MAX_VALUES) -> None:
+    """Refuse a loaded scenario larger than ``limit`` (:data:`MAX_VALUES`) values once YAML
+    aliases are expanded (every visit of a shared node counts), or nested deeper than
     :data:`MAX_DEPTH`: an alias bomb stops here, before validation or an error message
-    walks it. Stops counting at the limit, so it takes at most ``MAX_VALUES`` steps.
+    walks it. Stops counting at the limit, so it takes at most ``limit`` steps.
 
     Raises ScenarioError (one line naming ``source``)."""
-    count = 0
-    stack = [(data, 0)]
-    while stack:
-        v, depth = stack.pop()
-        count += 1
-        if count > MAX_VALUES:
-            raise ScenarioError(f"{source}: more than {MAX_VALUES} values once YAML aliases are expanded "
-                                "(an alias bomb?)")
-        if depth > MAX_DEPTH:
-            raise ScenarioError(f"{source}: nested more than {MAX_DEPTH} levels deep")
-        if isinstance(v, dict):
-            for k, x in v.items():
-                stack.append((k, depth + 1))
-                stack.append((x, depth + 1))
-        elif isinstance(v, (list, tuple, set)):
-            stack.extend((x, depth + 1) for x in v)
+    problem = size_problem(data, limit, MAX_DEPTH)
+    if problem is not None:
+        raise ScenarioError(f"{source}: {problem}")
 
 
 def _read_yaml(text: str, name: str, what: str = "") -> Any:
@@ -924,7 +916,7 @@ def from_mapping(data: Any, source: str = "<scenario>", overrides: list[str] = (
 def _read_text(p: Path, name: str) -> str:
     """A file's text (UTF-8); an unreadable or non-UTF-8 file is one ScenarioError line."""
     try:
-        return p.read_text(encoding="utf-8")
+        return read_text_capped(p)
     except OSError as e:
         raise ScenarioError(f"{name}: cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
@@ -945,7 +937,7 @@ def load(path: str | Path, overrides: list[str] = ()) -> Scenario:
         cal_path = (p.parent / data["calibration"])
         what = f"calibration: {cal_path.name}: "
         cal = _read_yaml(_read_text(cal_path, f"{name}: {what}".rstrip(": ")), name, what)
-        check_size(cal, f"{name}: {what}".rstrip(": "))
+        check_size(cal, f"{name}: {what}".rstrip(": "), MAX_PROFILE_VALUES)
         if isinstance(cal, dict) and "splitroom_profile" in cal:  # a profile (splitroom calibrate)
             from planner.profile import Profile, ProfileError
             try:

@@ -261,3 +261,61 @@ def test_a_pinned_range_error_speaks_the_1_based_ranges_people_type(tmp_path):
     r = CliRunner().invoke(app, ["plan", "scenarios/home.yaml", "--set", "stages=[{device: desktop, layers: '22-30'}]"])
     assert r.exit_code == 2 and "'desktop' layers 22-30 must start at layer 1 " in r.stderr, r.stderr
     assert "[21, 30)" not in r.stderr
+
+
+def _capped_cli(*args: str) -> subprocess.CompletedProcess:
+    """``splitroom ARGS`` in a child held to 1.5 GB of address space and 120 s: a file
+    read whole into memory ends there in a MemoryError traceback (or the timeout), not
+    by filling the machine."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (1_500_000_000, 1_500_000_000))
+    env = {**__import__("os").environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    try:
+        return subprocess.run([sys.executable, "-c", "import sys; sys.argv[0] = 'splitroom'; "
+                               "from splitroom.cli import main; main()", *args],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120, preexec_fn=cap, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"splitroom {' '.join(args)}: still reading after 120 s")
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+@pytest.mark.parametrize("args, line", [
+    (["plan", "/dev/zero"], "error: /dev/zero: cannot read (larger than 16,000,000 bytes)"),
+    (["plan", "scenarios/home.yaml", "--calibration", "/dev/zero"],
+     "error: --calibration /dev/zero: cannot read (larger than 16,000,000 bytes)"),
+    (["simulate", "scenarios/home.yaml", "--no-range", "--set", "workload.sample=/dev/zero"],
+     "error: scenarios/home.yaml: workload.sample: '/dev/zero': cannot read (larger than 4,000,000 bytes)"),
+])
+def test_a_file_that_never_ends_is_refused_after_its_cap_not_read_into_memory(args, line):
+    # /dev/zero's st_size is 0, so a size check before reading passes it; 2026-12-04
+    # (session 13) each of these three ended in a MemoryError traceback (or filled memory)
+    r = _capped_cli(*args)
+    assert (r.returncode, r.stderr.strip()) == (2, line), (r.returncode, r.stderr[-600:])
+
+
+def test_an_alias_bomb_in_a_profile_is_refused_before_anything_walks_it(tmp_path):
+    # 10 ** 9 leaves once expanded (nine levels of ten aliases); the profile's notes were
+    # turned into text whole (2026-12-04: still running after 60 s)
+    lines = ["splitroom_profile: 1", "a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines + ["notes: {x: *a9}", "devices: {}"]) + "\n")
+    r = _capped_cli("plan", "scenarios/home.yaml", "--calibration", str(bomb))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr[-600:])
+    assert r.stderr.startswith(f"error: --calibration {bomb}: more than 2000000 values once YAML aliases are expanded")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("splitroom_profile: 1\nnotes: {a: " + "9" * 5000 + "}\n", "Exceeds the limit (4300 digits)"),
+    ("splitroom_profile: 1\nnotes: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deep to read"),
+])
+def test_a_profile_yaml_cannot_turn_into_values_is_one_line(tmp_path, text, words):
+    # both were tracebacks from yaml.safe_load in load_profile (2026-12-04, session 13)
+    prof = tmp_path / "p.yaml"
+    prof.write_text(text)
+    r = CliRunner().invoke(app, ["plan", "scenarios/home.yaml", "--calibration", str(prof)])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), (r.exit_code, repr(r.exception))
+    err = r.stderr.strip()
+    assert "\n" not in err and err.startswith(f"error: --calibration {prof}: ") and words in err, err

@@ -41,6 +41,33 @@ def test_a_sample_is_a_list_or_a_file_of_prompts(tmp_path):
             load(scn, sets)
 
 
+def test_a_sample_files_byte_order_mark_is_not_part_of_its_first_prompt(tmp_path):
+    # Notepad's UTF-8 starts with EF BB BF; read as text it made the first prompt
+    # "\ufeffwhat is ..." (2026-12-04, session 13), a character no user typed
+    scn = tmp_path / "s.yaml"
+    scn.write_text(open("scenarios/home.yaml", encoding="utf-8").read())
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfwhat is a prime?\r\nwhy is the sky blue?\r\n")
+    (tmp_path / "p.json").write_bytes(b'\xef\xbb\xbf["a", "b"]')
+    assert load(scn, ["workload.sample=p.txt"]).workload.sample == ("what is a prime?", "why is the sky blue?")
+    assert load(scn, ["workload.sample=p.json"]).workload.sample == ("a", "b")
+
+
+def test_a_missing_sample_file_says_where_it_was_looked_for(tmp_path):
+    # the README's samples/grounded.txt is beside scenarios/home.yaml; typed from the
+    # repository as scenarios/samples/grounded.txt it was "No such file" with no hint of
+    # where it was looked for (2026-12-04, session 13)
+    (tmp_path / "room").mkdir()
+    scn = tmp_path / "room" / "s.yaml"
+    scn.write_text(open("scenarios/home.yaml", encoding="utf-8").read())
+    with pytest.raises(ScenarioError) as e:
+        load(scn, ["workload.sample=room/p.txt"])
+    assert str(e.value) == (f"{scn}: workload.sample: 'room/p.txt': cannot read (No such file or directory); "
+                            f"a sample file is relative to the scenario's folder, {tmp_path / 'room'}/")
+    with pytest.raises(ScenarioError) as e:
+        load(scn, ["workload.sample=''"])  # was "'': cannot read (Is a directory)": the scenario's folder
+    assert str(e.value) == f"{scn}: workload.sample: an empty file name (give a file of prompts, or a list)"
+
+
 def test_draft_tokens_auto_takes_max_draft_tokens():
     s = _load(["decoding.speculative={drafter: ngram, draft_tokens: auto, max_draft_tokens: 5}"]).decoding.speculative
     assert s.adaptive and s.draft_tokens == 5
