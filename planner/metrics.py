@@ -345,3 +345,98 @@ def recoveries(trace: Iterable[tuple[float, Any]], t_first: float | None = None)
                 rec["recovery_s"] = t - rec["lost_at_s"]
             waiting.clear()
     return out
+
+
+#: the kinds of :func:`first_token_parts` (``other``: what no record of the first token's lap spans)
+FIRST_TOKEN_KINDS = ("stage", "hop", "head", "other")
+
+
+def first_token_parts(trace: Iterable[tuple[float, Any]]) -> dict:
+    """Each answered question's first token (``ttft_s``: BeginAnswer -> first EmitToken)
+    split along the lap that made it, the prompt's last prefill chunk (the one that comes
+    back to the host), into parts that add up to it:
+
+    * ``stage`` of the model host: from the host starting the question's first chunk
+      (its first RunStage) to finishing this chunk (StageFinished): every chunk's embed
+      and compute on the host, one after another;
+    * ``stage`` of each worker: from the chunk's frame arriving (FrameArrived) to the
+      worker finishing it (StageFinished): its compute and its wait behind the earlier
+      chunks' compute there;
+    * ``hop`` of each link: SendFrame -> FrameArrived of this chunk's frame (the frame's
+      bytes, and its wait behind the earlier chunks' frames for the transport's window);
+    * ``head``: RunHead -> HeadFinished of the lap;
+    * ``other``: ``ttft`` less all of those (BeginAnswer -> the first RunStage, and any
+      wait between one record of the lap and the next).
+
+    Returns ``{"ttft_s", "stage_s", "hop_s", "head_s", "other_s"}`` (means over the
+    questions, as ``ttft_s`` of :func:`compute`), ``"parts"`` (``{"stage:DEVICE"`` /
+    ``"hop:SRC->DST": mean seconds}``) and ``"each"`` (one such dict, without ``each``,
+    per question, in question order). Empty means (0.0) and ``each == []`` when no
+    question was answered."""
+    begin: dict[int, float] = {}
+    first_run: dict[int, float] = {}
+    first_emit: dict[int, float] = {}
+    lap_q: dict[int, int] = {}  # lap -> question (RunStage carries it)
+    ended: dict[int, int] = {}  # question -> the first lap judged with a token kept
+    fin: dict[tuple[int, str], float] = {}
+    send: dict[tuple[int, str, str], float] = {}
+    arrive: dict[tuple[int, str, str], float] = {}
+    run_head: dict[int, float] = {}
+    head_fin: dict[int, float] = {}
+    host: dict[int, str] = {}  # lap -> the device that embedded its inputs
+    for t, o in trace:
+        cls = type(o)
+        if cls is BeginAnswer:
+            begin.setdefault(o.question_id, t)
+        elif cls is RunStage:
+            lap_q.setdefault(o.lap_id, o.question_id)
+            if o.inputs:
+                host[o.lap_id] = o.device
+                first_run.setdefault(o.question_id, t)
+        elif cls is StageFinished:
+            fin.setdefault((o.lap_id, o.device), t)
+        elif cls is SendFrame:
+            send.setdefault((o.header.lap_id, o.src, o.dst), t)
+        elif cls is FrameArrived:
+            arrive.setdefault((o.header.lap_id, o.src, o.device), t)
+        elif cls is RunHead:
+            run_head.setdefault(o.lap_id, t)
+        elif cls is HeadFinished:
+            head_fin.setdefault(o.lap_id, t)
+        elif cls is LapEnded:
+            if o.kept and not o.stale:
+                ended.setdefault(o.question_id, o.lap_id)
+        elif cls is EmitToken:
+            first_emit.setdefault(o.question_id, t)
+    each = []
+    for q in sorted(first_emit):
+        if q not in begin or q not in ended:
+            continue
+        lap = ended[q]
+        ttft = first_emit[q] - begin[q]
+        parts: dict[str, float] = {}
+        h = host.get(lap)
+        for (lp, dev), t in fin.items():
+            if lp != lap:
+                continue
+            if dev == h:
+                start = first_run.get(q)
+            else:
+                start = next((a for (lp2, _, dst), a in arrive.items() if lp2 == lap and dst == dev), None)
+            if start is not None:
+                parts[f"stage:{dev}"] = t - start
+        for (lp, src, dst), t in send.items():
+            if lp == lap and (lap, src, dst) in arrive:
+                parts[f"hop:{src}->{dst}"] = arrive[(lap, src, dst)] - t
+        head = head_fin[lap] - run_head[lap] if lap in run_head and lap in head_fin else 0.0
+        rec = {"ttft_s": ttft, "parts": parts, "head_s": head,
+               "stage_s": sum(v for k, v in parts.items() if k.startswith("stage:")),
+               "hop_s": sum(v for k, v in parts.items() if k.startswith("hop:"))}
+        rec["other_s"] = ttft - rec["stage_s"] - rec["hop_s"] - head
+        each.append(rec)
+    n = max(len(each), 1)
+    names = sorted({k for e in each for k in e["parts"]})
+    out = {k: sum(e[k] for e in each) / n for k in ("ttft_s", "stage_s", "hop_s", "head_s", "other_s")}
+    out["parts"] = {k: sum(e["parts"].get(k, 0.0) for e in each) / n for k in names}
+    out["each"] = each
+    return out

@@ -27,7 +27,13 @@ profile is timed on the same kind of cores as the rooms; the profile's notes say
 ``--only "row;row"`` predicts (and so runs) only those rows.
 3. ``--table OUT``: the table (median, min-max, predicted, tokens and drafts a lap,
    x plain and x the best fixed k of the same drafter and workload, round by round),
-   then each row's error split into its parts (:func:`error_parts`, :func:`parts_table`).
+   then each row's error split into its parts (:func:`error_parts`, :func:`parts_table`),
+   then the first token's error split into stages, hops, head and the rest
+   (:func:`ttft_error_parts`, :func:`ttft_parts_table`). The record carries the first
+   token's parts, predicted and measured (``first_token_parts``:
+   planner.metrics.first_token_parts), from 2026-12-04 20:00 UTC on; for an older record
+   ``--profile`` re-simulates the predicted ones and the measured ones are estimated
+   from the decode laps (:func:`ttft_error_parts` says how).
 
 Raises SystemExit(2) with a one-line error for a missing profile or record.
 """
@@ -134,7 +140,8 @@ def predict(profile_path: str, out: Path, only: list[str] | None = None) -> None
         if only is not None and name not in only:
             continue
         scn, d = _scenario(sets)
-        m = predict_real_run(scn, d, prof, scn.network.rtt_s, prompt_token_counts(md, real_prompts(scn)))
+        m = predict_real_run(scn, d, prof, scn.network.rtt_s, prompt_token_counts(md, real_prompts(scn)),
+                             ttft_parts=True)
         preds.append({"name": name, "sets": sets, "predicted": m})
     record = {"predicted_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "profile": profile_path,
               "profile_notes": prof.notes, "load_at_start": os.getloadavg(), "cpus": os.cpu_count(),
@@ -153,7 +160,8 @@ def one(name: str, profile_path: str) -> None:
                    profile=load_profile(profile_path))
     m = res.measured
     print("RESULT " + json.dumps({k: m.get(k) for k in ("tokens_per_s", "ttft_s", "ttft_each_s", "tokens_per_lap",
-                                                        "drafted_per_lap", "answered", "breakdown", "lap_s")}
+                                                        "drafted_per_lap", "answered", "breakdown", "lap_s",
+                                                        "first_token_parts")}
                                  | {"in_process_delay": res.calibration.get("in_process_delay")}), flush=True)
 
 
@@ -387,6 +395,140 @@ def parts_table(out: Path) -> str:
     return "\n".join(head + lines)
 
 
+#: the kinds of the first token's parts (planner.metrics.first_token_parts)
+TTFT_KINDS = ("stage", "hop", "head", "other")
+
+
+def _decode_ratios(predicted: dict, runs: list[dict]) -> dict[str, float]:
+    """``"stage:DEVICE"`` / ``"hop:SRC->DST"`` / ``"head"`` -> measured over predicted
+    seconds a decode lap of that part (the ``breakdown`` lists), the median over ``runs``;
+    a part the prediction's breakdown lacks or gives 0 is left out."""
+    def named(bd):
+        out = {}
+        for e in bd:
+            key = "head" if e["kind"] == "head" else f"{e['kind']}:{e['part']}"
+            out[key] = out.get(key, 0.0) + float(e["mean_s"])
+        return out
+    pred = named(predicted.get("breakdown", []))
+    each = [named(r.get("breakdown", [])) for r in runs]
+    return {k: statistics.median(x.get(k, 0.0) for x in each) / v for k, v in pred.items() if v > 0}
+
+
+def ttft_error_parts(predicted: dict, runs: list[dict], parts_predicted: dict | None = None) -> dict:
+    """A row's first-token error, predicted over measured ``ttft_s`` less 1 (positive: the
+    prediction slower than the room, the sign of docs/validation.md's tables), split into
+    parts that add up to it. With ``P`` the predicted first token, ``M`` the measured one
+    (median over ``runs``) and ``P_k`` / ``M_k`` their parts of kind ``k``
+    (:data:`TTFT_KINDS`; planner.metrics.first_token_parts, ``sum_k P_k = P``):
+
+        P / M - 1 = sum_k (P_k - M_k) / M
+
+    * When every run carries ``first_token_parts`` (spec_auto records from 2026-12-04
+      20:00 UTC on), ``M_k`` is the median over runs of the measured part and
+      ``out[k] = (P_k - M_k) / M``; ``rest`` is what is left (0 with one run; with
+      several, the medians' mismatch). ``how`` is ``"measured"``.
+    * When they do not (older records hold the measured first token only), ``M_k`` is
+      *estimated* from the same run's decode laps: each stage, hop and the head of the
+      first token is taken to be off by the factor that part's decode-lap mean is off
+      (:func:`_decode_ratios`, measured over predicted), ``M_part ~ P_part * r_part``, so
+      ``out[kind] = sum over the kind's parts of P_part * (1 - r_part) / M`` (``other``:
+      0). ``rest`` is then what the decode laps do not show: prefill passes off by
+      another factor than one-token passes, the prefill frames' wait for the transport's
+      window, anything before the host's first stage. ``how`` is
+      ``"estimated from the decode laps"``.
+
+    ``parts_predicted``: the prediction's first-token parts when ``predicted`` has no
+    ``first_token_parts`` (an older record's prediction re-simulated with its trace:
+    :func:`recomputed_ttft_parts`). Also returns ``error``, ``ttft_ms`` /
+    ``ttft_ms_predicted`` and ``<kind>_ms`` (measured or estimated) / ``<kind>_ms_predicted``.
+    Raises ValueError for no runs or no predicted parts."""
+    if not runs:
+        raise ValueError("no measured runs")
+    pp = predicted.get("first_token_parts") or parts_predicted
+    if not pp:
+        raise ValueError("no predicted first-token parts (give parts_predicted)")
+    med = statistics.median
+    m_ttft = med(r["ttft_s"] for r in runs)
+    out = {"error": predicted["ttft_s"] / m_ttft - 1.0, "ttft_ms": 1e3 * m_ttft,
+           "ttft_ms_predicted": 1e3 * predicted["ttft_s"]}
+    if all(r.get("first_token_parts") for r in runs):
+        out["how"] = "measured"
+        for k in TTFT_KINDS:
+            mk = med(r["first_token_parts"][f"{k}_s"] for r in runs)
+            out[k] = (pp[f"{k}_s"] - mk) / m_ttft
+            out[f"{k}_ms"], out[f"{k}_ms_predicted"] = 1e3 * mk, 1e3 * pp[f"{k}_s"]
+    else:
+        out["how"] = "estimated from the decode laps"
+        ratio = _decode_ratios(predicted, runs)
+        named = dict(pp["parts"]) | {"head": pp["head_s"]}
+        for k in TTFT_KINDS:
+            keys = [n for n in named if n == k or n.startswith(k + ":")]
+            p_k = sum(named[n] for n in keys) if k != "other" else pp["other_s"]
+            m_k = sum(named[n] * ratio.get(n, 1.0) for n in keys) if k != "other" else pp["other_s"]
+            out[k] = (p_k - m_k) / m_ttft
+            out[f"{k}_ms"], out[f"{k}_ms_predicted"] = 1e3 * m_k, 1e3 * p_k
+    out["rest"] = out["error"] - sum(out[k] for k in TTFT_KINDS)
+    return out
+
+
+def recomputed_ttft_parts(record: dict, profile_path: str) -> dict[str, dict]:
+    """Row name -> the prediction's first-token parts (planner.metrics.first_token_parts),
+    re-simulated with its trace from ``profile_path`` for a record whose predictions do not
+    carry them; only rows whose re-simulated ``ttft_s`` is the record's own (to 1e-9: the
+    same prediction) are given."""
+    from runtime.weights import ensure_safetensors
+    from splitroom.calibration import load_profile
+    from splitroom.real_configs import prompt_token_counts, real_prompts
+    from splitroom.real_predict import predict_real_run
+    prof = load_profile(profile_path)
+    md = str(ensure_safetensors(progress=None))
+    out = {}
+    for r in record["rows"]:
+        if not r.get("measured_runs") or r["predicted"].get("first_token_parts"):
+            continue
+        scn, d = _scenario(r["sets"])
+        m = predict_real_run(scn, d, prof, scn.network.rtt_s, prompt_token_counts(md, real_prompts(scn)),
+                             ttft_parts=True)
+        if abs(m["ttft_s"] - r["predicted"]["ttft_s"]) <= 1e-9 * max(abs(r["predicted"]["ttft_s"]), 1.0):
+            out[r["name"]] = m["first_token_parts"]
+    return out
+
+
+def ttft_parts_table(out: Path, parts_predicted: dict[str, dict] | None = None) -> str:
+    """Each measured row's first-token error split by :func:`ttft_error_parts`, in
+    percentage points (of the measured first token), with the milliseconds of each kind;
+    ``parts_predicted``: row name -> predicted parts for a record that lacks them (rows
+    with neither are left out)."""
+    record = json.loads(out.read_text())
+    head = ["| row | first token measured (predicted) | error | stages | hops | head | other | rest | "
+            "ms: stages / hops / head, measured or estimated (predicted) | how |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = []
+    for r in record["rows"]:
+        pp = (parts_predicted or {}).get(r["name"])
+        if not r.get("measured_runs") or not (r["predicted"].get("first_token_parts") or pp):
+            continue
+        e = ttft_error_parts(r["predicted"], r["measured_runs"], pp)
+        cols = " | ".join(f"{round(100 * e[k], 1) + 0.0:+.1f}" for k in (*TTFT_KINDS, "rest"))  # no "-0.0"
+        ms = " / ".join(f"{e[k + '_ms']:.0f} ({e[k + '_ms_predicted']:.0f})" for k in ("stage", "hop", "head"))
+        lines.append(f"| {r['name']} | {e['ttft_ms']:.0f} ({e['ttft_ms_predicted']:.0f}) ms | {100 * e['error']:+.1f}% | "
+                     f"{cols} | {ms} | {e['how']} |")
+    return "\n".join(head + lines)
+
+
+def ttft_table(out: Path, profile_path: str | None) -> str:
+    """:func:`ttft_parts_table` of a record; a record whose predictions lack the first
+    token's parts has them re-simulated from ``profile_path`` (:func:`recomputed_ttft_parts`)
+    when one is given, else the table says they are missing."""
+    record = json.loads(out.read_text())
+    ran = [r for r in record["rows"] if r.get("measured_runs")]
+    if all(r["predicted"].get("first_token_parts") for r in ran):
+        return ttft_parts_table(out)
+    if not profile_path or not Path(profile_path).is_file():
+        return "(the record's predictions carry no first_token_parts: give --profile to re-simulate them)"
+    return ttft_parts_table(out, recomputed_ttft_parts(record, profile_path))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="the calibration profile (both samples' acceptance)")
@@ -421,6 +563,8 @@ def main() -> int:
             print(table(Path(a.table)))
             print("\nthe error split (percentage points; error_parts):\n")
             print(parts_table(Path(a.table)))
+            print("\nthe first token's error split (percentage points; ttft_error_parts):\n")
+            print(ttft_table(Path(a.table), a.profile))
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --table: cannot read {a.table!r} ({getattr(e, 'strerror', None) or e})", file=sys.stderr)
             return 2
@@ -450,6 +594,8 @@ def main() -> int:
         print(table(Path(a.resume)))
         print("\nthe error split (percentage points; error_parts):\n")
         print(parts_table(Path(a.resume)))
+        print("\nthe first token's error split (percentage points; ttft_error_parts):\n")
+        print(ttft_table(Path(a.resume), a.profile))
     else:
         print("error: give --predict-only, --resume or --table", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import numpy as np
 
 from planner.deal import Deal
 from planner.metrics import compute as compute_metrics
+from planner.metrics import first_token_parts
 from planner.protocol import BeginAnswer
 from planner.room import Scenario
 from planner.trace_fit import calibrated_scenario
@@ -111,7 +112,7 @@ def on_this_host(profile, deal: Deal):
 
 
 def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_tokens: Sequence[int],
-                     in_process_delay: bool = False) -> dict:
+                     in_process_delay: bool = False, ttft_parts: bool = False) -> dict:
     """Metrics the simulator predicts for a real run of ``scn`` from ``profile`` (a
     :class:`planner.profile.Profile`), before the run: every device process on this
     machine, so with the profile's shared-core excess (:func:`on_this_host`; ``shared_host``
@@ -119,7 +120,9 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     is applied in the device processes, so every hop also pays the profile's
     ``transport.delay_late_s`` when it has one (``delay_late_s`` in the metrics). Raises
     RealRunError when the predicted room answers fewer questions than it is asked (never a
-    silent 0.0)."""
+    silent 0.0). ``ttft_parts``: the room is simulated with its trace and the metrics
+    carry ``first_token_parts`` (planner.metrics.first_token_parts: the first token split
+    into the host's and each worker's stage, each hop, the head and the rest)."""
     from sim.driver import simulate
     from splitroom.ranges import acceptance_source, predict_range
     profile, shared = on_this_host(profile, deal)
@@ -127,7 +130,12 @@ def predict_real_run(scn: Scenario, deal: Deal, profile, rtt_s: float, prompt_to
     late = (tr.delay_late_s or 0.0) if (in_process_delay and rtt_s > 0 and tr is not None) else 0.0
     pred_scn = with_late_hops(real_run_scenario(scn, rtt_s, prompt_tokens, scn.workload.answer_tokens)
                               .with_profile(profile), late)
-    m = simulate(pred_scn, deal, trace=False).metrics
+    if ttft_parts:
+        run = simulate(pred_scn, deal, trace=True)
+        m = run.metrics
+        m["first_token_parts"] = first_token_parts(run.trace)
+    else:
+        m = simulate(pred_scn, deal, trace=False).metrics
     _check_answered(m, "the prediction from the profile")
     m["range"] = predict_range(pred_scn, deal, m)
     if pred_scn.decoding.speculative is not None:  # the same room plain, for the warning (speculation_check)
@@ -210,9 +218,11 @@ def compare(trace: Sequence, predicted: dict, profile_predicted: dict | None, **
     """The :class:`RealResult` of a run: the metrics measured on its ``trace``
     (planner.metrics.compute), beside the same-run ``predicted`` metrics and the
     ``profile_predicted`` ones (None without a profile), each with its error in percent
-    of the measured figure (:func:`_error_pct`). ``result``: the other fields of
+    of the measured figure (:func:`_error_pct`); the measured metrics also carry
+    ``first_token_parts`` (planner.metrics.first_token_parts of the trace). ``result``: the other fields of
     RealResult (answers, calibration, network, emulated, ended, losses)."""
     measured = compute_metrics(trace)
+    measured["first_token_parts"] = first_token_parts(trace)
     return RealResult(measured, predicted, _error_pct(measured, predicted), profile_predicted=profile_predicted,
                       profile_error_pct=_error_pct(measured, profile_predicted) if profile_predicted else None,
                       **result)

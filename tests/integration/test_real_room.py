@@ -80,6 +80,15 @@ def test_a_round_trip_emulated_in_process_is_applied_by_every_device_process(ref
     assert set(delays) == {d.host} | {s.device for s in d.stages}
     for rec in delays.values():
         assert rec["one_way_s"] == 0.010 and rec["packets"] > 0 and rec["dropped"] == 0
+    # the measured first token split along its lap (planner.metrics.first_token_parts): the
+    # host's and the worker's stage, both hops of the ring, the head; what is left is the
+    # host's own wait before its first stage and between the lap's records, never below 0
+    f = res.measured["first_token_parts"]
+    (e,) = f["each"]
+    assert e["ttft_s"] == pytest.approx(res.measured["ttft_each_s"][0])
+    devs = [s.device for s in d.stages if s.layers]
+    assert set(e["parts"]) == {f"stage:{x}" for x in devs} | {f"hop:{a}->{b}" for a, b in zip(devs, devs[1:] + devs[:1])}
+    assert all(v > 0 for v in e["parts"].values()) and e["head_s"] > 0 and e["other_s"] >= -1e-6
 
 
 def test_only_the_bundled_model_runs_for_real():

@@ -118,9 +118,19 @@ def test_room_answers_equal_single_process_greedy(model_dir, tokenizer, referenc
     assert all(n == 32 + 576 * 4 * k for _, _, ch, n in hub.sent if ch == "residual"
                for k in [(n - 32) // (576 * 4)])
     trace = merge_traces([n.trace_records() for n in nodes])
-    from planner.metrics import compute
+    from planner.metrics import compute, first_token_parts
     m = compute(trace)
     assert m["answered"] == len(PROMPTS) and m["tokens_per_s"] > 0
+    # the first token split along the prompt's returning chunk: every device's stage and
+    # every link of the ring once, adding up to each question's own first token (one clock)
+    f = first_token_parts(trace)
+    assert [e["ttft_s"] for e in f["each"]] == pytest.approx(m["ttft_each_s"])
+    devices = {n.cfg.device for n in nodes}
+    for e in f["each"]:
+        assert {k for k in e["parts"] if k.startswith("stage:")} == {f"stage:{d}" for d in devices}
+        assert {k for k in e["parts"] if k.startswith("hop:")} == {f"hop:{a}->{b}" for a, b in links}
+        assert all(v > 0 for k, v in e["parts"].items() if k.startswith("stage:")) and e["head_s"] > 0
+        assert -1e-9 <= e["other_s"] < e["ttft_s"]
 
 
 def test_a_malformed_frame_is_rejected_and_the_room_goes_on(model_dir, tokenizer):
