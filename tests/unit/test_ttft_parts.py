@@ -99,16 +99,17 @@ def test_ttft_error_parts_measured():
 
 
 def test_ttft_error_parts_medians_leave_a_rest():
-    # three runs, ttft 0.50, 0.40, 0.60 -> median 0.50; stages 0.32, 0.30, 0.34 -> 0.32; hops 0.15, 0.08, 0.20
+    # three runs, ttft 0.50, 0.41, 0.60 -> median 0.50; stages 0.32, 0.30, 0.34 -> 0.32; hops 0.15, 0.08, 0.20
     # -> 0.15; head 0.03 each; other 0.0, 0.0, 0.03 -> 0.0. Parts: (0.40-0.32)/0.5 = 0.16, (0.16-0.15)/0.5 = 0.02,
-    # 0.02, 0.0; rest 0.2 - 0.20 = 0.0 here, since the medians are one run's
+    # 0.02, 0.0; rest 0.2 - 0.20 = 0.0 here, since every median is the first run's
     runs = [{"ttft_s": t, "first_token_parts": _ftp(s, h, 0.03, o)}
             for t, s, h, o in ((0.50, 0.32, 0.15, 0.0), (0.41, 0.30, 0.08, 0.0), (0.60, 0.34, 0.20, 0.03))]
     e = S.ttft_error_parts(PRED, runs)
     assert e["error"] == pytest.approx(0.2)
     assert e["stage"] == pytest.approx(0.16) and e["hop"] == pytest.approx(0.02) and e["other"] == pytest.approx(0.0)
     assert e["rest"] == pytest.approx(0.0, abs=1e-12)
-    # a run whose parts do not make its own ttft: hops 0.08 -> ttft 0.41, but its median stages come from another
+    # the first run's stages 0.33 instead (its parts now 0.51 against its ttft 0.50): the medians are no longer one
+    # run's; stages 0.33, 0.30, 0.34 -> 0.33, the rest 0.2 - (0.14 + 0.02 + 0.02 + 0.0) = 0.02
     runs[0] = {"ttft_s": 0.50, "first_token_parts": _ftp(0.33, 0.15, 0.03)}
     e = S.ttft_error_parts(PRED, runs)
     assert e["stage"] == pytest.approx((0.40 - 0.33) / 0.5)   # stages 0.33, 0.30, 0.34 -> 0.33
