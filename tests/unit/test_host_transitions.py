@@ -7,14 +7,17 @@ checked against planner.scheduler.host.TRANSITIONS."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from planner.deal import Deal, Stage
+from planner.draft_policy import DraftPolicy
 from planner.frames import FrameHeader, FrameKind
 from planner.hops import Measured
 from planner.protocol import (AnswerDone, BeginAnswer, ChainReady, DeviceBack, DeviceLost, Draft, DraftReady,
                               DriverError, EmitToken, FrameArrived, HeadFinished, LapEnded, LapFailed, LapKind,
                               QuestionAsked, QuestionWithdrawn, Redeal, Refuse, RunHead, RunStage, SendFrame, StageFinished)
+from planner.sampling import Sampling
 from planner.scheduler import HostScheduler, HostState, SchedulerConfig
 from planner.scheduler import host as host_module
 from tests.harness import truth
@@ -368,3 +371,197 @@ def test_a_re_deal_replays_every_question_in_flight_each_in_its_own_slot():
     assert s.handle(ChainReady(3), 0.0) == [RunStage("h", 4, 0, 0, 3, (7, 8, truth(2)), 0),
                                             RunStage("h", 5, 1, 0, 3, (5, 6, 4), 1)]
     assert s.state == FILLING
+
+
+def _back(s: HostScheduler, lap: int) -> list:
+    """Lap ``lap`` through the host's stage and back from w: the commands of its return."""
+    s.handle(StageFinished("h", lap), 0.0)
+    return s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, lap, 0, 1, 4, returns=True)), 0.0)
+
+
+def test_a_stage_of_another_device_is_ignored_even_for_a_lap_in_flight():
+    """In the filling room lap 0 is on the host's stage. A StageFinished naming w for lap
+    0 is not the host's own (only the host's stage reports to it): Ignored as a bug, and
+    lap 0 is left as it was, so the host's own StageFinished still sends its frame on."""
+    s, _ = filling()
+    assert s.handle(StageFinished("w", 0), 0.0) == [] and s.state == FILLING
+    assert [(x.device, x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("h", "StageFinished", "bug", "a stage of w reached the host's machine")]
+    assert [type(c) for c in s.handle(StageFinished("h", 0), 0.0)] == [SendFrame]
+
+
+def test_a_lap_of_a_withdrawn_question_ends_stale_when_it_comes_back():
+    """Question 0 withdrawn while its prompt's lap 0 (the whole 2-token prompt, so it
+    returns) is out: the answer ends at once (AnswerDone, 0 tokens), and lap 0, whose
+    question is gone, ends as stale (LapEnded, kept 0, stale True) where it comes back:
+    (a) withdrawn on the host's stage, it ends when its frame comes back; (b) withdrawn
+    after its RunHead, it ends at its head result. (c) With 1-token chunks, chunk 0
+    (which does not return) of a question withdrawn while it is on the host's stage is
+    forgotten once the host's stage has finished it: no lap is left."""
+    stale_lap0 = [LapEnded(0, 0, LapKind.PREFILL, 0, 0, True)]
+    s, _ = filling()  # (a)
+    assert s.handle(QuestionWithdrawn(0), 0.0) == [AnswerDone(0, "g", 0, "withdrawn")] and s.state == IDLE
+    assert _back(s, 0) == stale_lap0 and s.laps == {} and s.state == IDLE
+    s, _ = filling()  # (b)
+    assert _back(s, 0) == [RunHead(0, 0, 1)]
+    assert s.handle(QuestionWithdrawn(0), 0.0) == [AnswerDone(0, "g", 0, "withdrawn")]
+    assert s.handle(HeadFinished(0, (truth(2),)), 0.0) == stale_lap0 and s.laps == {} and s.state == IDLE
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, draft_tokens=2, prefill_chunk=1))  # (c)
+    assert s.handle(QuestionAsked(0, "g", PROMPT, 3), 0.0) == [BeginAnswer(0, "g", 2), RunStage("h", 0, 0, 0, 1, (7,))]
+    assert s.handle(QuestionWithdrawn(0), 0.0) == [AnswerDone(0, "g", 0, "withdrawn")]
+    s.handle(StageFinished("h", 0), 0.0)
+    assert s.laps == {} and s.state == IDLE
+
+
+def test_a_head_result_with_no_prediction_refuses_its_question_and_the_next_begins():
+    """The head returned nothing for lap 0 (the prompt): question 0 is refused with the
+    reason, naming the lap, and question 1, waiting, begins (lap 1, slot 0 again)."""
+    s, _ = filling()
+    assert s.handle(QuestionAsked(1, "g2", (5, 6), 2), 0.0) == []
+    assert _back(s, 0) == [RunHead(0, 0, 1)]
+    assert s.handle(HeadFinished(0, ()), 0.0) == [
+        Refuse(0, "g", "the output head returned no prediction for lap 0"),
+        BeginAnswer(1, "g2", 2), RunStage("h", 1, 1, 0, 2, (5, 6), 0)]
+    assert s.state == FILLING and s.in_flight == 1
+
+
+def test_two_laps_in_flight_are_judged_in_launch_order_and_a_second_head_result_is_ignored():
+    """async_laps 2, k 2, question 0 asks for 6 tokens. After the first token t2 (lap 0),
+    lap 1 verifies (t2, t3, t4) from position 2, and lap 2 is launched assuming lap 1 is
+    taken in full: its drafts (t5, t6, t7) from position 5, t5 guessing lap 1's bonus
+    token. Lap 2's head result comes first: it waits for lap 1 (no command); the same
+    result again is Ignored as a bug. Lap 1's result then judges both, in launch order:
+    lap 1 keeps t3 t4 and the bonus t5 (= lap 2's guess, so lap 2 stays valid), lap 2
+    keeps t6 t7 t8, of which t6 t7 fit the 6 tokens asked. 2 + 2 drafts accepted."""
+    t = truth
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, draft_tokens=2, async_laps=2))
+    s.handle(QuestionAsked(0, "g", PROMPT, 6), 0.0)
+    s.handle(StageFinished("h", 0), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4, returns=True)), 0.0)
+    assert s.handle(HeadFinished(0, (t(2),)), 0.0) == [LapEnded(0, 0, LapKind.PREFILL, 0, 1, False),
+                                                       EmitToken(0, "g", 0, t(2)), Draft(0, 0, 3, (), 2)]
+    assert s.handle(DraftReady(0, (t(3), t(4))), 0.0) == [RunStage("h", 1, 0, 2, 3, (t(2), t(3), t(4))),
+                                                          Draft(1, 0, 3, (t(3), t(4)), 3)]
+    assert s.handle(DraftReady(1, (t(5), t(6), t(7))), 0.0) == [RunStage("h", 2, 0, 5, 3, (t(5), t(6), t(7)))]
+    assert _back(s, 1) == [RunHead(1, 0, 3)] and _back(s, 2) == [RunHead(2, 0, 3)]
+    assert s.handle(HeadFinished(2, (t(6), t(7), t(8))), 0.0) == [] and s.ignored == []
+    assert s.handle(HeadFinished(2, (t(6), t(7), t(8))), 0.0) == []
+    assert [(x.device, x.event, x.reason, x.detail) for x in s.ignored] == [
+        ("h", "HeadFinished", "bug", "a second head result for lap 2")]
+    assert s.handle(HeadFinished(1, (t(3), t(4), t(5))), 0.0) == [
+        LapEnded(1, 0, LapKind.VERIFY, 2, 3, False),
+        EmitToken(0, "g", 1, t(3)), EmitToken(0, "g", 2, t(4)), EmitToken(0, "g", 3, t(5)),
+        LapEnded(2, 0, LapKind.VERIFY, 2, 3, False),
+        EmitToken(0, "g", 4, t(6)), EmitToken(0, "g", 5, t(7)), AnswerDone(0, "g", 6, "length")]
+    assert (s.accepted, s.emitted, s.state, s.laps) == (4, 6, IDLE, {})
+
+
+def test_a_head_result_shorter_than_its_lap_keeps_only_the_drafts_it_confirms():
+    """HeadFinished should carry one prediction per RunHead row; the judge still takes a
+    shorter one (it reads no row the head did not give). In the decoding room lap 1
+    verifies (t2, t3, t4) from position 2 and the head gives only t3: draft t3 is
+    confirmed, and with no further prediction there is no correction or bonus token, so
+    1 token is kept (1 draft accepted). The assumed t4 is then forgotten: the next draft
+    continues the 4 committed tokens with nothing assumed (k 2)."""
+    s, lap = decoding()
+    assert _back(s, lap) == [RunHead(1, 0, 3)]
+    assert s.handle(HeadFinished(1, (truth(3),)), 0.0) == [LapEnded(1, 0, LapKind.VERIFY, 2, 1, False),
+                                                           EmitToken(0, "g", 1, truth(3)), Draft(1, 0, 4, (), 2)]
+    assert (s.accepted, s.emitted) == (1, 2)
+
+
+def test_an_adaptive_question_drafts_no_further_than_the_context_allows():
+    """draft_tokens: auto with lap costs 1, 2, 2 s for k = 0, 1, 2 and a prior of 1.0 at
+    both positions (no lap judged yet, so the rates are the prior): rate(k) =
+    (1 + expected accepted) / lap_s[k] = 1/1, 2/2, 3/2 tokens a second, so k = 2 is
+    best, and k = 0 wins a tie with k = 1 when at most 1 draft fits.
+    (a) context 4, prompt 2, 2 tokens asked: after the first token 1 position is left,
+    so the lap is plain (k 0: lap 1, t2 from position 2), not a draft.
+    (b) context 5, 3 tokens asked: 2 positions left, a draft of 2; once its 2 tokens are
+    assumed none are left, so no plain lap starts beside the verify lap in flight. Its
+    head gives only t3 (one row): t3 is kept and t4, still assumed, leaves no position
+    for a draft, so the next lap is plain (t3 from position 3) and t4 is forgotten."""
+    t = truth
+    policy = DraftPolicy(lap_s=(1.0, 2.0, 2.0), prior=(1.0, 1.0))
+
+    def room(context: int, max_new: int) -> HostScheduler:
+        s = HostScheduler(DEAL, SchedulerConfig(hidden=4, draft_tokens=2, draft_policy=policy, context=context))
+        s.handle(QuestionAsked(0, "g", PROMPT, max_new), 0.0)
+        s.handle(StageFinished("h", 0), 0.0)
+        s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4, returns=True)), 0.0)
+        return s
+
+    s = room(4, 2)  # (a)
+    assert s.handle(HeadFinished(0, (t(2),)), 0.0) == [LapEnded(0, 0, LapKind.PREFILL, 0, 1, False),
+                                                       EmitToken(0, "g", 0, t(2)), RunStage("h", 1, 0, 2, 1, (t(2),))]
+    s = room(5, 3)  # (b)
+    assert s.handle(HeadFinished(0, (t(2),)), 0.0)[-1] == Draft(0, 0, 3, (), 2)
+    assert s.handle(DraftReady(0, (t(3), t(4))), 0.0) == [RunStage("h", 1, 0, 2, 3, (t(2), t(3), t(4)))]
+    assert _back(s, 1) == [RunHead(1, 0, 3)]
+    assert s.handle(HeadFinished(1, (t(3),)), 0.0) == [LapEnded(1, 0, LapKind.VERIFY, 2, 1, False),
+                                                       EmitToken(0, "g", 1, t(3)), RunStage("h", 2, 0, 3, 1, (t(3),))]
+
+
+def test_a_sampled_question_without_a_seed_draws_from_its_question_id_s_stream():
+    """A question that samples with no seed of its own (nor the room's) gets the stream
+    seeded with its question id's absolute value: question -3's prompt lap returns a
+    RunHead for question -3, 1 row, its sampling and the pair of answer token 0, the
+    first two uniforms of numpy's PCG64 generator seeded with 3 (planner.sampling.Uniforms'
+    documented stream, drawn here from numpy itself)."""
+    hot = Sampling(temperature=0.7)
+    s = HostScheduler(DEAL, CFG)
+    assert s.handle(QuestionAsked(-3, "g", PROMPT, 3, sampling=hot), 0.0) == [BeginAnswer(-3, "g", 2),
+                                                                            RunStage("h", 0, -3, 0, 2, PROMPT)]
+    u, v = np.random.Generator(np.random.PCG64(3)).random(2)
+    assert _back(s, 0) == [RunHead(0, -3, 1, hot, ((float(u), float(v)),))]
+
+
+def test_a_lap_launched_on_drafts_a_short_head_result_did_not_confirm_ends_stale():
+    """async_laps 2, k 2, as in the test of two laps in flight, but the drafter guessed
+    t3 (not t5) for lap 1's bonus token: lap 2 verifies (t3, t6, t7) from position 5.
+    Lap 2's head result comes first and waits. Lap 1's head then gives only t3 (one
+    row): t3 is kept (1 draft accepted), so 4 tokens are committed and the last is t3
+    at position 3. Lap 2 starts at position 5, not 3: it is not judged (its first token
+    t3 equals the last committed one, but its position does not follow on) and ends
+    stale, kept 0. Nothing is in flight: the assumed t4 t3 t6 t7 are forgotten and the
+    next draft continues the 4 committed tokens with nothing assumed."""
+    t = truth
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, draft_tokens=2, async_laps=2))
+    s.handle(QuestionAsked(0, "g", PROMPT, 6), 0.0)
+    s.handle(StageFinished("h", 0), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4, returns=True)), 0.0)
+    assert s.handle(HeadFinished(0, (t(2),)), 0.0)[-1] == Draft(0, 0, 3, (), 2)
+    assert s.handle(DraftReady(0, (t(3), t(4))), 0.0)[-1] == Draft(1, 0, 3, (t(3), t(4)), 3)
+    assert s.handle(DraftReady(1, (t(3), t(6), t(7))), 0.0) == [RunStage("h", 2, 0, 5, 3, (t(3), t(6), t(7)))]
+    _back(s, 1)
+    _back(s, 2)
+    assert s.handle(HeadFinished(2, (t(6), t(7), t(8))), 0.0) == []
+    assert s.handle(HeadFinished(1, (t(3),)), 0.0) == [
+        LapEnded(1, 0, LapKind.VERIFY, 2, 1, False), EmitToken(0, "g", 1, t(3)),
+        LapEnded(2, 0, LapKind.VERIFY, 2, 0, True), Draft(2, 0, 4, (), 2)]
+    assert (s.accepted, s.emitted, s.laps) == (1, 2, {})
+
+
+def test_an_adaptive_question_going_plain_forgets_the_drafts_a_short_head_result_left():
+    """draft_tokens: auto, up to 3 drafts, lap costs 1, 2, 2, 2 s, a prior of 1.0 at every
+    position, context 7, prompt 2, 5 tokens asked. After t2, 4 positions are left: rates
+    1/1, 2/2, 3/2, 4/2, so lap 1 drafts 3 (t3 t4 t5 from position 2); with them assumed 1
+    position is left (k 1 ties k 0 at 1 token a second: no lap beside it). Its head gives
+    only t3: t3 kept, and position 2 was tried and wrong, so its rate is (4 * 1 + 0) /
+    (4 + 1) = 0.8. t4 t5 are still assumed, 1 position is left: a plain lap (lap 2, t3 from
+    position 3), and t4 t5 are forgotten. Lap 2 commits t4: 5 tokens, nothing assumed, so
+    2 positions are left and k 2 is worth (1 + 1 + 1 * 0.8) / 2 = 1.4 > 1: a draft of 2."""
+    t = truth
+    policy = DraftPolicy(lap_s=(1.0, 2.0, 2.0, 2.0), prior=(1.0, 1.0, 1.0))
+    s = HostScheduler(DEAL, SchedulerConfig(hidden=4, draft_tokens=3, draft_policy=policy, context=7))
+    s.handle(QuestionAsked(0, "g", PROMPT, 5), 0.0)
+    s.handle(StageFinished("h", 0), 0.0)
+    s.handle(FrameArrived("h", "w", FrameHeader(FrameKind.RESULT, 0, 0, 0, 2, 4, returns=True)), 0.0)
+    assert s.handle(HeadFinished(0, (t(2),)), 0.0)[-1] == Draft(0, 0, 3, (), 3)
+    assert s.handle(DraftReady(0, (t(3), t(4), t(5))), 0.0) == [RunStage("h", 1, 0, 2, 4, (t(2), t(3), t(4), t(5)))]
+    assert _back(s, 1) == [RunHead(1, 0, 4)]
+    assert s.handle(HeadFinished(1, (t(3),)), 0.0) == [LapEnded(1, 0, LapKind.VERIFY, 3, 1, False),
+                                                       EmitToken(0, "g", 1, t(3)), RunStage("h", 2, 0, 3, 1, (t(3),))]
+    assert _back(s, 2) == [RunHead(2, 0, 1)]
+    assert s.handle(HeadFinished(2, (t(4),)), 0.0) == [LapEnded(2, 0, LapKind.DECODE, 0, 1, False),
+                                                       EmitToken(0, "g", 2, t(4)), Draft(1, 0, 5, (), 2)]
