@@ -533,8 +533,9 @@ class HostScheduler:
             return self._ignore(ev, _BUG, f"a second head result for lap {ev.lap_id}")
         if q is None or lap.stale:
             return self._end_lap(lap, stale=True)
-        if not ev.predictions:
-            return self._abort(q, f"the output head returned no prediction for lap {lap.lap_id}")
+        if not ev.predictions:  # the lap ends stale with its question (a prompt lap is in no inflight list)
+            cmds = [] if lap.lap_id in q.inflight else self._end_lap(lap, stale=True)
+            return cmds + self._abort(q, f"the output head returned no prediction for lap {lap.lap_id}")
         lap.predictions = tuple(ev.predictions)
         if lap.kind in (LapKind.PREFILL, LapKind.REPLAY):
             q.filling = False

@@ -414,15 +414,18 @@ def test_a_lap_of_a_withdrawn_question_ends_stale_when_it_comes_back():
 
 
 def test_a_head_result_with_no_prediction_refuses_its_question_and_the_next_begins():
-    """The head returned nothing for lap 0 (the prompt): question 0 is refused with the
-    reason, naming the lap, and question 1, waiting, begins (lap 1, slot 0 again)."""
+    """The head returned nothing for lap 0 (the prompt): lap 0 ends stale (LapEnded, kept
+    0) and is forgotten, so a faulty head cannot grow the room's laps; question 0 is
+    refused with the reason, naming the lap, and question 1, waiting, begins (lap 1,
+    slot 0 again): the only lap left is lap 1."""
     s, _ = filling()
     assert s.handle(QuestionAsked(1, "g2", (5, 6), 2), 0.0) == []
     assert _back(s, 0) == [RunHead(0, 0, 1)]
     assert s.handle(HeadFinished(0, ()), 0.0) == [
+        LapEnded(0, 0, LapKind.PREFILL, 0, 0, True),
         Refuse(0, "g", "the output head returned no prediction for lap 0"),
         BeginAnswer(1, "g2", 2), RunStage("h", 1, 1, 0, 2, (5, 6), 0)]
-    assert s.state == FILLING and s.in_flight == 1
+    assert s.state == FILLING and s.in_flight == 1 and list(s.laps) == [1]
 
 
 def test_two_laps_in_flight_are_judged_in_launch_order_and_a_second_head_result_is_ignored():
