@@ -546,3 +546,36 @@ def test_the_synthetic_head_and_drafter_follow_the_truth_by_position():
     # the others one more than the truth
     assert synthetic_draft(ten, Draft(0, 0, 5, (1, 2), 3), 1) == (70, 81, 91)
     assert synthetic_draft(ten, Draft(0, 0, 5, (), 2), 2) == (50, 60)
+
+
+def test_a_scenarios_scheduler_settings_carry_its_decoding_section_and_seed():
+    """home.yaml with prefill chunks of 5, no wake, sampling at temperature 0.7 / top-k 40
+    without a seed of its own, the scenario's seed 31, and 2 async laps asked without
+    speculation: the settings hold chunks of 5, wake False, that sampling with seed 31
+    (docstring: a sampling section without a seed takes the scenario's), and 1 async lap
+    (async laps are only for speculative laps). A sampling section with its own seed 5
+    keeps 5; greedy takes no seed."""
+    from planner.sampling import Sampling
+    from splitroom.scenario import load
+    cfg = SchedulerConfig.from_scenario(load("scenarios/home.yaml", [
+        "decoding.prefill_chunk=5", "decoding.wake=false", "decoding.sampling={temperature: 0.7, top_k: 40}",
+        "seed=31", "decoding.async_laps=2", "decoding.speculative=null"]))
+    assert (cfg.prefill_chunk, cfg.wake, cfg.async_laps) == (5, False, 1)
+    assert cfg.sampling == Sampling(0.7, 1.0, 40, 31)
+    own = SchedulerConfig.from_scenario(load("scenarios/home.yaml", [
+        "decoding.sampling={temperature: 0.7, seed: 5}", "seed=31"]))
+    assert own.sampling == Sampling(0.7, 1.0, 0, 5)
+    greedy = SchedulerConfig.from_scenario(load("scenarios/home.yaml", ["seed=31"]))
+    assert greedy.sampling.greedy and greedy.sampling.seed is None
+
+
+def test_capped_lowers_the_context_to_a_stage_cache_and_never_raises_it():
+    """capped(positions): None leaves the settings as they are (context 100 stays 100);
+    a cache of 50 positions lowers 100 to 50 and sets an unset context to 50; a cache of
+    200 does not raise 100 (the smallest cache bounds the room)."""
+    cfg = SchedulerConfig(hidden=4, context=100)
+    assert cfg.capped(None).context == 100 and cfg.capped(None) == cfg
+    assert cfg.capped(50).context == 50 and cfg.capped(50).hidden == 4
+    assert SchedulerConfig(hidden=4).capped(50).context == 50
+    assert SchedulerConfig(hidden=4).capped(None).context is None
+    assert cfg.capped(200).context == 100
