@@ -416,13 +416,14 @@ def first_token_parts(trace: Iterable[tuple[float, Any]]) -> dict:
         ttft = first_emit[q] - begin[q]
         parts: dict[str, float] = {}
         h = host.get(lap)
+        arrived: dict[str, float] = {}  # this lap's first frame at each device
+        for (lp, _, dst), a in arrive.items():
+            if lp == lap:
+                arrived.setdefault(dst, a)
         for (lp, dev), t in fin.items():
             if lp != lap:
                 continue
-            if dev == h:
-                start = first_run.get(q)
-            else:
-                start = next((a for (lp2, _, dst), a in arrive.items() if lp2 == lap and dst == dev), None)
+            start = first_run.get(q) if dev == h else arrived.get(dev)
             if start is not None:
                 parts[f"stage:{dev}"] = t - start
         for (lp, src, dst), t in send.items():

@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import validate_heldout as V  # noqa: E402  (the held-out room, prompts and samples)
+from planner.metrics import FIRST_TOKEN_KINDS  # noqa: E402
 
 RTT = ["network.rtt=80ms"]
 
@@ -396,7 +397,7 @@ def parts_table(out: Path) -> str:
 
 
 #: the kinds of the first token's parts (planner.metrics.first_token_parts)
-TTFT_KINDS = ("stage", "hop", "head", "other")
+TTFT_KINDS = FIRST_TOKEN_KINDS
 
 
 def _decode_ratios(predicted: dict, runs: list[dict]) -> dict[str, float]:
