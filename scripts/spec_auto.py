@@ -560,6 +560,7 @@ def main() -> int:
         calibrate(Path(a.calibrate), a.placed)
         return 0
     if a.table:
+        from splitroom.calibration import CalibrationError
         try:
             print(table(Path(a.table)))
             print("\nthe error split (percentage points; error_parts):\n")
@@ -568,6 +569,9 @@ def main() -> int:
             print(ttft_table(Path(a.table), a.profile))
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --table: cannot read {a.table!r} ({getattr(e, 'strerror', None) or e})", file=sys.stderr)
+            return 2
+        except CalibrationError as e:  # --profile, read to re-simulate the first token's parts
+            print(f"error: --profile: {e}", file=sys.stderr)
             return 2
         return 0
     if not a.profile or not Path(a.profile).is_file():

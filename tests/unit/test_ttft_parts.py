@@ -5,6 +5,7 @@ that what spec_auto records for a study carries the parts (predicted and measure
 Every expected figure is worked out by hand in the comments."""
 
 import json
+import sys
 
 import pytest
 
@@ -192,3 +193,20 @@ def test_the_real_rooms_measured_metrics_carry_the_parts():
     m = compute(_trace())
     r = compare(_trace(), m, None, answers=[], calibration={}, network="", emulated=[])
     assert r.measured["first_token_parts"]["parts"]["stage:w"] == pytest.approx(0.09)
+
+
+def test_a_table_whose_profile_is_not_one_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """--table of an older record (its predictions lack the first token's parts) with a
+    --profile that is not a profile: exit 2 and one line naming --profile, not a traceback."""
+    run = {"ttft_s": 0.50, "breakdown": _bd(0.04, 0.04, 0.04, 0.01)}
+    pred = {k: v for k, v in PRED.items() if k != "first_token_parts"}
+    p = tmp_path / "rec.json"
+    p.write_text(json.dumps({"rows": [{"name": "r1", "predicted": pred, "measured_runs": [run]}]}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("not: a profile\n")
+    monkeypatch.setattr(S, "table", lambda out: "")
+    monkeypatch.setattr(S, "parts_table", lambda out: "")
+    monkeypatch.setattr(sys, "argv", ["spec_auto.py", "--table", str(p), "--profile", str(bad)])
+    assert S.main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --profile: ") and "bad.yaml" in err[0]
