@@ -55,7 +55,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import validate_heldout as V  # noqa: E402  (the held-out room, prompts and samples)
-from planner.metrics import FIRST_TOKEN_KINDS  # noqa: E402
 
 RTT = ["network.rtt=80ms"]
 
@@ -396,80 +395,10 @@ def parts_table(out: Path) -> str:
     return "\n".join(head + lines)
 
 
-#: the kinds of the first token's parts (planner.metrics.first_token_parts)
-TTFT_KINDS = FIRST_TOKEN_KINDS
-
-
-def _decode_ratios(predicted: dict, runs: list[dict]) -> dict[str, float]:
-    """``"stage:DEVICE"`` / ``"hop:SRC->DST"`` / ``"head"`` -> measured over predicted
-    seconds a decode lap of that part (the ``breakdown`` lists), the median over ``runs``;
-    a part the prediction's breakdown lacks or gives 0 is left out."""
-    def named(bd):
-        out = {}
-        for e in bd:
-            key = "head" if e["kind"] == "head" else f"{e['kind']}:{e['part']}"
-            out[key] = out.get(key, 0.0) + float(e["mean_s"])
-        return out
-    pred = named(predicted.get("breakdown", []))
-    each = [named(r.get("breakdown", [])) for r in runs]
-    return {k: statistics.median(x.get(k, 0.0) for x in each) / v for k, v in pred.items() if v > 0}
-
-
-def ttft_error_parts(predicted: dict, runs: list[dict], parts_predicted: dict | None = None) -> dict:
-    """A row's first-token error, predicted over measured ``ttft_s`` less 1 (positive: the
-    prediction slower than the room, the sign of docs/validation.md's tables), split into
-    parts that add up to it. With ``P`` the predicted first token, ``M`` the measured one
-    (median over ``runs``) and ``P_k`` / ``M_k`` their parts of kind ``k``
-    (:data:`TTFT_KINDS`; planner.metrics.first_token_parts, ``sum_k P_k = P``):
-
-        P / M - 1 = sum_k (P_k - M_k) / M
-
-    * When every run carries ``first_token_parts`` (spec_auto records from 2026-12-04
-      20:00 UTC on), ``M_k`` is the median over runs of the measured part and
-      ``out[k] = (P_k - M_k) / M``; ``rest`` is what is left (0 with one run; with
-      several, the medians' mismatch). ``how`` is ``"measured"``.
-    * When they do not (older records hold the measured first token only), ``M_k`` is
-      *estimated* from the same run's decode laps: each stage, hop and the head of the
-      first token is taken to be off by the factor that part's decode-lap mean is off
-      (:func:`_decode_ratios`, measured over predicted), ``M_part ~ P_part * r_part``, so
-      ``out[kind] = sum over the kind's parts of P_part * (1 - r_part) / M`` (``other``:
-      0). ``rest`` is then what the decode laps do not show: prefill passes off by
-      another factor than one-token passes, the prefill frames' wait for the transport's
-      window, anything before the host's first stage. ``how`` is
-      ``"estimated from the decode laps"``.
-
-    ``parts_predicted``: the prediction's first-token parts when ``predicted`` has no
-    ``first_token_parts`` (an older record's prediction re-simulated with its trace:
-    :func:`recomputed_ttft_parts`). Also returns ``error``, ``ttft_ms`` /
-    ``ttft_ms_predicted`` and ``<kind>_ms`` (measured or estimated) / ``<kind>_ms_predicted``.
-    Raises ValueError for no runs or no predicted parts."""
-    if not runs:
-        raise ValueError("no measured runs")
-    pp = predicted.get("first_token_parts") or parts_predicted
-    if not pp:
-        raise ValueError("no predicted first-token parts (give parts_predicted)")
-    med = statistics.median
-    m_ttft = med(r["ttft_s"] for r in runs)
-    out = {"error": predicted["ttft_s"] / m_ttft - 1.0, "ttft_ms": 1e3 * m_ttft,
-           "ttft_ms_predicted": 1e3 * predicted["ttft_s"]}
-    if all(r.get("first_token_parts") for r in runs):
-        out["how"] = "measured"
-        for k in TTFT_KINDS:
-            mk = med(r["first_token_parts"][f"{k}_s"] for r in runs)
-            out[k] = (pp[f"{k}_s"] - mk) / m_ttft
-            out[f"{k}_ms"], out[f"{k}_ms_predicted"] = 1e3 * mk, 1e3 * pp[f"{k}_s"]
-    else:
-        out["how"] = "estimated from the decode laps"
-        ratio = _decode_ratios(predicted, runs)
-        named = dict(pp["parts"]) | {"head": pp["head_s"]}
-        for k in TTFT_KINDS:
-            keys = [n for n in named if n == k or n.startswith(k + ":")]
-            p_k = sum(named[n] for n in keys) if k != "other" else pp["other_s"]
-            m_k = sum(named[n] * ratio.get(n, 1.0) for n in keys) if k != "other" else pp["other_s"]
-            out[k] = (p_k - m_k) / m_ttft
-            out[f"{k}_ms"], out[f"{k}_ms_predicted"] = 1e3 * m_k, 1e3 * p_k
-    out["rest"] = out["error"] - sum(out[k] for k in TTFT_KINDS)
-    return out
+#: the kinds of the first token's parts, and its error split (validate_heldout, where both
+#: studies' records are read)
+TTFT_KINDS = V.TTFT_KINDS
+ttft_error_parts = V.ttft_error_parts
 
 
 def recomputed_ttft_parts(record: dict, profile_path: str) -> dict[str, dict]:
@@ -496,25 +425,10 @@ def recomputed_ttft_parts(record: dict, profile_path: str) -> dict[str, dict]:
 
 
 def ttft_parts_table(out: Path, parts_predicted: dict[str, dict] | None = None) -> str:
-    """Each measured row's first-token error split by :func:`ttft_error_parts`, in
-    percentage points (of the measured first token), with the milliseconds of each kind;
-    ``parts_predicted``: row name -> predicted parts for a record that lacks them (rows
-    with neither are left out)."""
-    record = json.loads(out.read_text())
-    head = ["| row | first token measured (predicted) | error | stages | hops | head | other | rest | "
-            "ms: stages / hops / head, measured or estimated (predicted) | how |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
-    lines = []
-    for r in record["rows"]:
-        pp = (parts_predicted or {}).get(r["name"])
-        if not r.get("measured_runs") or not (r["predicted"].get("first_token_parts") or pp):
-            continue
-        e = ttft_error_parts(r["predicted"], r["measured_runs"], pp)
-        cols = " | ".join(f"{round(100 * e[k], 1) + 0.0:+.1f}" for k in (*TTFT_KINDS, "rest"))  # no "-0.0"
-        ms = " / ".join(f"{e[k + '_ms']:.0f} ({e[k + '_ms_predicted']:.0f})" for k in ("stage", "hop", "head"))
-        lines.append(f"| {r['name']} | {e['ttft_ms']:.0f} ({e['ttft_ms_predicted']:.0f}) ms | {100 * e['error']:+.1f}% | "
-                     f"{cols} | {ms} | {e['how']} |")
-    return "\n".join(head + lines)
+    """:func:`validate_heldout.ttft_parts_markdown` of the rows of the record at ``out``
+    (each measured row's first-token error split in percentage points); ``parts_predicted``:
+    row name -> predicted parts for a record that lacks them."""
+    return V.ttft_parts_markdown(json.loads(out.read_text())["rows"], parts_predicted)
 
 
 def ttft_table(out: Path, profile_path: str | None) -> str:

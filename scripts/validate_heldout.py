@@ -41,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from planner.metrics import FIRST_TOKEN_KINDS  # noqa: E402
+
 SCENARIO = str(ROOT / "scenarios" / "home.yaml")
 #: the held-out prompts, in neither sample nor the calibration prompts
 CHAT_PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain how a bicycle works."]
@@ -77,6 +79,10 @@ def configurations(small: bool) -> list[tuple[str, list[str]]]:
         ("2 devices, 20 ms, plain", TWO + ["network.rtt=20ms"] + workload("plain")),
         ("3 devices, 40 ms, plain", THREE + ["network.rtt=40ms"] + workload("plain")),
         ("3 devices, 80 ms, plain", THREE + ["network.rtt=80ms"] + workload("plain")),
+        # the grid's other corners (2026-12-05): 2 devices far, 3 devices near
+        ("2 devices, 80 ms, plain", TWO + ["network.rtt=80ms"] + workload("plain")),
+        ("3 devices, loopback, plain", THREE + ["network.rtt=0ms"] + workload("plain")),
+        ("3 devices, 20 ms, plain", THREE + ["network.rtt=20ms"] + workload("plain")),
     ]
     spec_rows = [
         ("2 devices, 40 ms, ngram k=2", TWO + ["network.rtt=40ms"], spec("ngram", 2)),
@@ -97,7 +103,7 @@ def configurations(small: bool) -> list[tuple[str, list[str]]]:
         rows.append((f"3 devices, 80 ms, ngram k={k}, grounded", THREE + ["network.rtt=80ms"] + spec("ngram", k)
                      + workload("grounded")))
     if small:
-        return [rows[0], rows[4]]  # plain on loopback; ngram k=2 on the chat sample at 40 ms
+        return [rows[0], rows[7]]  # plain on loopback; ngram k=2 on the chat sample at 40 ms
     return rows
 
 
@@ -238,6 +244,104 @@ def parts_markdown(preds: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: the kinds of the first token's parts (planner.metrics.first_token_parts)
+TTFT_KINDS = FIRST_TOKEN_KINDS
+
+
+def _decode_ratios(predicted: dict, runs: list[dict]) -> dict[str, float]:
+    """``"stage:DEVICE"`` / ``"hop:SRC->DST"`` / ``"head"`` -> measured over predicted
+    seconds a decode lap of that part (the ``breakdown`` lists), the median over ``runs``;
+    a part the prediction's breakdown lacks or gives 0 is left out."""
+    def named(bd):
+        out = {}
+        for e in bd:
+            key = "head" if e["kind"] == "head" else f"{e['kind']}:{e['part']}"
+            out[key] = out.get(key, 0.0) + float(e["mean_s"])
+        return out
+    pred = named(predicted.get("breakdown", []))
+    each = [named(r.get("breakdown", [])) for r in runs]
+    return {k: statistics.median(x.get(k, 0.0) for x in each) / v for k, v in pred.items() if v > 0}
+
+
+def ttft_error_parts(predicted: dict, runs: list[dict], parts_predicted: dict | None = None) -> dict:
+    """A row's first-token error, predicted over measured ``ttft_s`` less 1 (positive: the
+    prediction slower than the room, the sign of docs/validation.md's tables), split into
+    parts that add up to it. With ``P`` the predicted first token, ``M`` the measured one
+    (median over ``runs``) and ``P_k`` / ``M_k`` their parts of kind ``k``
+    (:data:`TTFT_KINDS`; planner.metrics.first_token_parts, ``sum_k P_k = P``):
+
+        P / M - 1 = sum_k (P_k - M_k) / M
+
+    * When every run carries ``first_token_parts`` (spec_auto records from 2026-12-04
+      20:00 UTC on, this script's from 2026-12-05), ``M_k`` is the median over runs of the measured part and
+      ``out[k] = (P_k - M_k) / M``; ``rest`` is what is left (0 with one run; with
+      several, the medians' mismatch). ``how`` is ``"measured"``.
+    * When they do not (older records hold the measured first token only), ``M_k`` is
+      *estimated* from the same run's decode laps: each stage, hop and the head of the
+      first token is taken to be off by the factor that part's decode-lap mean is off
+      (:func:`_decode_ratios`, measured over predicted), ``M_part ~ P_part * r_part``, so
+      ``out[kind] = sum over the kind's parts of P_part * (1 - r_part) / M`` (``other``:
+      0). ``rest`` is then what the decode laps do not show: prefill passes off by
+      another factor than one-token passes, the prefill frames' wait for the transport's
+      window, anything before the host's first stage. ``how`` is
+      ``"estimated from the decode laps"``.
+
+    ``parts_predicted``: the prediction's first-token parts when ``predicted`` has no
+    ``first_token_parts`` (an older record's prediction re-simulated with its trace:
+    :func:`recomputed_ttft_parts`). Also returns ``error``, ``ttft_ms`` /
+    ``ttft_ms_predicted`` and ``<kind>_ms`` (measured or estimated) / ``<kind>_ms_predicted``.
+    Raises ValueError for no runs or no predicted parts."""
+    if not runs:
+        raise ValueError("no measured runs")
+    pp = predicted.get("first_token_parts") or parts_predicted
+    if not pp:
+        raise ValueError("no predicted first-token parts (give parts_predicted)")
+    med = statistics.median
+    m_ttft = med(r["ttft_s"] for r in runs)
+    out = {"error": predicted["ttft_s"] / m_ttft - 1.0, "ttft_ms": 1e3 * m_ttft,
+           "ttft_ms_predicted": 1e3 * predicted["ttft_s"]}
+    if all(r.get("first_token_parts") for r in runs):
+        out["how"] = "measured"
+        for k in TTFT_KINDS:
+            mk = med(r["first_token_parts"][f"{k}_s"] for r in runs)
+            out[k] = (pp[f"{k}_s"] - mk) / m_ttft
+            out[f"{k}_ms"], out[f"{k}_ms_predicted"] = 1e3 * mk, 1e3 * pp[f"{k}_s"]
+    else:
+        out["how"] = "estimated from the decode laps"
+        ratio = _decode_ratios(predicted, runs)
+        named = dict(pp["parts"]) | {"head": pp["head_s"]}
+        for k in TTFT_KINDS:
+            keys = [n for n in named if n == k or n.startswith(k + ":")]
+            p_k = sum(named[n] for n in keys) if k != "other" else pp["other_s"]
+            m_k = sum(named[n] * ratio.get(n, 1.0) for n in keys) if k != "other" else pp["other_s"]
+            out[k] = (p_k - m_k) / m_ttft
+            out[f"{k}_ms"], out[f"{k}_ms_predicted"] = 1e3 * m_k, 1e3 * p_k
+    out["rest"] = out["error"] - sum(out[k] for k in TTFT_KINDS)
+    return out
+
+
+def ttft_parts_markdown(rows: list[dict], parts_predicted: dict[str, dict] | None = None) -> str:
+    """Each measured row's first-token error split by :func:`ttft_error_parts`, in
+    percentage points (of the measured first token), with the milliseconds of each kind.
+    ``rows``: a record's configurations (each ``name``, ``predicted``, ``measured_runs``);
+    ``parts_predicted``: row name -> predicted parts for a record that lacks them (rows
+    with neither are left out)."""
+    head = ["| row | first token measured (predicted) | error | stages | hops | head | other | rest | "
+            "ms: stages / hops / head, measured or estimated (predicted) | how |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = []
+    for r in rows:
+        pp = (parts_predicted or {}).get(r["name"])
+        if not r.get("measured_runs") or not (r["predicted"].get("first_token_parts") or pp):
+            continue
+        e = ttft_error_parts(r["predicted"], r["measured_runs"], pp)
+        cols = " | ".join(f"{round(100 * e[k], 1) + 0.0:+.1f}" for k in (*TTFT_KINDS, "rest"))  # no "-0.0"
+        ms = " / ".join(f"{e[k + '_ms']:.0f} ({e[k + '_ms_predicted']:.0f})" for k in ("stage", "hop", "head"))
+        lines.append(f"| {r['name']} | {e['ttft_ms']:.0f} ({e['ttft_ms_predicted']:.0f}) ms | {100 * e['error']:+.1f}% | "
+                     f"{cols} | {ms} | {e['how']} |")
+    return "\n".join(head + lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="use this profile (with both samples' acceptance) instead of calibrating now")
@@ -267,6 +371,9 @@ def main() -> int:
         print(markdown(record, ran))
         print()
         print(parts_markdown(ran))
+        if any(p["predicted"].get("first_token_parts") for p in ran):
+            print()
+            print(ttft_parts_markdown(ran))
         return 0
 
     from planner.deal import deal
@@ -311,7 +418,8 @@ def main() -> int:
         d = deal(scn.devices, scn.model, scn.options)
         use_netns = netns_ok and scn.network.rtt_s > 0
         rtt = scn.network.rtt_s if use_netns else 0.0
-        m = predict_real_run(scn, d, profile, rtt, prompt_token_counts(model_dir, real_prompts(scn)))
+        m = predict_real_run(scn, d, profile, rtt, prompt_token_counts(model_dir, real_prompts(scn)),
+                             ttft_parts=True)
         preds.append({"name": name, "sets": sets, "rtt_s": rtt, "netns": use_netns, "predicted": m})
     import os
     record = {"predicted_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "profile_notes": profile.notes,
@@ -363,6 +471,7 @@ def run_chunk(record: dict, preds: list[dict], repeat: int, profile, out: Path, 
                 "tokens_per_s": m["tokens_per_s"], "ttft_s": m["ttft_s"], "ttft_each_s": m.get("ttft_each_s"),
                 "tokens_per_lap": m["tokens_per_lap"], "answered": m["answered"], "breakdown": m.get("breakdown"),
                 "lap_s": m.get("lap_s"), "drafted_per_lap": m.get("drafted_per_lap"), "parts": _parts(cal),
+                "first_token_parts": m.get("first_token_parts"),
                 "load_1min": os.getloadavg()[0], "uptime_before": before, "uptime_after": _uptime(),
                 "finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
             print(f"  {p['name']} run {len(p['measured_runs'])}: {m['tokens_per_s']:.2f} tok/s, "
@@ -381,6 +490,8 @@ def finish(record: dict, out: Path, markdown_path: str | None) -> int:
     record["summary"]["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     out.write_text(json.dumps(record, indent=1))
     table = markdown(record, preds)
+    if any(p["predicted"].get("first_token_parts") for p in preds):
+        table += "\n\n" + ttft_parts_markdown(preds)
     print(table)
     if markdown_path:
         Path(markdown_path).write_text(table + "\n")

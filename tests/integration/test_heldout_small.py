@@ -34,7 +34,13 @@ def test_small_heldout_run_writes_predictions_before_running(tmp_path):
         # median) is checked with hand numbers in tests/unit/test_derived_figures.py
         for key in ("measured_tokens_per_s", "error_pct_tokens_per_s", "error_pct_ttft", "spread_tokens_per_s"):
             assert key in c, key
+        # the first token split into parts, predicted and measured in every run
+        # (planner.metrics.first_token_parts), each adding up to its first-token time
+        for parts in [c["predicted"]["first_token_parts"]] + [m["first_token_parts"] for m in c["measured_runs"]]:
+            assert sum(parts[f"{k}_s"] for k in ("stage", "hop", "head", "other")) == pytest.approx(parts["ttft_s"])
+            assert parts["stage_s"] > 0 and parts["head_s"] > 0
     assert "RMS error" in r.stdout
+    assert "| row | first token measured (predicted) |" in r.stdout
 
 
 def test_calibrate_cli_quick_writes_a_profile_that_simulate_reads(tmp_path):
