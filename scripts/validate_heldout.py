@@ -16,7 +16,9 @@ run, then run them and compare.
    WebRTC, the round trip applied to packets in network namespaces) ``--repeat``
    times, and print the median measured beside the prediction, with the spread,
    whether the median lies in the range, and per-part measured times (stage per
-   layer, hop, head) beside the profile's for the bias.
+   layer, hop, head) beside the profile's for the bias, and each configuration's
+   first-token error split into its parts, measured (stages, hops, head, the rest:
+   :func:`ttft_error_parts`, from each run's ``first_token_parts``).
 
 Usage::
 
@@ -79,7 +81,7 @@ def configurations(small: bool) -> list[tuple[str, list[str]]]:
         ("2 devices, 20 ms, plain", TWO + ["network.rtt=20ms"] + workload("plain")),
         ("3 devices, 40 ms, plain", THREE + ["network.rtt=40ms"] + workload("plain")),
         ("3 devices, 80 ms, plain", THREE + ["network.rtt=80ms"] + workload("plain")),
-        # the grid's other corners (2026-12-05): 2 devices far, 3 devices near
+        # the grid's other corners: 2 devices far, 3 devices near
         ("2 devices, 80 ms, plain", TWO + ["network.rtt=80ms"] + workload("plain")),
         ("3 devices, loopback, plain", THREE + ["network.rtt=0ms"] + workload("plain")),
         ("3 devices, 20 ms, plain", THREE + ["network.rtt=20ms"] + workload("plain")),
@@ -273,7 +275,7 @@ def ttft_error_parts(predicted: dict, runs: list[dict], parts_predicted: dict | 
         P / M - 1 = sum_k (P_k - M_k) / M
 
     * When every run carries ``first_token_parts`` (spec_auto records from 2026-12-04
-      20:00 UTC on, this script's from 2026-12-05), ``M_k`` is the median over runs of the measured part and
+      20:00 UTC on, this script's from 2026-12-04 23:30 UTC), ``M_k`` is the median over runs of the measured part and
       ``out[k] = (P_k - M_k) / M``; ``rest`` is what is left (0 with one run; with
       several, the medians' mismatch). ``how`` is ``"measured"``.
     * When they do not (older records hold the measured first token only), ``M_k`` is
