@@ -429,6 +429,16 @@ def test_a_room_that_cannot_hold_every_kv_cache_asked_is_dealt_fewer():
     assert (d.kv_caches, d.fits, d.notes[-1]) == (3, True, fewer.format(n=3, asked=6))
 
 
+
+def test_a_room_that_holds_no_cache_asked_is_dealt_one_that_does_not_fit():
+    # 4 layers on a alone need 4 GiB + n * 256 MiB; a lends 4 GiB + 100 MiB, so neither 2
+    # caches nor 1 fit (while 3 layers and a cache do: the deal is made, not refused). The
+    # search goes down to one cache and keeps that deal, saying it does not fit.
+    d = deal([computer("a", 4 * GiB + 100 * MiB)], kv_model(4), DealOptions(context_tokens=65536, kv_caches=2))
+    assert (d.kv_caches, d.fits) == (1, False)
+    assert d.notes[-1] == ("1 of the 2 questions in flight fit: each keeps a KV cache of 65,536 positions on "
+                           "every stage")
+
 # --- what a device holds, its budget and its context, by hand --------------------------
 
 def spec(layers: int, layer_bytes: int, kv_per_token: int = 0, sizes: tuple[int, ...] = (),
