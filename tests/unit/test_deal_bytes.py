@@ -430,7 +430,7 @@ def test_a_room_that_cannot_hold_every_kv_cache_asked_is_dealt_fewer():
 
 
 
-def test_a_room_that_holds_no_cache_asked_is_dealt_one_that_does_not_fit():
+def test_the_kv_cache_search_goes_down_to_one_cache_past_refusals_and_misfits():
     # 4 layers on a alone need 4 GiB + n * 256 MiB; a lends 4 GiB + 100 MiB, so neither 2
     # caches nor 1 fit (while 3 layers and a cache do: the deal is made, not refused). The
     # search goes down to one cache and keeps that deal, saying it does not fit.
@@ -438,6 +438,10 @@ def test_a_room_that_holds_no_cache_asked_is_dealt_one_that_does_not_fit():
     assert (d.kv_caches, d.fits) == (1, False)
     assert d.notes[-1] == ("1 of the 2 questions in flight fit: each keeps a KV cache of 65,536 positions on "
                            "every stage")
+    # one layer of 1 GiB + n * 64 MiB in 1 GiB + 100 MiB: with 2 caches nobody can hold the
+    # layer (deal_one refuses), with 1 it fits: the search goes on past the refusal
+    d = deal([computer("a", GiB + 100 * MiB)], kv_model(1), DealOptions(context_tokens=65536, kv_caches=2))
+    assert (d.kv_caches, d.fits) == (1, True)
 
 # --- what a device holds, its budget and its context, by hand --------------------------
 
