@@ -13,7 +13,6 @@ of hanging it.
 
 from __future__ import annotations
 
-import signal
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -24,6 +23,7 @@ from planner.deal import (Deal, DealError, DeviceShare, Stage, _holds_from, _spe
 from planner.model import ModelSpec
 from planner.room import (DEFAULT_SAMPLE_S_PER_TOKEN, Decoding, DealOptions, Device, Network, PinnedStage,
                           Scenario)
+from tests.fuzzing import Hang, time_limit
 
 GiB = 2**30
 TiB = 2**40
@@ -36,16 +36,12 @@ class TookTooLong(AssertionError):
 @contextmanager
 def within(seconds: float = 5.0):
     """Fail (raise :class:`TookTooLong`) when the block runs longer than ``seconds`` of
-    wall-clock time (SIGALRM; pytest runs tests in the main thread)."""
-    def _alarm(signum, frame):
-        raise TookTooLong(f"still running after {seconds} s")
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    wall-clock time (tests.fuzzing.time_limit's alarm; pytest runs tests in the main thread)."""
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        with time_limit(seconds):
+            yield
+    except Hang:
+        raise TookTooLong(f"still running after {seconds} s") from None
 
 
 def toy(layers: int = 40, layer_bytes: int = GiB, kv: int = 0, **kw) -> ModelSpec:
