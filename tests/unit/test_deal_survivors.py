@@ -44,6 +44,14 @@ def within(seconds: float = 5.0):
         raise TookTooLong(f"still running after {seconds} s") from None
 
 
+@pytest.fixture(autouse=True)
+def _bounded():
+    """Every test of this file under :func:`within`: each takes milliseconds, and a loop
+    that never ends (apportion's fill, deal's KV-cache search) then fails instead of hanging."""
+    with within(10.0):
+        yield
+
+
 def toy(layers: int = 40, layer_bytes: int = GiB, kv: int = 0, **kw) -> ModelSpec:
     """``layers`` layers of ``layer_bytes`` each, ``kv`` bytes of f16 KV per token per layer."""
     return ModelSpec(id=f"toy-{layers}", name=f"toy-{layers}", layers=layers, hidden=64,
