@@ -105,7 +105,8 @@ def configurations(small: bool) -> list[tuple[str, list[str]]]:
         rows.append((f"3 devices, 80 ms, ngram k={k}, grounded", THREE + ["network.rtt=80ms"] + spec("ngram", k)
                      + workload("grounded")))
     if small:
-        return [rows[0], rows[7]]  # plain on loopback; ngram k=2 on the chat sample at 40 ms
+        small_rows = ("2 devices, loopback, plain", "2 devices, 40 ms, ngram k=2, chat")
+        return [r for r in rows if r[0] in small_rows]
     return rows
 
 
@@ -290,7 +291,7 @@ def ttft_error_parts(predicted: dict, runs: list[dict], parts_predicted: dict | 
 
     ``parts_predicted``: the prediction's first-token parts when ``predicted`` has no
     ``first_token_parts`` (an older record's prediction re-simulated with its trace:
-    :func:`recomputed_ttft_parts`). Also returns ``error``, ``ttft_ms`` /
+    scripts/spec_auto.py's ``recomputed_ttft_parts``). Also returns ``error``, ``ttft_ms`` /
     ``ttft_ms_predicted`` and ``<kind>_ms`` (measured or estimated) / ``<kind>_ms_predicted``.
     Raises ValueError for no runs or no predicted parts."""
     if not runs:
@@ -363,7 +364,13 @@ def main() -> int:
                     "before by --predict-only, adding the runs to it (needs --profile: the one it predicted from)")
     a = ap.parse_args()
     if a.table:
-        record = json.loads(Path(a.table).read_text())
+        try:
+            record = json.loads(Path(a.table).read_text())
+            if not isinstance(record, dict) or not isinstance(record.get("configurations"), list):
+                raise ValueError("no 'configurations' list: not a record of this script's --out")
+        except (OSError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+            print(f"error: --table {a.table}: {e}", file=sys.stderr)
+            return 2
         for p in record["configurations"]:
             if "measured_runs" in p:
                 _warm_ttft(p)

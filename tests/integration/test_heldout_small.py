@@ -66,3 +66,14 @@ def test_calibrate_cli_quick_writes_a_profile_that_simulate_reads(tmp_path):
                                  "--no-progress"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["metrics"]["answered"] == 2
+
+
+@pytest.mark.parametrize("text", [None, "not json", "{}", '{"configurations": 3}'])
+def test_table_of_a_missing_or_foreign_record_is_one_line_and_exit_2(tmp_path, text):
+    path = tmp_path / "record.json"
+    if text is not None:
+        path.write_text(text)
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "validate_heldout.py"), "--table", str(path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: --table {path}: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
